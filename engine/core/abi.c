@@ -1,0 +1,24 @@
+/* abi.c: struct layouts as C sees them, compared with LuaJIT's view by tests/lua/abi_spec.lua.
+ * Every struct in remax.h must be listed here (the spec fails on one that is missing). */
+#include "internal.h"
+#include <stddef.h>
+#include <stdio.h>
+
+#define SIZE(T) {#T, sizeof(T)}
+#define FIELD(T, f) {#T "." #f, offsetof(T, f)}
+
+static const struct { const char *name; size_t value; } layout[] = {
+  SIZE(rx_tensor), FIELD(rx_tensor, data), FIELD(rx_tensor, storage), FIELD(rx_tensor, shape),
+  FIELD(rx_tensor, stride), FIELD(rx_tensor, numel), FIELD(rx_tensor, ndim), FIELD(rx_tensor, dtype),
+  FIELD(rx_tensor, device), FIELD(rx_tensor, device_index),
+};
+
+const char *rx_abi_layout(void) {
+  static char buf[8192];
+  if (!buf[0]) {
+    size_t k = 0;
+    for (size_t i = 0; i < sizeof layout / sizeof layout[0] && k < sizeof buf; i++)
+      k += (size_t)snprintf(buf + k, sizeof buf - k, "%s %zu\n", layout[i].name, layout[i].value);
+  }
+  return buf;
+}

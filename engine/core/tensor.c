@@ -1,0 +1,341 @@
+/* tensor.c: storage, tensor views, copy/convert, fill, Philox random fill. */
+#include "internal.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct rx_storage {
+  void *data;
+  int64_t bytes;
+  int32_t device;
+  int32_t owned;     /* 0 for rx_tensor_wrap */
+  int64_t refs;
+};
+
+void *rx_alloc(size_t bytes, const char *what) {
+  void *p = NULL;
+  size_t rounded = (bytes + 63) & ~(size_t)63;
+  if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0) {
+    rx_fail(RX_ENOMEM, "out of memory allocating %zu bytes for %s", bytes, what);
+    return NULL;
+  }
+  return p;
+}
+
+void rx_free(void *p) { free(p); }
+
+const char *rx_shape_str(const rx_tensor *t, char *buf, size_t n) {
+  size_t k = (size_t)snprintf(buf, n, "[");
+  for (int i = 0; i < t->ndim && k < n; i++)
+    k += (size_t)snprintf(buf + k, n - k, i ? ",%lld" : "%lld", (long long)t->shape[i]);
+  if (k < n) snprintf(buf + k, n - k, "]");
+  return buf;
+}
+
+static int check_shape(int32_t ndim, const int64_t *shape, int64_t *numel) {
+  if (ndim < 0 || ndim > RX_MAX_DIMS) return rx_fail(RX_EINVAL, "tensor ndim %d out of range 0..4", ndim);
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0) return rx_fail(RX_EINVAL, "tensor dim %d has negative size %lld", i, (long long)shape[i]);
+    if (shape[i] && n > INT64_MAX / 8 / shape[i]) return rx_fail(RX_EINVAL, "tensor size overflows");
+    n *= shape[i];
+  }
+  *numel = n;
+  return RX_OK;
+}
+
+static void set_contiguous(rx_tensor *t, int32_t ndim, const int64_t *shape, int64_t numel) {
+  t->ndim = ndim;
+  t->numel = numel;
+  int64_t s = 1;
+  for (int i = RX_MAX_DIMS - 1; i >= 0; i--) {
+    t->shape[i] = i < ndim ? shape[i] : 1;
+    t->stride[i] = i < ndim ? s : 0;
+    if (i < ndim) s *= shape[i];
+  }
+}
+
+static int storage_new(rx_storage **out, int32_t device, int64_t bytes, void *wrap) {
+  rx_storage *s = calloc(1, sizeof *s);
+  if (!s) return rx_fail(RX_ENOMEM, "out of memory for tensor storage");
+  s->bytes = bytes;
+  s->device = device;
+  s->refs = 1;
+  if (wrap) { s->data = wrap; *out = s; return RX_OK; }
+  s->owned = 1;
+  if (device == RX_CPU) {
+    s->data = rx_alloc((size_t)bytes, "tensor");
+    if (!s->data) { free(s); return RX_ENOMEM; }
+    memset(s->data, 0, (size_t)bytes);
+  } else {
+    free(s);
+    return rx_fail(RX_EDEVICE, "device %d (cuda) is not available in this build", device);
+  }
+  *out = s;
+  return RX_OK;
+}
+
+static void storage_release(rx_storage *s) {
+  if (!s || --s->refs > 0) return;
+  if (s->owned && s->device == RX_CPU) rx_free(s->data);
+  free(s);
+}
+
+int rx_tensor_new(rx_tensor **out, int32_t dtype, int32_t device, int32_t ndim, const int64_t *shape) {
+  int64_t numel;
+  *out = NULL;
+  if (dtype < 0 || dtype >= RX_DTYPE_COUNT) return rx_fail(RX_EINVAL, "invalid dtype %d", dtype);
+  if (check_shape(ndim, shape, &numel)) return RX_EINVAL;
+  rx_tensor *t = calloc(1, sizeof *t);
+  if (!t) return rx_fail(RX_ENOMEM, "out of memory for tensor header");
+  int rc = storage_new(&t->storage, device, numel * rx_dtype_size(dtype), NULL);
+  if (rc) { free(t); return rc; }
+  t->data = t->storage->data;
+  t->dtype = dtype;
+  t->device = device;
+  set_contiguous(t, ndim, shape, numel);
+  *out = t;
+  return RX_OK;
+}
+
+int rx_tensor_wrap(rx_tensor **out, void *data, int32_t dtype, int32_t ndim, const int64_t *shape) {
+  int64_t numel;
+  *out = NULL;
+  if (dtype < 0 || dtype >= RX_DTYPE_COUNT) return rx_fail(RX_EINVAL, "invalid dtype %d", dtype);
+  if (check_shape(ndim, shape, &numel)) return RX_EINVAL;
+  rx_tensor *t = calloc(1, sizeof *t);
+  if (!t) return rx_fail(RX_ENOMEM, "out of memory for tensor header");
+  int rc = storage_new(&t->storage, RX_CPU, numel * rx_dtype_size(dtype), data);
+  if (rc) { free(t); return rc; }
+  t->data = data;
+  t->dtype = dtype;
+  set_contiguous(t, ndim, shape, numel);
+  *out = t;
+  return RX_OK;
+}
+
+void rx_tensor_free(rx_tensor *t) {
+  if (!t) return;
+  storage_release(t->storage);
+  free(t);
+}
+
+static rx_tensor *view_of(const rx_tensor *t) {
+  rx_tensor *v = malloc(sizeof *v);
+  if (!v) { rx_fail(RX_ENOMEM, "out of memory for tensor view"); return NULL; }
+  *v = *t;
+  v->storage->refs++;
+  return v;
+}
+
+int rx_tensor_is_contiguous(const rx_tensor *t) {
+  int64_t s = 1;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] != 1 && t->stride[i] != s) return 0;
+    s *= t->shape[i];
+  }
+  return 1;
+}
+
+int rx_tensor_reshape(rx_tensor **out, const rx_tensor *t, int32_t ndim, const int64_t *shape) {
+  int64_t dims[RX_MAX_DIMS], known = 1, numel;
+  int infer = -1;
+  char buf[96];
+  *out = NULL;
+  if (ndim < 0 || ndim > RX_MAX_DIMS) return rx_fail(RX_EINVAL, "reshape: ndim %d out of range 0..4", ndim);
+  if (!rx_tensor_is_contiguous(t)) return rx_fail(RX_EINVAL, "reshape: tensor %s is not contiguous", rx_shape_str(t, buf, sizeof buf));
+  for (int i = 0; i < ndim; i++) {
+    dims[i] = shape[i];
+    if (shape[i] == -1) {
+      if (infer >= 0) return rx_fail(RX_EINVAL, "reshape: more than one -1 in the new shape");
+      infer = i;
+    } else known *= shape[i];
+  }
+  if (infer >= 0) dims[infer] = known ? t->numel / known : 0;
+  if (check_shape(ndim, dims, &numel)) return RX_EINVAL;
+  if (numel != t->numel)
+    return rx_fail(RX_EINVAL, "reshape: %s has %lld elements, new shape has %lld",
+                   rx_shape_str(t, buf, sizeof buf), (long long)t->numel, (long long)numel);
+  rx_tensor *v = view_of(t);
+  if (!v) return RX_ENOMEM;
+  set_contiguous(v, ndim, dims, numel);
+  *out = v;
+  return RX_OK;
+}
+
+int rx_tensor_narrow(rx_tensor **out, const rx_tensor *t, int32_t dim, int64_t start, int64_t len) {
+  char buf[96];
+  *out = NULL;
+  if (dim < 0 || dim >= t->ndim) return rx_fail(RX_EINVAL, "narrow: dim %d out of range for %s", dim, rx_shape_str(t, buf, sizeof buf));
+  if (start < 0 || len < 0 || start + len > t->shape[dim])
+    return rx_fail(RX_EINVAL, "narrow: [%lld, %lld) outside dim %d of %s", (long long)start,
+                   (long long)(start + len), dim, rx_shape_str(t, buf, sizeof buf));
+  rx_tensor *v = view_of(t);
+  if (!v) return RX_ENOMEM;
+  v->data = (char *)t->data + start * t->stride[dim] * rx_dtype_size(t->dtype);
+  v->shape[dim] = len;
+  v->numel = 1;
+  for (int i = 0; i < v->ndim; i++) v->numel *= v->shape[i];
+  *out = v;
+  return RX_OK;
+}
+
+/* Offset in elements of logical flat index i. */
+static int64_t element_offset(const rx_tensor *t, int64_t i) {
+  int64_t off = 0;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    off += (i % t->shape[d]) * t->stride[d];
+    i /= t->shape[d];
+  }
+  return off;
+}
+
+static double load(const void *p, int32_t dtype, int64_t k) {
+  switch (dtype) {
+    case RX_F32: return ((const float *)p)[k];
+    case RX_F64: return ((const double *)p)[k];
+    case RX_BF16: return rx_bf16_to_f32(((const uint16_t *)p)[k]);
+    case RX_F16: return rx_f16_to_f32(((const uint16_t *)p)[k]);
+    case RX_I32: return ((const int32_t *)p)[k];
+    case RX_I64: return (double)((const int64_t *)p)[k];
+  }
+  return 0;
+}
+
+static void store(void *p, int32_t dtype, int64_t k, double v) {
+  switch (dtype) {
+    case RX_F32: ((float *)p)[k] = (float)v; break;
+    case RX_F64: ((double *)p)[k] = v; break;
+    case RX_BF16: ((uint16_t *)p)[k] = rx_f32_to_bf16((float)v); break;
+    case RX_F16: ((uint16_t *)p)[k] = rx_f32_to_f16((float)v); break;
+    case RX_I32: ((int32_t *)p)[k] = (int32_t)v; break;
+    case RX_I64: ((int64_t *)p)[k] = (int64_t)v; break;
+  }
+}
+
+static int need_cpu(const rx_tensor *t, const char *op) {
+  if (t->device != RX_CPU) return rx_fail(RX_EDEVICE, "%s: device %d has no implementation in this build", op, t->device);
+  return RX_OK;
+}
+
+int rx_tensor_copy(rx_tensor *dst, const rx_tensor *src) {
+  char a[96], b[96];
+  if (need_cpu(dst, "copy") || need_cpu(src, "copy")) return RX_EDEVICE;
+  if (dst->numel != src->numel)
+    return rx_fail(RX_EINVAL, "copy: destination %s and source %s differ in element count",
+                   rx_shape_str(dst, a, sizeof a), rx_shape_str(src, b, sizeof b));
+  int64_t n = src->numel;
+  int dc = rx_tensor_is_contiguous(dst), sc = rx_tensor_is_contiguous(src);
+  if (dc && sc && dst->dtype == src->dtype) {
+    memmove(dst->data, src->data, (size_t)(n * rx_dtype_size(src->dtype)));
+    return RX_OK;
+  }
+  if (dc && sc && dst->dtype == RX_F32 && src->dtype == RX_BF16) {
+    const uint16_t *s = src->data;
+    float *d = dst->data;
+    #pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) d[i] = rx_bf16_to_f32(s[i]);
+    return RX_OK;
+  }
+  #pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; i++) {
+    int64_t so = sc ? i : element_offset(src, i), doff = dc ? i : element_offset(dst, i);
+    if (src->dtype == RX_I64 && dst->dtype == RX_I64) ((int64_t *)dst->data)[doff] = ((const int64_t *)src->data)[so];
+    else store(dst->data, dst->dtype, doff, load(src->data, src->dtype, so));
+  }
+  return RX_OK;
+}
+
+int rx_tensor_fill(rx_tensor *t, double value) {
+  if (need_cpu(t, "fill")) return RX_EDEVICE;
+  int c = rx_tensor_is_contiguous(t);
+  for (int64_t i = 0; i < t->numel; i++) store(t->data, t->dtype, c ? i : element_offset(t, i), value);
+  return RX_OK;
+}
+
+/* Uniform double in (0, 1] from 32 random bits pairs: 53-bit resolution. */
+static double u01(uint32_t hi, uint32_t lo) {
+  uint64_t bits = ((uint64_t)hi << 21) ^ (lo >> 11);
+  return ((double)(bits & ((1ull << 53) - 1)) + 1.0) / 9007199254740992.0;
+}
+
+/* Element i takes the Philox block at counter (offset + i) so it never depends on threads. */
+static void philox_at(uint64_t seed, uint64_t index, uint32_t r[4]) {
+  uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+  uint32_t ctr[4] = {(uint32_t)index, (uint32_t)(index >> 32), 0x52454d41u /* "REMA" */, 0};
+  rx_philox4x32(key, ctr, r);
+}
+
+int rx_tensor_uniform(rx_tensor *t, uint64_t seed, uint64_t offset, double lo, double hi) {
+  if (need_cpu(t, "uniform")) return RX_EDEVICE;
+  if (!rx_is_float_dtype(t->dtype)) return rx_fail(RX_EINVAL, "uniform: dtype %s is not a float type", rx_dtype_name(t->dtype));
+  int c = rx_tensor_is_contiguous(t);
+  #pragma omp parallel for schedule(static) if (t->numel > 65536)
+  for (int64_t i = 0; i < t->numel; i++) {
+    uint32_t r[4];
+    philox_at(seed, offset + (uint64_t)i, r);
+    store(t->data, t->dtype, c ? i : element_offset(t, i), lo + (hi - lo) * (1.0 - u01(r[0], r[1])));
+  }
+  return RX_OK;
+}
+
+int rx_tensor_normal(rx_tensor *t, uint64_t seed, uint64_t offset, double mean, double std) {
+  if (need_cpu(t, "normal")) return RX_EDEVICE;
+  if (!rx_is_float_dtype(t->dtype)) return rx_fail(RX_EINVAL, "normal: dtype %s is not a float type", rx_dtype_name(t->dtype));
+  int c = rx_tensor_is_contiguous(t);
+  #pragma omp parallel for schedule(static) if (t->numel > 65536)
+  for (int64_t i = 0; i < t->numel; i++) {
+    uint32_t r[4];
+    philox_at(seed, offset + (uint64_t)i, r);
+    double z = sqrt(-2.0 * log(u01(r[0], r[1]))) * cos(6.283185307179586 * u01(r[2], r[3]));
+    store(t->data, t->dtype, c ? i : element_offset(t, i), mean + std * z);
+  }
+  return RX_OK;
+}
+
+int rx_tensor_get(const rx_tensor *t, int64_t index, double *value) {
+  if (need_cpu(t, "get")) return RX_EDEVICE;
+  if (index < 0 || index >= t->numel)
+    return rx_fail(RX_EINVAL, "get: index %lld out of range [0, %lld)", (long long)index, (long long)t->numel);
+  *value = load(t->data, t->dtype, element_offset(t, index));
+  return RX_OK;
+}
+
+int rx_tensor_set(rx_tensor *t, int64_t index, double value) {
+  if (need_cpu(t, "set")) return RX_EDEVICE;
+  if (index < 0 || index >= t->numel)
+    return rx_fail(RX_EINVAL, "set: index %lld out of range [0, %lld)", (long long)index, (long long)t->numel);
+  store(t->data, t->dtype, element_offset(t, index), value);
+  return RX_OK;
+}
+
+int rx_tensor_read_f64(const rx_tensor *t, double *out) {
+  if (need_cpu(t, "read")) return RX_EDEVICE;
+  int c = rx_tensor_is_contiguous(t);
+  for (int64_t i = 0; i < t->numel; i++) out[i] = load(t->data, t->dtype, c ? i : element_offset(t, i));
+  return RX_OK;
+}
+
+int rx_tensor_write_f64(rx_tensor *t, const double *in) {
+  if (need_cpu(t, "write")) return RX_EDEVICE;
+  int c = rx_tensor_is_contiguous(t);
+  for (int64_t i = 0; i < t->numel; i++) store(t->data, t->dtype, c ? i : element_offset(t, i), in[i]);
+  return RX_OK;
+}
+
+int rx_check_tensor(const rx_tensor *t, const char *op, const char *what, int32_t ndim) {
+  char buf[96];
+  if (!t) return rx_fail(RX_EINVAL, "%s: %s is missing", op, what);
+  if (ndim >= 0 && t->ndim != ndim)
+    return rx_fail(RX_EINVAL, "%s: %s has shape %s, expected %d dims", op, what, rx_shape_str(t, buf, sizeof buf), ndim);
+  if (!rx_tensor_is_contiguous(t)) return rx_fail(RX_EINVAL, "%s: %s %s is not contiguous", op, what, rx_shape_str(t, buf, sizeof buf));
+  return RX_OK;
+}
+
+int rx_check_same(const rx_tensor *a, const rx_tensor *b, const char *op, const char *what) {
+  if (a->dtype != b->dtype)
+    return rx_fail(RX_EINVAL, "%s: %s has dtype %s, expected %s", op, what, rx_dtype_name(b->dtype), rx_dtype_name(a->dtype));
+  if (a->device != b->device) return rx_fail(RX_EINVAL, "%s: %s is on device %d, expected %d", op, what, b->device, a->device);
+  return RX_OK;
+}

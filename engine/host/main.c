@@ -1,0 +1,98 @@
+/* main.c: the `remax` host program. Embeds LuaJIT, finds the Lua library and runs
+ * lua/remax/cli.lua with the command-line arguments. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+#include "remax.h"
+
+#ifndef RX_SOURCE_DIR
+#define RX_SOURCE_DIR ""
+#endif
+
+static int exists(const char *path) { return access(path, R_OK) == 0; }
+
+/* The folder holding lua/remax/cli.lua: $REMAX_HOME, the install tree next to the
+ * executable (bin/../share/remax), or the source tree this binary was built from. */
+static int find_home(char *home, size_t n) {
+  char exe[PATH_MAX], probe[PATH_MAX + 64];
+  const char *env = getenv("REMAX_HOME");
+  if (env && *env) {
+    snprintf(probe, sizeof probe, "%s/lua/remax/cli.lua", env);
+    if (exists(probe)) { snprintf(home, n, "%s", env); return 0; }
+    fprintf(stderr, "remax: REMAX_HOME=%s has no lua/remax/cli.lua\n", env);
+    return -1;
+  }
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len > 0) {
+    exe[len] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = 0;
+    snprintf(probe, sizeof probe, "%s/../share/remax/lua/remax/cli.lua", exe);
+    if (exists(probe)) { snprintf(home, n, "%s/../share/remax", exe); return 0; }
+  }
+  snprintf(probe, sizeof probe, "%s/lua/remax/cli.lua", RX_SOURCE_DIR);
+  if (RX_SOURCE_DIR[0] && exists(probe)) { snprintf(home, n, "%s", RX_SOURCE_DIR); return 0; }
+  fprintf(stderr, "remax: cannot find lua/remax/cli.lua (set REMAX_HOME to the remax folder)\n");
+  return -1;
+}
+
+static int traceback(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (getenv("REMAX_DEBUG")) {
+    luaL_traceback(L, L, msg, 1);   /* full stack when debugging */
+    return 1;
+  }
+  lua_pushstring(L, msg ? msg : "(error object is not a string)");
+  return 1;
+}
+
+int main(int argc, char **argv) {
+  char home[PATH_MAX], path[PATH_MAX * 2 + 256];
+  if (find_home(home, sizeof home)) return 2;
+  setenv("REMAX_HOME", home, 1);
+  Dl_info info;   /* tell the Lua side (and child luajit processes) where libremax lives */
+  if (dladdr((void *)rx_version, &info) && info.dli_fname) setenv("REMAX_LIB", info.dli_fname, 0);
+
+  lua_State *L = luaL_newstate();
+  if (!L) { fprintf(stderr, "remax: cannot create the Lua state\n"); return 2; }
+  luaL_openlibs(L);
+
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "path");
+  snprintf(path, sizeof path, "%s/lua/?.lua;%s/lua/?/init.lua;%s", home, home, lua_tostring(L, -1));
+  lua_pop(L, 1);
+  lua_pushstring(L, path);
+  lua_setfield(L, -2, "path");
+  lua_pop(L, 1);
+
+  lua_createtable(L, argc, 1);            /* arg[0] = program, arg[1..] = arguments */
+  for (int i = 0; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i);
+  }
+  lua_setglobal(L, "arg");
+
+  lua_pushcfunction(L, traceback);
+  snprintf(path, sizeof path, "%s/lua/remax/cli.lua", home);
+  if (luaL_loadfile(L, path)) {
+    fprintf(stderr, "remax: %s\n", lua_tostring(L, -1));
+    lua_close(L);
+    return 2;
+  }
+  for (int i = 1; i < argc; i++) lua_pushstring(L, argv[i]);
+  int status = lua_pcall(L, argc - 1, 1, 1);
+  int code = 0;
+  if (status) {
+    fprintf(stderr, "remax: %s\n", lua_tostring(L, -1));
+    code = 1;
+  } else if (lua_isnumber(L, -1)) code = (int)lua_tointeger(L, -1);
+  lua_close(L);
+  return code;
+}

@@ -1,0 +1,96 @@
+-- remax.cli: the `remax` command line. The host program runs this file with the arguments.
+local M = {}
+
+local usage = [[
+usage: remax <command> [arguments]
+
+commands:
+  run FILE.lua [args...]   run a Lua file (a recipe or any script) with the engine loaded
+  test                     run every test: C unit tests (ctest) and Lua specs (busted)
+  version                  print the version
+  help                     this text
+]]
+
+local function home() return os.getenv("REMAX_HOME") or "." end
+
+local function build_dir()
+  local lib = os.getenv("REMAX_LIB")
+  return os.getenv("REMAX_BUILD_DIR") or (lib and lib:match("^(.*)/[^/]+$")) or (home() .. "/build")
+end
+
+local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+function M.run(file, ...)
+  if not file then error("remax run: missing FILE.lua (usage: remax run FILE.lua [args...])", 0) end
+  local chunk, err = loadfile(file)
+  if not chunk then error(err, 0) end
+  _G.arg = { [0] = file, ... }
+  local results = { chunk(...) }
+  return type(results[1]) == "number" and results[1] or 0
+end
+
+-- Runs a command, echoing its output, and returns the output and whether it exited 0.
+local function run_and_echo(cmd)
+  local pipe = assert(io.popen(cmd .. " 2>&1"))
+  local out = {}
+  for line in pipe:lines() do
+    io.write(line, "\n")
+    io.flush()
+    out[#out + 1] = line
+  end
+  local ok = pipe:close()
+  return table.concat(out, "\n"), ok == true or ok == 0
+end
+
+function M.test(...)
+  local passed, failed = 0, 0
+  local filter = select(1, ...)
+  local bdir = build_dir()
+
+  print("== C unit tests (ctest)")
+  local ctest = ("ctest --test-dir %s --output-on-failure %s"):format(shell_quote(bdir),
+    filter and ("-R " .. shell_quote(filter)) or "")
+  local out, ok = run_and_echo(ctest)
+  local pct, nfail, total = out:match("(%d+)%% tests passed, (%d+) tests? failed out of (%d+)")
+  if total then
+    failed = failed + tonumber(nfail)
+    passed = passed + tonumber(total) - tonumber(nfail)
+  elseif not out:match("No tests were found") then
+    failed = failed + 1   -- ctest itself failed to run
+  end
+
+  print("\n== Lua specs (busted)")
+  local busted = ("cd %s && busted --lua=luajit %s tests/lua"):format(shell_quote(home()),
+    filter and ("--filter=" .. shell_quote(filter)) or "")
+  out, ok = run_and_echo(busted)
+  local s, f, e = out:match("(%d+) successe?s? / (%d+) failures? / (%d+) errors?")
+  if s then
+    passed = passed + tonumber(s)
+    failed = failed + tonumber(f) + tonumber(e)
+  else
+    failed = failed + 1   -- busted could not run the specs at all
+  end
+
+  print(("\n%d passed, %d failed"):format(passed, failed))
+  return failed == 0 and 0 or 1
+end
+
+function M.main(cmd, ...)
+  if cmd == nil or cmd == "help" or cmd == "--help" or cmd == "-h" then
+    io.write(usage)
+    return 0
+  elseif cmd == "run" then
+    return M.run(...)
+  elseif cmd == "test" then
+    return M.test(...)
+  elseif cmd == "version" or cmd == "--version" then
+    print("remax " .. require("remax").version())
+    return 0
+  end
+  io.stderr:write(("remax: unknown command '%s'\n\n"):format(cmd), usage)
+  return 2
+end
+
+-- Run as the host's entry script (with arguments), or required as a module.
+if ... ~= "remax.cli" then return M.main(...) end
+return M
