@@ -11,6 +11,9 @@ static const struct { const char *name; size_t value; } layout[] = {
   SIZE(rx_tensor), FIELD(rx_tensor, data), FIELD(rx_tensor, storage), FIELD(rx_tensor, shape),
   FIELD(rx_tensor, stride), FIELD(rx_tensor, numel), FIELD(rx_tensor, ndim), FIELD(rx_tensor, dtype),
   FIELD(rx_tensor, device), FIELD(rx_tensor, device_index),
+  SIZE(rx_adamw_config), FIELD(rx_adamw_config, lr), FIELD(rx_adamw_config, beta1),
+  FIELD(rx_adamw_config, beta2), FIELD(rx_adamw_config, eps), FIELD(rx_adamw_config, weight_decay),
+  FIELD(rx_adamw_config, step),
 };
 
 const char *rx_abi_layout(void) {
