@@ -86,6 +86,30 @@ void rx_philox4x32(const uint32_t key[2], const uint32_t counter[4], uint32_t ou
 
 /* ---------------------------------------------------------------- optimizer */
 
+/* AdamW with decoupled weight decay (Loshchilov & Hutter) and bias correction.
+ * step is the 1-based number of this update (bias correction uses beta^step). */
+typedef struct rx_adamw_config {
+  double lr;
+  double beta1;
+  double beta2;
+  double eps;
+  double weight_decay;
+  int64_t step;
+} rx_adamw_config;
+
+/* One update of one tensor. grad has param's shape and dtype; m and v (f32, or f64 for an f64
+ * param) hold the moments. decay 0 skips weight decay for this tensor (biases, norms: the
+ * caller decides by name). */
+int rx_adamw_step(rx_tensor *param, const rx_tensor *grad, rx_tensor *m, rx_tensor *v,
+                  const rx_adamw_config *cfg, int32_t decay);
+/* Global L2 norm of n gradient tensors, accumulated in double. Inf/NaN propagate. */
+int rx_grad_norm(const rx_tensor *const *grads, int64_t n, double *norm);
+/* Scales all n gradients by max_norm / (norm + 1e-6) when norm > max_norm; *norm gets the
+ * norm before clipping. Non-finite norms leave gradients untouched (the caller skips the step). */
+int rx_clip_grad_norm(rx_tensor *const *grads, int64_t n, double max_norm, double *norm);
+/* t *= s elementwise (gradient accumulation averaging). */
+int rx_scale(rx_tensor *t, double s);
+
 /* ---------------------------------------------------------------- safetensors */
 
 /* ---------------------------------------------------------------- tokenizer */
