@@ -14,6 +14,17 @@ static const struct { const char *name; size_t value; } layout[] = {
   SIZE(rx_adamw_config), FIELD(rx_adamw_config, lr), FIELD(rx_adamw_config, beta1),
   FIELD(rx_adamw_config, beta2), FIELD(rx_adamw_config, eps), FIELD(rx_adamw_config, weight_decay),
   FIELD(rx_adamw_config, step),
+  SIZE(rx_model_config), FIELD(rx_model_config, vocab_size), FIELD(rx_model_config, hidden_size),
+  FIELD(rx_model_config, intermediate_size), FIELD(rx_model_config, num_hidden_layers),
+  FIELD(rx_model_config, num_attention_heads), FIELD(rx_model_config, num_key_value_heads),
+  FIELD(rx_model_config, head_dim), FIELD(rx_model_config, max_position_embeddings),
+  FIELD(rx_model_config, rms_norm_eps), FIELD(rx_model_config, rope_theta),
+  FIELD(rx_model_config, tie_word_embeddings), FIELD(rx_model_config, attention_bias),
+  FIELD(rx_model_config, dtype), FIELD(rx_model_config, device),
+  SIZE(rx_forward_opts), FIELD(rx_forward_opts, train), FIELD(rx_forward_opts, checkpoint),
+  FIELD(rx_forward_opts, head_chunk_rows),
+  SIZE(rx_model_memory), FIELD(rx_model_memory, param_bytes), FIELD(rx_model_memory, grad_bytes),
+  FIELD(rx_model_memory, activation_bytes), FIELD(rx_model_memory, head_bytes),
 };
 
 const char *rx_abi_layout(void) {

@@ -29,6 +29,10 @@ int rx_is_float_dtype(int32_t dtype);
 /* Shape text such as "[2,3,4]" into buf. */
 const char *rx_shape_str(const rx_tensor *t, char *buf, size_t n);
 
+/* Fill a caller-owned rx_tensor struct as a contiguous view of data (no allocation, no storage:
+ * for engine-internal views into arenas; never pass one to rx_tensor_free). */
+void rx_view_init(rx_tensor *t, void *data, int32_t dtype, int32_t device, int32_t ndim, const int64_t *shape);
+
 /* Argument checks used by kernels: returns RX_OK or sets an error naming `what`. */
 int rx_check_tensor(const rx_tensor *t, const char *op, const char *what, int32_t ndim);
 int rx_check_same(const rx_tensor *a, const rx_tensor *b, const char *op, const char *what);

@@ -115,6 +115,16 @@ int rx_tensor_wrap(rx_tensor **out, void *data, int32_t dtype, int32_t ndim, con
   return RX_OK;
 }
 
+void rx_view_init(rx_tensor *t, void *data, int32_t dtype, int32_t device, int32_t ndim, const int64_t *shape) {
+  int64_t numel = 1;
+  for (int i = 0; i < ndim; i++) numel *= shape[i];
+  memset(t, 0, sizeof *t);
+  t->data = data;
+  t->dtype = dtype;
+  t->device = device;
+  set_contiguous(t, ndim, shape, numel);
+}
+
 void rx_tensor_free(rx_tensor *t) {
   if (!t) return;
   storage_release(t->storage);

@@ -84,6 +84,57 @@ void rx_philox4x32(const uint32_t key[2], const uint32_t counter[4], uint32_t ou
  * Shapes: N = rows (B*T), C = channels. Backward functions ACCUMULATE (+=) into parameter
  * gradients (dweight, dbias) and OVERWRITE input gradients (dinp), unless said otherwise. */
 
+/* y[rows,out] = x[rows,in] · W[out,in]^T (+ b[out]); x and y may have any leading dims. */
+int rx_matmul_forward(rx_tensor *out, const rx_tensor *inp, const rx_tensor *weight, const rx_tensor *bias);
+/* dinp = dout · W; dweight += dout^T · inp; dbias += sum over rows of dout. */
+int rx_matmul_backward(rx_tensor *dinp, rx_tensor *dweight, rx_tensor *dbias, const rx_tensor *dout,
+                       const rx_tensor *inp, const rx_tensor *weight);
+/* out[rows,C] = weight[tokens[rows], :]; a token outside [0,V) fails naming token and row. */
+int rx_embedding_forward(rx_tensor *out, const rx_tensor *tokens, const rx_tensor *weight);
+int rx_embedding_backward(rx_tensor *dweight, const rx_tensor *dout, const rx_tensor *tokens);
+/* out = inp * rstd * weight over the last dim C; rstd[rows] saved for backward (may be NULL). */
+int rx_rmsnorm_forward(rx_tensor *out, rx_tensor *rstd, const rx_tensor *inp, const rx_tensor *weight, double eps);
+int rx_rmsnorm_backward(rx_tensor *dinp, rx_tensor *dweight, const rx_tensor *dout, const rx_tensor *inp,
+                        const rx_tensor *weight, const rx_tensor *rstd);
+/* Hugging Face rotate-half RoPE. inp [.., heads, D] with one position per row of heads
+ * (positions i32, numel = numel(inp)/(heads*D)); inv_freq_i = theta^(-2i/D). out may alias inp. */
+int rx_rope_forward(rx_tensor *out, const rx_tensor *inp, const rx_tensor *positions, double theta);
+int rx_rope_backward(rx_tensor *dinp, const rx_tensor *dout, const rx_tensor *positions, double theta);
+/* out = silu(gate) * up, elementwise. */
+int rx_swiglu_forward(rx_tensor *out, const rx_tensor *gate, const rx_tensor *up);
+int rx_swiglu_backward(rx_tensor *dgate, rx_tensor *dup, const rx_tensor *dout, const rx_tensor *gate, const rx_tensor *up);
+/* out[rows,V] = log_softmax(inp) over the last dim. dinp = dout - softmax * sum(dout). */
+int rx_logsoftmax_forward(rx_tensor *out, const rx_tensor *inp);
+int rx_logsoftmax_backward(rx_tensor *dinp, const rx_tensor *dout, const rx_tensor *out);
+/* The training head on one chunk of rows: logp[r] = log_softmax(logits[r])[targets[r]],
+ * lse[r] = logsumexp(logits[r]) saved (may be NULL); entropy[r] (may be NULL) = -sum p log p.
+ * A target < 0 means "no token" (padding): logp 0 and zero gradient. Other out-of-range
+ * targets fail naming the row and value. */
+int rx_logprob_forward(rx_tensor *logp, rx_tensor *lse, rx_tensor *entropy, const rx_tensor *logits,
+                       const rx_tensor *targets);
+/* dlogits[r,:] = dlogp[r] * (onehot(targets[r]) - softmax(logits[r])). dlogits may be the same
+ * tensor as logits (in place), so the head needs one chunk buffer. */
+int rx_logprob_backward(rx_tensor *dlogits, const rx_tensor *dlogp, const rx_tensor *logits,
+                        const rx_tensor *targets, const rx_tensor *lse);
+/* out = a + b elementwise (residual connections); out may alias a or b. */
+int rx_add(rx_tensor *out, const rx_tensor *a, const rx_tensor *b);
+
+/* Causal grouped-query attention with online softmax.
+ * q [B,Tq,H,D]; k, v [B,Tk,KV,D] with KV dividing H (head h reads kv head h/(H/KV)); Tq <= Tk and
+ * query i sits at key position Tk-Tq+i (Tq == Tk in training; Tq < Tk when decoding against a
+ * KV cache). k and v may be views of a larger cache: their batch stride (stride[0]) may exceed
+ * Tk*KV*D; the other dims are contiguous. mask i32 [B,Tk] (1 = token, 0 = padding; NULL = all
+ * tokens): a query attends to keys s <= its position with mask 1. A query whose own position is
+ * padding (or that sees no key) outputs zeros and gets zero gradient. lse [B,H,Tq] (same float
+ * dtype) is saved for backward; extra memory stays O(B*H*T), never O(T^2).
+ * scale 0 means 1/sqrt(D). */
+int rx_attention_forward(rx_tensor *out, rx_tensor *lse, const rx_tensor *q, const rx_tensor *k,
+                         const rx_tensor *v, const rx_tensor *mask, double scale);
+/* dq, dk, dv are overwritten (dk/dv contiguous [B,Tk,KV,D]). */
+int rx_attention_backward(rx_tensor *dq, rx_tensor *dk, rx_tensor *dv, const rx_tensor *dout,
+                          const rx_tensor *q, const rx_tensor *k, const rx_tensor *v,
+                          const rx_tensor *out, const rx_tensor *lse, const rx_tensor *mask, double scale);
+
 /* ---------------------------------------------------------------- optimizer */
 
 /* AdamW with decoupled weight decay (Loshchilov & Hutter) and bias correction.
@@ -110,8 +161,143 @@ int rx_clip_grad_norm(rx_tensor *const *grads, int64_t n, double max_norm, doubl
 /* t *= s elementwise (gradient accumulation averaging). */
 int rx_scale(rx_tensor *t, double s);
 
-/* ---------------------------------------------------------------- safetensors */
+/* ---------------------------------------------------------------- model */
+
+/* A decoder transformer of the Llama / Qwen2 family. Field names follow Hugging Face's
+ * config.json; the Lua side reads and validates config.json and fills this struct. */
+typedef struct rx_model_config {
+  int64_t vocab_size;
+  int64_t hidden_size;
+  int64_t intermediate_size;
+  int64_t num_hidden_layers;
+  int64_t num_attention_heads;
+  int64_t num_key_value_heads;
+  int64_t head_dim;
+  int64_t max_position_embeddings;
+  double rms_norm_eps;
+  double rope_theta;
+  int32_t tie_word_embeddings;
+  int32_t attention_bias;        /* q/k/v projections have biases (Qwen2) */
+  int32_t dtype;                 /* compute dtype: RX_F32 (or RX_F64 for gradient checks) */
+  int32_t device;
+} rx_model_config;
+
+typedef struct rx_model rx_model;
+
+/* A model with zeroed parameters and gradients, one arena each, tensors named as in Hugging
+ * Face checkpoints ("model.layers.0.self_attn.q_proj.weight", ...). */
+int rx_model_new(rx_model **out, const rx_model_config *cfg);
+void rx_model_free(rx_model *m);
+const rx_model_config *rx_model_get_config(const rx_model *m);
+int64_t rx_model_param_count(const rx_model *m);
+const char *rx_model_param_name(const rx_model *m, int64_t i);
+/* Borrowed views into the parameter / gradient arenas (valid while the model lives). */
+rx_tensor *rx_model_param(rx_model *m, int64_t i);
+rx_tensor *rx_model_grad(rx_model *m, int64_t i);
+/* Index of a parameter by name, or -1. */
+int64_t rx_model_find_param(const rx_model *m, const char *name);
+void rx_model_zero_grad(rx_model *m);
+
+/* Options of one forward pass. */
+typedef struct rx_forward_opts {
+  int32_t train;             /* keep what backward needs (1) or only what the forward needs (0) */
+  int32_t checkpoint;        /* with train: keep layer inputs only, recompute layers in backward */
+  int64_t head_chunk_rows;   /* rows of [rows, vocab] logits computed at once; 0 = automatic */
+} rx_forward_opts;
+
+/* logp[b,t] = log p(tokens[b,t] | tokens[b,<t]) for t whose token and previous token are both
+ * real (mask 1); 0 elsewhere (the first real token of a row, padding). tokens, mask: i32 [B,T]
+ * (mask NULL = all real); left or right padding; positions count real tokens. logp (and
+ * entropy of the predicting distribution, optional) are [B,T] in the compute dtype. The full
+ * [B,T,vocab] logits never exist: the head works in chunks of rows. */
+int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, rx_tensor *logp,
+                      rx_tensor *entropy, const rx_forward_opts *opts);
+/* Accumulates parameter gradients of sum(dlogp * logp) for the last train forward. */
+int rx_model_backward(rx_model *m, const rx_tensor *dlogp);
+/* Bytes held by parameters, gradients, the activation plan of the last (B,T) shape, and the
+ * head's logits chunk. */
+typedef struct rx_model_memory {
+  int64_t param_bytes;
+  int64_t grad_bytes;
+  int64_t activation_bytes;
+  int64_t head_bytes;
+} rx_model_memory;
+void rx_model_memory_usage(const rx_model *m, rx_model_memory *out);
+
+/* ---------------------------------------------------------------- safetensors
+ * Hugging Face safetensors checkpoints, read through a read-only mmap. Every check of the
+ * header happens at open; a bad file fails there with a message naming the file and fault. */
+
+typedef struct rx_safetensors rx_safetensors;   /* opaque */
+
+/* path: a .safetensors file; a sharded checkpoint's index (*.json with "weight_map");
+ * or a model directory holding model.safetensors or model.safetensors.index.json. */
+int rx_safetensors_open(rx_safetensors **out, const char *path);
+void rx_safetensors_close(rx_safetensors *st);
+int64_t rx_safetensors_count(const rx_safetensors *st);
+/* Tensor names sorted by byte order; NULL when index is out of range. */
+const char *rx_safetensors_name(const rx_safetensors *st, int64_t index);
+int rx_safetensors_has(const rx_safetensors *st, const char *name);   /* 1 or 0 */
+/* The dtype as the file spells it ("BF16", "F8_E4M3", ...), or NULL when there is no such tensor. */
+const char *rx_safetensors_format_dtype(const rx_safetensors *st, const char *name);
+/* dtype (rx_dtype), ndim and shape[0..ndim) (room for 4). Fails for a dtype remax cannot
+ * hold (F8_E4M3, BOOL, U8, ...) or more than 4 dims, naming the tensor and the file. */
+int rx_safetensors_info(const rx_safetensors *st, const char *name, int32_t *dtype, int32_t *ndim, int64_t *shape);
+/* Copies the tensor into dst, converting to dst's dtype. dst's shape must match the file's.
+ * dst may be strided. */
+int rx_safetensors_read(const rx_safetensors *st, const char *name, rx_tensor *dst);
+/* "__metadata__" (string to string); for a sharded checkpoint, the index's "metadata" first,
+ * then the shards' entries. get returns NULL for a missing key. */
+int64_t rx_safetensors_metadata_count(const rx_safetensors *st);
+const char *rx_safetensors_metadata_key(const rx_safetensors *st, int64_t index);
+const char *rx_safetensors_metadata_get(const rx_safetensors *st, const char *key);
+/* Writes n tensors (each in its own dtype; CPU, any strides) and n_meta metadata pairs to path:
+ * a deterministic file (names sorted), data 8-byte aligned, written to "<path>.tmp.<pid>",
+ * fsynced, then renamed over path, so a crash never leaves a half-written file at path. */
+int rx_safetensors_save(const char *path, int64_t n, const char *const *names, rx_tensor *const *tensors,
+                        int64_t n_meta, const char *const *meta_keys, const char *const *meta_values);
 
 /* ---------------------------------------------------------------- tokenizer */
+/* Hugging Face byte-level BPE tokenizers (GPT-2, Llama 3, Qwen2/2.5/3) from tokenizer.json.
+ * A handle is not safe to use from two threads at once (it keeps scratch space and a cache). */
+
+typedef struct rx_tokenizer rx_tokenizer;
+
+enum { RX_TOK_ADD_SPECIAL = 1,   /* encode: apply the post_processor template (e.g. BOS) */
+       RX_TOK_SKIP_SPECIAL = 2   /* decode: leave out special added tokens */
+};
+enum { RX_TOK_EOS = 0, RX_TOK_PAD = 1, RX_TOK_BOS = 2, RX_TOK_UNK = 3 };   /* roles */
+
+/* path: a tokenizer.json file, or a directory holding one. tokenizer_config.json next to it,
+ * when present, gives the role tokens (eos/pad/bos/unk) and the chat template. */
+int rx_tokenizer_load(rx_tokenizer **out, const char *path);
+void rx_tokenizer_free(rx_tokenizer *tok);
+/* text[0..len) -> ids. *n_out is always set to the number of ids; when it exceeds cap nothing
+ * is written and the call fails (call again with cap >= *n_out). len + 16 ids always suffice for
+ * NFC-stable text; 3 * len + 16 for any text. */
+int rx_tokenizer_encode(rx_tokenizer *tok, const char *text, int64_t len, int32_t flags, int32_t *ids, int64_t cap,
+                        int64_t *n_out);
+/* ids -> the exact bytes (no NUL appended); same sizing contract as encode. */
+int rx_tokenizer_decode(const rx_tokenizer *tok, const int32_t *ids, int64_t n, int32_t flags, char *buf, int64_t cap,
+                        int64_t *n_out);
+/* Trailing bytes of buf[0..len) that begin a UTF-8 sequence not yet complete (0..3): a streaming
+ * decoder holds them back until the next token arrives. */
+int64_t rx_utf8_incomplete_tail(const char *buf, int64_t len);
+int32_t rx_tokenizer_vocab_size(const rx_tokenizer *tok);       /* highest id + 1 */
+/* The id of a token as written in tokenizer.json ("Ġthe", "<|im_end|>"), or -1. */
+int32_t rx_tokenizer_token_to_id(const rx_tokenizer *tok, const char *s, int64_t len);
+/* The token's string as written in tokenizer.json / its decoded bytes; NULL for an unknown id. */
+const char *rx_tokenizer_id_to_token(const rx_tokenizer *tok, int32_t id, int64_t *len);
+const char *rx_tokenizer_id_to_bytes(const rx_tokenizer *tok, int32_t id, int64_t *len);
+int32_t rx_tokenizer_is_special(const rx_tokenizer *tok, int32_t id);
+/* Writes up to cap special-token ids (ascending) and returns how many there are. */
+int64_t rx_tokenizer_special_ids(const rx_tokenizer *tok, int32_t *ids, int64_t cap);
+/* Token name for a role (RX_TOK_EOS...) from tokenizer_config.json, or NULL. */
+const char *rx_tokenizer_role_token(const rx_tokenizer *tok, int32_t role);
+const char *rx_tokenizer_chat_template(const rx_tokenizer *tok);   /* NULL when none */
+/* Unicode NFC of text[0..len) (invalid UTF-8 bytes pass through); *n_out = bytes needed
+ * (at most 3 * len), min(cap, *n_out) bytes written. */
+int rx_unicode_nfc(const char *text, int64_t len, char *out, int64_t cap, int64_t *n_out);
+const char *rx_unicode_data_version(void);
 
 #endif

@@ -5,8 +5,10 @@ local lazy = {
   ffi = "remax.ffi",
   tensor = "remax.tensor",
   optim = "remax.optim",
+  model = "remax.model",
   safetensors = "remax.safetensors",
   tokenizer = "remax.tokenizer",
+  chat = "remax.chat", data = "remax.data",
 }
 
 -- Submodules load on first use, so `require("remax")` stays cheap.

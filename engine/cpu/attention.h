@@ -1,0 +1,26 @@
+/* cpu/attention.h: CPU kernels of causal grouped-query attention (see ops/attention.c for the
+ * checks and docs/attention.md for the contract). Internal to libremax. */
+#ifndef RX_CPU_ATTENTION_H
+#define RX_CPU_ATTENTION_H
+#include <stdint.h>
+
+/* Sizes of one attention call. q/out/dq/dout are contiguous [B,Tq,H,D]; k/v are [B,Tk,KV,D]
+ * contiguous except for their batch strides (elements); dk/dv are contiguous; lse is [B,H,Tq]. */
+typedef struct rx_attn_dims {
+  int64_t B, Tq, Tk, H, KV, D;
+  int64_t k_batch_stride, v_batch_stride;
+  double scale;                 /* already resolved: never 0 here */
+} rx_attn_dims;
+
+void rx_cpu_attention_forward_f32(float *out, float *lse, const float *q, const float *k, const float *v,
+                                  const int32_t *mask, const rx_attn_dims *dims);
+void rx_cpu_attention_forward_f64(double *out, double *lse, const double *q, const double *k, const double *v,
+                                  const int32_t *mask, const rx_attn_dims *dims);
+/* Any of dq, dk, dv may be NULL (skipped). */
+void rx_cpu_attention_backward_f32(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                   const float *k, const float *v, const float *out, const float *lse,
+                                   const int32_t *mask, const rx_attn_dims *dims);
+void rx_cpu_attention_backward_f64(double *dq, double *dk, double *dv, const double *dout, const double *q,
+                                   const double *k, const double *v, const double *out, const double *lse,
+                                   const int32_t *mask, const rx_attn_dims *dims);
+#endif

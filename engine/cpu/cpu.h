@@ -1,0 +1,114 @@
+/* cpu.h: the CPU kernels behind engine/ops (internal, not part of the public API).
+ *
+ * llm.c-style layer functions over raw contiguous pointers: outputs first, gradients named
+ * d<name>, sizes last (int64_t). Each kernel body is written once in engine/cpu/<op>.inc and
+ * instantiated for float (_f32) and double (_f64) by engine/cpu/<op>.c through instantiate.h.
+ * Argument checks (shapes, dtypes, token ranges) happen in engine/ops before these are called.
+ * Conventions: input gradients (dinp, dgate, ...) are overwritten, parameter gradients
+ * (dweight, dbias) accumulated; a NULL gradient or optional output pointer is skipped. */
+#ifndef RX_CPU_H
+#define RX_CPU_H
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* exp(x) for float that GCC vectorises inside `omp simd` loops (glibc's expf does not without
+ * -ffast-math). Cephes-style: n = round(x / ln2), r = x - n ln2 split in two constants, a degree-6
+ * polynomial for exp(r) on |r| <= ln2/2, then the scale 2^n built in the exponent bits (as
+ * 2^(n-1) * 2 so that n = 128 near the overflow threshold stays representable). Relative error
+ * ~1 ulp; results below 2^-125 (x < -86.6) flush to 0, x > 88.72 gives inf, NaN stays NaN. */
+static inline float rx_exp_f32(float x) {
+  float xc = x < -86.6f ? -86.6f : (x > 88.72283f ? 88.72283f : x);
+  float t = xc * 1.44269504088896341f;
+  float n = (t + 12582912.0f) - 12582912.0f;             /* round to nearest via 1.5 * 2^23 */
+  float r = xc - n * 0.693359375f - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  union { int32_t i; float f; } scale;
+  scale.i = ((int32_t)n + 126) << 23;                     /* 2^(n-1) */
+  float y = p * scale.f * 2.0f;
+  y = x < -86.6f ? 0.0f : y;
+  y = x > 88.72283f ? INFINITY : y;
+  return x != x ? x : y;
+}
+static inline double rx_exp_f64(double x) { return exp(x); }
+static inline float rx_log_f32(float x) { return logf(x); }
+static inline double rx_log_f64(double x) { return log(x); }
+
+/* First row r in [0, n) whose index idx[r] lies outside [0, limit), skipping negative values when
+ * allow_negative (padding targets); -1 when all are valid. */
+int64_t rx_cpu_first_bad_index(const int32_t *idx, int64_t n, int64_t limit, int allow_negative);
+
+/* matmul: out[N,OC] = inp[N,C] W[OC,C]^T (+ bias[OC]); OpenBLAS GEMM. */
+void rx_cpu_matmul_forward_f32(float *out, const float *inp, const float *weight, const float *bias,
+                               int64_t N, int64_t C, int64_t OC);
+void rx_cpu_matmul_forward_f64(double *out, const double *inp, const double *weight, const double *bias,
+                               int64_t N, int64_t C, int64_t OC);
+void rx_cpu_matmul_backward_f32(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                const float *weight, int64_t N, int64_t C, int64_t OC);
+void rx_cpu_matmul_backward_f64(double *dinp, double *dweight, double *dbias, const double *dout,
+                                const double *inp, const double *weight, int64_t N, int64_t C, int64_t OC);
+
+/* embedding: out[N,C] = weight[tokens[n], :]; backward scatter-adds into dweight[V,C]. */
+void rx_cpu_embedding_forward_f32(float *out, const int32_t *tokens, const float *weight, int64_t N, int64_t C);
+void rx_cpu_embedding_forward_f64(double *out, const int32_t *tokens, const double *weight, int64_t N, int64_t C);
+void rx_cpu_embedding_backward_f32(float *dweight, const float *dout, const int32_t *tokens, int64_t N, int64_t C);
+void rx_cpu_embedding_backward_f64(double *dweight, const double *dout, const int32_t *tokens, int64_t N, int64_t C);
+
+/* rmsnorm over C: out = inp * rstd * weight, rstd[N] = 1 / sqrt(mean(inp^2) + eps). */
+void rx_cpu_rmsnorm_forward_f32(float *out, float *rstd, const float *inp, const float *weight, int64_t N,
+                                int64_t C, float eps);
+void rx_cpu_rmsnorm_forward_f64(double *out, double *rstd, const double *inp, const double *weight, int64_t N,
+                                int64_t C, double eps);
+void rx_cpu_rmsnorm_backward_f32(float *dinp, float *dweight, const float *dout, const float *inp,
+                                 const float *weight, const float *rstd, int64_t N, int64_t C);
+void rx_cpu_rmsnorm_backward_f64(double *dinp, double *dweight, const double *dout, const double *inp,
+                                 const double *weight, const double *rstd, int64_t N, int64_t C);
+
+/* rope (rotate-half) on P rows of H heads of size D, one position per row. out may alias inp.
+ * The backward is the inverse rotation. D is even and at most RX_CPU_ROPE_MAX_D. */
+enum { RX_CPU_ROPE_MAX_D = 1024 };
+void rx_cpu_rope_forward_f32(float *out, const float *inp, const int32_t *positions, int64_t P, int64_t H,
+                             int64_t D, double theta);
+void rx_cpu_rope_forward_f64(double *out, const double *inp, const int32_t *positions, int64_t P, int64_t H,
+                             int64_t D, double theta);
+void rx_cpu_rope_backward_f32(float *dinp, const float *dout, const int32_t *positions, int64_t P, int64_t H,
+                              int64_t D, double theta);
+void rx_cpu_rope_backward_f64(double *dinp, const double *dout, const int32_t *positions, int64_t P, int64_t H,
+                              int64_t D, double theta);
+
+/* swiglu: out = silu(gate) * up over n elements. */
+void rx_cpu_swiglu_forward_f32(float *out, const float *gate, const float *up, int64_t n);
+void rx_cpu_swiglu_forward_f64(double *out, const double *gate, const double *up, int64_t n);
+void rx_cpu_swiglu_backward_f32(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                                int64_t n);
+void rx_cpu_swiglu_backward_f64(double *dgate, double *dup, const double *dout, const double *gate,
+                                const double *up, int64_t n);
+
+/* add: out = a + b over n elements; out may alias a or b. */
+void rx_cpu_add_f32(float *out, const float *a, const float *b, int64_t n);
+void rx_cpu_add_f64(double *out, const double *a, const double *b, int64_t n);
+
+/* logsoftmax over V for N rows; backward dinp = dout - exp(out) * sum(dout). */
+void rx_cpu_logsoftmax_forward_f32(float *out, const float *inp, int64_t N, int64_t V);
+void rx_cpu_logsoftmax_forward_f64(double *out, const double *inp, int64_t N, int64_t V);
+void rx_cpu_logsoftmax_backward_f32(float *dinp, const float *dout, const float *out, int64_t N, int64_t V);
+void rx_cpu_logsoftmax_backward_f64(double *dinp, const double *dout, const double *out, int64_t N, int64_t V);
+
+/* logprob head on N rows of V logits; targets < 0 are padding (logp 0, zero gradient).
+ * lse and entropy may be NULL. dlogits may equal logits (in place). */
+void rx_cpu_logprob_forward_f32(float *logp, float *lse, float *entropy, const float *logits,
+                                const int32_t *targets, int64_t N, int64_t V);
+void rx_cpu_logprob_forward_f64(double *logp, double *lse, double *entropy, const double *logits,
+                                const int32_t *targets, int64_t N, int64_t V);
+void rx_cpu_logprob_backward_f32(float *dlogits, const float *dlogp, const float *logits, const int32_t *targets,
+                                 const float *lse, int64_t N, int64_t V);
+void rx_cpu_logprob_backward_f64(double *dlogits, const double *dlogp, const double *logits,
+                                 const int32_t *targets, const double *lse, int64_t N, int64_t V);
+
+#endif

@@ -1,0 +1,522 @@
+/* model.c: the Llama / Qwen2 decoder: parameters, activation plan, forward, backward.
+ *
+ * One arena per role: parameters, gradients, activations (planned once per (B,T) shape), and
+ * one chunk buffer for the head. The head never holds [B,T,vocab]: it computes logits for a
+ * chunk of rows, turns them into log p(target) and discards them; backward recomputes them. */
+#include "internal.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct layer_params {
+  int64_t ln1, q_w, q_b, k_w, k_b, v_w, v_b, o_w, ln2, gate, up, down;
+} layer_params;
+
+/* Activations of one layer; views into the activation arena. */
+typedef struct layer_acts {
+  rx_tensor rstd1, xn1, q, k, v, q4, k4, v4, att, att4, lse, x_mid, rstd2, xn2, gate, up, h;
+} layer_acts;
+
+typedef struct plan {
+  int64_t B, T, layer_sets;  /* layer_sets: L (all layers kept) or 1 (recompute / inference) */
+  int32_t train, checkpoint;
+  void *arena;
+  int64_t bytes, capacity;
+  rx_tensor *res;            /* L+1 residual streams [B*T, C]: res[l] is the input of layer l */
+  layer_acts *acts;          /* layer_sets of them */
+  rx_tensor xf, rstdf;       /* final norm output and its rstd */
+  rx_tensor tokens, mask, positions, targets, row_logp, row_lse, row_entropy, row_dlogp;
+  /* backward scratch */
+  rx_tensor dx, dxn, dtmp, dh, dgate, dup, datt, datt4, dq, dk, dv, dq4, dk4, dv4, dxf;
+  void *head;                /* [chunk_rows, V] logits / dlogits */
+  int64_t head_rows, head_bytes;
+  int valid;                 /* a train forward ran and backward may use it */
+} plan;
+
+struct rx_model {
+  rx_model_config cfg;
+  int64_t n_params;
+  char **names;
+  rx_tensor *params, *grads;
+  void *param_arena, *grad_arena;
+  int64_t param_bytes;
+  layer_params *layers;
+  int64_t embed, final_norm, lm_head;
+  plan plan;
+};
+
+/* ------------------------------------------------------------------ parameters */
+
+typedef struct param_spec { char name[128]; int32_t ndim; int64_t shape[2]; } param_spec;
+
+static int64_t add_spec(param_spec *specs, int64_t *n, const char *name, int32_t ndim, int64_t a, int64_t b) {
+  param_spec *s = &specs[*n];
+  snprintf(s->name, sizeof s->name, "%s", name);
+  s->ndim = ndim;
+  s->shape[0] = a;
+  s->shape[1] = b;
+  return (*n)++;
+}
+
+static int check_config(const rx_model_config *c) {
+#define POSITIVE(f) if (c->f <= 0) return rx_fail(RX_EINVAL, "model config: " #f " = %lld must be > 0", (long long)c->f)
+  POSITIVE(vocab_size); POSITIVE(hidden_size); POSITIVE(intermediate_size); POSITIVE(num_hidden_layers);
+  POSITIVE(num_attention_heads); POSITIVE(num_key_value_heads); POSITIVE(head_dim);
+#undef POSITIVE
+  if (c->num_attention_heads % c->num_key_value_heads)
+    return rx_fail(RX_EINVAL, "model config: num_attention_heads = %lld is not a multiple of num_key_value_heads = %lld",
+                   (long long)c->num_attention_heads, (long long)c->num_key_value_heads);
+  if (c->head_dim % 2) return rx_fail(RX_EINVAL, "model config: head_dim = %lld must be even for RoPE", (long long)c->head_dim);
+  if (c->dtype != RX_F32 && c->dtype != RX_F64)
+    return rx_fail(RX_EINVAL, "model config: compute dtype %s is not supported on this device (f32, f64)", rx_dtype_name(c->dtype));
+  if (c->device != RX_CPU) return rx_fail(RX_EDEVICE, "model config: device %d has no model backend in this build", c->device);
+  if (!(c->rms_norm_eps > 0)) return rx_fail(RX_EINVAL, "model config: rms_norm_eps = %g must be > 0", c->rms_norm_eps);
+  if (!(c->rope_theta > 0)) return rx_fail(RX_EINVAL, "model config: rope_theta = %g must be > 0", c->rope_theta);
+  return RX_OK;
+}
+
+int rx_model_new(rx_model **out, const rx_model_config *cfg) {
+  *out = NULL;
+  if (check_config(cfg)) return RX_EINVAL;
+  const int64_t L = cfg->num_hidden_layers, C = cfg->hidden_size, I = cfg->intermediate_size, V = cfg->vocab_size;
+  const int64_t HD = cfg->num_attention_heads * cfg->head_dim, KD = cfg->num_key_value_heads * cfg->head_dim;
+  rx_model *m = calloc(1, sizeof *m);
+  param_spec *specs = calloc((size_t)(L * 12 + 3), sizeof *specs);
+  if (!m || !specs) { free(m); free(specs); return rx_fail(RX_ENOMEM, "out of memory for the model"); }
+  m->cfg = *cfg;
+  m->layers = calloc((size_t)L, sizeof *m->layers);
+  if (!m->layers) { free(m); free(specs); return rx_fail(RX_ENOMEM, "out of memory for the model"); }
+  int64_t n = 0;
+  char name[128];
+  m->embed = add_spec(specs, &n, "model.embed_tokens.weight", 2, V, C);
+  for (int64_t l = 0; l < L; l++) {
+    layer_params *lp = &m->layers[l];
+#define P(field, suffix, nd, a, b) \
+    snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l, suffix); \
+    lp->field = add_spec(specs, &n, name, nd, a, b);
+    P(ln1, "input_layernorm.weight", 1, C, 0);
+    P(q_w, "self_attn.q_proj.weight", 2, HD, C);
+    lp->q_b = lp->k_b = lp->v_b = -1;
+    if (cfg->attention_bias) { P(q_b, "self_attn.q_proj.bias", 1, HD, 0); }
+    P(k_w, "self_attn.k_proj.weight", 2, KD, C);
+    if (cfg->attention_bias) { P(k_b, "self_attn.k_proj.bias", 1, KD, 0); }
+    P(v_w, "self_attn.v_proj.weight", 2, KD, C);
+    if (cfg->attention_bias) { P(v_b, "self_attn.v_proj.bias", 1, KD, 0); }
+    P(o_w, "self_attn.o_proj.weight", 2, C, HD);
+    P(ln2, "post_attention_layernorm.weight", 1, C, 0);
+    P(gate, "mlp.gate_proj.weight", 2, I, C);
+    P(up, "mlp.up_proj.weight", 2, I, C);
+    P(down, "mlp.down_proj.weight", 2, C, I);
+#undef P
+  }
+  m->final_norm = add_spec(specs, &n, "model.norm.weight", 1, C, 0);
+  m->lm_head = cfg->tie_word_embeddings ? m->embed : add_spec(specs, &n, "lm_head.weight", 2, V, C);
+
+  /* one arena for parameters, one for gradients, every tensor 64-byte aligned */
+  const int64_t esize = rx_dtype_size(cfg->dtype);
+  int64_t *offsets = calloc((size_t)n, sizeof *offsets), total = 0;
+  for (int64_t i = 0; i < n; i++) {
+    offsets[i] = total;
+    int64_t numel = specs[i].shape[0] * (specs[i].ndim == 2 ? specs[i].shape[1] : 1);
+    total += (numel * esize + 63) & ~(int64_t)63;
+  }
+  m->n_params = n;
+  m->param_bytes = total;
+  m->names = calloc((size_t)n, sizeof *m->names);
+  m->params = calloc((size_t)n, sizeof *m->params);
+  m->grads = calloc((size_t)n, sizeof *m->grads);
+  m->param_arena = rx_alloc((size_t)total, "model parameters");
+  m->grad_arena = m->param_arena ? rx_alloc((size_t)total, "model gradients") : NULL;
+  if (!offsets || !m->names || !m->params || !m->grads || !m->param_arena || !m->grad_arena) {
+    free(offsets);
+    free(specs);
+    rx_model_free(m);
+    return rx_fail(RX_ENOMEM, "out of memory for %lld bytes of model parameters and gradients", (long long)(2 * total));
+  }
+  memset(m->param_arena, 0, (size_t)total);
+  memset(m->grad_arena, 0, (size_t)total);
+  for (int64_t i = 0; i < n; i++) {
+    m->names[i] = strdup(specs[i].name);
+    rx_view_init(&m->params[i], (char *)m->param_arena + offsets[i], cfg->dtype, cfg->device, specs[i].ndim, specs[i].shape);
+    rx_view_init(&m->grads[i], (char *)m->grad_arena + offsets[i], cfg->dtype, cfg->device, specs[i].ndim, specs[i].shape);
+  }
+  free(offsets);
+  free(specs);
+  *out = m;
+  return RX_OK;
+}
+
+static void plan_release(plan *p) {
+  rx_free(p->arena);
+  rx_free(p->head);
+  free(p->res);
+  free(p->acts);
+  memset(p, 0, sizeof *p);
+}
+
+void rx_model_free(rx_model *m) {
+  if (!m) return;
+  plan_release(&m->plan);
+  for (int64_t i = 0; m->names && i < m->n_params; i++) free(m->names[i]);
+  free(m->names);
+  free(m->params);
+  free(m->grads);
+  rx_free(m->param_arena);
+  rx_free(m->grad_arena);
+  free(m->layers);
+  free(m);
+}
+
+const rx_model_config *rx_model_get_config(const rx_model *m) { return &m->cfg; }
+int64_t rx_model_param_count(const rx_model *m) { return m->n_params; }
+const char *rx_model_param_name(const rx_model *m, int64_t i) { return i >= 0 && i < m->n_params ? m->names[i] : NULL; }
+rx_tensor *rx_model_param(rx_model *m, int64_t i) { return i >= 0 && i < m->n_params ? &m->params[i] : NULL; }
+rx_tensor *rx_model_grad(rx_model *m, int64_t i) { return i >= 0 && i < m->n_params ? &m->grads[i] : NULL; }
+
+int64_t rx_model_find_param(const rx_model *m, const char *name) {
+  for (int64_t i = 0; i < m->n_params; i++)
+    if (strcmp(m->names[i], name) == 0) return i;
+  return -1;
+}
+
+void rx_model_zero_grad(rx_model *m) { memset(m->grad_arena, 0, (size_t)m->param_bytes); }
+
+void rx_model_memory_usage(const rx_model *m, rx_model_memory *out) {
+  out->param_bytes = m->param_bytes;
+  out->grad_bytes = m->param_bytes;
+  out->activation_bytes = m->plan.bytes;
+  out->head_bytes = m->plan.head_bytes;
+}
+
+/* ------------------------------------------------------------------ activation plan */
+
+typedef struct carver { char *base; int64_t used; int32_t dtype, device; } carver;
+
+/* Reserve a [d0, d1, ...] view; with base NULL only counts bytes (the sizing pass). */
+static void carve(carver *c, rx_tensor *t, int32_t dtype, int32_t ndim, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
+  int64_t shape[4] = {d0, d1, d2, d3}, numel = 1;
+  for (int i = 0; i < ndim; i++) numel *= shape[i];
+  rx_view_init(t, c->base ? c->base + c->used : NULL, dtype, c->device, ndim, shape);
+  c->used += (numel * rx_dtype_size(dtype) + 63) & ~(int64_t)63;
+}
+
+/* A second view of the same memory with another shape. */
+static void alias(rx_tensor *t, const rx_tensor *of, int32_t ndim, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
+  int64_t shape[4] = {d0, d1, d2, d3};
+  rx_view_init(t, of->data, of->dtype, of->device, ndim, shape);
+}
+
+static void carve_plan(rx_model *m, plan *p, carver *c) {
+  const rx_model_config *cfg = &m->cfg;
+  const int64_t B = p->B, T = p->T, N = B * T, L = cfg->num_hidden_layers, C = cfg->hidden_size;
+  const int64_t I = cfg->intermediate_size, H = cfg->num_attention_heads, KV = cfg->num_key_value_heads;
+  const int64_t D = cfg->head_dim, dt = cfg->dtype;
+  for (int64_t l = 0; l <= L; l++) carve(c, &p->res[l], dt, 2, N, C, 0, 0);
+  for (int64_t s = 0; s < p->layer_sets; s++) {
+    layer_acts *a = &p->acts[s];
+    carve(c, &a->rstd1, dt, 1, N, 0, 0, 0);
+    carve(c, &a->xn1, dt, 2, N, C, 0, 0);
+    carve(c, &a->q, dt, 2, N, H * D, 0, 0);
+    carve(c, &a->k, dt, 2, N, KV * D, 0, 0);
+    carve(c, &a->v, dt, 2, N, KV * D, 0, 0);
+    carve(c, &a->att, dt, 2, N, H * D, 0, 0);
+    carve(c, &a->lse, dt, 3, B, H, T, 0);
+    carve(c, &a->x_mid, dt, 2, N, C, 0, 0);
+    carve(c, &a->rstd2, dt, 1, N, 0, 0, 0);
+    carve(c, &a->xn2, dt, 2, N, C, 0, 0);
+    carve(c, &a->gate, dt, 2, N, I, 0, 0);
+    carve(c, &a->up, dt, 2, N, I, 0, 0);
+    carve(c, &a->h, dt, 2, N, I, 0, 0);
+    alias(&a->q4, &a->q, 4, B, T, H, D);
+    alias(&a->k4, &a->k, 4, B, T, KV, D);
+    alias(&a->v4, &a->v, 4, B, T, KV, D);
+    alias(&a->att4, &a->att, 4, B, T, H, D);
+  }
+  carve(c, &p->xf, dt, 2, N, C, 0, 0);
+  carve(c, &p->rstdf, dt, 1, N, 0, 0, 0);
+  carve(c, &p->tokens, RX_I32, 1, N, 0, 0, 0);
+  carve(c, &p->mask, RX_I32, 2, B, T, 0, 0);
+  carve(c, &p->positions, RX_I32, 1, N, 0, 0, 0);
+  carve(c, &p->targets, RX_I32, 1, N, 0, 0, 0);
+  carve(c, &p->row_logp, dt, 1, N, 0, 0, 0);
+  carve(c, &p->row_lse, dt, 1, N, 0, 0, 0);
+  carve(c, &p->row_entropy, dt, 1, N, 0, 0, 0);
+  carve(c, &p->row_dlogp, dt, 1, N, 0, 0, 0);
+  if (p->train) {
+    carve(c, &p->dx, dt, 2, N, C, 0, 0);
+    carve(c, &p->dxn, dt, 2, N, C, 0, 0);
+    carve(c, &p->dtmp, dt, 2, N, C, 0, 0);
+    carve(c, &p->dxf, dt, 2, N, C, 0, 0);
+    carve(c, &p->dh, dt, 2, N, I, 0, 0);
+    carve(c, &p->dgate, dt, 2, N, I, 0, 0);
+    carve(c, &p->dup, dt, 2, N, I, 0, 0);
+    carve(c, &p->datt, dt, 2, N, H * D, 0, 0);
+    carve(c, &p->dq, dt, 2, N, H * D, 0, 0);
+    carve(c, &p->dk, dt, 2, N, KV * D, 0, 0);
+    carve(c, &p->dv, dt, 2, N, KV * D, 0, 0);
+    alias(&p->datt4, &p->datt, 4, B, T, H, D);
+    alias(&p->dq4, &p->dq, 4, B, T, H, D);
+    alias(&p->dk4, &p->dk, 4, B, T, KV, D);
+    alias(&p->dv4, &p->dv, 4, B, T, KV, D);
+  }
+}
+
+/* Plans activations for (B, T, mode); reuses the arena when the shape and mode are unchanged
+ * (the usual case: every step has the same shape), and grows it otherwise. */
+static int plan_for(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts) {
+  plan *p = &m->plan;
+  const int32_t train = opts && opts->train, checkpoint = train && opts->checkpoint;
+  const int64_t L = m->cfg.num_hidden_layers, V = m->cfg.vocab_size;
+  int64_t chunk = opts && opts->head_chunk_rows > 0 ? opts->head_chunk_rows : 0;
+  if (!chunk) { /* ~32 MB of logits at once: big enough for an efficient GEMM, small next to the model */
+    chunk = (32ll << 20) / (V * rx_dtype_size(m->cfg.dtype));
+    if (chunk < 16) chunk = 16;
+  }
+  if (chunk > B * T) chunk = B * T;
+  const int64_t sets = train && !checkpoint ? L : 1;
+  if (p->arena && p->B == B && p->T == T && p->train == train && p->checkpoint == checkpoint && p->head_rows == chunk) {
+    p->valid = 0;
+    return RX_OK;
+  }
+  void *old_arena = p->arena, *old_head = p->head;
+  int64_t capacity = p->capacity, head_cap = p->head_bytes;
+  free(p->res);
+  free(p->acts);
+  memset(p, 0, sizeof *p);
+  p->B = B; p->T = T; p->train = train; p->checkpoint = checkpoint; p->layer_sets = sets;
+  p->res = calloc((size_t)(L + 1), sizeof *p->res);
+  p->acts = calloc((size_t)sets, sizeof *p->acts);
+  if (!p->res || !p->acts) { rx_free(old_arena); rx_free(old_head); plan_release(p); return rx_fail(RX_ENOMEM, "out of memory for the activation plan"); }
+  carver sizing = {NULL, 0, m->cfg.dtype, m->cfg.device};
+  carve_plan(m, p, &sizing);
+  if (sizing.used > capacity) {
+    rx_free(old_arena);
+    old_arena = rx_alloc((size_t)sizing.used, "activations");
+    capacity = sizing.used;
+    if (!old_arena) {
+      rx_free(old_head);
+      plan_release(p);
+      return rx_fail(RX_ENOMEM, "out of memory: activations for B=%lld T=%lld need %.1f MiB", (long long)B,
+                     (long long)T, sizing.used / 1048576.0);
+    }
+  }
+  p->arena = old_arena;
+  p->capacity = capacity;
+  p->bytes = sizing.used;
+  carver real = {p->arena, 0, m->cfg.dtype, m->cfg.device};
+  carve_plan(m, p, &real);
+  const int64_t head_bytes = chunk * V * rx_dtype_size(m->cfg.dtype);
+  if (head_bytes > head_cap) {
+    rx_free(old_head);
+    old_head = rx_alloc((size_t)head_bytes, "head logits chunk");
+    head_cap = head_bytes;
+    if (!old_head) { plan_release(p); return RX_ENOMEM; }
+  }
+  p->head = old_head;
+  p->head_bytes = head_cap;
+  p->head_rows = chunk;
+  return RX_OK;
+}
+
+/* ------------------------------------------------------------------ forward */
+
+#define TRY(call) do { int rc_ = (call); if (rc_) return rc_; } while (0)
+
+static rx_tensor *P(rx_model *m, int64_t i) { return i >= 0 ? &m->params[i] : NULL; }
+static rx_tensor *G(rx_model *m, int64_t i) { return i >= 0 ? &m->grads[i] : NULL; }
+
+/* Layer l from res[l]; writes res[l+1] unless recomputing (the output is already there). */
+static int layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_output) {
+  plan *p = &m->plan;
+  const layer_params *lp = &m->layers[l];
+  const rx_model_config *cfg = &m->cfg;
+  const rx_tensor *mask = &p->mask;
+  rx_tensor *x = &p->res[l];
+  TRY(rx_rmsnorm_forward(&a->xn1, &a->rstd1, x, P(m, lp->ln1), cfg->rms_norm_eps));
+  TRY(rx_matmul_forward(&a->q, &a->xn1, P(m, lp->q_w), P(m, lp->q_b)));
+  TRY(rx_matmul_forward(&a->k, &a->xn1, P(m, lp->k_w), P(m, lp->k_b)));
+  TRY(rx_matmul_forward(&a->v, &a->xn1, P(m, lp->v_w), P(m, lp->v_b)));
+  TRY(rx_rope_forward(&a->q4, &a->q4, &p->positions, cfg->rope_theta));
+  TRY(rx_rope_forward(&a->k4, &a->k4, &p->positions, cfg->rope_theta));
+  TRY(rx_attention_forward(&a->att4, &a->lse, &a->q4, &a->k4, &a->v4, mask, 0.0));
+  TRY(rx_matmul_forward(&a->x_mid, &a->att, P(m, lp->o_w), NULL));
+  TRY(rx_add(&a->x_mid, &a->x_mid, x));
+  TRY(rx_rmsnorm_forward(&a->xn2, &a->rstd2, &a->x_mid, P(m, lp->ln2), cfg->rms_norm_eps));
+  TRY(rx_matmul_forward(&a->gate, &a->xn2, P(m, lp->gate), NULL));
+  TRY(rx_matmul_forward(&a->up, &a->xn2, P(m, lp->up), NULL));
+  TRY(rx_swiglu_forward(&a->h, &a->gate, &a->up));
+  if (write_output) {
+    TRY(rx_matmul_forward(&p->res[l + 1], &a->h, P(m, lp->down), NULL));
+    TRY(rx_add(&p->res[l + 1], &p->res[l + 1], &a->x_mid));
+  }
+  return RX_OK;
+}
+
+static int check_tokens(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, int64_t *B, int64_t *T) {
+  char a[96], b[96];
+  if (rx_check_tensor(tokens, "logprobs", "tokens", 2)) return RX_EINVAL;
+  if (tokens->dtype != RX_I32) return rx_fail(RX_EINVAL, "logprobs: tokens have dtype %s, expected i32", rx_dtype_name(tokens->dtype));
+  *B = tokens->shape[0];
+  *T = tokens->shape[1];
+  if (*B < 1 || *T < 1) return rx_fail(RX_EINVAL, "logprobs: tokens %s are empty", rx_shape_str(tokens, a, sizeof a));
+  if (mask) {
+    if (rx_check_tensor(mask, "logprobs", "mask", 2)) return RX_EINVAL;
+    if (mask->dtype != RX_I32 || mask->shape[0] != *B || mask->shape[1] != *T)
+      return rx_fail(RX_EINVAL, "logprobs: mask %s %s does not match tokens %s", rx_dtype_name(mask->dtype),
+                     rx_shape_str(mask, a, sizeof a), rx_shape_str(tokens, b, sizeof b));
+  }
+  const int32_t *tok = tokens->data;
+  for (int64_t i = 0; i < *B * *T; i++) {
+    int real = !mask || ((const int32_t *)mask->data)[i];
+    if (real && (tok[i] < 0 || tok[i] >= m->cfg.vocab_size))
+      return rx_fail(RX_EINVAL, "logprobs: token %d at row %lld, position %lld is outside the vocabulary [0, %lld)",
+                     tok[i], (long long)(i / *T), (long long)(i % *T), (long long)m->cfg.vocab_size);
+  }
+  return RX_OK;
+}
+
+/* Head over rows [r0, r0+n): logits chunk -> log p(target), lse, entropy. */
+static int head_rows_view(rx_model *m, int64_t r0, int64_t n, rx_tensor *logits, rx_tensor *xf, rx_tensor *tg,
+                          rx_tensor *lp, rx_tensor *lse, rx_tensor *ent, rx_tensor *dlp, rx_tensor *dxf) {
+  plan *p = &m->plan;
+  const int64_t C = m->cfg.hidden_size, V = m->cfg.vocab_size, es = rx_dtype_size(m->cfg.dtype);
+  int64_t s2[2] = {n, V}, sc[2] = {n, C}, s1[1] = {n};
+  rx_view_init(logits, p->head, m->cfg.dtype, m->cfg.device, 2, s2);
+  rx_view_init(xf, (char *)p->xf.data + r0 * C * es, m->cfg.dtype, m->cfg.device, 2, sc);
+  rx_view_init(tg, (int32_t *)p->targets.data + r0, RX_I32, m->cfg.device, 1, s1);
+  rx_view_init(lp, (char *)p->row_logp.data + r0 * es, m->cfg.dtype, m->cfg.device, 1, s1);
+  rx_view_init(lse, (char *)p->row_lse.data + r0 * es, m->cfg.dtype, m->cfg.device, 1, s1);
+  rx_view_init(ent, (char *)p->row_entropy.data + r0 * es, m->cfg.dtype, m->cfg.device, 1, s1);
+  if (dlp) rx_view_init(dlp, (char *)p->row_dlogp.data + r0 * es, m->cfg.dtype, m->cfg.device, 1, s1);
+  if (dxf) rx_view_init(dxf, (char *)p->dxf.data + r0 * C * es, m->cfg.dtype, m->cfg.device, 2, sc);
+  return RX_OK;
+}
+
+int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, rx_tensor *logp,
+                      rx_tensor *entropy, const rx_forward_opts *opts) {
+  int64_t B = 0, T = 0;
+  char a[96];
+  TRY(check_tokens(m, tokens, mask, &B, &T));
+  if (rx_check_tensor(logp, "logprobs", "logp", 2) || logp->shape[0] != B || logp->shape[1] != T || logp->dtype != m->cfg.dtype)
+    return rx_fail(RX_EINVAL, "logprobs: logp must be %s [%lld,%lld], got %s %s", rx_dtype_name(m->cfg.dtype),
+                   (long long)B, (long long)T, rx_dtype_name(logp->dtype), rx_shape_str(logp, a, sizeof a));
+  if (entropy && (rx_check_tensor(entropy, "logprobs", "entropy", 2) || entropy->numel != B * T || entropy->dtype != m->cfg.dtype))
+    return rx_fail(RX_EINVAL, "logprobs: entropy must be %s [%lld,%lld]", rx_dtype_name(m->cfg.dtype), (long long)B, (long long)T);
+  TRY(plan_for(m, B, T, opts));
+  plan *p = &m->plan;
+  const int64_t N = B * T, L = m->cfg.num_hidden_layers;
+  const int es = (int)rx_dtype_size(m->cfg.dtype);
+
+  /* inputs: tokens (pads mapped to 0), mask, positions counting real tokens, shifted targets */
+  int32_t *tok = p->tokens.data, *msk = p->mask.data, *pos = p->positions.data, *tgt = p->targets.data;
+  const int32_t *in_tok = tokens->data, *in_mask = mask ? mask->data : NULL;
+  for (int64_t b = 0; b < B; b++) {
+    int32_t count = 0;
+    for (int64_t t = 0; t < T; t++) {
+      int64_t i = b * T + t;
+      int real = !in_mask || in_mask[i];
+      msk[i] = real ? 1 : 0;
+      tok[i] = real ? in_tok[i] : 0;
+      pos[i] = real ? count++ : 0;
+    }
+    for (int64_t t = 0; t < T; t++) {
+      int64_t i = b * T + t;
+      tgt[i] = (t + 1 < T && msk[i] && msk[i + 1]) ? tok[i + 1] : -1;
+    }
+  }
+
+  TRY(rx_embedding_forward(&p->res[0], &p->tokens, &m->params[m->embed]));
+  for (int64_t l = 0; l < L; l++) TRY(layer_forward(m, l, &p->acts[p->layer_sets == L ? l : 0], 1));
+  TRY(rx_rmsnorm_forward(&p->xf, &p->rstdf, &p->res[L], &m->params[m->final_norm], m->cfg.rms_norm_eps));
+
+  rx_tensor *W = &m->params[m->lm_head];
+  for (int64_t r0 = 0; r0 < N; r0 += p->head_rows) {
+    int64_t n = N - r0 < p->head_rows ? N - r0 : p->head_rows;
+    rx_tensor logits, xf, tg, lp, lse, ent;
+    head_rows_view(m, r0, n, &logits, &xf, &tg, &lp, &lse, &ent, NULL, NULL);
+    TRY(rx_matmul_forward(&logits, &xf, W, NULL));
+    TRY(rx_logprob_forward(&lp, &lse, entropy ? &ent : NULL, &logits, &tg));
+  }
+  /* row (b,t) predicts token (b,t+1) */
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++) {
+      int64_t i = b * T + t;
+      int valid = t > 0 && tgt[i - 1] >= 0;
+      if (es == 4) {
+        ((float *)logp->data)[i] = valid ? ((float *)p->row_logp.data)[i - 1] : 0.0f;
+        if (entropy) ((float *)entropy->data)[i] = valid ? ((float *)p->row_entropy.data)[i - 1] : 0.0f;
+      } else {
+        ((double *)logp->data)[i] = valid ? ((double *)p->row_logp.data)[i - 1] : 0.0;
+        if (entropy) ((double *)entropy->data)[i] = valid ? ((double *)p->row_entropy.data)[i - 1] : 0.0;
+      }
+    }
+  p->valid = p->train;
+  return RX_OK;
+}
+
+/* ------------------------------------------------------------------ backward */
+
+/* Gradients of layer l given dx = dL/d res[l+1]; leaves dL/d res[l] in dx. */
+static int layer_backward(rx_model *m, int64_t l, layer_acts *a) {
+  plan *p = &m->plan;
+  const layer_params *lp = &m->layers[l];
+  const double theta = m->cfg.rope_theta;
+  rx_tensor *x = &p->res[l];
+  /* MLP: res[l+1] = x_mid + down(silu(gate) * up) */
+  TRY(rx_matmul_backward(&p->dh, G(m, lp->down), NULL, &p->dx, &a->h, P(m, lp->down)));
+  TRY(rx_swiglu_backward(&p->dgate, &p->dup, &p->dh, &a->gate, &a->up));
+  TRY(rx_matmul_backward(&p->dxn, G(m, lp->gate), NULL, &p->dgate, &a->xn2, P(m, lp->gate)));
+  TRY(rx_matmul_backward(&p->dtmp, G(m, lp->up), NULL, &p->dup, &a->xn2, P(m, lp->up)));
+  TRY(rx_add(&p->dxn, &p->dxn, &p->dtmp));
+  TRY(rx_rmsnorm_backward(&p->dtmp, G(m, lp->ln2), &p->dxn, &a->x_mid, P(m, lp->ln2), &a->rstd2));
+  TRY(rx_add(&p->dx, &p->dx, &p->dtmp));
+  /* attention: x_mid = x + o(attention(rope(q), rope(k), v)) */
+  TRY(rx_matmul_backward(&p->datt, G(m, lp->o_w), NULL, &p->dx, &a->att, P(m, lp->o_w)));
+  TRY(rx_attention_backward(&p->dq4, &p->dk4, &p->dv4, &p->datt4, &a->q4, &a->k4, &a->v4, &a->att4, &a->lse, &p->mask, 0.0));
+  TRY(rx_rope_backward(&p->dq4, &p->dq4, &p->positions, theta));
+  TRY(rx_rope_backward(&p->dk4, &p->dk4, &p->positions, theta));
+  TRY(rx_matmul_backward(&p->dxn, G(m, lp->q_w), G(m, lp->q_b), &p->dq, &a->xn1, P(m, lp->q_w)));
+  TRY(rx_matmul_backward(&p->dtmp, G(m, lp->k_w), G(m, lp->k_b), &p->dk, &a->xn1, P(m, lp->k_w)));
+  TRY(rx_add(&p->dxn, &p->dxn, &p->dtmp));
+  TRY(rx_matmul_backward(&p->dtmp, G(m, lp->v_w), G(m, lp->v_b), &p->dv, &a->xn1, P(m, lp->v_w)));
+  TRY(rx_add(&p->dxn, &p->dxn, &p->dtmp));
+  TRY(rx_rmsnorm_backward(&p->dtmp, G(m, lp->ln1), &p->dxn, x, P(m, lp->ln1), &a->rstd1));
+  TRY(rx_add(&p->dx, &p->dx, &p->dtmp));
+  return RX_OK;
+}
+
+int rx_model_backward(rx_model *m, const rx_tensor *dlogp) {
+  plan *p = &m->plan;
+  char a[96];
+  if (!p->valid) return rx_fail(RX_EINVAL, "backward: no train forward to differentiate (call logprobs with train = true first)");
+  const int64_t B = p->B, T = p->T, N = B * T, L = m->cfg.num_hidden_layers;
+  if (rx_check_tensor(dlogp, "backward", "dlogp", 2) || dlogp->shape[0] != B || dlogp->shape[1] != T || dlogp->dtype != m->cfg.dtype)
+    return rx_fail(RX_EINVAL, "backward: dlogp must be %s [%lld,%lld] like the forward's logp, got %s %s",
+                   rx_dtype_name(m->cfg.dtype), (long long)B, (long long)T, rx_dtype_name(dlogp->dtype),
+                   rx_shape_str(dlogp, a, sizeof a));
+  /* dlogp[b,t] belongs to head row (b,t-1) */
+  const int32_t *tgt = p->targets.data;
+  for (int64_t i = 0; i < N; i++) {
+    int has = (i % T) + 1 < T && tgt[i] >= 0;
+    if (m->cfg.dtype == RX_F32) ((float *)p->row_dlogp.data)[i] = has ? ((const float *)dlogp->data)[i + 1] : 0.0f;
+    else ((double *)p->row_dlogp.data)[i] = has ? ((const double *)dlogp->data)[i + 1] : 0.0;
+  }
+  rx_tensor *W = &m->params[m->lm_head], *dW = &m->grads[m->lm_head];
+  for (int64_t r0 = 0; r0 < N; r0 += p->head_rows) {
+    int64_t n = N - r0 < p->head_rows ? N - r0 : p->head_rows;
+    rx_tensor logits, xf, tg, lp, lse, ent, dlp, dxf;
+    head_rows_view(m, r0, n, &logits, &xf, &tg, &lp, &lse, &ent, &dlp, &dxf);
+    TRY(rx_matmul_forward(&logits, &xf, W, NULL));                       /* recompute */
+    TRY(rx_logprob_backward(&logits, &dlp, &logits, &tg, &lse));         /* in place */
+    TRY(rx_matmul_backward(&dxf, dW, NULL, &logits, &xf, W));
+  }
+  TRY(rx_rmsnorm_backward(&p->dx, &m->grads[m->final_norm], &p->dxf, &p->res[L], &m->params[m->final_norm], &p->rstdf));
+  for (int64_t l = L - 1; l >= 0; l--) {
+    layer_acts *acts = &p->acts[p->layer_sets == L ? l : 0];
+    if (p->layer_sets != L) TRY(layer_forward(m, l, acts, 0));            /* gradient checkpointing */
+    TRY(layer_backward(m, l, acts));
+  }
+  TRY(rx_embedding_backward(&m->grads[m->embed], &p->dx, &p->tokens));
+  p->valid = 0;
+  return RX_OK;
+}

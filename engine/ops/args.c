@@ -1,0 +1,95 @@
+/* args.c: the argument checks declared in ops.h. */
+#include "ops.h"
+#include <stdio.h>
+
+const char *rx_device_label(int32_t device) {
+  switch (device) {
+    case RX_CPU: return "cpu";
+    case RX_CUDA: return "cuda";
+  }
+  return "unknown";
+}
+
+int64_t rx_rows(const rx_tensor *t) {
+  int64_t r = 1;
+  for (int i = 0; i + 1 < t->ndim; i++) r *= t->shape[i];
+  return r;
+}
+
+int rx_op_no_kernel(const char *op, const rx_tensor *t) {
+  return rx_fail(RX_EDEVICE, "%s: no kernel for device %s in this build", op, rx_device_label(t->device));
+}
+
+int rx_op_no_dtype(const char *op, const rx_tensor *t) {
+  return rx_fail(RX_EINVAL, "%s: no %s kernel for dtype %s (f32 and f64 only)", op, rx_device_label(t->device),
+                 rx_dtype_name(t->dtype));
+}
+
+int rx_op_float(const rx_tensor *t, const char *op, const char *what) {
+  char buf[96];
+  if (!t) return rx_fail(RX_EINVAL, "%s: %s is missing", op, what);
+  if (t->ndim < 1) return rx_fail(RX_EINVAL, "%s: %s is a scalar, expected at least 1 dim", op, what);
+  if (!rx_tensor_is_contiguous(t))
+    return rx_fail(RX_EINVAL, "%s: %s %s is not contiguous", op, what, rx_shape_str(t, buf, sizeof buf));
+  if (!rx_is_float_dtype(t->dtype))
+    return rx_fail(RX_EINVAL, "%s: %s has dtype %s, expected a float dtype", op, what, rx_dtype_name(t->dtype));
+  return RX_OK;
+}
+
+int rx_op_like(const rx_tensor *t, const rx_tensor *ref, const char *op, const char *what, const char *ref_name) {
+  if (rx_op_float(t, op, what)) return RX_EINVAL;
+  if (t->dtype != ref->dtype)
+    return rx_fail(RX_EINVAL, "%s: %s has dtype %s, expected %s (dtype of %s)", op, what, rx_dtype_name(t->dtype),
+                   rx_dtype_name(ref->dtype), ref_name);
+  if (t->device != ref->device || t->device_index != ref->device_index)
+    return rx_fail(RX_EINVAL, "%s: %s is on %s:%d, expected %s:%d (device of %s)", op, what,
+                   rx_device_label(t->device), t->device_index, rx_device_label(ref->device), ref->device_index,
+                   ref_name);
+  return RX_OK;
+}
+
+int rx_op_rows_cols(const rx_tensor *t, int64_t rows, int64_t cols, const char *op, const char *what,
+                    const char *why) {
+  char buf[96];
+  if (t->ndim < 1 || rx_last(t) != cols || rx_rows(t) != rows)
+    return rx_fail(RX_EINVAL, "%s: %s has shape %s, expected %lld rows of %lld (%s)", op, what,
+                   rx_shape_str(t, buf, sizeof buf), (long long)rows, (long long)cols, why);
+  return RX_OK;
+}
+
+int rx_op_vector(const rx_tensor *t, int64_t n, const char *op, const char *what, const char *why) {
+  char buf[96];
+  if (t->ndim != 1 || t->shape[0] != n)
+    return rx_fail(RX_EINVAL, "%s: %s has shape %s, expected [%lld] (%s)", op, what, rx_shape_str(t, buf, sizeof buf),
+                   (long long)n, why);
+  return RX_OK;
+}
+
+int rx_op_matrix(const rx_tensor *t, int64_t rows, int64_t cols, const char *op, const char *what, const char *why) {
+  char buf[96];
+  if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
+    return rx_fail(RX_EINVAL, "%s: %s has shape %s, expected [%lld,%lld] (%s)", op, what,
+                   rx_shape_str(t, buf, sizeof buf), (long long)rows, (long long)cols, why);
+  return RX_OK;
+}
+
+int rx_op_numel(const rx_tensor *t, int64_t n, const char *op, const char *what, const char *why) {
+  char buf[96];
+  if (t->numel != n)
+    return rx_fail(RX_EINVAL, "%s: %s has shape %s (%lld elements), expected %lld elements (%s)", op, what,
+                   rx_shape_str(t, buf, sizeof buf), (long long)t->numel, (long long)n, why);
+  return RX_OK;
+}
+
+int rx_op_index(const rx_tensor *t, const rx_tensor *ref, int64_t n, const char *op, const char *what,
+                const char *why) {
+  char buf[96];
+  if (!t) return rx_fail(RX_EINVAL, "%s: %s is missing", op, what);
+  if (t->dtype != RX_I32) return rx_fail(RX_EINVAL, "%s: %s has dtype %s, expected i32", op, what, rx_dtype_name(t->dtype));
+  if (!rx_tensor_is_contiguous(t))
+    return rx_fail(RX_EINVAL, "%s: %s %s is not contiguous", op, what, rx_shape_str(t, buf, sizeof buf));
+  if (t->device != ref->device || t->device_index != ref->device_index)
+    return rx_fail(RX_EINVAL, "%s: %s is on %s:%d, expected %s:%d", op, what, rx_device_label(t->device),
+                   t->device_index, rx_device_label(ref->device), ref->device_index);
+  return rx_op_numel(t, n, op, what, why);
+}

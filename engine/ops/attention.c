@@ -1,0 +1,132 @@
+/* ops/attention.c: causal grouped-query attention: argument checks, then dispatch on device.
+ * The contract is in remax.h and docs/attention.md; the CPU kernels are in cpu/attention.inc. */
+#include <math.h>
+#include "internal.h"
+#include "cpu/attention.h"
+
+/* A tensor contiguous in its last three dims whose batch stride may exceed one batch entry
+ * (k and v may be views of a longer KV cache). */
+static int check_batch_strided(const rx_tensor *t, const char *op, const char *what) {
+  char buf[96];
+  if (!t) return rx_fail(RX_EINVAL, "%s: %s is missing", op, what);
+  if (t->ndim != 4) return rx_fail(RX_EINVAL, "%s: %s has shape %s, expected 4 dims [B,Tk,KV,D]", op, what, rx_shape_str(t, buf, sizeof buf));
+  int64_t s = 1;
+  for (int d = 3; d >= 1; d--) {
+    if (t->shape[d] != 1 && t->stride[d] != s)
+      return rx_fail(RX_EINVAL, "%s: %s %s must be contiguous in its last three dims (only the batch stride may be larger)",
+                     op, what, rx_shape_str(t, buf, sizeof buf));
+    s *= t->shape[d];
+  }
+  if (t->shape[0] > 1 && t->stride[0] < s)
+    return rx_fail(RX_EINVAL, "%s: %s %s has batch stride %lld, less than one batch entry (%lld)", op, what,
+                   rx_shape_str(t, buf, sizeof buf), (long long)t->stride[0], (long long)s);
+  return RX_OK;
+}
+
+/* t must be contiguous with exactly the given 3 or 4 dims; `like` names where they come from. */
+static int check_shape(const rx_tensor *t, const char *op, const char *what, int32_t ndim, const int64_t *dims,
+                       const char *like, const rx_tensor *like_t) {
+  char a[96], b[96];
+  if (rx_check_tensor(t, op, what, ndim)) return RX_EINVAL;
+  for (int d = 0; d < ndim; d++)
+    if (t->shape[d] != dims[d])
+      return rx_fail(RX_EINVAL, "%s: %s has shape %s, expected %s (%s %s)", op, what, rx_shape_str(t, a, sizeof a),
+                     ndim == 4 ? "the same shape" : "[B,H,Tq]", like, rx_shape_str(like_t, b, sizeof b));
+  return RX_OK;
+}
+
+/* The checks shared by forward and backward: q, k, v, mask and scale; fills dims. */
+static int check_inputs(const char *op, const rx_tensor *q, const rx_tensor *k, const rx_tensor *v,
+                        const rx_tensor *mask, double scale, rx_attn_dims *dims) {
+  char a[96], b[96];
+  if (rx_check_tensor(q, op, "q", 4)) return RX_EINVAL;
+  if (q->dtype != RX_F32 && q->dtype != RX_F64)
+    return rx_fail(RX_EINVAL, "%s: q has dtype %s, expected f32 or f64", op, rx_dtype_name(q->dtype));
+  if (check_batch_strided(k, op, "k") || check_batch_strided(v, op, "v")) return RX_EINVAL;
+  if (rx_check_same(q, k, op, "k") || rx_check_same(q, v, op, "v")) return RX_EINVAL;
+  const int64_t B = q->shape[0], Tq = q->shape[1], H = q->shape[2], D = q->shape[3];
+  const int64_t Tk = k->shape[1], KV = k->shape[2];
+  if (k->shape[0] != B)
+    return rx_fail(RX_EINVAL, "%s: k has shape %s and q %s: batch sizes differ", op, rx_shape_str(k, a, sizeof a), rx_shape_str(q, b, sizeof b));
+  if (k->shape[3] != D)
+    return rx_fail(RX_EINVAL, "%s: k has shape %s and q %s: head dims D differ", op, rx_shape_str(k, a, sizeof a), rx_shape_str(q, b, sizeof b));
+  if (D < 1) return rx_fail(RX_EINVAL, "%s: q has shape %s: head dim D must be at least 1", op, rx_shape_str(q, a, sizeof a));
+  if (KV < 1 || H % KV != 0)
+    return rx_fail(RX_EINVAL, "%s: k has shape %s and q %s: the %lld query heads are not a multiple of the %lld kv heads",
+                   op, rx_shape_str(k, a, sizeof a), rx_shape_str(q, b, sizeof b), (long long)H, (long long)KV);
+  if (Tq > Tk)
+    return rx_fail(RX_EINVAL, "%s: q has shape %s and k %s: Tq = %lld exceeds Tk = %lld (query i sits at key Tk-Tq+i)",
+                   op, rx_shape_str(q, a, sizeof a), rx_shape_str(k, b, sizeof b), (long long)Tq, (long long)Tk);
+  for (int d = 0; d < 4; d++)
+    if (v->shape[d] != k->shape[d])
+      return rx_fail(RX_EINVAL, "%s: v has shape %s, expected the shape of k %s", op, rx_shape_str(v, a, sizeof a), rx_shape_str(k, b, sizeof b));
+  if (mask) {
+    if (rx_check_tensor(mask, op, "mask", 2)) return RX_EINVAL;
+    if (mask->dtype != RX_I32) return rx_fail(RX_EINVAL, "%s: mask has dtype %s, expected i32", op, rx_dtype_name(mask->dtype));
+    if (mask->device != q->device) return rx_fail(RX_EINVAL, "%s: mask is on device %d, expected %d", op, mask->device, q->device);
+    if (mask->shape[0] != B || mask->shape[1] != Tk)
+      return rx_fail(RX_EINVAL, "%s: mask has shape %s, expected [B,Tk] = [%lld,%lld] (k %s)", op, rx_shape_str(mask, a, sizeof a),
+                     (long long)B, (long long)Tk, rx_shape_str(k, b, sizeof b));
+  }
+  if (!isfinite(scale)) return rx_fail(RX_EINVAL, "%s: scale %g is not finite", op, scale);
+  *dims = (rx_attn_dims){.B = B, .Tq = Tq, .Tk = Tk, .H = H, .KV = KV, .D = D,
+                         .k_batch_stride = k->stride[0], .v_batch_stride = v->stride[0],
+                         .scale = scale != 0 ? scale : 1.0 / sqrt((double)D)};
+  return RX_OK;
+}
+
+/* An output or saved tensor: contiguous, shaped like q (4 dims) or [B,H,Tq] (lse), same dtype/device. */
+static int check_like_q(const rx_tensor *t, const char *op, const char *what, const rx_tensor *q) {
+  if (check_shape(t, op, what, 4, q->shape, "q", q)) return RX_EINVAL;
+  return rx_check_same(q, t, op, what);
+}
+
+static int check_lse(const rx_tensor *lse, const char *op, const rx_tensor *q) {
+  const int64_t dims[3] = {q->shape[0], q->shape[2], q->shape[1]};
+  if (check_shape(lse, op, "lse", 3, dims, "for q", q)) return RX_EINVAL;
+  return rx_check_same(q, lse, op, "lse");
+}
+
+int rx_attention_forward(rx_tensor *out, rx_tensor *lse, const rx_tensor *q, const rx_tensor *k,
+                         const rx_tensor *v, const rx_tensor *mask, double scale) {
+  const char *op = "attention_forward";
+  rx_attn_dims dims;
+  if (check_inputs(op, q, k, v, mask, scale, &dims)) return RX_EINVAL;
+  if (check_like_q(out, op, "out", q) || check_lse(lse, op, q)) return RX_EINVAL;
+  const int32_t *keep = mask ? mask->data : NULL;
+  switch (q->device) {
+    case RX_CPU:
+      if (q->dtype == RX_F32) rx_cpu_attention_forward_f32(out->data, lse->data, q->data, k->data, v->data, keep, &dims);
+      else rx_cpu_attention_forward_f64(out->data, lse->data, q->data, k->data, v->data, keep, &dims);
+      return RX_OK;
+    default:
+      return rx_fail(RX_EDEVICE, "%s: device %d has no implementation in this build", op, q->device);
+  }
+}
+
+int rx_attention_backward(rx_tensor *dq, rx_tensor *dk, rx_tensor *dv, const rx_tensor *dout,
+                          const rx_tensor *q, const rx_tensor *k, const rx_tensor *v,
+                          const rx_tensor *out, const rx_tensor *lse, const rx_tensor *mask, double scale) {
+  const char *op = "attention_backward";
+  rx_attn_dims dims;
+  if (check_inputs(op, q, k, v, mask, scale, &dims)) return RX_EINVAL;
+  if (check_like_q(dout, op, "dout", q) || check_like_q(out, op, "out", q) || check_lse(lse, op, q)) return RX_EINVAL;
+  if (dq && check_like_q(dq, op, "dq", q)) return RX_EINVAL;
+  /* dk and dv are contiguous [B,Tk,KV,D] even when k and v are strided cache views. */
+  const int64_t kv_dims[4] = {k->shape[0], k->shape[1], k->shape[2], k->shape[3]};
+  if (dk && (check_shape(dk, op, "dk", 4, kv_dims, "k", k) || rx_check_same(q, dk, op, "dk"))) return RX_EINVAL;
+  if (dv && (check_shape(dv, op, "dv", 4, kv_dims, "k", k) || rx_check_same(q, dv, op, "dv"))) return RX_EINVAL;
+  const int32_t *keep = mask ? mask->data : NULL;
+  switch (q->device) {
+    case RX_CPU:
+      if (q->dtype == RX_F32)
+        rx_cpu_attention_backward_f32(dq ? dq->data : NULL, dk ? dk->data : NULL, dv ? dv->data : NULL, dout->data, q->data,
+                                      k->data, v->data, out->data, lse->data, keep, &dims);
+      else
+        rx_cpu_attention_backward_f64(dq ? dq->data : NULL, dk ? dk->data : NULL, dv ? dv->data : NULL, dout->data, q->data,
+                                      k->data, v->data, out->data, lse->data, keep, &dims);
+      return RX_OK;
+    default:
+      return rx_fail(RX_EDEVICE, "%s: device %d has no implementation in this build", op, q->device);
+  }
+}

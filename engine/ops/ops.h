@@ -1,0 +1,35 @@
+/* ops.h: argument checks shared by the device-neutral op entry points (engine/ops/<op>.c).
+ * Each op checks shapes, dtypes, devices and contiguity here, then switches once on the device.
+ * All checks return RX_OK or set an error naming the op, the tensor and what was expected. */
+#ifndef RX_OPS_H
+#define RX_OPS_H
+#include "internal.h"
+
+const char *rx_device_label(int32_t device);   /* "cpu", "cuda" */
+static inline void *rx_data(const rx_tensor *t) { return t ? t->data : NULL; }
+/* Product of all dims but the last: the rows of a [.., C] tensor. */
+int64_t rx_rows(const rx_tensor *t);
+static inline int64_t rx_last(const rx_tensor *t) { return t->shape[t->ndim - 1]; }
+
+/* RX_EDEVICE "op: no kernel for device cuda in this build". */
+int rx_op_no_kernel(const char *op, const rx_tensor *t);
+/* RX_EINVAL "op: no cpu kernel for dtype bf16 (f32 and f64 only)". */
+int rx_op_no_dtype(const char *op, const rx_tensor *t);
+/* Present, contiguous, at least one dim, a float dtype. */
+int rx_op_float(const rx_tensor *t, const char *op, const char *what);
+/* rx_op_float, plus the dtype and device of ref (named ref_name in the message). */
+int rx_op_like(const rx_tensor *t, const rx_tensor *ref, const char *op, const char *what, const char *ref_name);
+/* Shape [.., cols] with `rows` rows (the product of the leading dims); why says where they come from. */
+int rx_op_rows_cols(const rx_tensor *t, int64_t rows, int64_t cols, const char *op, const char *what,
+                    const char *why);
+/* Exactly the 1-D shape [n]. */
+int rx_op_vector(const rx_tensor *t, int64_t n, const char *op, const char *what, const char *why);
+/* Exactly the 2-D shape [rows, cols]. */
+int rx_op_matrix(const rx_tensor *t, int64_t rows, int64_t cols, const char *op, const char *what, const char *why);
+/* Exactly n elements, any shape. */
+int rx_op_numel(const rx_tensor *t, int64_t n, const char *op, const char *what, const char *why);
+/* An i32 index tensor on ref's device, contiguous, with n elements. */
+int rx_op_index(const rx_tensor *t, const rx_tensor *ref, int64_t n, const char *op, const char *what,
+                const char *why);
+
+#endif

@@ -1,0 +1,151 @@
+-- remax.chat: turn a prompt (a string, or a list of {role=, content=} messages) into the text a
+-- chat model expects. Built-in templates: "chatml" (Qwen), "llama3", "plain"; a recipe can pass
+-- its own function(messages, opts) -> string instead.
+local M = {}
+
+M.roles = { system = true, user = true, assistant = true, tool = true }
+local ROLE_LIST = "system, user, assistant, tool"
+
+-- Qwen2.5's chat_template inserts this system message when the conversation has none.
+M.QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+-- Check one conversation. Returns true, or nil and a message naming the message index at fault.
+function M.check_messages(messages)
+  if type(messages) ~= "table" then
+    return nil, "expected a string or a list of {role=, content=} messages, got " .. type(messages)
+  end
+  if #messages == 0 then return nil, "empty list of messages" end
+  for i, m in ipairs(messages) do
+    if type(m) ~= "table" then
+      return nil, ("message %d is a %s, expected a table {role=, content=}"):format(i, type(m))
+    end
+    if type(m.role) ~= "string" or not M.roles[m.role] then
+      return nil, ("message %d has role %s (valid: %s)"):format(i,
+        type(m.role) == "string" and ("'" .. m.role .. "'") or type(m.role), ROLE_LIST)
+    end
+    if type(m.content) ~= "string" then
+      return nil, ("message %d (%s) has content of type %s, expected a string"):format(i, m.role, type(m.content))
+    end
+  end
+  return true
+end
+
+-- A string prompt is one user message.
+function M.messages(prompt)
+  if type(prompt) == "string" then return { { role = "user", content = prompt } } end
+  local ok, err = M.check_messages(prompt)
+  if not ok then error("remax.chat: " .. err, 3) end
+  return prompt
+end
+
+local function chatml(messages, opts)
+  local out = {}
+  local default_system = opts.default_system
+  if default_system and messages[1].role ~= "system" then
+    out[#out + 1] = "<|im_start|>system\n" .. default_system .. "<|im_end|>\n"
+  end
+  for _, m in ipairs(messages) do
+    out[#out + 1] = "<|im_start|>" .. m.role .. "\n" .. m.content .. "<|im_end|>\n"
+  end
+  if opts.add_generation_prompt then out[#out + 1] = "<|im_start|>assistant\n" end
+  return table.concat(out)
+end
+
+local function trim(s) return (s:gsub("^%s+", ""):gsub("%s+$", "")) end
+
+-- Llama 3's template trims each message's content and starts with the BOS token
+-- (add_bos = false when the tokenizer already prepends it).
+local function llama3(messages, opts)
+  local out = {}
+  if opts.add_bos ~= false then out[1] = "<|begin_of_text|>" end
+  for _, m in ipairs(messages) do
+    out[#out + 1] = "<|start_header_id|>" .. m.role .. "<|end_header_id|>\n\n" .. trim(m.content) .. "<|eot_id|>"
+  end
+  if opts.add_generation_prompt then out[#out + 1] = "<|start_header_id|>assistant<|end_header_id|>\n\n" end
+  return table.concat(out)
+end
+
+-- Role-less: the contents joined by a blank line (a single user message is just its content).
+-- For base models trained on raw text; add_generation_prompt adds nothing.
+local function plain(messages, opts)
+  local out = {}
+  for i, m in ipairs(messages) do out[i] = m.content end
+  return table.concat(out, opts.separator or "\n\n")
+end
+
+M.templates = { chatml = chatml, llama3 = llama3, plain = plain }
+local TEMPLATE_LIST = "'chatml', 'llama3', 'plain' or a function(messages, opts) -> string"
+
+-- Pick the built-in template matching a tokenizer_config.json chat_template (a Jinja string).
+-- Returns name, options; or nil, reason.
+function M.detect(template_string)
+  if type(template_string) ~= "string" or template_string == "" then
+    return nil, "the tokenizer has no chat_template"
+  end
+  if template_string:find("<|im_start|>", 1, true) then
+    local opts = {}
+    if template_string:find(M.QWEN_DEFAULT_SYSTEM, 1, true) then opts.default_system = M.QWEN_DEFAULT_SYSTEM end
+    return "chatml", opts
+  end
+  if template_string:find("<|start_header_id|>", 1, true) then return "llama3", {} end
+  return nil, "the tokenizer's chat_template has neither <|im_start|> (chatml) nor <|start_header_id|> (llama3) markers"
+end
+
+-- Resolve opts.template / opts.tokenizer into (function, merged options).
+local function resolve(opts)
+  local template = opts.template
+  local merged = {}
+  for k, v in pairs(opts) do merged[k] = v end
+  if merged.add_generation_prompt == nil then merged.add_generation_prompt = true end
+  if type(template) == "function" then return template, merged end
+
+  local detected, detected_opts
+  if opts.tokenizer ~= nil then
+    detected, detected_opts = M.detect(opts.tokenizer.chat_template)
+  end
+  if template == nil then
+    if opts.tokenizer == nil then
+      error("remax.chat: no template given (valid: " .. TEMPLATE_LIST .. ", or tokenizer = tok to detect it)", 3)
+    end
+    if not detected then
+      error("remax.chat: cannot pick a template from the tokenizer: " .. detected_opts ..
+        "; pass template = " .. TEMPLATE_LIST, 3)
+    end
+    template = detected
+  end
+  local fn = M.templates[template]
+  if not fn then
+    error(("remax.chat: unknown template %s (valid: %s)"):format(
+      type(template) == "string" and ("'" .. template .. "'") or type(template), TEMPLATE_LIST), 3)
+  end
+  -- The tokenizer's own template decides defaults (Qwen2.5's system message) when it is the same kind.
+  if detected == template then
+    for k, v in pairs(detected_opts) do
+      if merged[k] == nil then merged[k] = v end
+    end
+  end
+  if merged.default_system == false then merged.default_system = nil end
+  return fn, merged
+end
+
+-- render(prompt, {template=, add_generation_prompt=true, tokenizer=, default_system=, add_bos=})
+function M.render(prompt, opts)
+  opts = opts or {}
+  local messages = M.messages(prompt)
+  local fn, merged = resolve(opts)
+  local text = fn(messages, merged)
+  if type(text) ~= "string" then
+    error("remax.chat: the template function returned a " .. type(text) .. ", expected a string", 2)
+  end
+  return text
+end
+
+-- Render, then encode with the tokenizer (opts.tokenizer defaults to tok).
+function M.encode(tok, prompt, opts)
+  local o = {}
+  for k, v in pairs(opts or {}) do o[k] = v end
+  if o.tokenizer == nil then o.tokenizer = tok end
+  return tok:encode(M.render(prompt, o))
+end
+
+return M

@@ -1,0 +1,307 @@
+-- remax.model: Llama / Qwen2 decoders from Hugging Face checkpoints (or random), their
+-- log-probabilities, gradients and checkpoints.
+--
+--   local model = remax.model.load("path/to/model")
+--   local lp = model:logprobs({{1, 2, 3}, {4, 5}})      -- [B, T]: log p(token_t | tokens_<t)
+--   model:backward(dlogp)                                -- accumulates gradients
+--   model:save("path/to/out")
+local ffi = require("ffi")
+local cjson = require("cjson")
+local rx = require("remax.ffi")
+local tensor = require("remax.tensor")
+local C, check = rx.C, rx.check
+
+local M = {}
+local Model = {}
+Model.__index = Model
+M.Model = Model
+
+M.architectures = { Qwen2ForCausalLM = "qwen2", LlamaForCausalLM = "llama" }
+
+local function read_file(path)
+  local f, err = io.open(path, "rb")
+  if not f then return nil, err end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- Writes a file through a temporary name and a rename, so a crash never leaves half a file.
+local function write_atomic(path, text)
+  local tmp = path .. ".tmp"
+  local f = assert(io.open(tmp, "wb"))
+  f:write(text)
+  f:close()
+  assert(os.rename(tmp, path))
+end
+
+local function json_value(v)
+  if v == cjson.null then return nil end
+  return v
+end
+
+-- Resolves a Hugging Face config table into the engine's rx_model_config, checking every key
+-- the engine relies on. `where` names the source in messages.
+function M.resolve_config(cfg, where)
+  where = where or "config"
+  local function need(key)
+    local v = json_value(cfg[key])
+    if type(v) ~= "number" then
+      error(("%s: key '%s' is %s, expected a number"):format(where, key, v == nil and "missing" or type(v)), 3)
+    end
+    return v
+  end
+  local arch = cfg.architectures and json_value(cfg.architectures[1]) or "Qwen2ForCausalLM"
+  local family = M.architectures[arch]
+  if not family then
+    local known = {}
+    for k in pairs(M.architectures) do known[#known + 1] = k end
+    table.sort(known)
+    error(("%s: architecture '%s' is not supported (supported: %s)"):format(where, tostring(arch), table.concat(known, ", ")), 2)
+  end
+  local rs = json_value(cfg.rope_scaling)
+  if rs ~= nil then
+    local kind = type(rs) == "table" and (rs.rope_type or rs.type) or tostring(rs)
+    if kind ~= "default" then
+      error(("%s: rope_scaling of type '%s' is not supported (only plain RoPE with rope_theta)"):format(where, tostring(kind)), 2)
+    end
+  end
+  local act = json_value(cfg.hidden_act) or "silu"
+  if act ~= "silu" then error(("%s: hidden_act '%s' is not supported (silu)"):format(where, tostring(act)), 2) end
+  local heads = need("num_attention_heads")
+  local hidden = need("hidden_size")
+  local out = ffi.new("rx_model_config")
+  out.vocab_size = need("vocab_size")
+  out.hidden_size = hidden
+  out.intermediate_size = need("intermediate_size")
+  out.num_hidden_layers = need("num_hidden_layers")
+  out.num_attention_heads = heads
+  out.num_key_value_heads = json_value(cfg.num_key_value_heads) or heads
+  out.head_dim = json_value(cfg.head_dim) or math.floor(hidden / heads)
+  out.max_position_embeddings = json_value(cfg.max_position_embeddings) or 32768
+  out.rms_norm_eps = json_value(cfg.rms_norm_eps) or 1e-6
+  out.rope_theta = json_value(cfg.rope_theta) or 10000
+  out.tie_word_embeddings = json_value(cfg.tie_word_embeddings) and 1 or 0
+  local bias = json_value(cfg.attention_bias)
+  if bias == nil then bias = (family == "qwen2") end
+  out.attention_bias = bias and 1 or 0
+  if json_value(cfg.mlp_bias) then error(where .. ": mlp_bias = true is not supported", 2) end
+  return out, family
+end
+
+local function wrap(handle, cfg_table, opts)
+  local self = setmetatable({ handle = handle, config = cfg_table, opts = opts or {} }, Model)
+  self.names, self.index = {}, {}
+  local n = tonumber(C.rx_model_param_count(handle))
+  for i = 0, n - 1 do
+    local name = ffi.string(C.rx_model_param_name(handle, i))
+    self.names[#self.names + 1] = name
+    self.index[name] = i
+  end
+  return self
+end
+
+local function create(cfg_table, opts, where)
+  opts = opts or {}
+  local cfg = M.resolve_config(cfg_table, where)
+  cfg.dtype = tensor.dtype(opts.dtype or "f32")
+  cfg.device = opts.device == "cuda" and C.RX_CUDA or C.RX_CPU
+  local out = ffi.new("rx_model*[1]")
+  check(C.rx_model_new(out, cfg), 3)
+  return wrap(ffi.gc(out[0], C.rx_model_free), cfg_table, opts)
+end
+
+-- A randomly initialised model: weights ~ N(0, initializer_range), norms 1, biases 0.
+-- Random numbers come from Philox keyed by (seed, parameter), so any config is reproducible.
+function M.new(cfg_table, opts)
+  opts = opts or {}
+  local self = create(cfg_table, opts, "model.new")
+  local std = opts.init_std or json_value(cfg_table.initializer_range) or 0.02
+  local seed = opts.seed or 0
+  for i, name in ipairs(self.names) do
+    local p = C.rx_model_param(self.handle, i - 1)
+    if name:match("norm%.weight$") then p:fill_(1)
+    elseif name:match("%.bias$") then p:fill_(0)
+    else p:normal_(seed, i * 2 ^ 40, 0, std) end
+  end
+  return self
+end
+
+-- Loads config.json and model.safetensors (or a sharded index) from a Hugging Face folder.
+function M.load(dir, opts)
+  opts = opts or {}
+  local cfg_path = dir .. "/config.json"
+  local text, err = read_file(cfg_path)
+  if not text then error(("model.load: cannot read %s (%s)"):format(cfg_path, tostring(err)), 2) end
+  local ok, cfg_table = pcall(cjson.decode, text)
+  if not ok or type(cfg_table) ~= "table" then
+    error(("model.load: %s is not a JSON object (%s)"):format(cfg_path, tostring(cfg_table)), 2)
+  end
+  local self = create(cfg_table, opts, cfg_path)
+  self.source_dir = dir
+  local st = require("remax.safetensors").open(dir)
+  local in_file = {}
+  for _, name in ipairs(st:names()) do in_file[name] = true end
+  for i, name in ipairs(self.names) do
+    if not in_file[name] then
+      error(("model.load: %s: tensor '%s' is missing (config.json wants it)"):format(dir, name), 2)
+    end
+    local info = st:info(name)
+    local p = C.rx_model_param(self.handle, i - 1)
+    local want = p:size()
+    if table.concat(info.shape, ",") ~= table.concat(want, ",") then
+      error(("model.load: %s: tensor '%s' has shape [%s] in the checkpoint, config.json wants [%s]"):format(
+        dir, name, table.concat(info.shape, ","), table.concat(want, ",")), 2)
+    end
+    p:copy_(st:read(name))
+    in_file[name] = nil
+  end
+  for name in pairs(in_file) do
+    -- tied checkpoints sometimes keep a copy of the head; rotary caches are derived, not learned
+    local harmless = name:match("rotary_emb%.inv_freq$") or (name == "lm_head.weight" and self:tied())
+    if not harmless then
+      error(("model.load: %s: tensor '%s' is in the checkpoint but not in a %s model of this config"):format(
+        dir, name, tostring(cfg_table.architectures and cfg_table.architectures[1] or "Qwen2ForCausalLM")), 2)
+    end
+  end
+  return self
+end
+
+function Model:tied() return C.rx_model_get_config(self.handle).tie_word_embeddings ~= 0 end
+function Model:cfg() return C.rx_model_get_config(self.handle) end
+
+-- name -> tensor views of the parameters (valid while the model lives).
+function Model:params()
+  local t = {}
+  for i, name in ipairs(self.names) do t[name] = C.rx_model_param(self.handle, i - 1) end
+  return t
+end
+
+function Model:grads()
+  local t = {}
+  for i, name in ipairs(self.names) do t[name] = C.rx_model_grad(self.handle, i - 1) end
+  return t
+end
+
+function Model:param(name)
+  local i = self.index[name]
+  if not i then error(("no parameter named '%s'"):format(tostring(name)), 2) end
+  return C.rx_model_param(self.handle, i)
+end
+
+function Model:grad(name)
+  local i = self.index[name]
+  if not i then error(("no parameter named '%s'"):format(tostring(name)), 2) end
+  return C.rx_model_grad(self.handle, i)
+end
+
+function Model:zero_grad() C.rx_model_zero_grad(self.handle) end
+
+function Model:num_parameters()
+  local n = 0
+  for i = 1, #self.names do n = n + tonumber(C.rx_model_param(self.handle, i - 1).numel) end
+  return n
+end
+
+-- Token rows (Lua lists of ids, any lengths) -> i32 tokens and mask [B, T], right-padded.
+function M.pad_rows(rows, pad_left)
+  if type(rows) ~= "table" or #rows == 0 then error("tokens: expected a non-empty list of token rows", 3) end
+  local T = 0
+  for b, row in ipairs(rows) do
+    if type(row) ~= "table" then error(("tokens: row %d is a %s, expected a list of ids"):format(b, type(row)), 3) end
+    T = math.max(T, #row)
+  end
+  if T == 0 then error("tokens: every row is empty", 3) end
+  local B = #rows
+  local tok, mask = tensor.new({ B, T }, "i32"), tensor.new({ B, T }, "i32")
+  local tp, mp = ffi.cast("int32_t*", tok.data), ffi.cast("int32_t*", mask.data)
+  for b, row in ipairs(rows) do
+    local off = pad_left and (T - #row) or 0
+    for t, id in ipairs(row) do
+      if type(id) ~= "number" or id ~= math.floor(id) then
+        error(("tokens: row %d, position %d: %s is not an integer token id"):format(b, t, tostring(id)), 3)
+      end
+      tp[(b - 1) * T + off + t - 1] = id
+      mp[(b - 1) * T + off + t - 1] = 1
+    end
+  end
+  return tok, mask
+end
+
+-- log p(token_t | tokens_<t) as a [B, T] tensor (0 at each row's first token and at padding).
+-- tokens: list of rows, or an i32 [B, T] tensor with a mask tensor (nil: no padding).
+-- opts: train (keep activations for backward), checkpoint (recompute layers in backward),
+-- entropy (also return per-token entropy), head_chunk_rows.
+function Model:logprobs(tokens, mask, opts)
+  opts = opts or {}
+  if type(tokens) == "table" and not ffi.istype("rx_tensor", tokens) then
+    tokens, mask = M.pad_rows(tokens, opts.pad_left)
+  end
+  local B, T = tokens:size(1), tokens:size(2)
+  local dtype = tonumber(self:cfg().dtype)
+  local logp = tensor.new({ B, T }, dtype)
+  local ent = opts.entropy and tensor.new({ B, T }, dtype) or nil
+  local fo = ffi.new("rx_forward_opts")
+  fo.train = opts.train and 1 or 0
+  fo.checkpoint = opts.checkpoint and 1 or 0
+  fo.head_chunk_rows = opts.head_chunk_rows or 0
+  check(C.rx_model_logprobs(self.handle, tokens, mask, logp, ent, fo), 2)
+  self.last_shape = { B, T }
+  return logp, ent, mask
+end
+
+-- Accumulates d(sum(dlogp * logp))/d(params) for the last train forward.
+function Model:backward(dlogp)
+  if type(dlogp) == "table" and not ffi.istype("rx_tensor", dlogp) then
+    dlogp = tensor.from(dlogp, tonumber(self:cfg().dtype))
+  end
+  check(C.rx_model_backward(self.handle, dlogp), 2)
+end
+
+function Model:memory()
+  local mu = ffi.new("rx_model_memory")
+  C.rx_model_memory_usage(self.handle, mu)
+  return { params = tonumber(mu.param_bytes), grads = tonumber(mu.grad_bytes),
+    activations = tonumber(mu.activation_bytes), head = tonumber(mu.head_bytes) }
+end
+
+local tokenizer_files = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+  "generation_config.json", "vocab.json", "merges.txt" }
+
+-- Writes a Hugging Face folder: config.json, model.safetensors, and the tokenizer files of the
+-- folder the model came from. opts.dtype: "f32" (default: the compute dtype) or "bf16".
+function Model:save(dir, opts)
+  opts = opts or {}
+  os.execute(("mkdir -p '%s'"):format(dir:gsub("'", "'\\''")))
+  local save_dtype = opts.dtype and tensor.dtype(opts.dtype) or tonumber(self:cfg().dtype)
+  local tensors = {}
+  for i, name in ipairs(self.names) do
+    local p = C.rx_model_param(self.handle, i - 1)
+    tensors[name] = (tonumber(p.dtype) == save_dtype) and p or p:to(save_dtype)
+  end
+  require("remax.safetensors").save(dir .. "/model.safetensors", tensors, { format = "pt" })
+  local cfg = {}
+  for k, v in pairs(self.config) do cfg[k] = v end
+  local c = self:cfg()
+  cfg.architectures = cfg.architectures or { "Qwen2ForCausalLM" }
+  cfg.model_type = cfg.model_type or (M.architectures[cfg.architectures[1]] == "llama" and "llama" or "qwen2")
+  cfg.vocab_size, cfg.hidden_size = tonumber(c.vocab_size), tonumber(c.hidden_size)
+  cfg.intermediate_size, cfg.num_hidden_layers = tonumber(c.intermediate_size), tonumber(c.num_hidden_layers)
+  cfg.num_attention_heads, cfg.num_key_value_heads = tonumber(c.num_attention_heads), tonumber(c.num_key_value_heads)
+  cfg.head_dim, cfg.max_position_embeddings = tonumber(c.head_dim), tonumber(c.max_position_embeddings)
+  cfg.rms_norm_eps, cfg.rope_theta = c.rms_norm_eps, c.rope_theta
+  cfg.tie_word_embeddings = c.tie_word_embeddings ~= 0
+  cfg.hidden_act = cfg.hidden_act or "silu"
+  cfg.torch_dtype = ({ [tonumber(C.RX_F32)] = "float32", [tonumber(C.RX_BF16)] = "bfloat16",
+    [tonumber(C.RX_F16)] = "float16", [tonumber(C.RX_F64)] = "float64" })[save_dtype]
+  write_atomic(dir .. "/config.json", cjson.encode(cfg))
+  if self.source_dir and self.source_dir ~= dir then
+    for _, f in ipairs(tokenizer_files) do
+      local text = read_file(self.source_dir .. "/" .. f)
+      if text then write_atomic(dir .. "/" .. f, text) end
+    end
+  end
+  self.source_dir = self.source_dir or dir
+end
+
+return M

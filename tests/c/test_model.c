@@ -1,0 +1,281 @@
+/* test_model.c: the whole decoder against a naive reference written here with plain loops
+ * (full logits, O(T^2) attention), and its gradients against central finite differences. */
+#include "check.h"
+
+typedef struct { int64_t B, T; const int32_t *tokens, *mask; } batch;
+
+static rx_model_config tiny_config(int qwen, int tied, int kv_heads) {
+  rx_model_config c = {0};
+  c.vocab_size = 23;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = kv_heads;
+  c.head_dim = 4;
+  c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = qwen ? 1000000.0 : 10000.0;
+  c.tie_word_embeddings = tied;
+  c.attention_bias = qwen;
+  c.dtype = RX_F64;
+  c.device = RX_CPU;
+  return c;
+}
+
+static void randomise(rx_model *m, uint64_t seed) {
+  for (int64_t i = 0; i < rx_model_param_count(m); i++) {
+    const char *name = rx_model_param_name(m, i);
+    rx_tensor *p = rx_model_param(m, i);
+    if (strstr(name, "norm.weight")) rx_tensor_uniform(p, seed, (uint64_t)i << 32, 0.5, 1.5);
+    else rx_tensor_normal(p, seed, (uint64_t)i << 32, 0.0, 0.3);
+  }
+}
+
+static const double *P(rx_model *m, const char *fmt, int64_t l) {
+  char name[128];
+  snprintf(name, sizeof name, fmt, (long long)l);
+  int64_t i = rx_model_find_param(m, name);
+  return i < 0 ? NULL : rx_model_param(m, i)->data;
+}
+
+/* y[n] = W[n, k] x[k] (+ b) */
+static void ref_linear(double *y, const double *x, const double *W, const double *b, int64_t out, int64_t in) {
+  for (int64_t o = 0; o < out; o++) {
+    double s = b ? b[o] : 0;
+    for (int64_t i = 0; i < in; i++) s += W[o * in + i] * x[i];
+    y[o] = s;
+  }
+}
+
+static void ref_rmsnorm(double *y, const double *x, const double *w, int64_t C, double eps) {
+  double ss = 0;
+  for (int64_t i = 0; i < C; i++) ss += x[i] * x[i];
+  double r = 1 / sqrt(ss / C + eps);
+  for (int64_t i = 0; i < C; i++) y[i] = x[i] * r * w[i];
+}
+
+static void ref_rope(double *x, int64_t heads, int64_t D, int64_t pos, double theta) {
+  for (int64_t h = 0; h < heads; h++)
+    for (int64_t i = 0; i < D / 2; i++) {
+      double f = pos * pow(theta, -2.0 * i / D), c = cos(f), s = sin(f);
+      double a = x[h * D + i], b = x[h * D + i + D / 2];
+      x[h * D + i] = a * c - b * s;
+      x[h * D + i + D / 2] = b * c + a * s;
+    }
+}
+
+/* Full forward of one row with everything materialised; returns log p of each next token. */
+static void ref_logprobs(rx_model *m, const rx_model_config *c, const int32_t *tok, const int32_t *mask, int64_t T, double *out) {
+  const int64_t C = c->hidden_size, I = c->intermediate_size, H = c->num_attention_heads, KV = c->num_key_value_heads;
+  const int64_t D = c->head_dim, V = c->vocab_size, HD = H * D, KD = KV * D;
+  double *x = calloc((size_t)(T * C), sizeof(double)), *xn = malloc(sizeof(double) * C);
+  double *q = calloc((size_t)(T * HD), sizeof(double)), *k = calloc((size_t)(T * KD), sizeof(double));
+  double *v = calloc((size_t)(T * KD), sizeof(double)), *att = calloc((size_t)(T * HD), sizeof(double));
+  double *g = malloc(sizeof(double) * I), *u = malloc(sizeof(double) * I), *tmp = malloc(sizeof(double) * C);
+  double *logits = malloc(sizeof(double) * V), *scores = malloc(sizeof(double) * T);
+  int64_t *pos = calloc((size_t)T, sizeof(int64_t)), count = 0;
+  for (int64_t t = 0; t < T; t++) pos[t] = mask[t] ? count++ : 0;
+  const double *E = P(m, "model.embed_tokens.weight", 0);
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t i = 0; i < C; i++) x[t * C + i] = mask[t] ? E[tok[t] * C + i] : E[i];
+  for (int64_t l = 0; l < c->num_hidden_layers; l++) {
+    for (int64_t t = 0; t < T; t++) {
+      ref_rmsnorm(xn, x + t * C, P(m, "model.layers.%lld.input_layernorm.weight", l), C, c->rms_norm_eps);
+      ref_linear(q + t * HD, xn, P(m, "model.layers.%lld.self_attn.q_proj.weight", l), P(m, "model.layers.%lld.self_attn.q_proj.bias", l), HD, C);
+      ref_linear(k + t * KD, xn, P(m, "model.layers.%lld.self_attn.k_proj.weight", l), P(m, "model.layers.%lld.self_attn.k_proj.bias", l), KD, C);
+      ref_linear(v + t * KD, xn, P(m, "model.layers.%lld.self_attn.v_proj.weight", l), P(m, "model.layers.%lld.self_attn.v_proj.bias", l), KD, C);
+      ref_rope(q + t * HD, H, D, pos[t], c->rope_theta);
+      ref_rope(k + t * KD, KV, D, pos[t], c->rope_theta);
+    }
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t h = 0; h < H; h++) {
+        int64_t kh = h / (H / KV);
+        double mx = -INFINITY, sum = 0;
+        for (int64_t s = 0; s <= t; s++) {
+          scores[s] = -INFINITY;
+          if (!mask[s] || !mask[t]) continue;
+          double d = 0;
+          for (int64_t i = 0; i < D; i++) d += q[t * HD + h * D + i] * k[s * KD + kh * D + i];
+          scores[s] = d / sqrt((double)D);
+          if (scores[s] > mx) mx = scores[s];
+        }
+        for (int64_t i = 0; i < D; i++) att[t * HD + h * D + i] = 0;
+        if (mx == -INFINITY) continue;
+        for (int64_t s = 0; s <= t; s++) sum += scores[s] == -INFINITY ? 0 : exp(scores[s] - mx);
+        for (int64_t s = 0; s <= t; s++) {
+          if (scores[s] == -INFINITY) continue;
+          double p = exp(scores[s] - mx) / sum;
+          for (int64_t i = 0; i < D; i++) att[t * HD + h * D + i] += p * v[s * KD + kh * D + i];
+        }
+      }
+    for (int64_t t = 0; t < T; t++) {
+      ref_linear(tmp, att + t * HD, P(m, "model.layers.%lld.self_attn.o_proj.weight", l), NULL, C, HD);
+      for (int64_t i = 0; i < C; i++) x[t * C + i] += tmp[i];
+      ref_rmsnorm(xn, x + t * C, P(m, "model.layers.%lld.post_attention_layernorm.weight", l), C, c->rms_norm_eps);
+      ref_linear(g, xn, P(m, "model.layers.%lld.mlp.gate_proj.weight", l), NULL, I, C);
+      ref_linear(u, xn, P(m, "model.layers.%lld.mlp.up_proj.weight", l), NULL, I, C);
+      for (int64_t i = 0; i < I; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+      ref_linear(tmp, g, P(m, "model.layers.%lld.mlp.down_proj.weight", l), NULL, C, I);
+      for (int64_t i = 0; i < C; i++) x[t * C + i] += tmp[i];
+    }
+  }
+  const double *head = c->tie_word_embeddings ? E : P(m, "lm_head.weight", 0);
+  for (int64_t t = 0; t < T; t++) out[t] = 0;
+  for (int64_t t = 0; t + 1 < T; t++) {
+    if (!mask[t] || !mask[t + 1]) continue;
+    ref_rmsnorm(xn, x + t * C, P(m, "model.norm.weight", 0), C, c->rms_norm_eps);
+    ref_linear(logits, xn, head, NULL, V, C);   /* the whole [vocab] row, on purpose */
+    double mx = -INFINITY, sum = 0;
+    for (int64_t i = 0; i < V; i++) mx = fmax(mx, logits[i]);
+    for (int64_t i = 0; i < V; i++) sum += exp(logits[i] - mx);
+    out[t + 1] = logits[tok[t + 1]] - mx - log(sum);
+  }
+  free(x); free(xn); free(q); free(k); free(v); free(att); free(g); free(u); free(tmp); free(logits); free(scores); free(pos);
+}
+
+/* Rows: right padding, left padding, none, and a single token. */
+enum { B = 4, T = 7 };
+static const int32_t tokens[B * T] = {
+  3, 17, 5, 9, 0, 0, 0,
+  0, 0, 22, 4, 4, 8, 1,
+  7, 1, 2, 11, 19, 13, 6,
+  0, 0, 0, 0, 0, 0, 15,
+};
+static const int32_t mask[B * T] = {
+  1, 1, 1, 1, 0, 0, 0,
+  0, 0, 1, 1, 1, 1, 1,
+  1, 1, 1, 1, 1, 1, 1,
+  0, 0, 0, 0, 0, 0, 1,
+};
+
+static rx_tensor *i32_tensor(const int32_t *data) {
+  int64_t shape[2] = {B, T};
+  rx_tensor *t;
+  rx_tensor_new(&t, RX_I32, RX_CPU, 2, shape);
+  memcpy(t->data, data, sizeof(int32_t) * B * T);
+  return t;
+}
+
+static rx_tensor *f64_tensor(void) {
+  int64_t shape[2] = {B, T};
+  rx_tensor *t;
+  rx_tensor_new(&t, RX_F64, RX_CPU, 2, shape);
+  return t;
+}
+
+static double loss_of(rx_model *m, rx_tensor *tok, rx_tensor *msk, rx_tensor *lp, const double *R) {
+  rx_forward_opts fo = {0, 0, 5};
+  if (rx_model_logprobs(m, tok, msk, lp, NULL, &fo)) return NAN;
+  double s = 0;
+  for (int64_t i = 0; i < B * T; i++) s += R[i] * ((double *)lp->data)[i];
+  return s;
+}
+
+static void check_config_variant(int qwen, int tied, int kv) {
+  rx_model_config cfg = tiny_config(qwen, tied, kv);
+  rx_model *m;
+  CHECK_OK(rx_model_new(&m, &cfg));
+  if (!m) return;
+  randomise(m, 11 + (uint64_t)(qwen * 4 + tied * 2 + kv));
+  rx_tensor *tok = i32_tensor(tokens), *msk = i32_tensor(mask), *lp = f64_tensor(), *ent = f64_tensor(), *dlp = f64_tensor();
+
+  /* 1. logprobs equal the naive full-logits reference */
+  rx_forward_opts fo = {1, 0, 3};   /* head chunks of 3 rows: not a divisor of B*T */
+  CHECK_OK(rx_model_logprobs(m, tok, msk, lp, ent, &fo));
+  double ref[T], worst = 0;
+  for (int64_t b = 0; b < B; b++) {
+    ref_logprobs(m, &cfg, tokens + b * T, mask + b * T, T, ref);
+    for (int64_t t = 0; t < T; t++) worst = fmax(worst, fabs(((double *)lp->data)[b * T + t] - ref[t]));
+  }
+  CHECK(worst < 1e-10, "qwen=%d tied=%d kv=%d: logprobs differ from the reference by %g", qwen, tied, kv, worst);
+  double e0 = ((double *)ent->data)[1 * T + 3];
+  CHECK(e0 > 0 && e0 < log((double)cfg.vocab_size) + 1e-9, "entropy %g outside (0, log V]", e0);
+
+  /* 2. gradients against central finite differences, on a sample of entries of every tensor */
+  double R[B * T];
+  for (int64_t i = 0; i < B * T; i++) R[i] = mask[i] ? sin(1.0 + i) : 0;
+  memcpy(dlp->data, R, sizeof R);
+  rx_model_zero_grad(m);
+  CHECK_OK(rx_model_backward(m, dlp));
+  double worst_rel = 0;
+  const char *worst_name = "";
+  for (int64_t i = 0; i < rx_model_param_count(m); i++) {
+    rx_tensor *p = rx_model_param(m, i), *g = rx_model_grad(m, i);
+    for (int s = 0; s < 3; s++) {
+      int64_t j = (int64_t)((i * 7919 + s * 104729) % p->numel);
+      double *x = (double *)p->data + j, keep = *x, h = 1e-5;
+      *x = keep + h;
+      double up = loss_of(m, tok, msk, lp, R);
+      *x = keep - h;
+      double down = loss_of(m, tok, msk, lp, R);
+      *x = keep;
+      double fd = (up - down) / (2 * h), an = ((double *)g->data)[j];
+      double rel = fabs(fd - an) / fmax(1e-6, fabs(fd) + fabs(an));
+      if (rel > worst_rel) { worst_rel = rel; worst_name = rx_model_param_name(m, i); }
+    }
+  }
+  CHECK(worst_rel < 1e-6, "qwen=%d tied=%d kv=%d: worst gradient error %g at %s", qwen, tied, kv, worst_rel, worst_name);
+
+  /* 3. gradient checkpointing gives the same gradients with a smaller activation plan */
+  int64_t n = rx_model_param_count(m), total = 0;
+  for (int64_t i = 0; i < n; i++) total += rx_model_grad(m, i)->numel;
+  double *full = malloc(sizeof(double) * (size_t)total), *k = full;
+  rx_model_zero_grad(m);
+  CHECK_OK(rx_model_logprobs(m, tok, msk, lp, NULL, &fo));
+  CHECK_OK(rx_model_backward(m, dlp));
+  rx_model_memory mem_full, mem_ckpt;
+  rx_model_memory_usage(m, &mem_full);
+  for (int64_t i = 0; i < n; i++) { rx_tensor_read_f64(rx_model_grad(m, i), k); k += rx_model_grad(m, i)->numel; }
+  rx_model_zero_grad(m);
+  rx_forward_opts ck = {1, 1, 3};
+  CHECK_OK(rx_model_logprobs(m, tok, msk, lp, NULL, &ck));
+  CHECK_OK(rx_model_backward(m, dlp));
+  rx_model_memory_usage(m, &mem_ckpt);
+  int same = 1;
+  k = full;
+  for (int64_t i = 0; i < n; i++) {
+    rx_tensor *g = rx_model_grad(m, i);
+    for (int64_t j = 0; j < g->numel; j++) same &= ((double *)g->data)[j] == k[j];
+    k += g->numel;
+  }
+  CHECK(same, "checkpointed gradients differ");
+  CHECK(mem_ckpt.activation_bytes < mem_full.activation_bytes, "checkpointing plan %lld >= full plan %lld",
+        (long long)mem_ckpt.activation_bytes, (long long)mem_full.activation_bytes);
+  free(full);
+
+  /* 4. backward without a train forward, and bad tokens, are errors */
+  rx_forward_opts infer = {0, 0, 0};
+  CHECK_OK(rx_model_logprobs(m, tok, msk, lp, NULL, &infer));
+  CHECK_FAILS(rx_model_backward(m, dlp), "no train forward");
+  ((int32_t *)tok->data)[2] = 99;
+  CHECK_FAILS(rx_model_logprobs(m, tok, msk, lp, NULL, &infer), "token 99 at row 0, position 2 is outside the vocabulary");
+  rx_tensor_free(tok); rx_tensor_free(msk); rx_tensor_free(lp); rx_tensor_free(ent); rx_tensor_free(dlp);
+  rx_model_free(m);
+}
+
+static void qwen2_untied_gqa(void) { check_config_variant(1, 0, 2); }
+static void qwen2_tied_mqa(void) { check_config_variant(1, 1, 1); }
+static void llama_tied_mha(void) { check_config_variant(0, 1, 4); }
+static void llama_untied_gqa(void) { check_config_variant(0, 0, 2); }
+
+static void bad_configs_are_refused(void) {
+  rx_model *m;
+  rx_model_config c = tiny_config(1, 0, 3);
+  CHECK_FAILS(rx_model_new(&m, &c), "num_attention_heads = 4 is not a multiple of num_key_value_heads = 3");
+  c = tiny_config(1, 0, 2);
+  c.hidden_size = 0;
+  CHECK_FAILS(rx_model_new(&m, &c), "hidden_size = 0 must be > 0");
+  c = tiny_config(1, 0, 2);
+  c.dtype = RX_I32;
+  CHECK_FAILS(rx_model_new(&m, &c), "compute dtype i32");
+}
+
+int main(void) {
+  RUN(qwen2_untied_gqa);
+  RUN(qwen2_tied_mqa);
+  RUN(llama_tied_mha);
+  RUN(llama_untied_gqa);
+  RUN(bad_configs_are_refused);
+  return check_summary("test_model");
+}
