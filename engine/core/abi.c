@@ -25,6 +25,16 @@ static const struct { const char *name; size_t value; } layout[] = {
   FIELD(rx_forward_opts, head_chunk_rows),
   SIZE(rx_model_memory), FIELD(rx_model_memory, param_bytes), FIELD(rx_model_memory, grad_bytes),
   FIELD(rx_model_memory, activation_bytes), FIELD(rx_model_memory, head_bytes),
+  SIZE(rx_sampling), FIELD(rx_sampling, temperature), FIELD(rx_sampling, top_p), FIELD(rx_sampling, top_k),
+  FIELD(rx_sampling, max_new_tokens), FIELD(rx_sampling, key),
+  SIZE(rx_generate_request), FIELD(rx_generate_request, num_prompts), FIELD(rx_generate_request, prompt_tokens),
+  FIELD(rx_generate_request, prompt_offsets), FIELD(rx_generate_request, num_rows),
+  FIELD(rx_generate_request, row_prompt), FIELD(rx_generate_request, rows), FIELD(rx_generate_request, stop_ids),
+  FIELD(rx_generate_request, num_stop_ids), FIELD(rx_generate_request, seed),
+  FIELD(rx_generate_request, max_new_tokens),
+  SIZE(rx_generate_result), FIELD(rx_generate_result, tokens), FIELD(rx_generate_result, logprobs),
+  FIELD(rx_generate_result, lengths), FIELD(rx_generate_result, finish), FIELD(rx_generate_result, cache_bytes),
+  FIELD(rx_generate_result, decode_steps),
 };
 
 const char *rx_abi_layout(void) {

@@ -18,7 +18,8 @@
  * 2^(n-1) * 2 so that n = 128 near the overflow threshold stays representable). Relative error
  * ~1 ulp; results below 2^-125 (x < -86.6) flush to 0, x > 88.72 gives inf, NaN stays NaN. */
 static inline float rx_exp_f32(float x) {
-  float xc = x < -86.6f ? -86.6f : (x > 88.72283f ? 88.72283f : x);
+  float xc = x > -86.6f ? x : -86.6f;   /* written so that NaN lands inside the range too: */
+  xc = xc < 88.72283f ? xc : 88.72283f;  /* the float -> int conversion below must not see it */
   float t = xc * 1.44269504088896341f;
   float n = (t + 12582912.0f) - 12582912.0f;             /* round to nearest via 1.5 * 2^23 */
   float r = xc - n * 0.693359375f - n * -2.12194440e-4f;

@@ -21,6 +21,11 @@ void rx_clear_error(void);
 const char *rx_version(void);
 int rx_has_cuda(void);               /* 1 when built with CUDA and a device is present */
 const char *rx_abi_layout(void);     /* "name size\nname.field offset\n..." for every struct here */
+/* Ctrl-C: after install, the first SIGINT/SIGTERM only sets a flag (its signal number) that
+ * rx_signal_pending returns; a second one ends the process at once. */
+int rx_signal_install(void);
+int rx_signal_pending(void);
+void rx_signal_clear(void);
 
 /* ---------------------------------------------------------------- core: tensors */
 
@@ -223,6 +228,64 @@ typedef struct rx_model_memory {
   int64_t head_bytes;
 } rx_model_memory;
 void rx_model_memory_usage(const rx_model *m, rx_model_memory *out);
+
+/* ---------------------------------------------------------------- generation */
+
+/* Sampling settings of one generated row. */
+typedef struct rx_sampling {
+  double temperature;        /* 0 = greedy (argmax, lowest id on ties) */
+  double top_p;              /* keep the smallest set of most likely tokens with mass >= top_p; 1 = off */
+  int32_t top_k;             /* keep the k most likely tokens; 0 = off */
+  int32_t max_new_tokens;    /* this row's budget (<= the request's max_new_tokens) */
+  uint64_t key;              /* the row's random stream: same (seed, key) -> same tokens, whatever the batch */
+} rx_sampling;
+
+/* A batch of rows, each continuing one of the prompts (rows of a prompt share its prefill). */
+typedef struct rx_generate_request {
+  int64_t num_prompts;
+  const int32_t *prompt_tokens;    /* all prompts, concatenated */
+  const int64_t *prompt_offsets;   /* num_prompts + 1 offsets into prompt_tokens */
+  int64_t num_rows;
+  const int64_t *row_prompt;       /* prompt index of each row */
+  const rx_sampling *rows;         /* num_rows settings */
+  const int32_t *stop_ids;         /* a row ends after emitting one of these */
+  int64_t num_stop_ids;
+  uint64_t seed;
+  int64_t max_new_tokens;          /* capacity of each output row */
+} rx_generate_request;
+
+enum { RX_FINISH_LENGTH = 0, RX_FINISH_STOP = 1 };
+
+/* Caller-owned outputs, [num_rows, max_new_tokens] row-major, and counters. */
+typedef struct rx_generate_result {
+  int32_t *tokens;
+  float *logprobs;                 /* log p(token) under the unscaled distribution (temperature 1) */
+  int32_t *lengths;
+  int32_t *finish;                 /* RX_FINISH_STOP or RX_FINISH_LENGTH */
+  int64_t cache_bytes;             /* KV cache size of this request */
+  int64_t decode_steps;
+} rx_generate_result;
+
+typedef struct rx_generator rx_generator;
+
+/* Step-wise generation, for streaming: begin (checks sizes against memory before allocating,
+ * prefills every prompt once, copies its KV to its rows, picks each row's first token), then
+ * step until it reports done; the result arrays fill as it goes. */
+int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request *req, rx_generate_result *res);
+/* One token for every unfinished row. *done = 1 when every row has finished. */
+int rx_generate_step(rx_generator *g, int32_t *done);
+void rx_generate_end(rx_generator *g);
+/* The whole loop in one call. */
+int rx_model_generate(rx_model *m, const rx_generate_request *req, rx_generate_result *res);
+
+/* The sampler on one row of logits with a uniform u in [0, 1); exposed for tests. */
+int rx_sample_token(const float *logits, int64_t vocab, double temperature, int32_t top_k, double top_p,
+                    double u, int32_t *token);
+/* Uniform in [0, 1) of Philox keyed by (seed, key, position). */
+double rx_sample_uniform(uint64_t seed, uint64_t key, int64_t position);
+/* Logits of the token after each row's last real token, by a full forward (no cache): the
+ * reference that cached decoding is tested against. tokens, mask i32 [B,T]; out f32/f64 [B,V]. */
+int rx_model_next_logits(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, rx_tensor *out);
 
 /* ---------------------------------------------------------------- safetensors
  * Hugging Face safetensors checkpoints, read through a read-only mmap. Every check of the

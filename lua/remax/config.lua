@@ -1,0 +1,382 @@
+-- remax.config: every training setting, declared once with its default, type and meaning;
+-- merging a recipe's table with `--key value` command-line overrides; `--help`.
+--
+--   local cfg, fns = config.resolve(recipe_table, {"--learning_rate", "3e-5"}, {where = "recipes/x.lua"})
+--   print(config.help(cfg))
+--
+-- Names follow TRL's where the meaning is the same.
+local M = {}
+
+-- {name, default, type, meaning}. Types: number, integer, boolean, string, numbers (a list,
+-- "1,0.5" on the command line), strings, enum:a|b|c, and recipe-only kinds: rewards (a list of
+-- reward names, files, tables or functions), template (a name or a function), advantage (a name
+-- or a function), table, function. hot = true: a recipe reload may change it during a run.
+M.groups = {
+  { "Model and data", {
+    { "model", nil, "string", "model folder (Hugging Face layout); default: models/tiny-gsm8k, the built-in base model" },
+    { "model_config", nil, "table", "recipe only: Hugging Face config table of a fresh random model, used when no model is given (with the byte-level tokenizer)" },
+    { "dtype", "f32", "enum:f32|bf16", "compute dtype of the model" },
+    { "data", nil, "string", "training data, JSONL or JSON array; default: fresh synthetic GSM8K-style problems" },
+    { "eval_data", nil, "string", "held-out data; default: the synthetic test split (or none with --data)" },
+    { "prompt_column", nil, "string", "dataset column holding the prompt (default: prompt, else question)" },
+    { "answer_column", nil, "string", "dataset column holding the reference answer (default: answer when present)" },
+    { "train_size", 20000, "integer", "number of synthetic training problems (without --data)" },
+    { "eval_size", 200, "integer", "number of held-out problems used for evaluation (0: no evaluation)" },
+    { "synth_steps", { 1, 4 }, "numbers", "synthetic problems: min,max arithmetic steps" },
+    { "synth_max_number", 100, "integer", "synthetic problems: largest number drawn" },
+    { "chat_template", "auto", "template", "prompt rendering: auto (the tokenizer's template, else qa), qa (\"Question: ...\\nAnswer: \"), chatml, llama3, plain, or a recipe function(messages, opts) -> string" },
+    { "stop", nil, "strings", "extra stop tokens (as written in tokenizer.json) besides EOS, <|im_end|>, <|endoftext|>, <|eot_id|>" },
+  } },
+  { "Algorithm", {
+    { "algo", "remax", "enum:remax|grpo|rloo|reinforce|sft", "remax, grpo, rloo, reinforce (RL with that advantage estimator), or sft (cross-entropy on prompt -> answer)" },
+    { "advantage", nil, "advantage", "recipe only: function(groups, opts, state) -> advantages, overriding algo's estimator", hot = true },
+    { "num_generations", 4, "integer", "sampled completions per prompt (the greedy baseline row comes on top)" },
+    { "generate_greedy", true, "boolean", "also generate one greedy completion per prompt (needed by remax; gives reward_greedy otherwise)" },
+    { "advantage_clip", 0, "number", "clip advantages to [-c, c] (0: no clipping)", hot = true },
+    { "scale_rewards", true, "boolean", "grpo: divide by the group's standard deviation", hot = true },
+    { "reinforce_baseline", "mean", "enum:none|mean", "reinforce: no baseline, or a running mean of rewards" },
+    { "baseline_momentum", 0.9, "number", "reinforce: momentum of the running mean", hot = true },
+    { "beta", 0.0, "number", "KL coefficient to the frozen reference model (0: no reference model is loaded)", hot = true },
+    { "kl_estimator", "k3", "enum:k3|k1", "k3: per-token KL estimate in the loss; k1: log-ratio folded into the reward" },
+    { "loss_agg_mode", "seq-mean-token-mean", "enum:seq-mean-token-mean|token-mean|seq-mean-token-sum", "how token losses are averaged" },
+    { "skip_zero_advantage", true, "boolean", "with beta = 0, rows whose advantage is 0 skip the forward/backward (no gradient anyway)" },
+  } },
+  { "Rewards", {
+    { "rewards", { "gsm8k" }, "rewards", "reward functions: names of rewards/*.lua files, paths, or (in a recipe) tables {name=, fn=} and functions" },
+    { "reward_weights", nil, "numbers", "weight of each reward function (default: all 1)", hot = true },
+    { "hot_reload", true, "boolean", "between steps, reload a changed reward file or recipe" },
+  } },
+  { "Generation", {
+    { "max_prompt_length", 512, "integer", "prompts longer than this keep their last tokens" },
+    { "max_completion_length", 256, "integer", "most tokens generated per completion" },
+    { "temperature", 1.0, "number", "sampling temperature of the sampled rows", hot = true },
+    { "top_p", 1.0, "number", "nucleus sampling threshold", hot = true },
+    { "top_k", 0, "integer", "sample among the k most likely tokens (0: all)", hot = true },
+  } },
+  { "Optimisation", {
+    { "learning_rate", 1e-5, "number", "peak learning rate of AdamW", hot = true },
+    { "lr_scheduler_type", "constant", "enum:constant|linear|cosine", "learning-rate schedule after warmup" },
+    { "warmup_ratio", 0.0, "number", "fraction of max_steps spent warming up linearly" },
+    { "weight_decay", 0.0, "number", "AdamW weight decay (not on biases and norms)" },
+    { "adam_beta1", 0.9, "number", "AdamW beta1" },
+    { "adam_beta2", 0.999, "number", "AdamW beta2" },
+    { "adam_epsilon", 1e-8, "number", "AdamW epsilon" },
+    { "max_grad_norm", 1.0, "number", "clip the global gradient norm to this (0: no clipping)", hot = true },
+    { "per_device_train_batch_size", 8, "integer", "prompts per micro-batch (each brings num_generations rows)" },
+    { "gradient_accumulation_steps", 1, "integer", "micro-batches per optimizer step; prompts per step = this * per_device_train_batch_size" },
+    { "gradient_checkpointing", false, "boolean", "recompute activations in the backward pass (less memory)" },
+    { "max_steps", 100, "integer", "optimizer steps to train" },
+    { "max_bad_steps", 5, "integer", "stop after this many steps with a non-finite loss or gradient (each is skipped)" },
+  } },
+  { "Run", {
+    { "seed", 42, "integer", "seed of data order, synthetic data and sampling (seeds derive from (seed, step))" },
+    { "output_dir", "runs", "string", "folder holding runs" },
+    { "run_name", nil, "string", "the run's folder name under output_dir (default: the recipe's name)" },
+    { "resume", nil, "string", "continue runs/<name> from its last checkpoint" },
+    { "logging_steps", 1, "integer", "print a log line every this many steps (metrics are written every step)" },
+    { "log_completions", 10, "integer", "write completions.jsonl every this many steps (0: never)" },
+    { "eval_steps", 50, "integer", "evaluate every this many steps (0: only before and after training)" },
+    { "eval_on_start", true, "boolean", "evaluate before the first step" },
+    { "per_device_eval_batch_size", 64, "integer", "prompts per generation call during evaluation" },
+    { "save_steps", 100, "integer", "save a checkpoint every this many steps (and at the end; 0: only at the end)" },
+    { "save_total_limit", 2, "integer", "keep this many newest checkpoints" },
+    { "loop", nil, "function", "recipe only: function(trainer) that drives the steps itself (rollout, score, advantage, update)" },
+  } },
+}
+
+M.keys, M.order = {}, {}
+for _, group in ipairs(M.groups) do
+  for _, d in ipairs(group[2]) do
+    local decl = { name = d[1], default = d[2], type = d[3], help = d[4], hot = d.hot, group = group[1] }
+    if decl.type:match("^enum:") then
+      decl.choices = {}
+      for c in decl.type:sub(6):gmatch("[^|]+") do decl.choices[#decl.choices + 1] = c end
+    end
+    M.keys[decl.name] = decl
+    M.order[#M.order + 1] = decl.name
+  end
+end
+
+---------------------------------------------------------------------------- suggestions
+
+function M.edit_distance(a, b)
+  local prev = {}
+  for j = 0, #b do prev[j] = j end
+  for i = 1, #a do
+    local cur = { [0] = i }
+    for j = 1, #b do
+      local cost = a:sub(i, i) == b:sub(j, j) and 0 or 1
+      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+    end
+    prev = cur
+  end
+  return prev[#b]
+end
+
+function M.closest(name)
+  local best, bd = nil, math.huge
+  for _, k in ipairs(M.order) do
+    local d = M.edit_distance(name, k)
+    -- a key that contains the typed name (or the reverse) is a better guess than its distance says
+    if k:find(name, 1, true) or name:find(k, 1, true) then d = math.min(d, math.abs(#k - #name) * 0.5) end
+    if d < bd then best, bd = k, d end
+  end
+  return best
+end
+
+local function unknown(name, where)
+  return ("%sunknown setting '%s'; did you mean '%s'? (remax run RECIPE.lua --help lists every setting)")
+    :format(where and (where .. ": ") or "", name, M.closest(name))
+end
+
+---------------------------------------------------------------------------- values
+
+local function show(v)
+  if v == nil then return "nil" end
+  if type(v) == "string" then return v end
+  if type(v) == "function" then
+    local info = debug.getinfo(v, "S")
+    return ("function (%s:%d)"):format(info.short_src, info.linedefined)
+  end
+  if type(v) == "table" then
+    if #v > 0 then
+      local parts = {}
+      for i, x in ipairs(v) do
+        parts[i] = type(x) == "table" and (x.name or "table") or show(x)
+      end
+      return table.concat(parts, ",")
+    end
+    return next(v) == nil and "{}" or "table"
+  end
+  return tostring(v)
+end
+M.show = show
+
+-- Check a value of a key (from a recipe or after parsing); returns the value or raises.
+local function check(decl, v, where)
+  if v == nil then return nil end
+  local t = decl.type
+  local function bad(expected)
+    error(("%s%s = %s: expected %s"):format(where and (where .. ": ") or "", decl.name,
+      type(v) == "string" and ("'" .. v .. "'") or show(v), expected), 0)
+  end
+  if t == "number" then
+    if type(v) ~= "number" or v ~= v then bad("a number") end
+  elseif t == "integer" then
+    if type(v) ~= "number" or v ~= math.floor(v) then bad("an integer") end
+    if v < 0 then bad("an integer >= 0") end
+  elseif t == "boolean" then
+    if type(v) ~= "boolean" then bad("true or false") end
+  elseif t == "string" then
+    if type(v) ~= "string" then bad("a string") end
+  elseif t == "numbers" then
+    if type(v) == "number" then v = { v } end
+    if type(v) ~= "table" then bad("a list of numbers") end
+    for _, x in ipairs(v) do if type(x) ~= "number" then bad("a list of numbers") end end
+  elseif t == "strings" then
+    if type(v) == "string" then v = { v } end
+    if type(v) ~= "table" then bad("a list of strings") end
+    for _, x in ipairs(v) do if type(x) ~= "string" then bad("a list of strings") end end
+  elseif decl.choices then
+    local ok = false
+    for _, c in ipairs(decl.choices) do if v == c then ok = true end end
+    if not ok then bad("one of " .. table.concat(decl.choices, ", ")) end
+  elseif t == "rewards" then
+    if type(v) == "string" or type(v) == "function" or (type(v) == "table" and v.fn) then v = { v } end
+    if type(v) ~= "table" then bad("a list of reward names, files, tables {name=, fn=} or functions") end
+    for _, x in ipairs(v) do
+      local tx = type(x)
+      if not (tx == "string" or tx == "function" or (tx == "table" and type(x.fn) == "function")) then
+        bad("a list of reward names, files, tables {name=, fn=} or functions")
+      end
+    end
+  elseif t == "template" then
+    if type(v) ~= "string" and type(v) ~= "function" then bad("a template name or a function") end
+    if type(v) == "string" and not ({ auto = 1, qa = 1, chatml = 1, llama3 = 1, plain = 1 })[v] then
+      bad("auto, qa, chatml, llama3, plain or a function(messages, opts)")
+    end
+  elseif t == "advantage" then
+    if type(v) ~= "function" then bad("a function(groups, opts, state) -> advantages (use algo for a name)") end
+  elseif t == "table" then
+    if type(v) ~= "table" then bad("a table") end
+  elseif t == "function" then
+    if type(v) ~= "function" then bad("a function") end
+  end
+  return v
+end
+
+local RECIPE_ONLY = { table = true, ["function"] = true, advantage = true }
+
+-- Parse a command-line string into the key's type.
+function M.parse(decl, s)
+  local t = decl.type
+  local function bad(expected)
+    error(("--%s %s: expected %s"):format(decl.name, s == nil and "(no value)" or ("'" .. s .. "'"), expected), 0)
+  end
+  if RECIPE_ONLY[t] then
+    error(("--%s: %s can only be set in the recipe"):format(decl.name, decl.name), 0)
+  end
+  if s == nil then bad("a value") end
+  if t == "number" or t == "integer" then
+    local v = tonumber(s)
+    if not v or v ~= v then bad(t == "number" and "a number" or "an integer") end
+    if t == "integer" and (v ~= math.floor(v) or v < 0) then bad("an integer >= 0") end
+    return v
+  elseif t == "boolean" then
+    local l = s:lower()
+    if l == "true" or l == "1" or l == "yes" then return true end
+    if l == "false" or l == "0" or l == "no" then return false end
+    bad("true or false")
+  elseif t == "numbers" then
+    local out = {}
+    for part in (s .. ","):gmatch("([^,]*),") do
+      local v = tonumber(part)
+      if not v then bad("a comma-separated list of numbers (e.g. 1,0.5)") end
+      out[#out + 1] = v
+    end
+    return out
+  elseif t == "strings" or t == "rewards" then
+    local out = {}
+    for part in s:gmatch("[^,]+") do out[#out + 1] = part end
+    if #out == 0 then bad("a comma-separated list") end
+    return out
+  end
+  return check(decl, s, "command line")
+end
+
+-- Command-line arguments -> {key = value}, in order. `--key value`, `--key=value`, and a bare
+-- `--flag` for booleans. Returns overrides, help_requested.
+function M.parse_args(argv)
+  local out, help, i = {}, false, 1
+  while i <= #argv do
+    local a = argv[i]
+    if a == "--help" or a == "-h" then
+      help = true
+      i = i + 1
+    else
+      local key, value = a:match("^%-%-([%w_]+)=(.*)$")
+      if not key then key = a:match("^%-%-([%w_]+)$") end
+      if not key then
+        error(("unexpected argument '%s' (settings are given as --key value)"):format(a), 0)
+      end
+      local decl = M.keys[key]
+      if not decl then error(unknown(key, "command line"), 0) end
+      if value == nil then
+        local nxt = argv[i + 1]
+        if decl.type == "boolean" and (nxt == nil or nxt:match("^%-%-")) then
+          value = "true"
+          i = i + 1
+        else
+          value = nxt
+          i = i + 2
+        end
+      else
+        i = i + 1
+      end
+      out[key] = M.parse(decl, value)
+    end
+  end
+  return out, help
+end
+
+-- recipe table + overrides -> resolved config (a table with every key; defaults filled in).
+-- Recipe keys that are not settings stop with the closest valid name. opts.where names the recipe.
+function M.resolve(recipe, overrides, opts)
+  opts = opts or {}
+  recipe = recipe or {}
+  local cfg = {}
+  for k, v in pairs(recipe) do
+    if type(k) ~= "string" then
+      error(("%s: the recipe table has a non-string key %s; settings are name = value"):format(opts.where or "recipe", tostring(k)), 0)
+    end
+    local decl = M.keys[k]
+    if not decl then error(unknown(k, opts.where or "recipe"), 0) end
+    cfg[k] = check(decl, v, opts.where or "recipe")
+  end
+  for k, v in pairs(overrides or {}) do
+    local decl = M.keys[k]
+    if not decl then error(unknown(k, "command line"), 0) end
+    cfg[k] = check(decl, v, "command line")
+  end
+  for _, k in ipairs(M.order) do
+    if cfg[k] == nil and M.keys[k].default ~= nil then
+      local d = M.keys[k].default
+      if type(d) == "table" then
+        local c = {}
+        for i, x in ipairs(d) do c[i] = x end
+        d = c
+      end
+      cfg[k] = d
+    end
+  end
+  M.validate(cfg)
+  return cfg
+end
+
+-- Cross-key checks.
+function M.validate(cfg)
+  local function bad(msg) error("config: " .. msg, 0) end
+  if cfg.algo ~= "sft" and cfg.num_generations < 1 then bad("num_generations must be >= 1") end
+  if cfg.algo == "remax" and not cfg.generate_greedy and not cfg.advantage then
+    bad("algo = remax needs generate_greedy = true (the greedy row is its baseline)")
+  end
+  if cfg.algo == "rloo" and cfg.num_generations < 2 and not cfg.advantage then
+    bad("algo = rloo needs num_generations >= 2")
+  end
+  if cfg.algo == "grpo" and cfg.num_generations < 2 and not cfg.advantage then
+    bad("algo = grpo needs num_generations >= 2 (a group of one has no spread)")
+  end
+  if cfg.per_device_train_batch_size < 1 then bad("per_device_train_batch_size must be >= 1") end
+  if cfg.gradient_accumulation_steps < 1 then bad("gradient_accumulation_steps must be >= 1") end
+  if cfg.max_completion_length < 1 then bad("max_completion_length must be >= 1") end
+  if cfg.max_prompt_length < 1 then bad("max_prompt_length must be >= 1") end
+  if cfg.warmup_ratio < 0 or cfg.warmup_ratio > 1 then bad("warmup_ratio must be in [0, 1]") end
+  if cfg.temperature < 0 then bad("temperature must be >= 0") end
+  if cfg.top_p <= 0 or cfg.top_p > 1 then bad("top_p must be in (0, 1]") end
+  if cfg.beta < 0 then bad("beta must be >= 0") end
+  if cfg.per_device_eval_batch_size < 1 then bad("per_device_eval_batch_size must be >= 1") end
+  if cfg.seed >= 2 ^ 32 then bad("seed must be below 2^32") end
+  if #cfg.synth_steps ~= 2 then bad("synth_steps must be two numbers: min,max") end
+  if cfg.reward_weights and cfg.algo ~= "sft" and #cfg.reward_weights ~= #cfg.rewards then
+    bad(("reward_weights has %d weights for %d reward functions (%s)"):format(#cfg.reward_weights, #cfg.rewards,
+      show(cfg.rewards)))
+  end
+end
+
+-- A JSON-safe copy (functions become "function (file:line)", reward tables their names).
+function M.serializable(cfg)
+  local out = {}
+  for _, k in ipairs(M.order) do
+    local v = cfg[k]
+    if type(v) == "function" then v = show(v)
+    elseif k == "rewards" and type(v) == "table" then
+      local names = {}
+      for i, x in ipairs(v) do names[i] = type(x) == "string" and x or show({ x }) end
+      v = names
+    end
+    out[k] = v
+  end
+  return out
+end
+
+-- The --help text: every setting with its resolved value, default and meaning.
+function M.help(cfg, title)
+  local lines = { title or "settings (recipe values, then --key value overrides):" }
+  for _, group in ipairs(M.groups) do
+    lines[#lines + 1] = ""
+    lines[#lines + 1] = group[1] .. ":"
+    for _, d in ipairs(group[2]) do
+      local decl = M.keys[d[1]]
+      local value, default = show(cfg and cfg[decl.name]), show(decl.default)
+      local mark = value ~= default and " *" or ""
+      lines[#lines + 1] = ("  --%-28s %s%s  (default %s; %s)"):format(decl.name, value, mark, default,
+        decl.type:gsub("^enum:", ""))
+      lines[#lines + 1] = "      " .. decl.help
+    end
+  end
+  lines[#lines + 1] = ""
+  lines[#lines + 1] = "* = differs from the default. Lists: --reward_weights 1,0.5. Booleans: true/false."
+  return table.concat(lines, "\n")
+end
+
+return M

@@ -1,0 +1,134 @@
+local remax = require("remax")
+local cjson = require("cjson")
+local tensor, model_mod, optim = remax.tensor, remax.model, remax.optim
+
+local function tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  os.execute("mkdir -p " .. d)
+  return d
+end
+
+local function tiny(extra)
+  local cfg = {
+    architectures = { "Qwen2ForCausalLM" }, vocab_size = 40, hidden_size = 16, intermediate_size = 24,
+    num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, rms_norm_eps = 1e-6,
+    rope_theta = 10000, tie_word_embeddings = false, max_position_embeddings = 128,
+  }
+  for k, v in pairs(extra or {}) do cfg[k] = v end
+  return cfg
+end
+
+local function write(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
+local rows = { { 1, 5, 9, 13, 2 }, { 7, 3 }, { 30, 31, 32, 33, 34, 35 } }
+
+describe("model", function()
+  it("creates Hugging Face parameter names for both architectures", function()
+    local q = model_mod.new(tiny(), { seed = 1 })
+    assert.is_not_nil(q.index["model.layers.1.self_attn.k_proj.bias"])
+    assert.is_not_nil(q.index["lm_head.weight"])
+    local l = model_mod.new(tiny({ architectures = { "LlamaForCausalLM" }, tie_word_embeddings = true }), { seed = 1 })
+    assert.is_nil(l.index["model.layers.1.self_attn.k_proj.bias"])
+    assert.is_nil(l.index["lm_head.weight"])
+    assert.are.equal(40 * 16, l:param("model.embed_tokens.weight"):nelement())
+  end)
+
+  it("gives the same log-probabilities with left and right padding", function()
+    local m = model_mod.new(tiny(), { seed = 2 })
+    local right = m:logprobs(rows):totable()
+    local left = m:logprobs(rows, nil, { pad_left = true }):totable()
+    for b, row in ipairs(rows) do
+      local T = #right[b]
+      for t = 2, #row do
+        local r, l = right[b][t], left[b][T - #row + t]
+        assert.is_true(r < 0)
+        assert.is_true(math.abs(r - l) < 1e-5, ("row %d token %d: %g vs %g"):format(b, t, r, l))
+      end
+      assert.are.equal(0, right[b][1])
+    end
+  end)
+
+  it("lowers the loss over 20 AdamW steps on a fixed batch", function()
+    local m = model_mod.new(tiny(), { seed = 3 })
+    local opt = optim.adamw(m:params(), m:grads(), { lr = 1e-2, weight_decay = 0.01 })
+    local function loss()
+      local lp = m:logprobs(rows, nil, { train = true })
+      local s, n = 0, 0
+      for _, row in ipairs(lp:totable()) do for _, v in ipairs(row) do if v ~= 0 then s, n = s - v, n + 1 end end end
+      return s / n, lp
+    end
+    local first
+    for step = 1, 20 do
+      local l, lp = loss()
+      first = first or l
+      local d = {}
+      for b, row in ipairs(lp:totable()) do
+        d[b] = {}
+        for t, v in ipairs(row) do d[b][t] = v ~= 0 and -1 or 0 end
+      end
+      m:zero_grad()
+      m:backward(d)
+      optim.clip_grad_norm(m:grads(), 1.0)
+      opt:step()
+    end
+    local last = loss()
+    assert.is_true(last < first * 0.7, ("loss went from %g to %g"):format(first, last))
+  end)
+
+  it("saves and loads back bit-exactly, as a Hugging Face folder", function()
+    for _, extra in ipairs({ {}, { architectures = { "LlamaForCausalLM" }, tie_word_embeddings = true } }) do
+      local m = model_mod.new(tiny(extra), { seed = 4 })
+      local dir = tmpdir()
+      m:save(dir)
+      local cfg = cjson.decode(io.open(dir .. "/config.json"):read("*a"))
+      assert.are.equal(extra.architectures and "LlamaForCausalLM" or "Qwen2ForCausalLM", cfg.architectures[1])
+      assert.are.equal("float32", cfg.torch_dtype)
+      local st = remax.safetensors.open(dir .. "/model.safetensors")
+      assert.are.same((function() local n = {} for k in pairs(m:params()) do n[#n + 1] = k end table.sort(n) return n end)(),
+        st:names())
+      local back = model_mod.load(dir)
+      for name, p in pairs(m:params()) do
+        assert.are.same(p:values(), back:param(name):values(), name)
+      end
+      assert.are.same(m:logprobs(rows):totable(), back:logprobs(rows):totable())
+      os.execute("rm -rf " .. dir)
+    end
+  end)
+
+  it("reports each config/checkpoint mismatch with the tensor or key and both values", function()
+    local m = model_mod.new(tiny(), { seed = 5 })
+    local dir = tmpdir()
+    m:save(dir)
+    local good = io.open(dir .. "/config.json"):read("*a")
+    local function with_config(changes)
+      local cfg = cjson.decode(good)
+      for k, v in pairs(changes) do cfg[k] = v end
+      write(dir .. "/config.json", cjson.encode(cfg))
+      local ok, err = pcall(model_mod.load, dir)
+      write(dir .. "/config.json", good)
+      assert.is_false(ok)
+      return err
+    end
+    assert.matches("tensor 'model.layers.0.mlp.gate_proj.weight' has shape %[24,16%] in the checkpoint, config.json wants %[32,16%]",
+      with_config({ intermediate_size = 32 }))
+    assert.matches("tensor 'model.layers.2.input_layernorm.weight' is missing", with_config({ num_hidden_layers = 3 }))
+    assert.matches("tensor 'model%.layers%.%d%.self_attn%.[qkv]_proj%.bias' is in the checkpoint but not in a LlamaForCausalLM model",
+      with_config({ architectures = { "LlamaForCausalLM" } }))
+    assert.matches("architecture 'GPT2LMHeadModel' is not supported", with_config({ architectures = { "GPT2LMHeadModel" } }))
+    assert.matches("rope_scaling of type 'llama3' is not supported", with_config({ rope_scaling = { rope_type = "llama3", factor = 8 } }))
+    assert.matches("key 'hidden_size' is string, expected a number", with_config({ hidden_size = "16" }))
+    assert.matches("not a multiple of num_key_value_heads = 3", with_config({ num_key_value_heads = 3 }))
+    write(dir .. "/config.json", "{not json")
+    local ok, err = pcall(model_mod.load, dir)
+    assert.is_false(ok)
+    assert.matches("config.json is not a JSON object", err)
+    os.execute("rm -rf " .. dir)
+    ok, err = pcall(model_mod.load, "/nonexistent/model")
+    assert.matches("cannot read /nonexistent/model/config.json", err)
+  end)
+end)

