@@ -69,7 +69,8 @@ function M.tick_label(v, step)
   if math.abs(v) < step * 1e-6 then return "0" end
   local a = math.abs(v)
   if a >= 1e6 or (a < 1e-3) then return (("%.3g"):format(v):gsub("e%+?(-?)0*(%d)", "e%1%2")) end
-  local decimals = math.max(0, -math.floor(math.log10(step) + 1e-9))
+  local decimals = -math.floor(math.log10(step) + 1e-9)
+  if decimals <= 0 then decimals = 0 end   -- a literal 0: math.max(0, -0) is -0, "%.-0f" is invalid
   return ("%." .. decimals .. "f"):format(v)
 end
 

@@ -22,8 +22,9 @@ M.Progress = Progress
 
 -- Wall-clock seconds from CLOCK_MONOTONIC (os.clock counts CPU time of all threads).
 local ts = ffi.new("struct rx_progress_timespec")
+local monotonic = ffi.os == "Linux" and pcall(function() return ffi.C.clock_gettime(1, ts) end)
 function M.now()
-  if ffi.os == "Linux" and ffi.C.clock_gettime(1, ts) == 0 then
+  if monotonic and ffi.C.clock_gettime(1, ts) == 0 then
     return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
   end
   return os.time()

@@ -36,9 +36,6 @@ for _, decl in ipairs({
 }) do pcall(ffi.cdef, decl) end
 local C = ffi.C
 
-local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
-M._shell_quote = shell_quote
-
 local function is_dir(path)
   local d = C.opendir(path)
   if d == nil then return false end
@@ -172,6 +169,11 @@ local function valid_utf8(s)
   return changed and table.concat(out) or s
 end
 
+-- cjson writes "/" as "\/"; plain "/" is valid JSON and reads better (paths, "</script>").
+local function encode_string(s)
+  return (cjson.encode(valid_utf8(s)):gsub("\\/", "/"))
+end
+
 local function encode_number(v, precision)
   if v ~= v then return '"NaN"' end
   if v == inf then return '"Infinity"' end
@@ -204,7 +206,7 @@ end
 local function encode_value(v, o, path, depth, out)
   local tv = type(v)
   if tv == "string" then
-    out[#out + 1] = cjson.encode(valid_utf8(v))
+    out[#out + 1] = encode_string(v)
   elseif tv == "number" then
     out[#out + 1] = encode_number(v, o.precision)
   elseif tv == "boolean" then
@@ -244,7 +246,7 @@ local function encode_value(v, o, path, depth, out)
       out[#out + 1] = "{"
       for i, k in ipairs(keys) do
         if i > 1 then out[#out + 1] = "," end
-        out[#out + 1] = nl .. cjson.encode(valid_utf8(tostring(k))) .. (o.pretty and ": " or ":")
+        out[#out + 1] = nl .. encode_string(tostring(k)) .. (o.pretty and ": " or ":")
         encode_value(v[k], o, path .. "." .. tostring(k), depth + 1, out)
       end
       out[#out + 1] = close .. "}"
@@ -252,7 +254,7 @@ local function encode_value(v, o, path, depth, out)
   elseif o.strict then
     error(("runs: %s is a %s, which JSON cannot hold"):format(path, tv), 0)
   else
-    out[#out + 1] = cjson.encode(describe(v))
+    out[#out + 1] = encode_string(describe(v))
   end
 end
 

@@ -1,0 +1,246 @@
+-- remax.rewards: loading reward functions (rewards/*.lua files, recipe tables or functions),
+-- scoring completions with all of them, combining with weights, and stopping with a clear
+-- message when one fails.
+--
+--   local list = rewards.load_all({"gsm8k", my_table, my_function}, {base = "recipes"})
+--   local scores, total = rewards.score(list, weights, completions, batch, {step = 3})
+--   local length = rewards.file("length").with({target = 200})      -- configure a built-in
+--
+-- A reward is {name=, fn=function(completions, batch) -> {number|nil, ...}}; nil = no score.
+local M = {}
+
+local function file_exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+local function dirname(path) return path:match("^(.*)/[^/]*$") or "." end
+
+-- Folders searched for a reward given by name: next to the recipe (../rewards, ./rewards), the
+-- current folder's rewards/, and the remax installation's rewards/.
+function M.search_dirs(base)
+  local dirs = {}
+  if base then
+    dirs[#dirs + 1] = base .. "/../rewards"
+    dirs[#dirs + 1] = base .. "/rewards"
+  end
+  dirs[#dirs + 1] = "rewards"
+  local home = os.getenv("REMAX_HOME")
+  if home then dirs[#dirs + 1] = home .. "/rewards" end
+  return dirs
+end
+
+-- "gsm8k" -> "rewards/gsm8k.lua"; a path ending in .lua is used as is.
+function M.find(name, base)
+  if name:match("%.lua$") or name:find("/", 1, true) then
+    if not file_exists(name) then error(("reward file %s does not exist"):format(name), 0) end
+    return name
+  end
+  local tried = {}
+  for _, d in ipairs(M.search_dirs(base)) do
+    local p = d .. "/" .. name .. ".lua"
+    if file_exists(p) then return (p:gsub("^%./", "")) end
+    tried[#tried + 1] = p
+  end
+  local available = {}
+  for _, d in ipairs(M.search_dirs(base)) do
+    local pipe = io.popen("ls '" .. d:gsub("'", "'\\''") .. "' 2>/dev/null")
+    if pipe then
+      for f in pipe:lines() do
+        local n = f:match("^(.-)%.lua$")
+        if n then available[n] = true end
+      end
+      pipe:close()
+    end
+  end
+  local names = {}
+  for n in pairs(available) do names[#names + 1] = n end
+  table.sort(names)
+  error(("unknown reward '%s' (looked for %s; available: %s)"):format(name, table.concat(tried, ", "),
+    #names > 0 and table.concat(names, ", ") or "none"), 0)
+end
+
+-- "file:line" where a function is defined.
+function M.where(fn)
+  local info = debug.getinfo(fn, "S")
+  local src = info.source:sub(1, 1) == "@" and info.source:sub(2) or info.short_src
+  return ("%s:%d"):format(src, info.linedefined), src
+end
+
+-- Turn a spec (table {name=, fn=}, function, or name/path) into {name=, fn=, where=, file=}.
+-- file: the source file of fn (for hot reload); path: the file it was loaded from by name.
+function M.normalize(spec, index, opts)
+  opts = opts or {}
+  local r
+  if type(spec) == "string" then
+    return M.load_file(M.find(spec, opts.base))
+  elseif type(spec) == "function" then
+    r = { fn = spec }
+  elseif type(spec) == "table" and type(spec.fn) == "function" then
+    r = {}
+    for k, v in pairs(spec) do r[k] = v end
+  else
+    error(("reward %d is a %s; expected a name, a file, a table {name=, fn=} or a function"):format(
+      index or 0, type(spec)), 0)
+  end
+  r.where, r.file = M.where(r.fn)
+  if r.name == nil then
+    local base = r.file:match("([^/]+)%.lua$")
+    r.name = (opts.default_name) or (type(spec) == "function" and base and index and (base .. "_" .. index)) or
+      ("reward_" .. tostring(index))
+  end
+  if type(r.name) ~= "string" then error(("reward at %s: name must be a string"):format(r.where), 0) end
+  return r
+end
+
+-- Load a reward file: it returns {name=, fn=} or a function.
+function M.load_file(path)
+  local chunk, err = loadfile(path)
+  if not chunk then error(("reward file %s"):format(err), 0) end
+  local ok, value = pcall(chunk)
+  if not ok then error(("reward file %s failed to load: %s"):format(path, tostring(value)), 0) end
+  if type(value) ~= "function" and not (type(value) == "table" and type(value.fn) == "function") then
+    error(("reward file %s returned a %s; expected {name=, fn=function(completions, batch)} or a function"):format(
+      path, type(value)), 0)
+  end
+  local r = M.normalize(value, nil, { default_name = path:match("([^/]+)%.lua$") })
+  r.path = path
+  return r
+end
+
+-- A reward file by name, for recipes: rewards.file("length").with({target = 200}).
+function M.file(name, base)
+  local path = M.find(name, base)
+  local chunk, err = loadfile(path)
+  if not chunk then error(err, 2) end
+  return chunk()
+end
+
+function M.load_all(specs, opts)
+  local list, seen = {}, {}
+  for i, spec in ipairs(specs) do
+    local r = M.normalize(spec, i, opts)
+    if seen[r.name] then
+      error(("two reward functions are named '%s' (%s and %s); give one another name"):format(r.name,
+        seen[r.name], r.where), 0)
+    end
+    seen[r.name] = r.where
+    list[i] = r
+  end
+  return list
+end
+
+---------------------------------------------------------------------------- scoring
+
+local function quote(s)
+  s = tostring(s)
+  if #s > 400 then s = s:sub(1, 400) .. "..." end
+  return ("%q"):format(s):gsub("\\\n", "\\n")
+end
+
+local function slice(batch, i)
+  local out = {}
+  for k, col in pairs(batch) do
+    if type(col) == "table" then out[k] = { col[i] } end
+  end
+  return out
+end
+
+local function step_text(opts)
+  return opts and opts.step and (" at step " .. opts.step) or ""
+end
+
+-- Raise the error message for a reward failure; opts.on_failure() runs first (a checkpoint).
+local function fail(r, msg, opts)
+  if opts and opts.on_failure then opts.on_failure(msg) end
+  error(msg, 0)
+end
+
+-- Run one reward on all completions, checking what it returns. Returns the scores list.
+function M.run_one(r, completions, batch, opts)
+  local ok, scores = pcall(r.fn, completions, batch)
+  local n = #completions
+  if not ok then
+    -- find the first completion that makes it throw, to show it
+    local bad_i, bad_err
+    for i = 1, n do
+      local ok1, e = pcall(r.fn, { completions[i] }, slice(batch, i))
+      if not ok1 then bad_i, bad_err = i, e break end
+    end
+    local err = bad_err or scores
+    fail(r, ("reward '%s' (%s) failed%s%s: %s%s"):format(r.name, r.where, step_text(opts),
+      bad_i and (" on completion " .. bad_i) or "", tostring(err),
+      bad_i and ("\n  completion: " .. quote(completions[bad_i])) or ""), opts)
+  end
+  if type(scores) ~= "table" then
+    fail(r, ("reward '%s' (%s) returned a %s%s; expected a list of %d numbers (nil = no score)"):format(
+      r.name, r.where, type(scores), step_text(opts), n), opts)
+  end
+  for i = 1, n do
+    local v = scores[i]
+    if v ~= nil and (type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge) then
+      fail(r, ("reward '%s' (%s) returned %s for completion %d%s; expected a finite number or nil\n  completion: %s")
+        :format(r.name, r.where, type(v) == "number" and tostring(v) or ("a " .. type(v) .. " (" .. tostring(v) .. ")"),
+          i, step_text(opts), quote(completions[i])), opts)
+    end
+  end
+  for k in pairs(scores) do
+    if type(k) ~= "number" or k > n or k < 1 then
+      fail(r, ("reward '%s' (%s) returned %s scores for %d completions%s"):format(r.name, r.where,
+        tostring(#scores), n, step_text(opts)), opts)
+    end
+  end
+  return scores
+end
+
+-- Score with every reward. Returns per[name] = scores, total[i] = sum_k w_k * s_k[i] over the
+-- rewards that gave a score (0 when none did), and how many rows had no score at all.
+function M.score(list, weights, completions, batch, opts)
+  local per, total, unscored = {}, {}, 0
+  for i = 1, #completions do total[i] = 0 end
+  local any = {}
+  for k, r in ipairs(list) do
+    local scores = M.run_one(r, completions, batch, opts)
+    per[r.name] = scores
+    local w = weights and weights[k] or 1
+    for i = 1, #completions do
+      if scores[i] ~= nil then
+        total[i] = total[i] + w * scores[i]
+        any[i] = true
+      end
+    end
+  end
+  for i = 1, #completions do if not any[i] then unscored = unscored + 1 end end
+  return per, total, unscored
+end
+
+-- Check that each reward runs on the first rows of a dataset (catches missing columns before
+-- any generation). completion: a stand-in text (the row's answer when it has one).
+function M.probe(list, rows, source, collate)
+  local n = math.min(#rows, 2)
+  if n == 0 then return end
+  local sample = {}
+  for i = 1, n do sample[i] = rows[i] end
+  local batch = collate(sample)
+  local completions = {}
+  for i = 1, n do
+    local a = rows[i].answer
+    completions[i] = type(a) == "string" and a or "0"
+  end
+  batch.completion_ids = {}
+  for i = 1, n do batch.completion_ids[i] = {} end
+  local cols = {}
+  for k in pairs(rows[1]) do cols[#cols + 1] = k end
+  table.sort(cols)
+  for _, r in ipairs(list) do
+    local ok, err = pcall(r.fn, completions, batch)
+    if not ok then
+      error(("reward '%s' (%s) fails on the first rows of %s (columns: %s): %s"):format(r.name, r.where,
+        source, table.concat(cols, ", "), tostring(err)), 0)
+    end
+  end
+end
+
+M.dirname = dirname
+return M
