@@ -4,7 +4,7 @@ scaled_dot_product_attention, SwiGLU, tied or untied head), trained the usual wa
 [B, T, vocab] logits, log_softmax, gather, backward, torch.optim.AdamW.
 
   python3 bench/torch_peer.py train --shape small --steps 3
-  python3 bench/torch_peer.py generate --shape small --rows 8 --prompt 64 --new 128
+  python3 bench/torch_peer.py generate --shape small --rows 8 --prompt 64 --new 128 [--cache static|cat]
 
 Prints one JSON line with tokens/s and peak RSS (MiB). Not a test: see bench/README.md.
 """
@@ -16,6 +16,17 @@ SHAPES = {
     "small": dict(hidden=256, layers=4, heads=8, kv=2, inter=688, vocab=1024, tied=False),
     "qwen0.5b": dict(hidden=896, layers=24, heads=14, kv=2, inter=4864, vocab=151936, tied=True),
 }
+
+
+def sdpa(q, k, v, is_causal):
+    """F.scaled_dot_product_attention where PyTorch has it (2.0+); the same math otherwise."""
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    s = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    if is_causal:
+        Tq, Tk = q.shape[-2], k.shape[-2]
+        s = s.masked_fill(torch.ones(Tq, Tk, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.matmul(torch.softmax(s, -1), v)
 
 
 class Decoder(torch.nn.Module):
@@ -57,14 +68,31 @@ class Decoder(torch.nn.Module):
         k = layer.k(x).view(B, T, self.nkv, self.d).transpose(1, 2)
         v = layer.v(x).view(B, T, self.nkv, self.d).transpose(1, 2)
         q, k = self.rope(q, pos), self.rope(k, pos)
+        if cache is not None and "K" in cache:
+            return layer.o(self.attend_static(q, k, v, cache).transpose(1, 2).reshape(B, T, -1))
         if cache is not None:
             if "k" in cache:
                 k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
             cache["k"], cache["v"] = k, v
         rep = self.nh // self.nkv
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=(cache is None or T > 1))
+        o = sdpa(q, k, v, is_causal=(cache is None or T > 1))
         return layer.o(o.transpose(1, 2).reshape(B, T, -1))
+
+    def attend_static(self, q, k, v, cache):
+        """Preallocated cache [B, kv, S, d] written in place (no torch.cat per step); a one-token
+        query attends grouped, as [B, kv, rep, d] against its kv head, with no repeated keys."""
+        B, _, T, d = q.shape
+        n = cache["n"]
+        cache["K"][:, :, n:n + T] = k
+        cache["V"][:, :, n:n + T] = v
+        cache["n"] = n = n + T
+        K, V = cache["K"][:, :, :n], cache["V"][:, :, :n]
+        rep = self.nh // self.nkv
+        if T > 1:   # prefill: plain causal attention
+            return sdpa(q, K.repeat_interleave(rep, 1), V.repeat_interleave(rep, 1), is_causal=True)
+        s = torch.matmul(q.view(B, self.nkv, rep, d), K.transpose(-1, -2)) * (1.0 / math.sqrt(d))
+        return torch.matmul(torch.softmax(s, -1), V).view(B, self.nh, 1, d)
 
     def hidden_states(self, tokens, pos, caches=None):
         x = self.embed(tokens)
@@ -112,21 +140,30 @@ def generate(args, shape):
     torch.manual_seed(0)
     model = Decoder(**shape).eval()
     prompt = torch.randint(0, shape["vocab"], (args.rows, args.prompt))
+    def new_cache():
+        if args.cache == "cat":   # the way Hugging Face's DynamicCache grows: torch.cat every step
+            return dict()
+        shape = (args.rows, model.nkv, args.prompt + args.new, model.d)
+        return dict(K=torch.empty(shape), V=torch.empty(shape), n=0)
     def run():
-        caches = [dict() for _ in model.layers]
+        caches = [new_cache() for _ in model.layers]
         pos = torch.arange(args.prompt)[None].expand(args.rows, -1)
         h = model.hidden_states(prompt, pos, caches)
         nxt = model.logits(h[:, -1]).argmax(-1)
+        out = [nxt]
         for i in range(args.new - 1):
             pos = torch.full((args.rows, 1), args.prompt + i)
             h = model.hidden_states(nxt[:, None], pos, caches)
             nxt = model.logits(h[:, -1]).argmax(-1)
+            out.append(nxt)
+        return torch.stack(out, 1)
     run() if args.warmup else None
     t0 = time.perf_counter()
-    run()
+    tokens = run()
     dt = time.perf_counter() - t0
     print(json.dumps(dict(peer="pytorch " + torch.__version__, mode="generate", shape=args.shape, rows=args.rows,
-                          prompt=args.prompt, new=args.new, seconds=dt, tokens_per_s=args.rows * args.new / dt,
+                          prompt=args.prompt, new=args.new, cache=args.cache, seconds=dt,
+                          tokens_per_s=args.rows * args.new / dt, tokens_checksum=int((tokens * torch.arange(1, tokens.numel() + 1).view_as(tokens)).sum()),
                           peak_rss_mib=peak_rss_mib(), threads=torch.get_num_threads())))
 
 
@@ -142,5 +179,6 @@ if __name__ == "__main__":
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cache", default="static", choices=["static", "cat"])
     a = ap.parse_args()
     (train if a.mode == "train" else generate)(a, SHAPES[a.shape])

@@ -12,15 +12,21 @@ typedef struct rx_attn_dims {
   double scale;                 /* already resolved: never 0 here */
 } rx_attn_dims;
 
+/* Elements (of the call's float type) of the transient scratch that forward and backward need
+ * when run with up to `threads` OpenMP threads: one block of scores per thread (a tile of query
+ * rows times Tk keys, O(T) per thread, never O(T^2)) plus, for the backward, Delta [B,H,Tq].
+ * The caller allocates it 64-byte aligned and passes the same `threads`. */
+int64_t rx_cpu_attention_scratch_elems(const rx_attn_dims *dims, int threads);
+
 void rx_cpu_attention_forward_f32(float *out, float *lse, const float *q, const float *k, const float *v,
-                                  const int32_t *mask, const rx_attn_dims *dims);
+                                  const int32_t *mask, const rx_attn_dims *dims, float *scratch, int threads);
 void rx_cpu_attention_forward_f64(double *out, double *lse, const double *q, const double *k, const double *v,
-                                  const int32_t *mask, const rx_attn_dims *dims);
+                                  const int32_t *mask, const rx_attn_dims *dims, double *scratch, int threads);
 /* Any of dq, dk, dv may be NULL (skipped). */
 void rx_cpu_attention_backward_f32(float *dq, float *dk, float *dv, const float *dout, const float *q,
                                    const float *k, const float *v, const float *out, const float *lse,
-                                   const int32_t *mask, const rx_attn_dims *dims);
+                                   const int32_t *mask, const rx_attn_dims *dims, float *scratch, int threads);
 void rx_cpu_attention_backward_f64(double *dq, double *dk, double *dv, const double *dout, const double *q,
                                    const double *k, const double *v, const double *out, const double *lse,
-                                   const int32_t *mask, const rx_attn_dims *dims);
+                                   const int32_t *mask, const rx_attn_dims *dims, double *scratch, int threads);
 #endif

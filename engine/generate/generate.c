@@ -83,12 +83,20 @@ static int sample_with(const float *logits, int64_t V, double temperature, int32
   if (temperature <= 0 || top_k == 1) { *token = argmax(logits, V); return RX_OK; }
   float mx = logits[argmax(logits, V)];
   if (!isfinite(mx)) return rx_fail(RX_EINVAL, "sample: logits have no finite maximum (%g)", (double)mx);
+  /* top-k keeps exactly k tokens: those above the k-th largest logit, then as many tokens
+   * equal to it (lowest ids first) as make up k. */
   float floor_logit = -INFINITY;
-  if (top_k > 0 && top_k < V) floor_logit = kth_largest(logits, V, top_k, prob);
+  int64_t ties_left = V;
+  if (top_k > 0 && top_k < V) {
+    floor_logit = kth_largest(logits, V, top_k, prob);
+    ties_left = top_k;
+    for (int64_t i = 0; i < V; i++) ties_left -= logits[i] > floor_logit;
+  }
   const double inv_t = 1.0 / temperature;
   double z = 0;
   for (int64_t i = 0; i < V; i++) {
-    double p = logits[i] >= floor_logit ? exp((logits[i] - mx) * inv_t) : 0.0;
+    int keep = logits[i] > floor_logit || (logits[i] == floor_logit && ties_left-- > 0);
+    double p = keep ? exp((logits[i] - mx) * inv_t) : 0.0;
     prob[i] = (float)p;
     z += p;
   }
@@ -188,12 +196,28 @@ static int copy_prompt_kv(void *ctx, int64_t l, layer_acts *a) {
   return RX_OK;
 }
 
-/* log p(token) under the unscaled distribution of one logits row */
-static float token_logprob(const float *x, int64_t V, int32_t token) {
-  float mx = x[argmax(x, V)];
-  double s = 0;
+/* log p(token) under the unscaled distribution of row r of the logits, in the compute dtype
+ * (so an f64 model's log-probabilities are exact to f64 before the final rounding). */
+static float token_logprob(const rx_generator *g, int64_t r, int32_t token) {
+  const int64_t V = g->m->cfg.vocab_size;
+  double mx = -INFINITY, s = 0;
+  if (g->logits.dtype == RX_F64) {
+    const double *x = (const double *)g->logits.data + r * V;
+    for (int64_t i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+    for (int64_t i = 0; i < V; i++) s += exp(x[i] - mx);
+    return (float)(x[token] - mx - log(s));
+  }
+  const float *x = (const float *)g->logits.data + r * V;
+  for (int64_t i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
   for (int64_t i = 0; i < V; i++) s += exp((double)x[i] - mx);
   return (float)(x[token] - mx - log(s));
+}
+
+/* The sampler reads f32 logits (an f64 model's are rounded once here). */
+static void logits_to_f32(rx_generator *g) {
+  const int64_t n = g->R * g->m->cfg.vocab_size;
+  if (g->logits.dtype == RX_F32) memcpy(g->logits_f32, g->logits.data, sizeof(float) * (size_t)n);
+  else for (int64_t i = 0; i < n; i++) g->logits_f32[i] = (float)((const double *)g->logits.data)[i];
 }
 
 static int is_stop(const rx_generator *g, int32_t t) {
@@ -202,15 +226,15 @@ static int is_stop(const rx_generator *g, int32_t t) {
   return 0;
 }
 
-/* Samples the next token of every unfinished row from g->logits_f32 and records it. */
-static int choose_tokens(rx_generator *g, const int64_t *logit_row) {
+/* Samples the next token of every unfinished row from its row of the logits and records it. */
+static int choose_tokens(rx_generator *g) {
   const int64_t V = g->m->cfg.vocab_size, cap = g->req.max_new_tokens;
   int status = RX_OK;
   #pragma omp parallel for schedule(dynamic, 1) num_threads(g->nthreads)
   for (int64_t r = 0; r < g->R; r++) {
     if (g->done[r]) continue;
     const rx_sampling *s = &g->req.rows[r];
-    const float *x = g->logits_f32 + logit_row[r] * V;
+    const float *x = g->logits_f32 + r * V;
     int th = omp_get_thread_num();
     int32_t tok;
     int64_t n = g->res->lengths[r];
@@ -223,7 +247,7 @@ static int choose_tokens(rx_generator *g, const int64_t *logit_row) {
       continue;
     }
     g->res->tokens[r * cap + n] = tok;
-    g->res->logprobs[r * cap + n] = token_logprob(x, V, tok);
+    g->res->logprobs[r * cap + n] = token_logprob(g, r, tok);
     g->res->lengths[r] = (int32_t)(n + 1);
     g->current[r] = tok;
     if (is_stop(g, tok)) { g->done[r] = 1; g->res->finish[r] = RX_FINISH_STOP; }
@@ -374,23 +398,15 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   free(ptok);
   free(pmask);
   if (!rc) {
-    /* logits of each prompt's last token: gather those rows of xf, one GEMM */
-    rx_tensor xlast, lg;
-    view2(&xlast, g->xn.data, c->dtype, P < R ? P : R, C);
-    int64_t done_rows = 0;
-    while (!rc && done_rows < P) {   /* R >= 1 scratch rows per pass */
-      int64_t n = P - done_rows < R ? P - done_rows : R;
-      view2(&xlast, g->xn.data, c->dtype, n, C);
-      view2(&lg, g->logits.data, c->dtype, n, V);
-      for (int64_t i = 0; i < n; i++)
-        memcpy((char *)xlast.data + i * C * es, (char *)m->plan.xf.data + ((done_rows + i) * Pmax + Pmax - 1) * C * es, (size_t)(C * es));
-      rc = rx_matmul_forward(&lg, &xlast, &m->params[m->lm_head], NULL);
-      for (int64_t i = 0; !rc && i < n * V; i++)
-        g->logits_f32[done_rows * V + i] = es == 4 ? ((float *)lg.data)[i] : (float)((double *)lg.data)[i];
-      done_rows += n;
-    }
+    /* logits after each row's prompt: gather its prompt's last hidden state, one GEMM over
+     * the rows (so every row's logits sit in its own row, as after a decode step) */
+    for (int64_t r = 0; r < R; r++)
+      memcpy((char *)g->xn.data + r * C * es, (char *)m->plan.xf.data + (req->row_prompt[r] * Pmax + Pmax - 1) * C * es,
+             (size_t)(C * es));
+    rc = rx_matmul_forward(&g->logits, &g->xn, &m->params[m->lm_head], NULL);
+    if (!rc) logits_to_f32(g);
   }
-  if (!rc) rc = choose_tokens(g, req->row_prompt);
+  if (!rc) rc = choose_tokens(g);
   if (rc) { rx_generate_end(g); return rc; }
   g->generated = 1;
   *out = g;
@@ -460,15 +476,8 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
   }
   TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, &m->params[m->final_norm], c->rms_norm_eps));
   TRY(rx_matmul_forward(&g->logits, &g->xn, &m->params[m->lm_head], NULL));
-  const int64_t nV = R * c->vocab_size;
-  if (es == 4) memcpy(g->logits_f32, g->logits.data, sizeof(float) * (size_t)nV);
-  else for (int64_t i = 0; i < nV; i++) g->logits_f32[i] = (float)((double *)g->logits.data)[i];
-  int64_t *rows = malloc(sizeof(int64_t) * (size_t)R);
-  if (!rows) return rx_fail(RX_ENOMEM, "generate: out of memory");
-  for (int64_t r = 0; r < R; r++) rows[r] = r;
-  int rc = choose_tokens(g, rows);
-  free(rows);
-  TRY(rc);
+  logits_to_f32(g);
+  TRY(choose_tokens(g));
   g->generated++;
   g->res->decode_steps++;
   all = 1;
@@ -476,6 +485,8 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
   *done = all || g->generated >= g->req.max_new_tokens;
   return RX_OK;
 }
+
+const rx_tensor *rx_generate_logits(const rx_generator *g) { return &g->logits; }
 
 int rx_model_generate(rx_model *m, const rx_generate_request *req, rx_generate_result *res) {
   rx_generator *g;

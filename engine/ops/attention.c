@@ -1,6 +1,7 @@
 /* ops/attention.c: causal grouped-query attention: argument checks, then dispatch on device.
  * The contract is in remax.h and docs/attention.md; the CPU kernels are in cpu/attention.inc. */
 #include <math.h>
+#include <omp.h>
 #include "internal.h"
 #include "cpu/attention.h"
 
@@ -69,10 +70,22 @@ static int check_inputs(const char *op, const rx_tensor *q, const rx_tensor *k, 
                      (long long)B, (long long)Tk, rx_shape_str(k, b, sizeof b));
   }
   if (!isfinite(scale)) return rx_fail(RX_EINVAL, "%s: scale %g is not finite", op, scale);
+  /* the kernels' GEMMs take int sizes: a tile of 64 queries times Tk scores, and rows of H*D */
+  if (Tk > (1 << 24) || H * D > (1 << 24))
+    return rx_fail(RX_EINVAL, "%s: q has shape %s and k %s: Tk or H*D exceeds 2^24", op, rx_shape_str(q, a, sizeof a),
+                   rx_shape_str(k, b, sizeof b));
   *dims = (rx_attn_dims){.B = B, .Tq = Tq, .Tk = Tk, .H = H, .KV = KV, .D = D,
                          .k_batch_stride = k->stride[0], .v_batch_stride = v->stride[0],
                          .scale = scale != 0 ? scale : 1.0 / sqrt((double)D)};
   return RX_OK;
+}
+
+/* The kernels' transient scratch (scores of one tile per thread, Delta for the backward). */
+static void *attn_scratch(const rx_attn_dims *dims, int32_t dtype, int threads, const char *op) {
+  const size_t es = dtype == RX_F32 ? sizeof(float) : sizeof(double);
+  void *p = rx_alloc((size_t)rx_cpu_attention_scratch_elems(dims, threads) * es, "attention scratch");
+  if (!p) rx_fail_context(RX_ENOMEM, "%s", op);
+  return p;
 }
 
 /* An output or saved tensor: contiguous, shaped like q (4 dims) or [B,H,Tq] (lse), same dtype/device. */
@@ -95,10 +108,17 @@ int rx_attention_forward(rx_tensor *out, rx_tensor *lse, const rx_tensor *q, con
   if (check_like_q(out, op, "out", q) || check_lse(lse, op, q)) return RX_EINVAL;
   const int32_t *keep = mask ? mask->data : NULL;
   switch (q->device) {
-    case RX_CPU:
-      if (q->dtype == RX_F32) rx_cpu_attention_forward_f32(out->data, lse->data, q->data, k->data, v->data, keep, &dims);
-      else rx_cpu_attention_forward_f64(out->data, lse->data, q->data, k->data, v->data, keep, &dims);
+    case RX_CPU: {
+      const int threads = omp_get_max_threads();
+      void *scratch = attn_scratch(&dims, q->dtype, threads, op);
+      if (!scratch) return RX_ENOMEM;
+      if (q->dtype == RX_F32)
+        rx_cpu_attention_forward_f32(out->data, lse->data, q->data, k->data, v->data, keep, &dims, scratch, threads);
+      else
+        rx_cpu_attention_forward_f64(out->data, lse->data, q->data, k->data, v->data, keep, &dims, scratch, threads);
+      rx_free(scratch);
       return RX_OK;
+    }
     default:
       return rx_fail(RX_EDEVICE, "%s: device %d has no implementation in this build", op, q->device);
   }
@@ -118,14 +138,20 @@ int rx_attention_backward(rx_tensor *dq, rx_tensor *dk, rx_tensor *dv, const rx_
   if (dv && (check_shape(dv, op, "dv", 4, kv_dims, "k", k) || rx_check_same(q, dv, op, "dv"))) return RX_EINVAL;
   const int32_t *keep = mask ? mask->data : NULL;
   switch (q->device) {
-    case RX_CPU:
+    case RX_CPU: {
+      if (!dq && !dk && !dv) return RX_OK;
+      const int threads = omp_get_max_threads();
+      void *scratch = attn_scratch(&dims, q->dtype, threads, op);
+      if (!scratch) return RX_ENOMEM;
       if (q->dtype == RX_F32)
         rx_cpu_attention_backward_f32(dq ? dq->data : NULL, dk ? dk->data : NULL, dv ? dv->data : NULL, dout->data, q->data,
-                                      k->data, v->data, out->data, lse->data, keep, &dims);
+                                      k->data, v->data, out->data, lse->data, keep, &dims, scratch, threads);
       else
         rx_cpu_attention_backward_f64(dq ? dq->data : NULL, dk ? dk->data : NULL, dv ? dv->data : NULL, dout->data, q->data,
-                                      k->data, v->data, out->data, lse->data, keep, &dims);
+                                      k->data, v->data, out->data, lse->data, keep, &dims, scratch, threads);
+      rx_free(scratch);
       return RX_OK;
+    }
     default:
       return rx_fail(RX_EDEVICE, "%s: device %d has no implementation in this build", op, q->device);
   }

@@ -5,7 +5,13 @@ local usage = [[
 usage: remax <command> [arguments]
 
 commands:
-  run FILE.lua [args...]   run a Lua file (a recipe or any script) with the engine loaded
+  run FILE.lua [args...]   run a Lua file with the engine loaded; a file that returns a recipe
+                           table trains it: remax run RECIPE.lua [--key value ...] [--help]
+                           (--resume runs/<name> continues a run from its last checkpoint)
+  eval RECIPE.lua --model DIR [--key value ...]
+                           held-out greedy accuracy and reward of a model, no training
+  generate --model DIR --prompt TEXT [options]
+                           sample completions of a prompt (remax generate --help)
   test                     run every test: C unit tests (ctest) and Lua specs (busted)
   version                  print the version
   help                     this text
@@ -20,13 +26,53 @@ end
 
 local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
+-- A recipe table + command-line arguments -> resolved config (or nil after printing --help).
+local function recipe_config(file, recipe, argv)
+  local config = require("remax.config")
+  local overrides, help = config.parse_args(argv)
+  local cfg = config.resolve(recipe, overrides, { where = file })
+  if help then
+    print(config.help(cfg, ("remax run %s: settings (recipe values, then --key value overrides):"):format(file)))
+    return nil
+  end
+  return cfg, overrides
+end
+
+-- Train a recipe: the file returned a table of settings (and functions).
+function M.train_recipe(file, recipe, argv)
+  local cfg, overrides = recipe_config(file, recipe, argv)
+  if not cfg then return 0 end
+  local trainer = require("remax.trainer")
+  local t = trainer.new(cfg, { recipe_path = file, overrides = overrides })
+  local out = t:train(cfg.loop)
+  return out.interrupted and 130 or 0
+end
+
 function M.run(file, ...)
   if not file then error("remax run: missing FILE.lua (usage: remax run FILE.lua [args...])", 0) end
   local chunk, err = loadfile(file)
-  if not chunk then error(err, 0) end
+  if not chunk then
+    if not io.open(file, "rb") then error(("cannot open %s"):format(file), 0) end
+    error(err, 0)
+  end
   _G.arg = { [0] = file, ... }
   local results = { chunk(...) }
+  if type(results[1]) == "table" then return M.train_recipe(file, results[1], { ... }) end
   return type(results[1]) == "number" and results[1] or 0
+end
+
+-- Held-out greedy accuracy and mean reward of a model under a recipe's settings.
+function M.eval(file, ...)
+  if not file then error("remax eval: missing RECIPE.lua (usage: remax eval RECIPE.lua --model DIR)", 0) end
+  local recipe = require("remax.recipe").load(file, ...)
+  local cfg = recipe_config(file, recipe, { ... })
+  if not cfg then return 0 end
+  local t = require("remax.trainer").new(cfg, { recipe_path = file, eval_only = true })
+  local e = t:evaluate()
+  if not e.n then error("remax eval: no eval set (give --eval_data FILE, or use the synthetic data)", 0) end
+  print(("%s: greedy %s %.1f%% (%d prompts), mean reward %.4f"):format(t.model_source or "model",
+    t.accuracy_name or "accuracy", 100 * e.accuracy, e.n, e.reward))
+  return 0
 end
 
 -- Runs a command, echoing its output, and returns the output and whether it exited 0.
@@ -81,6 +127,10 @@ function M.main(cmd, ...)
     return 0
   elseif cmd == "run" then
     return M.run(...)
+  elseif cmd == "eval" then
+    return M.eval(...)
+  elseif cmd == "generate" then
+    return require("remax.generate_cli").main(...)
   elseif cmd == "test" then
     return M.test(...)
   elseif cmd == "version" or cmd == "--version" then

@@ -24,6 +24,7 @@ M.groups = {
     { "eval_size", 200, "integer", "number of held-out problems used for evaluation (0: no evaluation)" },
     { "synth_steps", { 1, 4 }, "numbers", "synthetic problems: min,max arithmetic steps" },
     { "synth_max_number", 100, "integer", "synthetic problems: largest number drawn" },
+    { "map_row", nil, "function", "recipe only: function(row) -> row applied to every dataset row (e.g. turn a question into chat messages)" },
     { "chat_template", "auto", "template", "prompt rendering: auto (the tokenizer's template, else qa), qa (\"Question: ...\\nAnswer: \"), chatml, llama3, plain, or a recipe function(messages, opts) -> string" },
     { "stop", nil, "strings", "extra stop tokens (as written in tokenizer.json) besides EOS, <|im_end|>, <|endoftext|>, <|eot_id|>" },
   } },
@@ -80,6 +81,7 @@ M.groups = {
     { "per_device_eval_batch_size", 64, "integer", "prompts per generation call during evaluation" },
     { "save_steps", 100, "integer", "save a checkpoint every this many steps (and at the end; 0: only at the end)" },
     { "save_total_limit", 2, "integer", "keep this many newest checkpoints" },
+    { "save_final_model", nil, "string", "also write the final model (Hugging Face layout) to this folder" },
     { "loop", nil, "function", "recipe only: function(trainer) that drives the steps itself (rollout, score, advantage, update)" },
   } },
 }

@@ -9,6 +9,8 @@ local lazy = {
   safetensors = "remax.safetensors",
   tokenizer = "remax.tokenizer",
   chat = "remax.chat", data = "remax.data",
+  runs = "remax.runs", progress = "remax.progress", plot = "remax.plot",
+  config = "remax.config", algos = "remax.algos", trainer = "remax.trainer", recipe = "remax.recipe", rewards = "remax.rewards",
 }
 
 -- Submodules load on first use, so `require("remax")` stays cheap.

@@ -296,14 +296,16 @@ end
 function Model:generate(prompts, opts)
   opts = opts or {}
   if type(prompts) ~= "table" or #prompts == 0 then error("generate: expected a non-empty list of prompts (token-id lists)", 2) end
-  local slots = 1
+  -- every per-slot list must have the same length; that length is the number of rows per prompt
+  local slots, slots_from = 1, nil
   for _, key in ipairs({ "temperature", "top_k", "top_p", "max_new_tokens" }) do
     local l = slot_list(opts[key], key)
     if l then
-      if slots ~= 1 and #l ~= slots then
-        error(("generate: per-slot lists disagree: %s has %d entries, another has %d"):format(key, #l, slots), 2)
+      if #l == 0 then error(("generate: %s is an empty list (give a number, or one entry per row of a prompt)"):format(key), 2) end
+      if slots_from and #l ~= slots then
+        error(("generate: per-slot lists disagree: %s has %d entries, %s has %d"):format(key, #l, slots_from, slots), 2)
       end
-      slots = #l
+      slots, slots_from = #l, key
     end
   end
   local function per_slot(key, default, s)
@@ -313,12 +315,28 @@ function Model:generate(prompts, opts)
     if type(v) ~= "number" then error(("generate: %s must be a number or a list of numbers"):format(key), 3) end
     return v
   end
+  for s = 1, slots do   -- checked here so the message names the slot as the caller wrote it
+    local t, k, p, n = per_slot("temperature", 1.0, s), per_slot("top_k", 0, s), per_slot("top_p", 1.0, s),
+      per_slot("max_new_tokens", 128, s)
+    local where = slots > 1 and (" (slot %d)"):format(s) or ""
+    if not (t >= 0) then error(("generate: temperature = %s%s must be >= 0"):format(tostring(t), where), 2) end
+    if not (p > 0 and p <= 1) then error(("generate: top_p = %s%s must be in (0, 1]"):format(tostring(p), where), 2) end
+    if k < 0 or k ~= math.floor(k) then error(("generate: top_k = %s%s must be an integer >= 0"):format(tostring(k), where), 2) end
+    if n < 1 or n ~= math.floor(n) then error(("generate: max_new_tokens = %s%s must be an integer >= 1"):format(tostring(n), where), 2) end
+  end
   local max_new = 0
   for s = 1, slots do max_new = math.max(max_new, per_slot("max_new_tokens", 128, s)) end
   local P, R = #prompts, #prompts * slots
   local total = 0
+  local V = tonumber(self:cfg().vocab_size)
   for i, p in ipairs(prompts) do
     if type(p) ~= "table" then error(("generate: prompt %d is a %s, expected a list of token ids"):format(i, type(p)), 2) end
+    if #p == 0 then error(("generate: prompt %d is empty"):format(i), 2) end
+    for t, id in ipairs(p) do
+      if type(id) ~= "number" or id ~= math.floor(id) or id < 0 or id >= V then
+        error(("generate: prompt %d, position %d: %s is not a token id in [0, %d)"):format(i, t, tostring(id), V), 2)
+      end
+    end
     total = total + #p
   end
   local toks = ffi.new("int32_t[?]", math.max(total, 1))
@@ -345,6 +363,12 @@ function Model:generate(prompts, opts)
     end
   end
   local stop = opts.stop or {}
+  if type(stop) ~= "table" then error("generate: stop must be a list of token ids", 2) end
+  for i, id in ipairs(stop) do
+    if type(id) ~= "number" or id ~= math.floor(id) or id < 0 or id >= V then
+      error(("generate: stop[%d] = %s is not a token id in [0, %d)"):format(i, tostring(id), V), 2)
+    end
+  end
   local stop_ids = ffi.new("int32_t[?]", math.max(#stop, 1))
   for i, id in ipairs(stop) do stop_ids[i - 1] = id end
   local req = ffi.new("rx_generate_request")
@@ -358,7 +382,8 @@ function Model:generate(prompts, opts)
   local out_lp = ffi.new("float[?]", R * max_new)
   local lengths, finish = ffi.new("int32_t[?]", R), ffi.new("int32_t[?]", R)
   res.tokens, res.logprobs, res.lengths, res.finish = out_tok, out_lp, lengths, finish
-  local t0 = os.clock()
+  local now = require("remax.progress").now   -- wall clock (os.clock sums the CPU time of all threads)
+  local t0 = now()
   local g = ffi.new("rx_generator*[1]")
   check(C.rx_generate_begin(g, self.handle, req, res), 2)
   local gen = ffi.gc(g[0], C.rx_generate_end)
@@ -373,7 +398,7 @@ function Model:generate(prompts, opts)
   end
   C.rx_generate_end(ffi.gc(gen, nil))
   local out = { rows = {}, cache_bytes = tonumber(res.cache_bytes), decode_steps = tonumber(res.decode_steps),
-    tokens_generated = 0, seconds = os.clock() - t0 }
+    tokens_generated = 0, seconds = now() - t0 }
   for r = 0, R - 1 do
     local n = lengths[r]
     local row = { prompt = math.floor(r / slots) + 1, slot = r % slots + 1, tokens = {}, logprobs = {},

@@ -33,7 +33,8 @@ local function points_of(s, i)
     if type(ys) ~= "table" then error(("plot.svg_lines: series %d has neither points nor y"):format(i), 3) end
     local n = #ys
     for j = 1, n do
-      local x = xs and xs[j] or j
+      local x = j   -- without x, points are numbered 1, 2, ...
+      if xs then x = xs[j] end
       if finite(x) and finite(ys[j]) then pts[#pts + 1] = { x, ys[j] } end
     end
   end
@@ -83,7 +84,7 @@ function M.svg_lines(series, opts)
   opts = opts or {}
   if type(series) ~= "table" then error("plot.svg_lines: expected a list of series, got " .. type(series), 2) end
   local W, H = opts.width or 640, opts.height or 360
-  local L, R, T, B = 64, 16, opts.title and 34 or 14, 46
+  local L, R, T, B = 64, 16, 34, 46
   local pw, ph = W - L - R, H - T - B
   local all = {}
   local xmin, xmax, ymin, ymax = inf, -inf, inf, -inf
@@ -108,8 +109,7 @@ function M.svg_lines(series, opts)
     .. 'font-family="sans-serif" font-size="11">'):format(W, H, W, H))
   add(('<rect x="0" y="0" width="%d" height="%d" fill="white"/>'):format(W, H))
   if opts.title then
-    add(('<text x="%s" y="20" text-anchor="middle" font-size="14" font-weight="bold">%s</text>'):format(
-      num(L + pw / 2), esc(opts.title)))
+    add(('<text x="%d" y="21" font-size="14" font-weight="bold">%s</text>'):format(L, esc(opts.title)))
   end
   -- grid and tick labels
   add('<g class="grid" stroke="#e5e5e5" stroke-width="1">')
@@ -159,22 +159,21 @@ function M.svg_lines(series, opts)
       add('</g>')
     end
   end
-  -- legend, top right inside the plot area
-  local names = {}
-  for i, s in ipairs(series) do names[i] = tostring(s.name or ("series " .. i)) end
-  if #names > 0 then
-    local width = 0
-    for _, n in ipairs(names) do width = math.max(width, #n) end
-    local lw = 34 + width * 6.2
-    local lx, ly = L + pw - lw - 6, T + 6
+  -- legend: one row in the header band, right-aligned, so it never hides data
+  local items, x = {}, W - R
+  for i = #series, 1, -1 do
+    local name = tostring(series[i].name or ("series " .. i))
+    local w = 24 + #name * 6.2
+    x = x - w
+    items[i] = { name = name, x = x, color = series[i].color or M.palette[(i - 1) % #M.palette + 1] }
+    x = x - 12
+  end
+  if #series > 0 then
     add('<g class="legend">')
-    add(('<rect x="%s" y="%d" width="%s" height="%d" fill="white" fill-opacity="0.85" stroke="#ccc"/>'):format(
-      num(lx), ly, num(lw), 16 * #names + 6))
-    for i, n in ipairs(names) do
-      local color = series[i].color or M.palette[(i - 1) % #M.palette + 1]
-      local yy = ly + 3 + 16 * i - 8
-      add(('<line x1="%s" y1="%d" x2="%s" y2="%d" stroke="%s" stroke-width="2"/>'):format(num(lx + 6), yy, num(lx + 24), yy, color))
-      add(('<text x="%s" y="%d">%s</text>'):format(num(lx + 29), yy + 4, esc(n)))
+    for i = 1, #series do
+      local it = items[i]
+      add(('<line x1="%s" y1="16" x2="%s" y2="16" stroke="%s" stroke-width="2"/>'):format(num(it.x), num(it.x + 18), it.color))
+      add(('<text x="%s" y="20">%s</text>'):format(num(it.x + 23), esc(it.name)))
     end
     add('</g>')
   end

@@ -21,10 +21,12 @@ Progress.__index = Progress
 M.Progress = Progress
 
 -- Wall-clock seconds from CLOCK_MONOTONIC (os.clock counts CPU time of all threads).
+-- (ts goes as void*: another module may have declared clock_gettime with its own struct type)
 local ts = ffi.new("struct rx_progress_timespec")
-local monotonic = ffi.os == "Linux" and pcall(function() return ffi.C.clock_gettime(1, ts) end)
+local tsp = ffi.cast("void *", ts)
+local monotonic = ffi.os == "Linux" and pcall(function() return ffi.C.clock_gettime(1, tsp) end)
 function M.now()
-  if monotonic and ffi.C.clock_gettime(1, ts) == 0 then
+  if monotonic and ffi.C.clock_gettime(1, tsp) == 0 then
     return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
   end
   return os.time()

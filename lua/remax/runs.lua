@@ -506,6 +506,11 @@ function Run:save_checkpoint(step, model, state)
   check_step(step, "save_checkpoint")
   state = state or {}
   if type(state) ~= "table" then error("runs: save_checkpoint: state is a " .. type(state) .. ", expected a table", 2) end
+  -- encoded first: a state that cannot be saved fails before anything is written
+  local plain = {}
+  for k, v in pairs(state) do if k ~= "tensors" then plain[k] = v end end
+  plain.step = step
+  local json = M.encode(plain, { pretty = true, strict = true, precision = 17, where = "trainer_state" })
   local root = self.checkpoints_dir
   mkdir_p(root)
   self:clean_leftovers()
@@ -517,10 +522,6 @@ function Run:save_checkpoint(step, model, state)
     model:save(tmp)
     model.source_dir = source   -- model:save adopts a first save folder; this one is renamed away
   end
-  local plain = {}
-  for k, v in pairs(state) do if k ~= "tensors" then plain[k] = v end end
-  plain.step = step
-  local json = M.encode(plain, { pretty = true, strict = true, precision = 17, where = "trainer_state" })
   require("remax.safetensors").save(tmp .. "/trainer_state.safetensors", state.tensors or {},
     { format = "pt", step = tostring(step) })
   write_atomic(tmp .. "/trainer_state.json", json .. "\n")

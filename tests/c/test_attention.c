@@ -165,10 +165,23 @@ static void forward_decodes_against_cache_view(void) {
           shape s = {3, Tqs[c], Tks[a], 4, 2, 16};
           check_forward_case(s, dtypes[di], mk, 80);
         }
+  /* rows as the heads of a group (H/KV = 4 >= Tq) with Tq > 1: queries at different positions */
+  for (int di = 0; di < 2; di++)
+    for (int mk = 0; mk < MASK_KINDS; mk++) check_forward_case((shape){3, 3, 40, 4, 1, 16}, dtypes[di], mk, 80);
   /* the view really is batch-strided */
   fixture f = make_fixture((shape){2, 1, 5, 4, 2, 8}, RX_F32, MASK_NONE, 80, 5);
   CHECK(f.k->stride[0] == 80 * 2 * 8 && !rx_tensor_is_contiguous(f.k), "k view stride %lld", (long long)f.k->stride[0]);
   free_fixture(&f);
+}
+
+/* The kernel works on tiles of 64 queries (and 64 keys in the backward): T not a multiple of the
+ * tile, Tq < Tk across several tiles (the first tile's queries sit deep in the keys), GQA. */
+static void forward_tiles_match_reference(void) {
+  const shape shapes[] = {{2, 150, 150, 4, 2, 16}, {2, 64, 64, 4, 1, 8}, {2, 65, 65, 2, 2, 8}, {3, 70, 130, 4, 2, 16}};
+  const int32_t dtypes[] = {RX_F32, RX_F64};
+  for (int di = 0; di < 2; di++)
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+      for (int mk = 0; mk < MASK_KINDS; mk++) check_forward_case(shapes[si], dtypes[di], mk, shapes[si].Tk + 7);
 }
 
 /* L = sum(out * R) for the inputs in f (double). */
@@ -241,12 +254,13 @@ static void backward_matches_finite_differences(void) {
   check_backward_case((shape){3, 5, 5, 2, 2, 4}, MASK_MIXED, 5, "MHA, mixed mask");
   check_backward_case((shape){2, 3, 7, 4, 2, 4}, MASK_LEFT, 9, "decode Tq<Tk, strided cache view");
   check_backward_case((shape){1, 19, 19, 2, 1, 4}, MASK_RIGHT, 19, "T=19 over key blocks");
+  check_backward_case((shape){2, 70, 70, 2, 1, 2}, MASK_MIXED, 70, "T=70 over two tiles, mixed mask, a fully padded row");
+  check_backward_case((shape){1, 66, 131, 2, 1, 2}, MASK_LEFT, 140, "Tq=66 < Tk=131 over tiles, strided cache view");
 }
 
 /* The f32 backward against the f64 one on a larger case with every feature on. */
-static void backward_f32_matches_f64(void) {
-  shape s = {3, 33, 33, 4, 2, 16};
-  fixture f64 = make_fixture(s, RX_F64, MASK_MIXED, 40, 3), f32 = make_fixture(s, RX_F32, MASK_NONE, 40, 3);
+static void check_backward_f32_case(shape s, int64_t cache_T) {
+  fixture f64 = make_fixture(s, RX_F64, MASK_MIXED, cache_T, 3), f32 = make_fixture(s, RX_F32, MASK_NONE, cache_T, 3);
   rx_tensor *m32 = f32.mask;
   f32.mask = f64.mask;                      /* same mask for both */
   int64_t qs[4] = {s.B, s.Tq, s.H, s.D}, ks[4] = {s.B, s.Tk, s.KV, s.D};
@@ -275,13 +289,18 @@ static void backward_f32_matches_f64(void) {
     rx_tensor_read_f64(g32[j].t, a);
     rx_tensor_read_f64(g64[j].t, b);
     double err = check_nrmse(a, b, n);
-    CHECK(err < 2e-6, "f32 %s error %.3g against f64", names[j], err);
+    CHECK(err < 2e-6, "Tq=%lld Tk=%lld: f32 %s error %.3g against f64", (long long)s.Tq, (long long)s.Tk, names[j], err);
     free(a); free(b);
     CHECK(guarded_free(g64[j]) && guarded_free(g32[j]), "%s sentinels overwritten", names[j]);
   }
   f32.mask = m32;
   rx_tensor_free(R64); rx_tensor_free(R32);
   free_fixture(&f64); free_fixture(&f32);
+}
+
+static void backward_f32_matches_f64(void) {
+  check_backward_f32_case((shape){3, 33, 33, 4, 2, 16}, 40);
+  check_backward_f32_case((shape){2, 100, 150, 4, 2, 16}, 160);   /* tiles, Tq < Tk */
 }
 
 /* NULL gradients are skipped; the others are still right. */
@@ -306,9 +325,8 @@ static void backward_skips_null_gradients(void) {
 }
 
 /* Bitwise the same results with 1 and 3 threads. */
-static void results_do_not_depend_on_threads(void) {
-  shape s = {2, 40, 40, 4, 2, 16};
-  fixture f = make_fixture(s, RX_F32, MASK_MIXED, 48, 21);
+static void check_threads_case(shape s, int64_t cache_T) {
+  fixture f = make_fixture(s, RX_F32, MASK_MIXED, cache_T, 21);
   int64_t qs[4] = {s.B, s.Tq, s.H, s.D}, ks[4] = {s.B, s.Tk, s.KV, s.D};
   rx_tensor *R, *o[2], *g[2][3];
   CHECK_OK(rx_tensor_new(&R, RX_F32, RX_CPU, 4, qs));
@@ -322,15 +340,22 @@ static void results_do_not_depend_on_threads(void) {
     CHECK_OK(rx_attention_backward(g[r][0], g[r][1], g[r][2], R, f.q, f.k, f.v, o[r], f.lse.t, f.mask, 0));
   }
   omp_set_num_threads(saved);
-  CHECK(memcmp(o[0]->data, o[1]->data, (size_t)o[0]->numel * 4) == 0, "out differs between 1 and 3 threads");
+  CHECK(memcmp(o[0]->data, o[1]->data, (size_t)o[0]->numel * 4) == 0, "Tq=%lld: out differs between 1 and 3 threads", (long long)s.Tq);
   for (int j = 0; j < 3; j++)
-    CHECK(memcmp(g[0][j]->data, g[1][j]->data, (size_t)g[0][j]->numel * 4) == 0, "gradient %d differs between 1 and 3 threads", j);
+    CHECK(memcmp(g[0][j]->data, g[1][j]->data, (size_t)g[0][j]->numel * 4) == 0, "Tq=%lld: gradient %d differs between 1 and 3 threads",
+          (long long)s.Tq, j);
   for (int r = 0; r < 2; r++) {
     rx_tensor_free(o[r]);
     for (int j = 0; j < 3; j++) rx_tensor_free(g[r][j]);
   }
   rx_tensor_free(R);
   free_fixture(&f);
+}
+
+static void results_do_not_depend_on_threads(void) {
+  check_threads_case((shape){2, 40, 40, 4, 2, 16}, 48);
+  check_threads_case((shape){3, 200, 200, 4, 2, 16}, 210);   /* several tiles per head, dynamic schedule */
+  check_threads_case((shape){5, 1, 90, 4, 1, 16}, 100);      /* decode: rows are a group's heads */
 }
 
 static void bad_arguments_fail_with_names(void) {
@@ -385,6 +410,7 @@ static void bad_arguments_fail_with_names(void) {
 int main(void) {
   RUN(forward_matches_reference);
   RUN(forward_decodes_against_cache_view);
+  RUN(forward_tiles_match_reference);
   RUN(backward_matches_finite_differences);
   RUN(backward_f32_matches_f64);
   RUN(backward_skips_null_gradients);

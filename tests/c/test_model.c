@@ -204,7 +204,7 @@ static void check_config_variant(int qwen, int tied, int kv) {
     rx_tensor *p = rx_model_param(m, i), *g = rx_model_grad(m, i);
     for (int s = 0; s < 3; s++) {
       int64_t j = (int64_t)((i * 7919 + s * 104729) % p->numel);
-      double *x = (double *)p->data + j, keep = *x, h = 1e-5;
+      double *x = (double *)p->data + j, keep = *x, h = 1e-4;
       *x = keep + h;
       double up = loss_of(m, tok, msk, lp, R);
       *x = keep - h;

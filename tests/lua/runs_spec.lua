@@ -222,6 +222,17 @@ describe("runs", function()
     assert.matches("\n$", read(root .. "/r/metrics.jsonl"))
   end)
 
+  it("loading an older checkpoint drops the rows past it", function()
+    local run = runs.open(root .. "/r", { config = {} })
+    for s = 1, 4 do
+      run:log_metrics(s, { reward = s })
+      if s % 2 == 0 then run:save_checkpoint(s, nil, {}) end
+    end
+    local state = run:load_checkpoint(root .. "/r/checkpoints/step-2")
+    assert.are.equal(2, state.step)
+    assert.are.equal(2, #run:metrics())
+  end)
+
   it("a resume without a checkpoint starts the files over", function()
     local run = runs.open(root .. "/r", { config = {} })
     run:log_metrics(1, { reward = 1 })

@@ -1,0 +1,951 @@
+-- remax.trainer: the training loop. One ReMax step:
+--
+--   prompts -> render + tokenize -> generate (num_generations sampled rows + 1 greedy row per
+--   prompt, one call) -> decode -> rewards -> advantage = r(sample) - r(greedy) -> per-token
+--   loss weights (algos) -> logprobs + backward per micro-batch -> clip -> AdamW -> metrics.
+--
+--   local t = trainer.new(cfg, {recipe_path = "recipes/gsm8k.lua"})
+--   t:train()
+--
+-- A recipe can drive the steps itself with the same pieces:
+--   local rows = t:next_batch(); local ro = t:rollout(rows); local sc = t:score(ro)
+--   local adv = t:advantage(sc); local m = t:update(adv); t:finish_step(m)
+local ffi = require("ffi")
+local remax = require("remax")
+local config = require("remax.config")
+local algos = require("remax.algos")
+local rewards = require("remax.rewards")
+local recipe_mod = require("remax.recipe")
+local data = require("remax.data")
+local chat = require("remax.chat")
+local tensor = require("remax.tensor")
+local optim = require("remax.optim")
+
+local M = {}
+local Trainer = {}
+Trainer.__index = Trainer
+M.Trainer = Trainer
+
+M.DEFAULT_MODEL = "models/tiny-gsm8k"
+
+---------------------------------------------------------------------------- small helpers
+
+pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } rx_trainer_timespec;" ..
+  "int clock_gettime(int clk_id, rx_trainer_timespec *tp);")
+local ts = ffi.new("rx_trainer_timespec")
+local function now()
+  if pcall(ffi.C.clock_gettime, 1, ts) then return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end
+  return os.time()
+end
+M.now = now
+
+local function file_exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function mkdir(path) os.execute(("mkdir -p '%s'"):format(path:gsub("'", "'\\''"))) end
+
+-- Peak resident memory of this process in MiB (Linux), else the model's own accounting.
+local function peak_memory_mib(model)
+  local status = read_file("/proc/self/status")
+  local kb = status and tonumber(status:match("VmHWM:%s*(%d+)"))
+  if kb then return kb / 1024 end
+  local m = model:memory()
+  return (m.params + m.grads + m.activations + m.head) / 1048576
+end
+
+local function mean(list) return algos.mean(list) end
+
+local function resolve_dir(path)
+  if file_exists(path .. "/config.json") then return path end
+  local home = os.getenv("REMAX_HOME")
+  if home and path:sub(1, 1) ~= "/" and file_exists(home .. "/" .. path .. "/config.json") then
+    return home .. "/" .. path
+  end
+  return nil
+end
+
+-- The "qa" template of the built-in byte-level models: "Question: ...\nAnswer: ".
+local function qa_template(messages, opts)
+  local out = {}
+  for _, m in ipairs(messages) do
+    if m.role == "assistant" then out[#out + 1] = "Answer: " .. m.content .. "\n"
+    elseif m.role == "system" then out[#out + 1] = m.content .. "\n"
+    else out[#out + 1] = "Question: " .. m.content .. "\n" end
+  end
+  if opts.add_generation_prompt ~= false then out[#out + 1] = "Answer: " end
+  return table.concat(out)
+end
+M.qa_template = qa_template
+
+local function say(self, text)
+  if self.quiet then return end
+  if self.progress then self.progress:log(text) else print(text) end
+end
+
+---------------------------------------------------------------------------- setup
+
+-- cfg: a resolved config (remax.config.resolve). opts: recipe_path, overrides (for hot reload),
+-- quiet, signals (install the Ctrl-C handler; default true), run_dir.
+function M.new(cfg, opts)
+  opts = opts or {}
+  if not cfg.model and not cfg.model_config and not cfg.resume and not resolve_dir(M.DEFAULT_MODEL) then
+    error(("the built-in base model %s is missing: run ./remax run recipes/tiny_sft.lua first " ..
+      "(or pass --model DIR)"):format(M.DEFAULT_MODEL), 0)
+  end
+  local self = setmetatable({ cfg = cfg, opts = opts, quiet = opts.quiet, step = 0, bad_steps = 0,
+    reloads = 0, baseline_state = nil, history = {}, watch = {} }, Trainer)
+  self.recipe_path = opts.recipe_path
+  self.recipe_dir = self.recipe_path and rewards.dirname(self.recipe_path) or nil
+  self:setup_run()
+  self:setup_model()
+  self:setup_data()
+  self:setup_rewards()
+  self:setup_optimizer()
+  if self.resume_state then self:restore(self.resume_state) end
+  return self
+end
+
+-- A run that writes nothing (remax eval).
+local NullRun = {}
+NullRun.__index = NullRun
+for _, f in ipairs({ "log_metrics", "log_completions", "save_checkpoint", "plot" }) do NullRun[f] = function() end end
+function NullRun:latest_checkpoint() return nil end
+function NullRun:metrics() return {} end
+
+function Trainer:setup_run()
+  local cfg = self.cfg
+  local runs = require("remax.runs")
+  if self.opts.eval_only then
+    self.run = setmetatable({}, NullRun)
+    self.run_dir = os.tmpname()
+    os.remove(self.run_dir)
+    self.run_name = "eval"
+    return
+  end
+  local dir
+  if cfg.resume then
+    dir = cfg.resume:gsub("/+$", "")
+    if not file_exists(dir .. "/config.json") then
+      error(("--resume %s: no run there (no config.json)"):format(cfg.resume), 0)
+    end
+  else
+    local name = cfg.run_name
+    if not name then
+      name = (self.recipe_path and recipe_mod.name(self.recipe_path) or "run") .. "-" .. os.date("%Y%m%d-%H%M%S")
+      local base, k = name, 1
+      while file_exists(cfg.output_dir .. "/" .. name .. "/config.json") do
+        k = k + 1
+        name = base .. "-" .. k
+      end
+    end
+    dir = cfg.output_dir .. "/" .. name
+  end
+  self.run_dir = dir
+  self.run_name = dir:match("([^/]+)$")
+  self.run = runs.open(dir, { config = config.serializable(cfg), resume = cfg.resume ~= nil })
+  if cfg.resume then
+    local ckpt = self.run:latest_checkpoint()
+    if not ckpt then error(("--resume %s: the run has no checkpoint yet"):format(cfg.resume), 0) end
+    local state, tensors, model_dir = self.run:load_checkpoint(ckpt)
+    state.tensors = tensors
+    self.resume_state, self.resume_model_dir, self.resume_ckpt = state, model_dir, ckpt
+  end
+end
+
+function Trainer:stop_ids()
+  local ids, seen = {}, {}
+  local function add(id)
+    if id and not seen[id] then seen[id] = true; ids[#ids + 1] = id end
+  end
+  add(self.tok.eos_id)
+  for _, s in ipairs({ "<|im_end|>", "<|endoftext|>", "<|eot_id|>" }) do add(self.tok:token_to_id(s)) end
+  for _, s in ipairs(self.cfg.stop or {}) do
+    local id = self.tok:token_to_id(s)
+    if not id then error(("stop: '%s' is not a token of this tokenizer"):format(s), 0) end
+    add(id)
+  end
+  return ids
+end
+
+function Trainer:setup_model()
+  local cfg = self.cfg
+  local mopts = { dtype = cfg.dtype, seed = cfg.seed }
+  local source
+  if cfg.model then
+    source = resolve_dir(cfg.model)
+    if not source then error(("model %s: no config.json there"):format(cfg.model), 0) end
+  elseif not cfg.model_config then
+    source = resolve_dir(M.DEFAULT_MODEL)
+    if not source then
+      error(("the built-in base model %s is missing: run ./remax run recipes/tiny_sft.lua first " ..
+        "(or pass --model DIR)"):format(M.DEFAULT_MODEL), 0)
+    end
+  end
+  self.model_source = source
+  if source then
+    self.model = remax.model.load(self.resume_model_dir or source, mopts)
+    self.tok = remax.tokenizer.load(source)
+  else
+    -- a fresh random model with the byte-level tokenizer, kept in the run folder
+    local tok_dir = self.run_dir .. "/tokenizer"
+    mkdir(tok_dir)
+    remax.tokenizer.write_byte_level(tok_dir)
+    self.tok = remax.tokenizer.load(tok_dir)
+    local mc = {}
+    for k, v in pairs(cfg.model_config) do mc[k] = v end
+    if mc.vocab_size == nil then mc.vocab_size = self.tok.vocab_size end
+    if mc.vocab_size < self.tok.vocab_size then
+      error(("model_config.vocab_size = %d is smaller than the tokenizer's %d tokens"):format(mc.vocab_size, self.tok.vocab_size), 0)
+    end
+    mc.eos_token_id = mc.eos_token_id or self.tok.eos_id
+    self.fresh_config = mc
+    if self.resume_model_dir then
+      self.model = remax.model.load(self.resume_model_dir, mopts)
+    else
+      self.model = remax.model.new(mc, mopts)
+    end
+    self.model.source_dir = tok_dir
+  end
+  self.stop = self:stop_ids()
+  -- the frozen reference: the starting weights, loaded only when the KL term is used
+  if cfg.beta > 0 and cfg.algo ~= "sft" then
+    self.ref = source and remax.model.load(source, mopts) or remax.model.new(self.fresh_config, mopts)
+  end
+  self:resolve_template()
+end
+
+function Trainer:resolve_template()
+  local t = self.cfg.chat_template
+  if t == "auto" then
+    t = chat.detect(self.tok.chat_template) and "tokenizer" or "qa"
+  end
+  self.template_name = type(t) == "string" and t or "recipe function"
+  if t == "qa" then self.template = { template = qa_template }
+  elseif t == "tokenizer" then self.template = { tokenizer = self.tok }
+  else self.template = { template = t, tokenizer = self.tok.chat_template and self.tok or nil } end
+end
+
+-- A prompt (string or messages) -> token ids, truncated to its last max_prompt_length tokens.
+function Trainer:encode_prompt(prompt)
+  local text = chat.render(prompt, self.template)
+  local ids = self.tok:encode(text)
+  local max = self.cfg.max_prompt_length
+  if #ids > max then
+    local cut = {}
+    for i = #ids - max + 1, #ids do cut[#cut + 1] = ids[i] end
+    ids = cut
+  end
+  return ids, text
+end
+
+function Trainer:setup_data()
+  local cfg = self.cfg
+  local synth = require("remax.tasks.gsm8k_synth")
+  local sopts = { seed = cfg.seed, steps = cfg.synth_steps, max_number = cfg.synth_max_number }
+  local map = { prompt = cfg.prompt_column, answer = cfg.answer_column }
+  if cfg.data then
+    self.train_ds = data.load(cfg.data, map)
+  else
+    sopts.split = "train"
+    self.train_ds = data.from_rows(synth.generate(cfg.train_size, sopts), { name = "gsm8k_synth(train)" })
+  end
+  if cfg.eval_size > 0 then
+    if cfg.eval_data then
+      self.eval_ds = data.load(cfg.eval_data, map)
+    elseif not cfg.data then
+      sopts.split = "test"
+      self.eval_ds = data.from_rows(synth.generate(cfg.eval_size, sopts), { name = "gsm8k_synth(test)" })
+    end
+  end
+  if cfg.map_row then
+    for _, ds in ipairs({ self.train_ds, self.eval_ds }) do
+      for i, row in ipairs(ds.rows) do
+        local ok, new = pcall(cfg.map_row, row)
+        if not ok or type(new) ~= "table" then
+          error(("map_row (%s) on row %d of %s: %s"):format(config.show(cfg.map_row), i, ds.source,
+            ok and ("returned a " .. type(new) .. ", expected the row table") or tostring(new)), 0)
+        end
+        if type(new.prompt) ~= "string" then
+          local okm, err = chat.check_messages(new.prompt)
+          if not okm then error(("map_row on row %d of %s: prompt: %s"):format(i, ds.source, err), 0) end
+        end
+        ds.rows[i] = new
+      end
+    end
+  end
+  if cfg.algo == "sft" then
+    for _, ds in ipairs({ self.train_ds, self.eval_ds }) do
+      local col = cfg.answer_column or "answer"
+      local row = ds.rows[1]
+      if type(row[col]) ~= "string" then
+        error(("algo = sft needs an answer column '%s' (the target text) in %s; its columns: %s"):format(col,
+          ds.source, table.concat(ds:columns(), ", ")), 0)
+      end
+    end
+  end
+  self.prompts_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+  self.sampler = self.train_ds:sampler({ seed = cfg.seed, shuffle = true, batch_size = self.prompts_per_step })
+end
+
+function Trainer:setup_rewards()
+  self.rewards = rewards.load_all(self.cfg.rewards, { base = self.recipe_dir })
+  rewards.probe(self.rewards, self.train_ds.rows, self.train_ds.source, data.collate)
+  if self.eval_ds then rewards.probe(self.rewards, self.eval_ds.rows, self.eval_ds.source, data.collate) end
+  self.accuracy_name = self.rewards[1] and self.rewards[1].name
+  for _, r in ipairs(self.rewards) do
+    if r.name == "gsm8k_accuracy" then self.accuracy_name = r.name end
+  end
+  if self.cfg.hot_reload then self:snapshot_watch() end
+end
+
+function Trainer:setup_optimizer()
+  local cfg = self.cfg
+  self.opt = optim.adamw(self.model:params(), self.model:grads(), {
+    lr = cfg.learning_rate, betas = { cfg.adam_beta1, cfg.adam_beta2 }, eps = cfg.adam_epsilon,
+    weight_decay = cfg.weight_decay,
+  })
+  self.warmup_steps = math.ceil(cfg.warmup_ratio * cfg.max_steps)
+end
+
+-- Everything an exact resume needs: data position, optimizer, counters (RNG seeds derive
+-- from (seed, step), so they need no state).
+function Trainer:state()
+  local os_ = self.opt:state()
+  return {
+    step = self.step, sampler = self.sampler:state(), optimizer_step = os_.step,
+    bad_steps = self.bad_steps, reloads = self.reloads, baseline = self.baseline_state,
+    eval_history = self.eval_history, tensors = os_.tensors,
+  }
+end
+
+function Trainer:restore(state)
+  self.step = state.step
+  self.sampler:restore(state.sampler)
+  self.opt:load_state({ step = state.optimizer_step, tensors = state.tensors })
+  self.bad_steps, self.reloads = state.bad_steps or 0, state.reloads or 0
+  self.baseline_state = state.baseline
+  self.eval_history = state.eval_history
+  say(self, ("resumed %s from %s (step %d)"):format(self.run_dir, self.resume_ckpt or "?", self.step))
+end
+
+function Trainer:save_checkpoint(why)
+  local s = self:state()
+  self.run:save_checkpoint(self.step, self.model, s)
+  self.last_saved = self.step
+  if why then say(self, ("checkpoint step-%d saved (%s)"):format(self.step, why)) end
+end
+
+-- Generation seeds depend only on (seed, step), so a resumed run samples the same completions.
+function Trainer:seed_for(step) return self.cfg.seed * 1048576 + step end
+
+---------------------------------------------------------------------------- the step pieces
+
+function Trainer:next_batch() return self.sampler:next_batch() end
+
+-- Generate num_generations sampled rows and (generate_greedy) one greedy row per prompt.
+-- Returns {prompts = dataset rows, prompt_ids, rows = generate's rows with text, slots, G, ...}.
+function Trainer:rollout(prompt_rows, opts)
+  opts = opts or {}
+  local cfg = self.cfg
+  local step = opts.step or (self.step + 1)
+  local prompt_ids = {}
+  for i, row in ipairs(prompt_rows) do prompt_ids[i] = self:encode_prompt(row.prompt) end
+  local G = opts.greedy_only and 0 or cfg.num_generations
+  local temps = {}
+  for s = 1, G do temps[s] = cfg.temperature end
+  local greedy = opts.greedy_only or cfg.generate_greedy
+  if greedy then temps[#temps + 1] = 0 end
+  local t0 = now()
+  local out = self.model:generate(prompt_ids, {
+    max_new_tokens = cfg.max_completion_length, temperature = temps, top_p = cfg.top_p, top_k = cfg.top_k,
+    stop = self.stop, seed = self:seed_for(step),
+  })
+  local seconds = now() - t0
+  for _, r in ipairs(out.rows) do
+    r.text = self.tok:decode(r.tokens, { skip_special_tokens = true })
+    r.greedy = greedy and r.slot == #temps
+  end
+  return { prompts = prompt_rows, prompt_ids = prompt_ids, rows = out.rows, slots = #temps, G = G,
+    greedy = greedy, tokens_generated = out.tokens_generated, time_generate = seconds, step = step }
+end
+
+-- Score every row with every reward. Adds per-row total and per-reward scores.
+function Trainer:score(ro)
+  local t0 = now()
+  local rows, completions, expanded = ro.rows, {}, {}
+  for k, r in ipairs(rows) do
+    completions[k] = r.text
+    expanded[k] = ro.prompts[r.prompt]
+  end
+  local batch = data.collate(expanded)
+  batch.prompt_ids, batch.completion_ids, batch.greedy, batch.finish = {}, {}, {}, {}
+  for k, r in ipairs(rows) do
+    batch.prompt_ids[k] = ro.prompt_ids[r.prompt]
+    batch.completion_ids[k] = r.tokens
+    batch.greedy[k] = r.greedy
+    batch.finish[k] = r.finish
+    if type(expanded[k].prompt) == "table" then   -- conversational data: the reply as messages too
+      batch.completion_messages = batch.completion_messages or {}
+      batch.completion_messages[k] = { { role = "assistant", content = r.text } }
+    end
+  end
+  local per, total, unscored = rewards.score(self.rewards, self.cfg.reward_weights, completions, batch, {
+    step = ro.step, on_failure = function() self:save_on_failure() end,
+  })
+  ro.completions, ro.batch, ro.per, ro.total, ro.unscored = completions, batch, per, total, unscored
+  ro.time_score = now() - t0
+  self.last_scored = ro
+  return ro
+end
+
+-- The checkpoint a failing reward leaves behind (the state after the last finished step).
+function Trainer:save_on_failure()
+  if self.step > 0 and self.last_saved ~= self.step then
+    local ok, err = pcall(self.save_checkpoint, self, "a reward failed")
+    if not ok then io.stderr:write("remax: could not save a checkpoint: ", tostring(err), "\n") end
+  end
+end
+
+-- Policy (and reference) log-probabilities of the completion tokens of rows, without gradients.
+function Trainer:row_logprobs(model, ro, which)
+  local seqs, lens, starts = {}, {}, {}
+  for n, k in ipairs(which) do
+    local r = ro.rows[k]
+    local p = ro.prompt_ids[r.prompt]
+    local s = {}
+    for i = 1, #p do s[i] = p[i] end
+    for i = 1, #r.tokens do s[#p + i] = r.tokens[i] end
+    seqs[n], lens[n], starts[n] = s, #r.tokens, #p
+  end
+  local lp = model:logprobs(seqs):totable()
+  local out = {}
+  for n = 1, #which do
+    local v = {}
+    for t = 1, lens[n] do v[t] = lp[n][starts[n] + t] end
+    out[n] = v
+  end
+  return out
+end
+
+-- Rewards -> advantages (and the k1 KL folded into rewards when kl_estimator = "k1").
+function Trainer:advantage(ro)
+  local cfg = self.cfg
+  local S, G = ro.slots, ro.G
+  local reward = {}
+  for k = 1, #ro.rows do reward[k] = ro.total[k] end
+  if cfg.beta > 0 and cfg.kl_estimator == "k1" then
+    local all = {}
+    for k = 1, #ro.rows do all[k] = k end
+    local lp = self:row_logprobs(self.model, ro, all)
+    local ref = self:row_logprobs(self.ref, ro, all)
+    ro.kl_k1 = {}
+    for k = 1, #ro.rows do
+      local r, s = algos.fold_kl(reward[k], lp[k], ref[k], cfg.beta)
+      reward[k] = r
+      ro.kl_k1[k] = s
+    end
+  end
+  ro.reward = reward
+  local groups = {}
+  for i = 1, #ro.prompts do
+    local g = { samples = {} }
+    for s = 1, G do g.samples[s] = reward[(i - 1) * S + s] end
+    if ro.greedy then g.greedy = reward[(i - 1) * S + S] end
+    groups[i] = g
+  end
+  local kind = self.advantage_fn or cfg.advantage or cfg.algo
+  local adv, state = algos.advantages(kind, groups, {
+    clip = cfg.advantage_clip, scale_rewards = cfg.scale_rewards, baseline = cfg.reinforce_baseline,
+    momentum = cfg.baseline_momentum, step = ro.step,
+  }, self.baseline_state)
+  ro.groups, ro.adv, ro.new_baseline_state = groups, adv, state
+  return ro
+end
+
+-- Training rows of a rollout: each sampled row as {prompt = i, tokens = prompt .. completion,
+-- start = #prompt, n = #completion, adv = A}.
+local function train_rows(ro)
+  local list = {}
+  for k, r in ipairs(ro.rows) do
+    if not r.greedy then
+      local p = ro.prompt_ids[r.prompt]
+      list[#list + 1] = { prompt = r.prompt, prompt_ids = p, completion = r.tokens,
+        adv = ro.adv and ro.adv[r.prompt][r.slot] or 1, key = k }
+    end
+  end
+  return list
+end
+
+-- Forward, loss weights and backward for one micro-batch of rows; returns stats.
+function Trainer:micro_step(rows, totals)
+  local cfg = self.cfg
+  local seqs, starts = {}, {}
+  for n, row in ipairs(rows) do
+    local s = {}
+    for i = 1, #row.prompt_ids do s[i] = row.prompt_ids[i] end
+    for i = 1, #row.completion do s[#row.prompt_ids + i] = row.completion[i] end
+    seqs[n], starts[n] = s, #row.prompt_ids
+  end
+  local logp, _, mask = self.model:logprobs(seqs, nil, { train = true, checkpoint = cfg.gradient_checkpointing })
+  local B, T = logp:size(1), logp:size(2)
+  local use_ref = self.ref and cfg.kl_estimator == "k3" and cfg.algo ~= "sft"
+  local ref = use_ref and self.ref:logprobs(seqs) or nil
+  local f32 = logp:dtype_name() == "f32"
+  local lp_tab = not f32 and logp:totable() or nil
+  local rf_tab = (ref and not f32) and ref:totable() or nil
+  local lpp = f32 and ffi.cast("float*", logp.data) or nil
+  local rfp = (ref and f32) and ffi.cast("float*", ref.data) or nil
+  local parts = {}
+  for n, row in ipairs(rows) do
+    local v, rv = {}, ref and {} or nil
+    for t = 1, #row.completion do
+      local pos = starts[n] + t   -- 1-based column of completion token t
+      v[t] = f32 and lpp[(n - 1) * T + pos - 1] or lp_tab[n][pos]
+      if rv then rv[t] = f32 and rfp[(n - 1) * T + pos - 1] or rf_tab[n][pos] end
+    end
+    parts[n] = { adv = row.adv, logp = v, ref = rv }
+  end
+  local weights, stats = algos.token_weights(parts, {
+    beta = cfg.algo == "sft" and 0 or cfg.beta, kl = cfg.kl_estimator, agg = cfg.loss_agg_mode,
+    num_rows = totals.rows, num_tokens = totals.tokens,
+  })
+  local dl
+  if f32 then
+    dl = tensor.new({ B, T }, "f32")
+    local dp = ffi.cast("float*", dl.data)
+    for n = 1, B do
+      for t, w in ipairs(weights[n]) do dp[(n - 1) * T + starts[n] + t - 1] = w end
+    end
+  else
+    dl = {}
+    for n = 1, B do
+      local r = {}
+      for t = 1, T do r[t] = 0 end
+      for t, w in ipairs(weights[n]) do r[starts[n] + t] = w end
+      dl[n] = r
+    end
+  end
+  self.model:backward(dl)
+  return stats
+end
+
+-- One optimizer update from a scored rollout (RL) or a list of SFT rows. Returns metrics.
+function Trainer:update(ro)
+  local cfg = self.cfg
+  local t0 = now()
+  local rows = ro.train_rows or train_rows(ro)
+  local totals = { rows = #rows, tokens = 0 }
+  for _, r in ipairs(rows) do totals.tokens = totals.tokens + #r.completion end
+  -- micro-batches: whole prompts, per_device_train_batch_size of them each
+  local skip = cfg.algo ~= "sft" and cfg.beta == 0 and cfg.skip_zero_advantage
+  local chunks, by_prompt, order = {}, {}, {}
+  for _, r in ipairs(rows) do
+    if not by_prompt[r.prompt] then by_prompt[r.prompt] = {}; order[#order + 1] = r.prompt end
+    if not (skip and r.adv == 0) then table.insert(by_prompt[r.prompt], r) end
+  end
+  local per = cfg.per_device_train_batch_size
+  for i, p in ipairs(order) do
+    local c = math.floor((i - 1) / per) + 1
+    chunks[c] = chunks[c] or {}
+    for _, r in ipairs(by_prompt[p]) do table.insert(chunks[c], r) end
+  end
+  self.model:zero_grad()
+  local loss, kl_sum, tokens, trained = 0, 0, 0, 0
+  for c = 1, #chunks do
+    if #chunks[c] > 0 then
+      local st = self:micro_step(chunks[c], totals)
+      loss, kl_sum, tokens = loss + st.loss, kl_sum + st.kl_sum, tokens + st.tokens
+      trained = trained + #chunks[c]
+    end
+  end
+  local grads = self.model:grads()
+  local norm = cfg.max_grad_norm > 0 and optim.clip_grad_norm(grads, cfg.max_grad_norm) or optim.grad_norm(grads)
+  local step = ro.step or (self.step + 1)
+  local lr = optim.schedule(cfg.lr_scheduler_type, cfg.learning_rate, step, cfg.max_steps, self.warmup_steps)
+  local finite = loss == loss and math.abs(loss) ~= math.huge and norm == norm and norm ~= math.huge
+  if finite then
+    self.opt:step(lr)
+    if ro.new_baseline_state ~= nil then self.baseline_state = ro.new_baseline_state end
+  else
+    self.bad_steps = self.bad_steps + 1
+    self.model:zero_grad()
+    say(self, ("step %d: non-finite loss (%s) or gradient norm (%s): update skipped (%d of max_bad_steps = %d)"):format(
+      step, tostring(loss), tostring(norm), self.bad_steps, cfg.max_bad_steps))
+  end
+  return { loss = loss, grad_norm = norm, lr = lr, kl = tokens > 0 and kl_sum / tokens or 0,
+    time_train = now() - t0, rows_trained = trained, tokens_trained = tokens, finite = finite,
+    tokens_total = totals.tokens }
+end
+
+-- SFT rows for prompts: target = the answer column + EOS; only target tokens count.
+function Trainer:sft_rows(prompt_rows)
+  local col = self.cfg.answer_column or "answer"
+  local list = {}
+  for i, row in ipairs(prompt_rows) do
+    local p = self:encode_prompt(row.prompt)
+    local target = row[col]
+    if type(target) ~= "string" then
+      error(("algo = sft: row %d has no string '%s' column (the target)"):format(i, col), 0)
+    end
+    local ids = self.tok:encode(target, { add_special_tokens = false })
+    ids[#ids + 1] = self.tok.eos_id
+    if #ids > self.cfg.max_completion_length then
+      local cut = {}
+      for t = 1, self.cfg.max_completion_length do cut[t] = ids[t] end
+      ids = cut
+    end
+    list[i] = { prompt = i, prompt_ids = p, completion = ids, adv = 1 }
+  end
+  return list
+end
+
+---------------------------------------------------------------------------- metrics and logging
+
+-- Metrics of an RL step from the scored rollout and the update's numbers.
+function Trainer:rl_metrics(ro, up)
+  local m = {}
+  local samples, greedy = {}, {}
+  local lens, truncated, maxlen = {}, 0, 0
+  for k, r in ipairs(ro.rows) do
+    if r.greedy then greedy[#greedy + 1] = ro.total[k]
+    else
+      samples[#samples + 1] = ro.total[k]
+      lens[#lens + 1] = #r.tokens
+      maxlen = math.max(maxlen, #r.tokens)
+      if r.finish == "length" then truncated = truncated + 1 end
+    end
+  end
+  m.reward = mean(samples)
+  if #greedy > 0 then m.reward_greedy = mean(greedy) end
+  for _, rw in ipairs(self.rewards) do
+    local s, g = {}, {}
+    for k, r in ipairs(ro.rows) do
+      local v = ro.per[rw.name][k]
+      if v ~= nil then
+        if r.greedy then g[#g + 1] = v else s[#s + 1] = v end
+      end
+    end
+    if #s > 0 then m["reward/" .. rw.name] = mean(s) end
+    if #g > 0 then m["reward_greedy/" .. rw.name] = mean(g) end
+  end
+  local advs = {}
+  for _, a in ipairs(ro.adv) do for _, v in ipairs(a) do advs[#advs + 1] = v end end
+  m.advantage_mean, m.advantage_std = mean(advs), algos.std(advs)
+  if ro.kl_k1 then
+    local s, n = 0, 0
+    for k, r in ipairs(ro.rows) do if not r.greedy then s = s + ro.kl_k1[k]; n = n + #r.tokens end end
+    m.kl = n > 0 and s / n or 0
+  else
+    m.kl = up.kl
+  end
+  m.completion_length_mean, m.completion_length_max = mean(lens), maxlen
+  m.truncated_fraction = #lens > 0 and truncated / #lens or 0
+  m.tokens_per_s = ro.time_generate > 0 and ro.tokens_generated / ro.time_generate or 0
+  m.time_generate, m.time_score = ro.time_generate, ro.time_score
+  if ro.unscored > 0 then m.unscored = ro.unscored end
+  return m
+end
+
+-- Record a finished step: metrics, completions, evaluation, checkpoint.
+function Trainer:finish_step(m, ro)
+  local cfg = self.cfg
+  self.step = self.step + 1
+  m.loss = m.loss
+  m.bad_steps, m.reloads = self.bad_steps, self.reloads
+  m.peak_memory_mib = peak_memory_mib(self.model)
+  if self.pending_reloads then m.reloaded = self.pending_reloads; self.pending_reloads = nil end
+  if self.eval_ds and ((cfg.eval_steps > 0 and self.step % cfg.eval_steps == 0) or self.step == cfg.max_steps) then
+    local e = self:evaluate()
+    m.eval_accuracy, m.eval_reward = e.accuracy, e.reward
+  end
+  self.run:log_metrics(self.step, m)
+  self.history[#self.history + 1] = m
+  if ro and cfg.log_completions > 0 and self.step % cfg.log_completions == 0 then
+    local list = {}
+    for k, r in ipairs(ro.rows) do
+      local per = {}
+      for _, rw in ipairs(self.rewards) do per[rw.name] = ro.per[rw.name][k] end
+      list[#list + 1] = { step = self.step, prompt = ro.prompts[r.prompt].prompt, completion = r.text,
+        reward = ro.total[k], rewards = per, advantage = (not r.greedy and ro.adv) and ro.adv[r.prompt][r.slot] or nil,
+        greedy = r.greedy and true or false }
+    end
+    self.run:log_completions(self.step, list)
+  end
+  if self.progress and (self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps) then
+    self.progress:update(self.step, { reward = m.reward, kl = m.kl, tokens_per_s = m.tokens_per_s, loss = m.loss })
+  end
+  if not self.quiet and not self.progress and (self.step % cfg.logging_steps == 0) then
+    print(("step %d/%d  reward %.4f  loss %.4f  kl %.4f  grad_norm %.3f  lr %.2e"):format(self.step, cfg.max_steps,
+      m.reward or 0, m.loss or 0, m.kl or 0, m.grad_norm or 0, m.lr or 0))
+  end
+  if self.bad_steps > cfg.max_bad_steps then
+    self:save_checkpoint("too many bad steps")
+    error(("stopping: %d steps had a non-finite loss or gradient (max_bad_steps = %d); last checkpoint %s"):format(
+      self.bad_steps, cfg.max_bad_steps, self.run_dir), 0)
+  end
+  if cfg.save_steps > 0 and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps then
+    self:save_checkpoint()
+  end
+end
+
+-- Greedy completions of the eval set: accuracy (the gsm8k_accuracy reward, else the first
+-- reward) and the mean combined reward.
+function Trainer:evaluate()
+  if not self.eval_ds then return {} end
+  local cfg = self.cfg
+  local t0 = now()
+  local rows = self.eval_ds.rows
+  local n = math.min(#rows, cfg.eval_size)
+  local acc, rew, count = 0, 0, 0
+  local bs = cfg.per_device_eval_batch_size
+  for first = 1, n, bs do
+    local chunk = {}
+    for i = first, math.min(n, first + bs - 1) do chunk[#chunk + 1] = rows[i] end
+    local ro = self:rollout(chunk, { greedy_only = true, step = 0 })
+    self:score(ro)
+    for k = 1, #ro.rows do
+      rew = rew + ro.total[k]
+      local a = self.accuracy_name and ro.per[self.accuracy_name][k]
+      acc = acc + (a or 0)
+      count = count + 1
+    end
+  end
+  local e = { accuracy = count > 0 and acc / count or 0, reward = count > 0 and rew / count or 0, n = count,
+    seconds = now() - t0, step = self.step }
+  self.last_eval = e
+  self.eval_history = self.eval_history or {}
+  table.insert(self.eval_history, { step = self.step, accuracy = e.accuracy, reward = e.reward })
+  say(self, ("eval at step %d: greedy %s %.1f%%, reward %.4f (%d held-out prompts, %.1fs)"):format(self.step,
+    self.accuracy_name or "accuracy", 100 * e.accuracy, e.reward, count, e.seconds))
+  return e
+end
+
+---------------------------------------------------------------------------- hot reload
+
+local function source_of(r)
+  if r.path then return r.path end
+  return r.file
+end
+
+function Trainer:snapshot_watch()
+  self.watch = {}
+  local function add(path)
+    if path and not self.watch[path] and file_exists(path) then self.watch[path] = read_file(path) end
+  end
+  if self.recipe_path then add(self.recipe_path) end
+  for _, r in ipairs(self.rewards) do add(source_of(r)) end
+end
+
+-- Reload changed reward files (and the recipe), each checked on the last step's completions;
+-- a version that fails keeps the old one. Returns how many reloads succeeded.
+function Trainer:check_reload()
+  if not self.cfg.hot_reload then return 0 end
+  local changed = {}
+  for path, text in pairs(self.watch) do
+    local now_text = read_file(path)
+    if now_text and now_text ~= text then
+      changed[#changed + 1] = path
+      self.watch[path] = now_text
+    end
+  end
+  if #changed == 0 then return 0 end
+  table.sort(changed)
+  local done = {}
+  local recipe_changed = false
+  for _, path in ipairs(changed) do
+    local by_name = false
+    for i, r in ipairs(self.rewards) do
+      if r.path == path then
+        by_name = true
+        local ok, new = pcall(function()
+          local nr = rewards.load_file(path)
+          self:trial(nr)
+          return nr
+        end)
+        if ok then
+          self.rewards[i] = new
+          self:note_reload(path)
+          done[#done + 1] = path
+        else
+          say(self, ("hot reload: %s changed but failed its check, keeping the previous version: %s"):format(path, tostring(new)))
+        end
+      end
+    end
+    if not by_name then recipe_changed = true end
+  end
+  if recipe_changed and self.recipe_path then
+    local ok, err = pcall(self.reload_recipe, self)
+    if ok then
+      self:note_reload(self.recipe_path)
+      done[#done + 1] = self.recipe_path
+    else
+      say(self, ("hot reload: %s changed but failed to load, keeping the previous version: %s"):format(self.recipe_path, tostring(err)))
+    end
+  end
+  -- new reward functions may live in new files
+  for _, r in ipairs(self.rewards) do
+    local p = source_of(r)
+    if p and self.watch[p] == nil and file_exists(p) then self.watch[p] = read_file(p) end
+  end
+  return #done
+end
+
+function Trainer:note_reload(path)
+  self.reloads = self.reloads + 1
+  self.pending_reloads = self.pending_reloads or {}
+  table.insert(self.pending_reloads, path)
+  say(self, ("hot reload: %s reloaded (reload %d)"):format(path, self.reloads))
+end
+
+-- A reward must run on (a few of) the last completions and give finite numbers.
+function Trainer:trial(r)
+  local ro = self.last_scored
+  if not ro then return end
+  local n = math.min(#ro.completions, 4)
+  local comps, batch = {}, {}
+  for i = 1, n do comps[i] = ro.completions[i] end
+  for k, col in pairs(ro.batch) do
+    if type(col) == "table" then
+      batch[k] = {}
+      for i = 1, n do batch[k][i] = col[i] end
+    end
+  end
+  rewards.run_one(r, comps, batch, {})
+end
+
+-- Re-run the recipe with the same command-line overrides; take its rewards, advantage and the
+-- settings marked hot. Other changed settings need a restart (printed, ignored).
+function Trainer:reload_recipe()
+  local rtab = recipe_mod.load(self.recipe_path)
+  local cfg = config.resolve(rtab, self.opts.overrides, { where = self.recipe_path })
+  local list = rewards.load_all(cfg.rewards, { base = self.recipe_dir })
+  for _, r in ipairs(list) do self:trial(r) end
+  if cfg.reward_weights and #cfg.reward_weights ~= #list then
+    error("reward_weights does not match the rewards", 0)
+  end
+  local ignored = {}
+  for _, k in ipairs(config.order) do
+    local decl = config.keys[k]
+    if k ~= "rewards" and not decl.hot and type(cfg[k]) ~= "function" and type(cfg[k]) ~= "table" and cfg[k] ~= self.cfg[k]
+      and k ~= "resume" and k ~= "run_name" then
+      ignored[#ignored + 1] = k
+    end
+  end
+  for _, k in ipairs(config.order) do
+    if config.keys[k].hot then self.cfg[k] = cfg[k] end
+  end
+  self.cfg.rewards = cfg.rewards
+  self.rewards = list
+  if #ignored > 0 then
+    say(self, "hot reload: changes to " .. table.concat(ignored, ", ") .. " take effect only after a restart")
+  end
+end
+
+---------------------------------------------------------------------------- the loop
+
+-- One full step (RL or SFT); returns its metrics.
+function Trainer:train_step()
+  local cfg = self.cfg
+  local t0 = now()
+  local batch = self:next_batch()
+  local m, ro
+  if cfg.algo == "sft" then
+    local rows = self:sft_rows(batch)
+    local up = self:update({ train_rows = rows, step = self.step + 1 })
+    m = { loss = up.loss, grad_norm = up.grad_norm, lr = up.lr, time_train = up.time_train,
+      tokens_per_s = up.tokens_trained / math.max(up.time_train, 1e-9),
+      completion_length_mean = up.tokens_total / #rows, time_generate = 0, time_score = 0 }
+    local maxlen = 0
+    for _, r in ipairs(rows) do maxlen = math.max(maxlen, #r.completion) end
+    m.completion_length_max = maxlen
+  else
+    ro = self:rollout(batch)
+    self:score(ro)
+    self:advantage(ro)
+    local up = self:update(ro)
+    m = self:rl_metrics(ro, up)
+    m.loss, m.grad_norm, m.lr, m.time_train = up.loss, up.grad_norm, up.lr, up.time_train
+    if not up.finite then m.skipped = true end
+  end
+  m.time_step = now() - t0
+  self:finish_step(m, ro)
+  return m
+end
+
+local function signal_pending()
+  local ok, v = pcall(function() return require("remax.ffi").C.rx_signal_pending() end)
+  return ok and v ~= 0
+end
+
+-- The whole run: evaluation before, steps (or the recipe's loop), evaluation after, checkpoint.
+function Trainer:train(loop)
+  local cfg = self.cfg
+  if self.opts.signals ~= false then pcall(function() require("remax.ffi").C.rx_signal_install() end) end
+  local okp, progress_mod = pcall(require, "remax.progress")
+  if okp and not self.quiet then
+    self.progress = progress_mod.new({ total = cfg.max_steps, label = self.run_name })
+  end
+  say(self, ("run %s: %s, model %s (%d parameters), %d prompts per step, template %s"):format(self.run_dir,
+    cfg.algo, self.model_source or "random init", self.model:num_parameters(), self.prompts_per_step, self.template_name))
+  local before
+  if self.eval_ds and cfg.eval_on_start and self.step == 0 then
+    before = self:evaluate()
+    self.run:log_metrics(0, { eval_accuracy = before.accuracy, eval_reward = before.reward })
+  end
+  local interrupted = false
+  local function one()
+    self:check_reload()
+    return self:train_step()
+  end
+  if loop then
+    loop(self)
+    interrupted = signal_pending()
+  else
+    while self.step < cfg.max_steps do
+      one()
+      if signal_pending() then interrupted = true break end
+    end
+  end
+  if interrupted then
+    self:save_checkpoint("interrupted")
+    if self.progress then self.progress:finish() end
+    say(self, ("interrupted at step %d; resume with: --resume %s"):format(self.step, self.run_dir))
+    pcall(function() require("remax.ffi").C.rx_signal_clear() end)
+    return { interrupted = true, step = self.step, run_dir = self.run_dir }
+  end
+  local after = self.last_eval
+  if self.eval_ds and (not after or after.step ~= self.step) then
+    after = self:evaluate()
+    self.run:log_metrics(self.step, { eval_accuracy = after.accuracy, eval_reward = after.reward })
+  end
+  if self.last_saved ~= self.step then self:save_checkpoint() end
+  if cfg.save_final_model then
+    self.model:save(cfg.save_final_model)
+    say(self, "final model saved to " .. cfg.save_final_model)
+  end
+  if self.progress then self.progress:finish() end
+  pcall(function() self.run:plot() end)
+  if after and not self.quiet then
+    local first = self.eval_history and self.eval_history[1]
+    print(("held-out greedy accuracy: %.1f%% at step %d -> %.1f%% at step %d (%d prompts)"):format(
+      100 * (first and first.accuracy or after.accuracy), first and first.step or self.step,
+      100 * after.accuracy, self.step, after.n))
+  end
+  return { before = before, after = after, step = self.step, run_dir = self.run_dir, history = self.history }
+end
+
+-- For recipe loops: run one standard step (with hot reload) and say whether to go on.
+function Trainer:should_continue() return self.step < self.cfg.max_steps and not signal_pending() end
+
+return M

@@ -1,0 +1,553 @@
+/* test_generate.c: KV-cache generation against full forwards (the logits of every generated
+ * position, left and right padded references, greedy chains), the sampler against the
+ * distributions it should draw from (chi-square), determinism across batch order and thread
+ * count, stop tokens and per-row budgets, and the request checks. */
+#include "check.h"
+#include <omp.h>
+
+enum { VOCAB = 50, MAXPOS = 64 };
+
+static rx_model_config tiny_config(int32_t dtype) {
+  rx_model_config c = {0};
+  c.vocab_size = VOCAB;
+  c.hidden_size = 24;
+  c.intermediate_size = 40;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;     /* GQA: two query heads per kv head */
+  c.head_dim = 6;
+  c.max_position_embeddings = MAXPOS;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 10000.0;
+  c.tie_word_embeddings = 0;
+  c.attention_bias = 1;
+  c.dtype = dtype;
+  c.device = RX_CPU;
+  return c;
+}
+
+static rx_model *tiny_model(int32_t dtype) {
+  rx_model_config c = tiny_config(dtype);
+  rx_model *m = NULL;
+  if (rx_model_new(&m, &c)) { fprintf(stderr, "%s\n", rx_last_error()); return NULL; }
+  for (int64_t i = 0; i < rx_model_param_count(m); i++) {
+    const char *name = rx_model_param_name(m, i);
+    rx_tensor *p = rx_model_param(m, i);
+    if (strstr(name, "norm.weight")) rx_tensor_uniform(p, 7, (uint64_t)i << 32, 0.5, 1.5);
+    else rx_tensor_normal(p, 7, (uint64_t)i << 32, 0.0, 0.3);
+  }
+  return m;
+}
+
+/* A request over prompts given as arrays; the test owns every array. */
+typedef struct {
+  int64_t P, R, max_new;
+  int32_t tokens[256];
+  int64_t offsets[17];
+  int64_t row_prompt[32];
+  rx_sampling rows[32];
+  int32_t stop[4];
+  int64_t nstop;
+  uint64_t seed;
+} req_buf;
+
+typedef struct {
+  int32_t tokens[32 * 64];
+  float logprobs[32 * 64];
+  int32_t lengths[32], finish[32];
+  rx_generate_result res;
+} res_buf;
+
+static void add_prompt(req_buf *q, const int32_t *ids, int64_t n) {
+  int64_t at = q->offsets[q->P];
+  memcpy(q->tokens + at, ids, sizeof(int32_t) * (size_t)n);
+  q->offsets[++q->P] = at + n;
+}
+
+static void add_row(req_buf *q, int64_t prompt, double temperature, int32_t top_k, double top_p, int32_t max_new, uint64_t key) {
+  q->row_prompt[q->R] = prompt;
+  q->rows[q->R] = (rx_sampling){temperature, top_p, top_k, max_new, key};
+  q->R++;
+}
+
+static rx_generate_request request(req_buf *q) {
+  rx_generate_request r = {q->P, q->tokens, q->offsets, q->R, q->row_prompt, q->rows, q->stop, q->nstop, q->seed, q->max_new};
+  return r;
+}
+
+static void bind(res_buf *b) {
+  memset(b, 0, sizeof *b);
+  b->res.tokens = b->tokens;
+  b->res.logprobs = b->logprobs;
+  b->res.lengths = b->lengths;
+  b->res.finish = b->finish;
+}
+
+/* Sequences (prompt + generated so far) of every row as an i32 [R, T] batch, padded on the left
+ * or the right. */
+static void pack(const req_buf *q, const res_buf *b, int left, int32_t *tok, int32_t *mask, int64_t T) {
+  memset(tok, 0, sizeof(int32_t) * (size_t)(q->R * T));
+  memset(mask, 0, sizeof(int32_t) * (size_t)(q->R * T));
+  for (int64_t r = 0; r < q->R; r++) {
+    int64_t p = q->row_prompt[r], a = q->offsets[p], n = q->offsets[p + 1] - a, len = n + b->lengths[r];
+    int64_t off = left ? T - len : 0;
+    for (int64_t t = 0; t < len; t++) {
+      tok[r * T + off + t] = t < n ? q->tokens[a + t] : b->tokens[r * q->max_new + t - n];
+      mask[r * T + off + t] = 1;
+    }
+  }
+}
+
+static double read(const rx_tensor *t, int64_t i) {
+  return t->dtype == RX_F64 ? ((const double *)t->data)[i] : ((const float *)t->data)[i];
+}
+
+static double log_softmax_at(const rx_tensor *t, int64_t row, int64_t V, int64_t tok) {
+  double mx = -INFINITY, s = 0;
+  for (int64_t i = 0; i < V; i++) mx = fmax(mx, read(t, row * V + i));
+  for (int64_t i = 0; i < V; i++) s += exp(read(t, row * V + i) - mx);
+  return read(t, row * V + tok) - mx - log(s);
+}
+
+static int64_t argmax_row(const rx_tensor *t, int64_t row, int64_t V) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < V; i++)
+    if (read(t, row * V + i) > read(t, row * V + best)) best = i;
+  return best;
+}
+
+/* ------------------------------------------------------------------ cached = full forward */
+
+static void prompts_of_three(req_buf *q) {
+  static const int32_t a[] = {3, 17, 42, 8, 1}, b[] = {29, 4}, c[] = {11, 0, 33, 47, 5, 26, 19};
+  add_prompt(q, a, 5);
+  add_prompt(q, b, 2);
+  add_prompt(q, c, 7);
+}
+
+static void check_cached_equals_full(int32_t dtype) {
+  const double tol_logit = dtype == RX_F64 ? 1e-9 : 1e-4;
+  rx_model *m = tiny_model(dtype);
+  CHECK(m != NULL, "model");
+  if (!m) return;
+  req_buf q = {0};
+  q.max_new = 10;
+  q.seed = 1234;
+  prompts_of_three(&q);
+  for (int64_t p = 0; p < 3; p++) {
+    add_row(&q, p, 1.0, 0, 1.0, 10, 10 * p + 1);          /* sampled */
+    add_row(&q, p, 1.3, 0, 0.9, 8, 10 * p + 2);           /* sampled, top-p, shorter */
+    add_row(&q, p, 0.0, 0, 1.0, 10, 10 * p + 3);          /* greedy */
+  }
+  res_buf b;
+  bind(&b);
+  rx_generate_request req = request(&q);
+  rx_generator *g = NULL;
+  CHECK_OK(rx_generate_begin(&g, m, &req, &b.res));
+  if (!g) { rx_model_free(m); return; }
+  const rx_model_config *c = rx_model_get_config(m);
+  const int64_t KD = c->num_key_value_heads * c->head_dim, S = 7 + q.max_new;
+  CHECK(b.res.cache_bytes == 2 * c->num_hidden_layers * q.R * S * KD * rx_dtype_size(dtype),
+        "cache_bytes %lld", (long long)b.res.cache_bytes);
+
+  const int64_t T = 7 + q.max_new, R = q.R, V = VOCAB;
+  int64_t s2[2] = {R, T}, so[2] = {R, V};
+  rx_tensor *tok = NULL, *mask = NULL, *ref_l = NULL, *ref_r = NULL;
+  rx_tensor_new(&tok, RX_I32, RX_CPU, 2, s2);
+  rx_tensor_new(&mask, RX_I32, RX_CPU, 2, s2);
+  rx_tensor_new(&ref_l, dtype, RX_CPU, 2, so);
+  rx_tensor_new(&ref_r, dtype, RX_CPU, 2, so);
+  int32_t prev_len[32] = {0}, done = 0;
+  double worst_logit = 0, worst_lp = 0;
+  int checked = 0;
+  for (int step = 0; step <= q.max_new && !done; step++) {
+    if (step > 0) CHECK_OK(rx_generate_step(g, &done));
+    /* the reference sees each row's sequence up to, not including, its newest token */
+    for (int64_t r = 0; r < R; r++) b.lengths[r]--;
+    pack(&q, &b, 1, tok->data, mask->data, T);
+    CHECK_OK(rx_model_next_logits(m, tok, mask, ref_l));
+    pack(&q, &b, 0, tok->data, mask->data, T);
+    CHECK_OK(rx_model_next_logits(m, tok, mask, ref_r));
+    for (int64_t r = 0; r < R; r++) b.lengths[r]++;
+    const rx_tensor *cached = rx_generate_logits(g);
+    for (int64_t r = 0; r < R; r++) {
+      if (b.lengths[r] == prev_len[r]) continue;   /* finished earlier: no new token */
+      CHECK(b.lengths[r] == prev_len[r] + 1, "row %lld grew by %d", (long long)r, b.lengths[r] - prev_len[r]);
+      prev_len[r] = b.lengths[r];
+      int32_t t = b.tokens[r * q.max_new + b.lengths[r] - 1];
+      for (int64_t i = 0; i < V; i++) {
+        double x = read(cached, r * V + i);
+        worst_logit = fmax(worst_logit, fmax(fabs(x - read(ref_l, r * V + i)), fabs(x - read(ref_r, r * V + i))));
+      }
+      double lp_l = log_softmax_at(ref_l, r, V, t), lp_r = log_softmax_at(ref_r, r, V, t);
+      double got = b.logprobs[r * q.max_new + b.lengths[r] - 1];
+      /* logprobs are stored as f32: allow its rounding on top of the compute tolerance */
+      double tol_lp = (dtype == RX_F64 ? 1e-9 : 1e-4) + fabs(lp_l) * 6e-8;
+      CHECK(fabs(got - lp_l) <= tol_lp && fabs(got - lp_r) <= tol_lp,
+            "row %lld token %d: logprob %.10g, full forward %.10g (left pad) %.10g (right pad)", (long long)r, t, got, lp_l, lp_r);
+      worst_lp = fmax(worst_lp, fabs(got - lp_l));
+      checked++;
+    }
+  }
+  CHECK(worst_logit <= tol_logit, "%s: cached logits differ from full forwards by %.3g", rx_dtype_name(dtype), worst_logit);
+  CHECK(checked == 3 * (10 + 8 + 10), "checked %d tokens", checked);
+  rx_generate_end(g);
+
+  /* greedy rows equal the argmax chain of full forwards, computed here from the prompt alone */
+  for (int64_t p = 0; p < 3; p++) {
+    int64_t r = 3 * p + 2, a = q.offsets[p], n = q.offsets[p + 1] - a;
+    int32_t seq[64];
+    memcpy(seq, q.tokens + a, sizeof(int32_t) * (size_t)n);
+    int64_t s1[2] = {1, n + q.max_new}, s1o[2] = {1, V};
+    rx_tensor *t1 = NULL, *m1 = NULL, *o1 = NULL;
+    rx_tensor_new(&t1, RX_I32, RX_CPU, 2, s1);
+    rx_tensor_new(&m1, RX_I32, RX_CPU, 2, s1);
+    rx_tensor_new(&o1, dtype, RX_CPU, 2, s1o);
+    int same = b.lengths[r] == q.max_new;
+    for (int64_t k = 0; k < q.max_new; k++) {
+      int32_t *tp = t1->data, *mp = m1->data;
+      for (int64_t i = 0; i < n + q.max_new; i++) { tp[i] = i < n + k ? seq[i] : 0; mp[i] = i < n + k; }
+      CHECK_OK(rx_model_next_logits(m, t1, m1, o1));
+      seq[n + k] = (int32_t)argmax_row(o1, 0, V);
+      if (b.tokens[r * q.max_new + k] != seq[n + k]) same = 0;
+    }
+    CHECK(same, "%s: greedy row of prompt %lld is not the argmax chain of full forwards", rx_dtype_name(dtype), (long long)p);
+    rx_tensor_free(t1);
+    rx_tensor_free(m1);
+    rx_tensor_free(o1);
+  }
+  /* every row stopped on its own budget (no stop ids), and greedy rows are deterministic */
+  for (int64_t r = 0; r < R; r++)
+    CHECK(b.finish[r] == RX_FINISH_LENGTH && b.lengths[r] == q.rows[r].max_new_tokens, "row %lld: finish %d length %d",
+          (long long)r, b.finish[r], b.lengths[r]);
+  rx_tensor_free(tok);
+  rx_tensor_free(mask);
+  rx_tensor_free(ref_l);
+  rx_tensor_free(ref_r);
+  rx_model_free(m);
+}
+
+static void test_cached_f64(void) { check_cached_equals_full(RX_F64); }
+static void test_cached_f32(void) { check_cached_equals_full(RX_F32); }
+
+/* ------------------------------------------------------------------ sampler */
+
+/* Upper 0.9999 quantile of chi-square with df degrees of freedom (Wilson-Hilferty). The test
+ * is deterministic (fixed seeds): the bound only has to be one a correct sampler clears. */
+static double chi2_bound(int df) {
+  double a = 2.0 / (9.0 * df), z = 3.72;
+  return df * pow(1 - a + z * sqrt(a), 3);
+}
+
+/* Reference distribution: softmax(logits / T) restricted to the top k, then to the smallest
+ * most-likely prefix with mass >= top_p (full sort), renormalised. Returns the kept count. */
+static int reference_probs(const float *logits, int V, double T, int top_k, double top_p, double *p, double *margin) {
+  int order[256];
+  for (int i = 0; i < V; i++) order[i] = i;
+  for (int i = 0; i < V; i++)      /* selection sort by logit, descending: plain and obvious */
+    for (int j = i + 1; j < V; j++)
+      if (logits[order[j]] > logits[order[i]]) { int t = order[i]; order[i] = order[j]; order[j] = t; }
+  int k = top_k > 0 && top_k < V ? top_k : V;
+  double mx = logits[order[0]], z = 0;
+  for (int i = 0; i < V; i++) p[i] = 0;
+  for (int i = 0; i < k; i++) z += exp((logits[order[i]] - mx) / T);
+  double cum = 0;
+  int keep = 0;
+  *margin = 1;
+  while (keep < k) {
+    double pi = exp((logits[order[keep]] - mx) / T) / z;
+    cum += pi;
+    keep++;
+    if (cum >= top_p) break;
+  }
+  if (top_p < 1) *margin = fmin(fabs(cum - top_p), fabs(cum - exp((logits[order[keep - 1]] - mx) / T) / z - top_p));
+  double kept = 0;
+  for (int i = 0; i < keep; i++) kept += exp((logits[order[i]] - mx) / T);
+  for (int i = 0; i < keep; i++) p[order[i]] = exp((logits[order[i]] - mx) / T) / kept;
+  return keep;
+}
+
+static void check_distribution(const float *logits, int V, double T, int top_k, double top_p, uint64_t key) {
+  enum { N = 20000 };
+  double p[256], margin;
+  int kept = reference_probs(logits, V, T, top_k, top_p, p, &margin);
+  CHECK(margin > 1e-4, "test case too close to the top-p boundary (%.3g)", margin);
+  int64_t count[256] = {0};
+  for (int64_t i = 0; i < N; i++) {
+    int32_t tok = -1;
+    CHECK_OK(rx_sample_token(logits, V, T, top_k, top_p, rx_sample_uniform(99, key, i), &tok));
+    if (tok < 0 || tok >= V) { CHECK(0, "token %d outside [0, %d)", tok, V); return; }
+    count[tok]++;
+  }
+  double chi2 = 0;
+  int outside = 0, missing = 0;
+  for (int i = 0; i < V; i++) {
+    if (p[i] == 0) { outside += count[i] > 0; continue; }
+    missing += count[i] == 0;
+    double e = N * p[i];
+    chi2 += (count[i] - e) * (count[i] - e) / e;
+  }
+  CHECK(outside == 0, "T=%g top_k=%d top_p=%g: %d tokens outside the kept set were drawn", T, top_k, top_p, outside);
+  CHECK(missing == 0, "T=%g top_k=%d top_p=%g: %d kept tokens never drawn", T, top_k, top_p, missing);
+  if (kept > 1)
+    CHECK(chi2 <= chi2_bound(kept - 1), "T=%g top_k=%d top_p=%g: chi-square %.1f > %.1f (df %d)", T, top_k, top_p, chi2,
+          chi2_bound(kept - 1), kept - 1);
+  else
+    CHECK(count[argmax_row(&(rx_tensor){.data = (void *)logits, .dtype = RX_F32}, 0, V)] == N, "single kept token");
+}
+
+static void test_sampler_distributions(void) {
+  /* a small vocabulary with a known spread of logits */
+  const float small[8] = {1.5f, -0.3f, 0.9f, 2.2f, -1.7f, 0.1f, 1.1f, -0.8f};
+  check_distribution(small, 8, 1.0, 0, 1.0, 1);
+  check_distribution(small, 8, 0.7, 0, 1.0, 2);
+  check_distribution(small, 8, 1.0, 3, 1.0, 3);
+  check_distribution(small, 8, 1.0, 0, 0.8, 4);
+  check_distribution(small, 8, 0.7, 4, 0.85, 5);
+  check_distribution(small, 8, 2.5, 6, 0.97, 6);
+  /* 50 random logits: top-k and top-p sets checked token by token against a full sort */
+  float big[VOCAB];
+  for (int i = 0; i < VOCAB; i++) big[i] = (float)(2.0 * sin(12.9898 * i + 1.0) + 0.5 * cos(3.7 * i));
+  check_distribution(big, VOCAB, 1.0, 10, 1.0, 7);
+  check_distribution(big, VOCAB, 1.0, 0, 0.5, 8);
+  check_distribution(big, VOCAB, 0.7, 0, 0.9, 9);
+  check_distribution(big, VOCAB, 1.0, 20, 0.75, 10);
+}
+
+static void test_sampler_edges(void) {
+  const float x[5] = {0.5f, 2.0f, 2.0f, -1.0f, 1.0f};
+  int32_t tok = -1;
+  /* greedy (temperature 0, or top_k 1): the lowest id among the maxima */
+  CHECK_OK(rx_sample_token(x, 5, 0.0, 0, 1.0, 0.99, &tok));
+  CHECK(tok == 1, "greedy picked %d", tok);
+  CHECK_OK(rx_sample_token(x, 5, 1.0, 1, 1.0, 0.99, &tok));
+  CHECK(tok == 1, "top_k 1 picked %d", tok);
+  /* top_k 2 with a tie at the boundary keeps exactly two tokens (the tied maxima) */
+  const float y[5] = {1.0f, 3.0f, 1.0f, 1.0f, 0.0f};
+  int seen[5] = {0};
+  for (int i = 0; i < 2000; i++) {
+    CHECK_OK(rx_sample_token(y, 5, 1.0, 2, 1.0, rx_sample_uniform(5, 5, i), &tok));
+    seen[tok]++;
+  }
+  CHECK(seen[1] > 0 && seen[0] > 0 && seen[2] == 0 && seen[3] == 0 && seen[4] == 0,
+        "top_k 2 with ties drew %d %d %d %d %d", seen[0], seen[1], seen[2], seen[3], seen[4]);
+  /* u spreads over [0, 1) and depends on every part of its key */
+  double sum = 0;
+  for (int i = 0; i < 10000; i++) {
+    double u = rx_sample_uniform(1, 2, i);
+    CHECK(u >= 0 && u < 1, "u = %g", u);
+    sum += u;
+  }
+  CHECK(fabs(sum / 10000 - 0.5) < 0.01, "mean of u %g", sum / 10000);
+  CHECK(rx_sample_uniform(1, 2, 3) != rx_sample_uniform(2, 2, 3) && rx_sample_uniform(1, 2, 3) != rx_sample_uniform(1, 3, 3) &&
+        rx_sample_uniform(1, 2, 3) != rx_sample_uniform(1, 2, 4), "u ignores part of its key");
+  CHECK_FAILS(rx_sample_token(x, 5, 1.0, 0, 1.0, 1.0, &tok), "u = 1");
+  CHECK_FAILS(rx_sample_token(x, 5, 1.0, 0, 0.0, 0.5, &tok), "top_p = 0");
+  CHECK_FAILS(rx_sample_token(x, 0, 1.0, 0, 1.0, 0.5, &tok), "vocab 0");
+}
+
+/* ------------------------------------------------------------------ determinism */
+
+/* Three prompts, three rows each (two sampled, one greedy), keys fixed by (prompt, slot).
+ * perm: prompt order; row_perm: row order. Results are stored by key. */
+static void run_batch(rx_model *m, const int *perm, const int *row_perm, int32_t out_tokens[9][12], int32_t out_len[9]) {
+  static const int32_t a[] = {3, 17, 42, 8, 1}, b[] = {29, 4}, c[] = {11, 0, 33, 47, 5, 26, 19};
+  const int32_t *src[3] = {a, b, c};
+  const int64_t len[3] = {5, 2, 7};
+  req_buf q = {0};
+  q.max_new = 12;
+  q.seed = 77;
+  for (int i = 0; i < 3; i++) add_prompt(&q, src[perm[i]], len[perm[i]]);
+  int where[3];
+  for (int i = 0; i < 3; i++) where[perm[i]] = i;
+  for (int i = 0; i < 9; i++) {
+    int key = row_perm[i], p = key / 3, slot = key % 3;
+    add_row(&q, where[p], slot == 2 ? 0.0 : 1.2, slot == 1 ? 8 : 0, slot == 1 ? 0.9 : 1.0, 12, 1000 + (uint64_t)key);
+  }
+  res_buf r;
+  bind(&r);
+  rx_generate_request req = request(&q);
+  CHECK_OK(rx_model_generate(m, &req, &r.res));
+  for (int i = 0; i < 9; i++) {
+    int key = row_perm[i];
+    out_len[key] = r.lengths[i];
+    memcpy(out_tokens[key], r.tokens + i * 12, sizeof(int32_t) * 12);
+  }
+}
+
+static void test_same_seed_same_tokens(void) {
+  rx_model *m = tiny_model(RX_F32);
+  if (!m) return;
+  const int id3[3] = {0, 1, 2}, rev3[3] = {2, 0, 1};
+  const int id9[9] = {0, 1, 2, 3, 4, 5, 6, 7, 8}, shuf9[9] = {7, 2, 5, 0, 8, 3, 1, 6, 4};
+  int32_t base[9][12], other[9][12], bl[9], ol[9];
+  int max_threads = omp_get_max_threads();
+  omp_set_num_threads(2);
+  run_batch(m, id3, id9, base, bl);
+  run_batch(m, rev3, shuf9, other, ol);
+  CHECK(memcmp(base, other, sizeof base) == 0 && memcmp(bl, ol, sizeof bl) == 0, "tokens depend on batch order");
+  omp_set_num_threads(1);
+  run_batch(m, id3, id9, other, ol);
+  CHECK(memcmp(base, other, sizeof base) == 0 && memcmp(bl, ol, sizeof bl) == 0, "tokens depend on the thread count");
+  omp_set_num_threads(max_threads);
+  /* sampled rows of one prompt differ from each other (different keys) */
+  CHECK(memcmp(base[0], base[1], sizeof base[0]) != 0, "two sampled rows with different keys drew the same tokens");
+  rx_model_free(m);
+}
+
+/* Fewer rows than prompts (a prompt with no row is prefilled for nothing, but must not upset
+ * the others): the rows equal those of a request holding only their prompt. */
+static void test_prompts_without_rows(void) {
+  rx_model *m = tiny_model(RX_F64);
+  if (!m) return;
+  req_buf all = {0}, one = {0};
+  all.max_new = one.max_new = 6;
+  prompts_of_three(&all);
+  add_row(&all, 2, 0.0, 0, 1.0, 6, 1);
+  add_row(&all, 2, 1.0, 0, 1.0, 6, 2);
+  add_prompt(&one, all.tokens + all.offsets[2], all.offsets[3] - all.offsets[2]);
+  add_row(&one, 0, 0.0, 0, 1.0, 6, 1);
+  add_row(&one, 0, 1.0, 0, 1.0, 6, 2);
+  res_buf a, b;
+  bind(&a);
+  bind(&b);
+  rx_generate_request ra = request(&all), rb = request(&one);
+  CHECK_OK(rx_model_generate(m, &ra, &a.res));
+  CHECK_OK(rx_model_generate(m, &rb, &b.res));
+  CHECK(memcmp(a.tokens, b.tokens, sizeof(int32_t) * 12) == 0, "rows changed with unused prompts in the batch");
+  for (int i = 0; i < 12; i++)
+    CHECK(fabs(a.logprobs[i] - b.logprobs[i]) <= 1e-6 * fmax(1, fabs(b.logprobs[i])), "logprob %d: %g vs %g", i, a.logprobs[i], b.logprobs[i]);
+  rx_model_free(m);
+}
+
+/* ------------------------------------------------------------------ stop tokens, budgets */
+
+static void test_stop_tokens(void) {
+  rx_model *m = tiny_model(RX_F32);
+  if (!m) return;
+  req_buf q = {0};
+  q.max_new = 16;
+  q.seed = 5;
+  prompts_of_three(&q);
+  const int32_t budget[6] = {16, 5, 16, 9, 16, 12};
+  for (int i = 0; i < 6; i++) add_row(&q, i / 2, i == 4 ? 0.0 : 1.5, 0, 1.0, budget[i], 500 + (uint64_t)i);
+  res_buf free_run, stopped;
+  bind(&free_run);
+  rx_generate_request req = request(&q);
+  CHECK_OK(rx_model_generate(m, &req, &free_run.res));
+  for (int r = 0; r < 6; r++)
+    CHECK(free_run.lengths[r] == budget[r] && free_run.finish[r] == RX_FINISH_LENGTH, "row %d: length %d (budget %d), finish %d", r,
+          free_run.lengths[r], budget[r], free_run.finish[r]);
+  /* stop on the token row 0 drew at its first new value from step 3 on */
+  int32_t stop = -1;
+  for (int k = 3; k < 16 && stop < 0; k++) {
+    int seen = 0;
+    for (int j = 0; j < k; j++) seen |= free_run.tokens[j] == free_run.tokens[k];
+    if (!seen) stop = free_run.tokens[k];
+  }
+  CHECK(stop >= 0, "row 0 drew no fresh token");
+  if (stop < 0) { rx_model_free(m); return; }
+  q.stop[0] = stop;
+  q.stop[1] = VOCAB - 1 == stop ? VOCAB - 2 : VOCAB - 1;   /* a second stop id */
+  q.nstop = 2;
+  bind(&stopped);
+  req = request(&q);
+  CHECK_OK(rx_model_generate(m, &req, &stopped.res));
+  int some_ran_to_budget = 0;
+  for (int r = 0; r < 6; r++) {
+    int first = -1;   /* where the free run first drew a stop id */
+    for (int k = 0; k < budget[r] && first < 0; k++)
+      if (free_run.tokens[r * 16 + k] == q.stop[0] || free_run.tokens[r * 16 + k] == q.stop[1]) first = k;
+    int want_len = first >= 0 ? first + 1 : budget[r];
+    int want_finish = first >= 0 ? RX_FINISH_STOP : RX_FINISH_LENGTH;
+    CHECK(stopped.lengths[r] == want_len && stopped.finish[r] == want_finish, "row %d: length %d finish %d, want %d %d", r,
+          stopped.lengths[r], stopped.finish[r], want_len, want_finish);
+    CHECK(memcmp(stopped.tokens + r * 16, free_run.tokens + r * 16, sizeof(int32_t) * (size_t)want_len) == 0,
+          "row %d: stopping changed the tokens before the stop", r);
+    if (want_finish == RX_FINISH_STOP)
+      CHECK(stopped.tokens[r * 16 + want_len - 1] == q.stop[0] || stopped.tokens[r * 16 + want_len - 1] == q.stop[1],
+            "row %d does not end with its stop token", r);
+    some_ran_to_budget |= want_finish == RX_FINISH_LENGTH;
+  }
+  CHECK(stopped.lengths[0] < 16 && stopped.finish[0] == RX_FINISH_STOP, "row 0 did not stop");
+  CHECK(some_ran_to_budget, "no row ran to its budget: the test does not check that others continue");
+  rx_model_free(m);
+}
+
+/* ------------------------------------------------------------------ request checks */
+
+static void test_bad_requests(void) {
+  rx_model *m = tiny_model(RX_F32);
+  if (!m) return;
+  res_buf b;
+  bind(&b);
+  rx_generator *g = NULL;
+  rx_generate_request req;
+#define FRESH(q)                                   \
+  req_buf q = {0};                                 \
+  q.max_new = 8;                                   \
+  prompts_of_three(&q);                            \
+  for (int i = 0; i < 3; i++) add_row(&q, i, 1.0, 0, 1.0, 8, (uint64_t)i)
+
+  { FRESH(q); q.max_new = MAXPOS - 6; for (int i = 0; i < 3; i++) q.rows[i].max_new_tokens = 1;
+    req = request(&q);
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "max_position_embeddings"); CHECK(g == NULL, "generator left"); }
+  { FRESH(q); q.tokens[q.offsets[1] + 1] = VOCAB; req = request(&q);
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "prompt 1, position 1: token 50 is outside"); }
+  { FRESH(q); q.tokens[2] = -3; req = request(&q);
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "prompt 0, position 2: token -3"); }
+  { FRESH(q); q.offsets[2] = q.offsets[1]; req = request(&q);     /* prompt 1 empty (prompt 2 grows) */
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "prompt 1 is empty"); }
+  { FRESH(q); q.rows[2].temperature = -1; req = request(&q);
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 2: temperature -1"); }
+  { FRESH(q); q.rows[1].top_p = 0; req = request(&q);
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 1: temperature"); }
+  { FRESH(q); q.rows[1].top_p = 1.5; req = request(&q);
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "top_p 1.5"); }
+  { FRESH(q); q.rows[0].top_k = -2; req = request(&q);
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "top_k -2"); }
+  { FRESH(q); q.rows[0].temperature = NAN; req = request(&q);
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 0: temperature nan"); }
+  { FRESH(q); q.rows[2].max_new_tokens = 9; req = request(&q);
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 2: max_new_tokens 9 outside [1, 8]"); }
+  { FRESH(q); q.rows[2].max_new_tokens = 0; req = request(&q);
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 2: max_new_tokens 0"); }
+  { FRESH(q); q.row_prompt[1] = 3; req = request(&q);
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 1 continues prompt 3 of 3"); }
+  { FRESH(q); q.stop[0] = VOCAB + 4; q.nstop = 1; req = request(&q);
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "stop token 54"); }
+  { FRESH(q); q.max_new = 0; req = request(&q);
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "max_new_tokens = 0"); }
+  { FRESH(q); q.R = 0; req = request(&q);
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "0 rows"); }
+  rx_model_free(m);
+
+  /* more than memory: refused before allocating, naming rows, positions and sizes */
+  rx_model_config c = tiny_config(RX_F64);
+  c.max_position_embeddings = (int64_t)1 << 40;
+  rx_model *big = NULL;
+  CHECK_OK(rx_model_new(&big, &c));
+  if (!big) return;
+  FRESH(q);
+  q.max_new = (int64_t)1 << 33;   /* 3 rows x 2^33 positions: terabytes of cache */
+  req = request(&q);
+  CHECK_FAILS(rx_generate_begin(&g, big, &req, &b.res), "3 rows x 8589934599 positions need a");
+  CHECK(strstr(rx_last_error(), "GiB KV cache") && strstr(rx_last_error(), "available"), "message: %s", rx_last_error());
+  const int64_t want = 2 * c.num_hidden_layers * 3 * (7 + q.max_new) * c.num_key_value_heads * c.head_dim * 8;
+  CHECK(b.res.cache_bytes == want, "reported cache %lld, want %lld", (long long)b.res.cache_bytes, (long long)want);
+  CHECK(g == NULL, "generator left");
+  rx_model_free(big);
+#undef FRESH
+}
+
+int main(void) {
+  RUN(test_cached_f64);
+  RUN(test_cached_f32);
+  RUN(test_sampler_distributions);
+  RUN(test_sampler_edges);
+  RUN(test_same_seed_same_tokens);
+  RUN(test_prompts_without_rows);
+  RUN(test_stop_tokens);
+  RUN(test_bad_requests);
+  return check_summary("test_generate");
+}

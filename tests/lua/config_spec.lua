@@ -1,0 +1,93 @@
+local config = require("remax.config")
+
+local function err_of(f, ...)
+  local ok, err = pcall(f, ...)
+  assert.is_false(ok, "expected an error")
+  return tostring(err)
+end
+
+describe("config", function()
+  it("declares every key with a type, a meaning and a group", function()
+    assert.is_true(#config.order > 40)
+    for _, k in ipairs(config.order) do
+      local d = config.keys[k]
+      assert.is_string(d.type, k)
+      assert.is_true(#d.help > 10, k .. " has a meaning")
+    end
+    for _, trl in ipairs({ "num_generations", "max_prompt_length", "max_completion_length", "temperature", "top_p",
+      "beta", "learning_rate", "lr_scheduler_type", "warmup_ratio", "per_device_train_batch_size",
+      "gradient_accumulation_steps", "max_grad_norm", "reward_weights", "logging_steps", "eval_steps", "save_steps",
+      "save_total_limit", "log_completions", "seed", "max_steps", "output_dir", "run_name", "model", "data" }) do
+      assert.is_not_nil(config.keys[trl], "TRL name " .. trl)
+    end
+  end)
+
+  it("parses typed command-line overrides", function()
+    local o, help = config.parse_args({ "--learning_rate", "3e-5", "--gradient_checkpointing", "--reward_weights",
+      "1,0.5", "--algo=grpo", "--run_name", "x", "--eval_on_start", "false", "--rewards", "gsm8k,format",
+      "--max_steps", "7" })
+    assert.is_false(help)
+    assert.are.equal(3e-5, o.learning_rate)
+    assert.are.equal(true, o.gradient_checkpointing)
+    assert.are.same({ 1, 0.5 }, o.reward_weights)
+    assert.are.equal("grpo", o.algo)
+    assert.are.equal("x", o.run_name)
+    assert.are.equal(false, o.eval_on_start)
+    assert.are.same({ "gsm8k", "format" }, o.rewards)
+    assert.are.equal(7, o.max_steps)
+    local cfg = config.resolve({ learning_rate = 1e-6, max_steps = 3, num_generations = 2 }, o)
+    assert.are.equal(3e-5, cfg.learning_rate, "the command line wins over the recipe")
+    assert.are.equal(7, cfg.max_steps)
+    assert.are.equal(2, cfg.num_generations, "recipe values stay")
+    assert.are.equal("seq-mean-token-mean", cfg.loss_agg_mode, "defaults fill the rest")
+  end)
+
+  it("stops on an unknown key with the closest valid name", function()
+    assert.matches("unknown setting 'learnig_rate'; did you mean 'learning_rate'",
+      err_of(config.parse_args, { "--learnig_rate", "1" }), 1, true)
+    assert.matches("recipes/x.lua: unknown setting 'num_generation'; did you mean 'num_generations'",
+      err_of(config.resolve, { num_generation = 4 }, {}, { where = "recipes/x.lua" }), 1, true)
+    assert.matches("did you mean 'gradient_accumulation_steps'",
+      err_of(config.parse_args, { "--grad_accumulation_steps", "2" }), 1, true)
+    assert.are.equal(2, config.edit_distance("beta", "beat"))
+    assert.are.equal(1, config.edit_distance("beta", "bet"))
+  end)
+
+  it("names the key and value of a bad override or recipe value", function()
+    assert.matches("--max_steps '1.5': expected an integer >= 0", err_of(config.parse_args, { "--max_steps", "1.5" }), 1, true)
+    assert.matches("--beta 'lots': expected a number", err_of(config.parse_args, { "--beta", "lots" }), 1, true)
+    assert.matches("--gradient_checkpointing 'maybe': expected true or false",
+      err_of(config.parse_args, { "--gradient_checkpointing", "maybe" }), 1, true)
+    assert.matches("--reward_weights '1,x': expected a comma-separated list of numbers",
+      err_of(config.parse_args, { "--reward_weights", "1,x" }), 1, true)
+    assert.matches("algo = 'ppo': expected one of remax, grpo, rloo, reinforce, sft",
+      err_of(config.parse_args, { "--algo", "ppo" }), 1, true)
+    assert.matches("--model_config: model_config can only be set in the recipe",
+      err_of(config.parse_args, { "--model_config", "x" }), 1, true)
+    assert.matches("--temperature (no value): expected a value", err_of(config.parse_args, { "--temperature" }), 1, true)
+    assert.matches("r.lua: beta = 'high': expected a number",
+      err_of(config.resolve, { beta = "high" }, {}, { where = "r.lua" }), 1, true)
+    assert.matches("reward_weights has 1 weights for 2 reward functions",
+      err_of(config.resolve, { rewards = { "gsm8k", "format" }, reward_weights = { 1 } }), 1, true)
+    assert.matches("algo = rloo needs num_generations >= 2",
+      err_of(config.resolve, { algo = "rloo", num_generations = 1 }), 1, true)
+  end)
+
+  it("--help lists every key with its resolved value, default and meaning", function()
+    local o, help = config.parse_args({ "--help", "--beta", "0.25" })
+    assert.is_true(help)
+    local text = config.help(config.resolve({ learning_rate = 2e-5 }, o))
+    for _, k in ipairs(config.order) do assert.matches("--" .. k .. " ", text, 1, true) end
+    assert.matches("%-%-beta%s+0.25 %*  %(default 0", text)
+    assert.matches("%-%-learning_rate%s+2e%-05 %*  %(default 1e%-05", text)
+    assert.matches("KL coefficient to the frozen reference model", text, 1, true)
+  end)
+
+  it("serialises functions and reward tables for config.json", function()
+    local f = function() end
+    local s = config.serializable(config.resolve({ rewards = { "gsm8k", { name = "mine", fn = f } }, loop = f }))
+    assert.are.same("gsm8k", s.rewards[1])
+    assert.are.same("mine", s.rewards[2])
+    assert.matches("^function %(.*config_spec.lua:%d+%)$", s.loop)
+  end)
+end)

@@ -1,0 +1,229 @@
+-- generate_spec: Model:generate (per-slot settings, row order, logprobs, stop ids, streaming,
+-- errors) and the `remax generate` command on a tiny model with the byte-level tokenizer.
+local remax = require("remax")
+local cjson = require("cjson")
+
+local function tiny(vocab)
+  return {
+    architectures = { "Qwen2ForCausalLM" }, vocab_size = vocab or 40, hidden_size = 16, intermediate_size = 24,
+    num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, rms_norm_eps = 1e-6,
+    rope_theta = 10000, tie_word_embeddings = false, max_position_embeddings = 128,
+  }
+end
+
+local function model(seed, vocab) return remax.model.new(tiny(vocab), { seed = seed, init_std = 0.3 }) end
+
+local function concat(a, b)
+  local out = {}
+  for _, x in ipairs(a) do out[#out + 1] = x end
+  for _, x in ipairs(b or {}) do out[#out + 1] = x end
+  return out
+end
+
+local function argmax(row)
+  local best = 1
+  for i = 2, #row do if row[i] > row[best] then best = i end end
+  return best - 1   -- token ids are 0-based
+end
+
+local function log_softmax_at(row, id)
+  local mx = -math.huge
+  for _, x in ipairs(row) do mx = math.max(mx, x) end
+  local s = 0
+  for _, x in ipairs(row) do s = s + math.exp(x - mx) end
+  return row[id + 1] - mx - math.log(s)
+end
+
+local prompts = { { 1, 5, 9, 13, 2 }, { 7, 3 }, { 30, 31, 32, 33, 34, 35 } }
+
+describe("model:generate", function()
+  it("gives slot lists' length rows per prompt, prompt-major, greedy slots following the argmax chain", function()
+    local m = model(1)
+    local out = m:generate(prompts, { temperature = { 1, 1, 0 }, max_new_tokens = 6, seed = 3 })
+    assert.are.equal(9, #out.rows)
+    for i, row in ipairs(out.rows) do
+      assert.are.equal(math.floor((i - 1) / 3) + 1, row.prompt)
+      assert.are.equal((i - 1) % 3 + 1, row.slot)
+      assert.are.equal(6, #row.tokens)
+      assert.are.equal("length", row.finish)
+    end
+    assert.are.equal(54, out.tokens_generated)
+    assert.is_true(out.cache_bytes > 0)
+    -- the greedy slot is the argmax chain of full forwards; every logprob is log_softmax there
+    for _, row in ipairs(out.rows) do
+      local seq = prompts[row.prompt]
+      for t, id in ipairs(row.tokens) do
+        local logits = m:next_logits({ seq }):totable()[1]
+        if row.slot == 3 then assert.are.equal(argmax(logits), id) end
+        local want = log_softmax_at(logits, id)
+        assert.is_true(math.abs(row.logprobs[t] - want) < 1e-4, ("%g vs %g"):format(row.logprobs[t], want))
+        seq = concat(seq, { id })
+      end
+    end
+  end)
+
+  it("gives a prompt the same samples in any batch", function()
+    local m = model(2)
+    local opts = { temperature = { 1.0, 0.8 }, top_p = { 1.0, 0.9 }, max_new_tokens = 8, seed = 11 }
+    local a = m:generate({ prompts[1], prompts[2] }, opts)
+    local b = m:generate({ prompts[3], prompts[1] }, opts)
+    for slot = 1, 2 do
+      assert.are.same(a.rows[slot].tokens, b.rows[2 + slot].tokens)
+    end
+    assert.are_not.same(a.rows[1].tokens, a.rows[2].tokens)   -- the slot is part of the key
+    local c = m:generate({ prompts[1] }, { temperature = { 1.0, 0.8 }, top_p = { 1.0, 0.9 }, max_new_tokens = 8, seed = 12 })
+    assert.are_not.same(a.rows[1].tokens, c.rows[1].tokens)    -- and so is the seed
+  end)
+
+  it("ends a row at a stop id, others at their budget", function()
+    local m = model(3)
+    local free = m:generate(prompts, { temperature = 0, max_new_tokens = 10 })
+    local stop = free.rows[1].tokens[4]
+    local out = m:generate(prompts, { temperature = 0, max_new_tokens = 10, stop = { stop } })
+    for i, row in ipairs(out.rows) do
+      local first
+      for t, id in ipairs(free.rows[i].tokens) do if id == stop then first = first or t end end
+      if first then
+        assert.are.equal("stop", row.finish)
+        assert.are.equal(first, #row.tokens)
+        assert.are.equal(stop, row.tokens[#row.tokens])
+      else
+        assert.are.equal("length", row.finish)
+        assert.are.equal(10, #row.tokens)
+      end
+    end
+    assert.are.equal("stop", out.rows[1].finish)
+  end)
+
+  it("reports each step to on_token", function()
+    local m = model(4)
+    local seen = {}
+    local out = m:generate({ prompts[2] }, { max_new_tokens = 5, seed = 1, on_token = function(step, tokens, lengths)
+      seen[#seen + 1] = { step = step, n = lengths[0], last = tokens[lengths[0] - 1] }
+    end })
+    assert.are.equal(5, #seen)
+    for i, s in ipairs(seen) do
+      assert.are.equal(i - 1, s.step)
+      assert.are.equal(i, s.n)
+      assert.are.equal(out.rows[1].tokens[i], s.last)
+    end
+  end)
+
+  it("rejects bad requests with messages naming the setting", function()
+    local m = model(5)
+    local function fails(needle, p, opts)
+      local ok, err = pcall(m.generate, m, p or prompts, opts or {})
+      assert.is_false(ok)
+      assert.is_truthy(tostring(err):find(needle, 1, true), tostring(err))
+    end
+    fails("per-slot lists disagree: top_p has 2 entries, temperature has 3", nil, { temperature = { 1, 1, 0 }, top_p = { 0.9, 1 } })
+    fails("per-slot lists disagree: top_k has 1 entries, temperature has 3", nil, { top_k = { 5 }, temperature = { 1, 1, 0 } })
+    fails("prompt 2 is empty", { { 1 }, {} })
+    fails("prompt 1, position 2: 40 is not a token id in [0, 40)", { { 1, 40 } })
+    fails("prompt 1, position 1: 1.5 is not a token id", { { 1.5 } })
+    fails("temperature = -1 (slot 2) must be >= 0", nil, { temperature = { 1, -1 } })
+    fails("top_p = 0 must be in (0, 1]", nil, { top_p = 0 })
+    fails("top_k = 2.5 must be an integer", nil, { top_k = 2.5 })
+    fails("max_new_tokens = 0 must be an integer >= 1", nil, { max_new_tokens = 0 })
+    fails("stop[1] = 99 is not a token id", nil, { stop = { 99 } })
+    fails("max_position_embeddings", nil, { max_new_tokens = 125 })
+    fails("expected a non-empty list of prompts", {})
+  end)
+end)
+
+-- ---------------------------------------------------------------- remax generate
+
+local function tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  os.execute("mkdir -p " .. d)
+  return d
+end
+
+local function binary()
+  local dir = os.getenv("REMAX_BUILD_DIR") or (os.getenv("REMAX_LIB") or ""):match("^(.*)/[^/]+$") or "build"
+  return dir .. "/remax"
+end
+
+local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function run(args)
+  local p = io.popen(("%s generate %s 2>/tmp/remax_generate_spec.err; echo \"rc=$?\""):format(q(binary()), args))
+  local out = p:read("*a")
+  p:close()
+  local f = io.open("/tmp/remax_generate_spec.err")
+  local err = f and f:read("*a") or ""
+  if f then f:close() end
+  local rc = tonumber(out:match("rc=(%d+)%s*$"))
+  return out:gsub("rc=%d+%s*$", ""), err, rc
+end
+
+local function write(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
+describe("remax generate", function()
+  local dir, tok, m
+  setup(function()
+    tok = remax.tokenizer.load("tests/fixtures/byte_tokenizer")
+    m = model(6, tok.vocab_size)
+    dir = tmpdir()
+    m:save(dir)
+    local src = io.open("tests/fixtures/byte_tokenizer/tokenizer.json", "rb")
+    write(dir .. "/tokenizer.json", src:read("*a"))
+    src:close()
+    local cfg = cjson.decode(io.open("tests/fixtures/byte_tokenizer/tokenizer_config.json"):read("*a"))
+    cfg.chat_template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    write(dir .. "/tokenizer_config.json", cjson.encode(cfg))
+    write(dir .. "/generation_config.json", cjson.encode({ eos_token_id = { 258, 256 } }))
+    tok = remax.tokenizer.load(dir)
+  end)
+  teardown(function() os.execute("rm -rf " .. q(dir)) end)
+
+  it("streams one completion: the text of the tokens model:generate gives", function()
+    local out, err, rc = run(("--model %s --prompt %s --max-new-tokens 12 --seed 4 --temperature 0.9"):format(q(dir), q("héllo")))
+    assert.are.equal(0, rc, err)
+    local want = m:generate({ tok:encode("héllo") }, { temperature = 0.9, max_new_tokens = 12, seed = 4, stop = { 256, 258 } })
+    assert.are.equal(tok:decode(want.rows[1].tokens, { skip_special_tokens = true }) .. "\n", out)
+    assert.is_truthy(err:find("new tokens in", 1, true), err)
+  end)
+
+  it("prints --n completions, takes --prompt-ids, --chat and greedy settings", function()
+    local out, err, rc = run(("--model %s --prompt-ids 104,105 --n 3 --max-new-tokens 5 --top-k 5 --top-p 0.9"):format(q(dir)))
+    assert.are.equal(0, rc, err)
+    local want = m:generate({ { 104, 105 } }, { temperature = { 1, 1, 1 }, top_k = 5, top_p = 0.9, max_new_tokens = 5,
+      seed = 0, stop = { 256, 258 } })
+    local n = 0
+    for i, row in ipairs(want.rows) do
+      local header = ("--- completion %d (%d tokens, %s)\n"):format(i, #row.tokens, row.finish)
+      local text = tok:decode(row.tokens, { skip_special_tokens = true })
+      assert.is_truthy(out:find(header .. text .. "\n", 1, true), out)
+      n = n + 1
+    end
+    assert.are.equal(3, n)
+    local chat_out, chat_err, chat_rc = run(("--model %s --prompt hi --chat --temperature 0 --max-new-tokens 6"):format(q(dir)))
+    assert.are.equal(0, chat_rc, chat_err)
+    local ids = tok:encode(remax.chat.render("hi", { tokenizer = tok }))
+    assert.are.equal(257, ids[1])   -- <|im_start|>: the template was applied
+    local greedy = m:generate({ ids }, { temperature = 0, max_new_tokens = 6, stop = { 256, 258 } })
+    assert.are.equal(tok:decode(greedy.rows[1].tokens, { skip_special_tokens = true }) .. "\n", chat_out)
+  end)
+
+  it("fails clearly on a missing --model, a bad flag or a bad value", function()
+    local _, err, rc = run("--prompt hi")
+    assert.are_not.equal(0, rc)
+    assert.is_truthy(err:find("missing --model DIR", 1, true), err)
+    _, err, rc = run(("--model %s --prompt hi --frobnicate 3"):format(q(dir)))
+    assert.are_not.equal(0, rc)
+    assert.is_truthy(err:find("unknown argument '--frobnicate'", 1, true), err)
+    _, err, rc = run(("--model %s --prompt hi --top-p 1.5"):format(q(dir)))
+    assert.is_truthy(err:find("--top-p 1.5: expected a number in (0, 1]", 1, true), err)
+    _, err, rc = run(("--model %s --prompt-ids 1,x"):format(q(dir)))
+    assert.is_truthy(err:find("--prompt-ids: 'x' is not a token id", 1, true), err)
+    _, err, rc = run(("--model %s/nowhere --prompt-ids 1,2"):format(q(dir)))
+    assert.are_not.equal(0, rc)
+    assert.is_truthy(err:find("nowhere/config.json", 1, true), err)
+  end)
+end)

@@ -1,0 +1,302 @@
+-- End-to-end trainer checks on a tiny random model (byte-level tokenizer, real model:generate).
+local config = require("remax.config")
+local trainer = require("remax.trainer")
+local cli = require("remax.cli")
+local ffi = require("ffi")
+
+local function tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  os.execute("mkdir -p " .. d)
+  return d
+end
+
+local function write(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
+-- reward: the fraction of completion tokens that are lowercase ASCII letters (about 10% for a
+-- random byte-level model; easy to learn)
+local LOWER = [[
+return { name = "lower", fn = function(completions, batch)
+  local s = {}
+  for i, c in ipairs(completions) do
+    local ids, n = batch.completion_ids[i], 0
+    for _, id in ipairs(ids) do if id >= 97 and id <= 122 then n = n + 1 end end
+    s[i] = n / #ids
+  end
+  return s
+end }
+]]
+
+local TINY = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
+  num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
+  rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true }
+
+local function setup()
+  local dir = tmpdir()
+  write(dir .. "/lower.lua", LOWER)
+  local lines = {}
+  for i = 1, 24 do lines[i] = ('{"prompt": "say something %d", "answer": "x%d"}'):format(i, i) end
+  write(dir .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+  return dir
+end
+
+local function settings(dir, extra)
+  local s = {
+    model_config = TINY, data = dir .. "/p.jsonl", rewards = { dir .. "/lower.lua" }, chat_template = "plain",
+    num_generations = 4, max_completion_length = 10, per_device_train_batch_size = 4,
+    gradient_accumulation_steps = 2, learning_rate = 1e-2, max_steps = 30, eval_size = 0,
+    output_dir = dir .. "/runs", save_steps = 0, log_completions = 0, seed = 7,
+  }
+  for k, v in pairs(extra or {}) do s[k] = v end
+  return s
+end
+
+local function new_trainer(dir, extra, overrides)
+  local cfg = config.resolve(settings(dir, extra), overrides)
+  return trainer.new(cfg, { quiet = true, signals = false })
+end
+
+local function params_bytes(model)
+  local out = {}
+  for name, p in pairs(model:params()) do
+    out[name] = ffi.string(p.data, tonumber(p.numel) * 4)
+  end
+  return out
+end
+
+local function capture_error(f, ...)
+  local ok, err = pcall(f, ...)
+  assert.is_false(ok, "expected an error")
+  return tostring(err)
+end
+
+describe("trainer", function()
+  it("raises the reward of a learnable task with ReMax (and logs the contract's metrics)", function()
+    local dir = setup()
+    local t = new_trainer(dir)
+    local out = t:train()
+    local h = out.history
+    assert.are.equal(30, #h)
+    local function avg(a, b)
+      local s = 0
+      for i = a, b do s = s + h[i].reward end
+      return s / (b - a + 1)
+    end
+    local first, last = avg(1, 5), avg(26, 30)
+    assert.is_true(last > first + 0.15, ("reward %.3f -> %.3f"):format(first, last))
+    for _, k in ipairs({ "reward", "reward_greedy", "reward/lower", "reward_greedy/lower", "advantage_mean",
+      "advantage_std", "kl", "loss", "grad_norm", "lr", "completion_length_mean", "completion_length_max",
+      "truncated_fraction", "tokens_per_s", "time_generate", "time_score", "time_train", "peak_memory_mib",
+      "bad_steps", "reloads" }) do
+      assert.is_not_nil(h[30][k], "metric " .. k)
+    end
+    local rows = t.run:metrics()
+    assert.are.equal(30, #rows)
+    assert.is_not_nil(t.run:latest_checkpoint())
+  end)
+
+  it("resumes exactly: 3 steps + resume + 3 steps == 6 steps", function()
+    local dir = setup()
+    local extra = { max_steps = 6, beta = 0.05, lr_scheduler_type = "cosine", warmup_ratio = 0.34,
+      weight_decay = 0.01, learning_rate = 3e-3 }
+    extra.run_name = "straight"
+    local a = new_trainer(dir, extra)
+    a:train()
+    extra.run_name = "split"
+    local b = new_trainer(dir, extra)
+    for _ = 1, 3 do b:train_step() end
+    b:save_checkpoint()
+    extra.run_name, extra.resume = nil, dir .. "/runs/split"
+    local c = new_trainer(dir, extra)
+    assert.are.equal(3, c.step)
+    c:train()
+    assert.are.equal(6, c.step)
+    local pa, pc = params_bytes(a.model), params_bytes(c.model)
+    for name, bytes in pairs(pa) do
+      assert.is_true(bytes == pc[name], "parameter " .. name .. " differs after resume")
+    end
+    -- the straight run's metrics and the resumed run's agree step by step
+    local ma, mc = a.run:metrics(), c.run:metrics()
+    assert.are.equal(ma[6].reward, mc[6].reward)
+    assert.are.equal(ma[6].loss, mc[6].loss)
+  end)
+
+  it("trains with SFT on prompt -> answer (loss falls)", function()
+    local dir = setup()
+    local t = new_trainer(dir, { algo = "sft", max_steps = 15, learning_rate = 1e-2, rewards = { dir .. "/lower.lua" } })
+    local out = t:train()
+    assert.is_true(out.history[15].loss < out.history[1].loss * 0.7,
+      ("sft loss %.3f -> %.3f"):format(out.history[1].loss, out.history[15].loss))
+  end)
+
+  it("stops on a failing reward with its name, file:line and the completion, after a checkpoint", function()
+    local dir = setup()
+    write(dir .. "/bad.lua", [[
+return { name = "flaky", fn = function(completions, batch)
+  local s = {}
+  for i, c in ipairs(completions) do
+    if _G.FLAKY_ON and batch.greedy[i] then
+      s[i] = 0/0
+    else
+      s[i] = 0.5
+    end
+  end
+  return s
+end }
+]])
+    local t = new_trainer(dir, { rewards = { dir .. "/lower.lua", dir .. "/bad.lua" }, max_steps = 3 })
+    assert.is_nil(t.run:latest_checkpoint())
+    t:train_step()
+    _G.FLAKY_ON = true
+    local err = capture_error(t.train_step, t)
+    _G.FLAKY_ON = nil
+    assert.matches("reward 'flaky'", err, 1, true)
+    assert.matches("bad.lua:1", err, 1, true)
+    assert.matches("returned nan", err, 1, true)
+    assert.matches("completion: \"", err, 1, true)
+    local _, step = t.run:latest_checkpoint()
+    assert.are.equal(1, step)
+
+    write(dir .. "/throws.lua", [[
+return { name = "thrower", fn = function(completions, batch)
+  error("no column 'solution' in batch")
+end }
+]])
+    err = capture_error(new_trainer, dir, { rewards = { dir .. "/throws.lua" } })
+    assert.matches("reward 'thrower'", err, 1, true)
+    assert.matches("throws.lua:2: no column 'solution'", err, 1, true)
+    assert.matches("columns: answer, prompt", err, 1, true)
+  end)
+
+  it("names missing dataset columns", function()
+    local dir = setup()
+    write(dir .. "/noanswer.jsonl", '{"prompt": "a"}\n{"prompt": "b"}\n')
+    local err = capture_error(new_trainer, dir, { algo = "sft", data = dir .. "/noanswer.jsonl" })
+    assert.matches("answer column 'answer'", err, 1, true)
+    assert.matches("columns: prompt", err, 1, true)
+    err = capture_error(new_trainer, dir, { data = dir .. "/noanswer.jsonl", prompt_column = "question" })
+    assert.matches("noanswer.jsonl:1: missing prompt column 'question'", err, 1, true)
+  end)
+
+  it("hot-reloads a changed reward file and keeps the old one when the new one fails", function()
+    local dir = setup()
+    local t = new_trainer(dir, { max_steps = 4 })
+    t:train_step()
+    write(dir .. "/lower.lua", "return { name = 'lower', fn = function(c) error('broken') end }")
+    assert.are.equal(0, t:check_reload())
+    t:train_step()
+    write(dir .. "/lower.lua", "return { name = 'lower', fn = function(c) local s = {} for i = 1, #c do s[i] = 1 end return s end }")
+    assert.are.equal(1, t:check_reload())
+    local m = t:train_step()
+    assert.are.equal(1, m.reward)
+    assert.are.equal(1, m.reloads)
+  end)
+
+  it("hot-reloads a changed recipe (hot settings and rewards) and keeps it when the new one fails", function()
+    local dir = setup()
+    local recipe_mod = require("remax.recipe")
+    local function recipe_text(lr, value)
+      return ([[
+local s = dofile(%q)
+s.learning_rate = %s
+s.rewards = { { name = "const", fn = function(c) local r = {} for i = 1, #c do r[i] = %s end return r end } }
+return s
+]]):format(dir .. "/settings.lua", lr, value)
+    end
+    local base = settings(dir, { max_steps = 4 })
+    base.model_config = nil
+    local lines = { "return {" }
+    for k, v in pairs(base) do
+      if type(v) ~= "table" then lines[#lines + 1] = ("  %s = %s,"):format(k, type(v) == "string" and ("%q"):format(v) or tostring(v)) end
+    end
+    lines[#lines + 1] = "  model_config = { hidden_size = 16, intermediate_size = 32, num_hidden_layers = 1, num_attention_heads = 2, max_position_embeddings = 128 },"
+    lines[#lines + 1] = "}"
+    write(dir .. "/settings.lua", table.concat(lines, "\n"))
+    local path = dir .. "/recipe.lua"
+    write(path, recipe_text("1e-3", "0.25"))
+    local cfg = config.resolve(recipe_mod.load(path), {})
+    local t = trainer.new(cfg, { quiet = true, signals = false, recipe_path = path })
+    assert.are.equal(0.25, t:train_step().reward)
+    write(path, recipe_text("2e-3", "0.75"))
+    assert.are.equal(1, t:check_reload())
+    assert.are.equal(2e-3, t.cfg.learning_rate)
+    local m = t:train_step()
+    assert.are.equal(0.75, m.reward)
+    assert.are.same({ path }, m.reloaded)
+    write(path, "return { learning_rate = 1e-3,, }")
+    assert.are.equal(0, t:check_reload())
+    assert.are.equal(0.75, t:train_step().reward)
+  end)
+
+  it("saves a checkpoint and stops cleanly on Ctrl-C", function()
+    pcall(ffi.cdef, "int raise(int sig);")
+    local dir = setup()
+    local calls = 0
+    local t = new_trainer(dir, { max_steps = 50, rewards = { { name = "interrupting", fn = function(c)
+      calls = calls + 1
+      if calls == 3 then ffi.C.raise(2) end   -- SIGINT during step 2 (call 1 is the data probe)
+      local r = {}
+      for i = 1, #c do r[i] = 0 end
+      return r
+    end } } })
+    t.opts.signals = true
+    local out = t:train()
+    assert.is_true(out.interrupted)
+    assert.are.equal(2, out.step)
+    local _, step = t.run:latest_checkpoint()
+    assert.are.equal(2, step)
+  end)
+
+  it("skips non-finite updates, counts them, and stops after max_bad_steps", function()
+    local dir = setup()
+    local t = new_trainer(dir, { max_steps = 5, max_bad_steps = 1 })
+    -- a custom advantage that is huge makes the loss overflow to inf
+    t.advantage_fn = function(groups)
+      local adv = {}
+      for i, g in ipairs(groups) do
+        adv[i] = {}
+        for j = 1, #g.samples do adv[i][j] = 1e308 * (j % 2 == 0 and 10 or -10) end
+      end
+      return adv
+    end
+    local m = t:train_step()
+    assert.are.equal(1, m.bad_steps)
+    local err = capture_error(t.train_step, t)
+    assert.matches("max_bad_steps = 1", err, 1, true)
+  end)
+
+  it("runs a recipe file through the CLI and reports bad recipes with file:line", function()
+    local dir = setup()
+    local s = settings(dir, { max_steps = 2 })
+    local parts = {}
+    for k, v in pairs(s) do
+      if k ~= "model_config" and k ~= "rewards" then
+        parts[#parts + 1] = ("%s = %s,"):format(k, type(v) == "string" and ("%q"):format(v) or tostring(v))
+      end
+    end
+    local body = table.concat(parts, "\n")
+    write(dir .. "/ok.lua", ("return {\n%s\nrewards = { %q },\nmodel_config = { hidden_size = 16, intermediate_size = 32, num_hidden_layers = 1, num_attention_heads = 2, max_position_embeddings = 128 },\n}\n"):format(body, dir .. "/lower.lua"))
+    local real_print = print
+    _G.print = function() end
+    local ok, rc = pcall(cli.run, dir .. "/ok.lua", "--max_steps", "1", "--seed", "3")
+    _G.print = real_print
+    assert.is_true(ok, tostring(rc))
+    assert.are.equal(0, rc)
+
+    write(dir .. "/syntax.lua", "return {\n  learning_rate = 1e-5\n  beta = 0.1,\n}\n")
+    local err = capture_error(cli.run, dir .. "/syntax.lua")
+    assert.matches("syntax.lua:3:", err, 1, true)
+
+    write(dir .. "/typo.lua", "return { learning_rat = 1e-5 }\n")
+    err = capture_error(cli.run, dir .. "/typo.lua")
+    assert.matches("unknown setting 'learning_rat'; did you mean 'learning_rate'", err, 1, true)
+    assert.matches("typo.lua", err, 1, true)
+
+    err = capture_error(cli.run, dir .. "/ok.lua", "--beta", "lots")
+    assert.matches("--beta 'lots': expected a number", err, 1, true)
+  end)
+end)
