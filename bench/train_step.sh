@@ -16,9 +16,9 @@ c=$(run_remax --checkpoint)
 p=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 bench/torch_peer.py train \
   --shape "$shape" --batch "$batch" --seq "$seq" --steps "$steps" --threads 2)
 echo "$r"; echo "$c"; echo "$p"
-luajit -e '
+R="$r" C="$c" P="$p" luajit -e '
 local cjson = require("cjson")
-local r, c, p = cjson.decode(arg[1]), cjson.decode(arg[2]), cjson.decode(arg[3])
+local r, c, p = cjson.decode(os.getenv("R")), cjson.decode(os.getenv("C")), cjson.decode(os.getenv("P"))
 print(("%-10s B=%d T=%d  remax %.1f tok/s (%.0f MiB peak; checkpointing %.1f tok/s, %.0f MiB)  %s %.1f tok/s (%.0f MiB)  ratio %.2fx, memory %.2fx"):format(
   r.shape, r.batch, r.seq, r.tokens_per_s, r.peak_rss_mib, c.tokens_per_s, c.peak_rss_mib, p.peer, p.tokens_per_s,
-  p.peak_rss_mib, r.tokens_per_s / p.tokens_per_s, r.peak_rss_mib / p.peak_rss_mib))' "$r" "$c" "$p"
+  p.peak_rss_mib, r.tokens_per_s / p.tokens_per_s, r.peak_rss_mib / p.peak_rss_mib))'
