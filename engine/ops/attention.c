@@ -80,12 +80,22 @@ static int check_inputs(const char *op, const rx_tensor *q, const rx_tensor *k, 
   return RX_OK;
 }
 
-/* The kernels' transient scratch (scores of one tile per thread, Delta for the backward). */
+/* The kernels' transient scratch (scores of one tile per thread, Delta for the backward). It is
+ * kept between calls and only grows: attention runs once per layer per step (and per decoded
+ * token), and a fresh large allocation each time costs page faults that showed in profiles. */
+static _Thread_local void *scratch_buf;
+static _Thread_local size_t scratch_cap;
+
 static void *attn_scratch(const rx_attn_dims *dims, int32_t dtype, int threads, const char *op) {
   const size_t es = dtype == RX_F32 ? sizeof(float) : sizeof(double);
-  void *p = rx_alloc((size_t)rx_cpu_attention_scratch_elems(dims, threads) * es, "attention scratch");
-  if (!p) rx_fail_context(RX_ENOMEM, "%s", op);
-  return p;
+  const size_t bytes = (size_t)rx_cpu_attention_scratch_elems(dims, threads) * es;
+  if (bytes > scratch_cap) {
+    rx_free(scratch_buf);
+    scratch_buf = rx_alloc(bytes, "attention scratch");
+    scratch_cap = scratch_buf ? bytes : 0;
+    if (!scratch_buf) rx_fail_context(RX_ENOMEM, "%s", op);
+  }
+  return scratch_buf;
 }
 
 /* An output or saved tensor: contiguous, shaped like q (4 dims) or [B,H,Tq] (lse), same dtype/device. */
@@ -116,7 +126,6 @@ int rx_attention_forward(rx_tensor *out, rx_tensor *lse, const rx_tensor *q, con
         rx_cpu_attention_forward_f32(out->data, lse->data, q->data, k->data, v->data, keep, &dims, scratch, threads);
       else
         rx_cpu_attention_forward_f64(out->data, lse->data, q->data, k->data, v->data, keep, &dims, scratch, threads);
-      rx_free(scratch);
       return RX_OK;
     }
     default:
@@ -149,7 +158,6 @@ int rx_attention_backward(rx_tensor *dq, rx_tensor *dk, rx_tensor *dv, const rx_
       else
         rx_cpu_attention_backward_f64(dq ? dq->data : NULL, dk ? dk->data : NULL, dv ? dv->data : NULL, dout->data, q->data,
                                       k->data, v->data, out->data, lse->data, keep, &dims, scratch, threads);
-      rx_free(scratch);
       return RX_OK;
     }
     default:
