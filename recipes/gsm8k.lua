@@ -14,6 +14,11 @@ return {
   algo = "remax",
   rewards = { "gsm8k" },
 
+  -- synthetic problems like the ones models/tiny-gsm8k was trained on (recipes/tiny_sft.lua),
+  -- drawn fresh: another seed than the SFT run, and the held-out split for evaluation
+  synth_steps = { 1, 2 },
+  synth_max_number = 12,
+
   num_generations = 2,            -- sampled rows per prompt (+ 1 greedy row)
   temperature = 1.0,
   max_prompt_length = 512,
@@ -32,5 +37,5 @@ return {
   eval_steps = 10,
   save_steps = 10,
   log_completions = 5,
-  seed = 1,
+  seed = 2,
 }
