@@ -18,21 +18,13 @@ M.Model = Model
 
 M.architectures = { Qwen2ForCausalLM = "qwen2", LlamaForCausalLM = "llama" }
 
-local function read_file(path)
-  local f, err = io.open(path, "rb")
-  if not f then return nil, err end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local fs = require("remax.fs")
+local write_atomic = fs.write_atomic
 
--- Writes a file through a temporary name and a rename, so a crash never leaves half a file.
-local function write_atomic(path, text)
-  local tmp = path .. ".tmp"
-  local f = assert(io.open(tmp, "wb"))
-  f:write(text)
-  f:close()
-  assert(os.rename(tmp, path))
+local function read_file(path)
+  local text = fs.read_text(path)
+  if not text then return nil, fs.exists(path) and "cannot read it" or "no such file" end
+  return text
 end
 
 local function json_value(v)
@@ -428,7 +420,7 @@ local tokenizer_files = { "tokenizer.json", "tokenizer_config.json", "special_to
 -- folder the model came from. opts.dtype: "f32" (default: the compute dtype) or "bf16".
 function Model:save(dir, opts)
   opts = opts or {}
-  os.execute(("mkdir -p '%s'"):format(dir:gsub("'", "'\\''")))
+  fs.mkdir_p(dir)
   local save_dtype = opts.dtype and tensor.dtype(opts.dtype) or tonumber(self:cfg().dtype)
   local tensors = {}
   for i, name in ipairs(self.names) do

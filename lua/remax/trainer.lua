@@ -39,21 +39,8 @@ local function now()
 end
 M.now = now
 
-local function file_exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() return true end
-  return false
-end
-
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
-local function mkdir(path) os.execute(("mkdir -p '%s'"):format(path:gsub("'", "'\\''"))) end
+local fs = require("remax.fs")
+local file_exists, read_file, mkdir = fs.exists, fs.read_text, fs.mkdir_p
 
 -- Peak resident memory of this process in MiB (Linux), else the model's own accounting.
 local function peak_memory_mib(model)
