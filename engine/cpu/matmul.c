@@ -13,5 +13,8 @@ static void rx_gemm_f64(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int64_
   cblas_dgemm(CblasRowMajor, ta, tb, (int)M, (int)N, (int)K, 1.0, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 }
 
+/* Up to this many rows a matmul reads each weight row once and dots it with every row. */
+enum { RX_MATMUL_FEW_ROWS = 8 };
+
 #define RX_KERNEL_BODY "matmul.inc"
 #include "instantiate.h"

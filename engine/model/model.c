@@ -91,19 +91,19 @@ int rx_model_new(rx_model **out, const rx_model_config *cfg) {
   m->params = calloc((size_t)n, sizeof *m->params);
   m->grads = calloc((size_t)n, sizeof *m->grads);
   m->param_arena = rx_alloc((size_t)total, "model parameters");
-  m->grad_arena = m->param_arena ? rx_alloc((size_t)total, "model gradients") : NULL;
-  if (!offsets || !m->names || !m->params || !m->grads || !m->param_arena || !m->grad_arena) {
+  if (!offsets || !m->names || !m->params || !m->grads || !m->param_arena) {
     free(offsets);
     free(specs);
     rx_model_free(m);
     return rx_fail(RX_ENOMEM, "out of memory for %lld bytes of model parameters and gradients", (long long)(2 * total));
   }
   memset(m->param_arena, 0, (size_t)total);
-  memset(m->grad_arena, 0, (size_t)total);
   for (int64_t i = 0; i < n; i++) {
     m->names[i] = strdup(specs[i].name);
     rx_view_init(&m->params[i], (char *)m->param_arena + offsets[i], cfg->dtype, cfg->device, specs[i].ndim, specs[i].shape);
-    rx_view_init(&m->grads[i], (char *)m->grad_arena + offsets[i], cfg->dtype, cfg->device, specs[i].ndim, specs[i].shape);
+    /* gradient views get their memory on first use: a model that only generates (or a frozen
+     * reference model) never pays for a second copy of the weights */
+    rx_view_init(&m->grads[i], NULL, cfg->dtype, cfg->device, specs[i].ndim, specs[i].shape);
   }
   free(offsets);
   free(specs);
@@ -132,11 +132,25 @@ void rx_model_free(rx_model *m) {
   free(m);
 }
 
+/* The gradient arena, allocated (zeroed) the first time gradients are needed. */
+static int ensure_grads(rx_model *m) {
+  if (m->grad_arena) return RX_OK;
+  m->grad_arena = rx_alloc((size_t)m->param_bytes, "model gradients");
+  if (!m->grad_arena) return RX_ENOMEM;
+  memset(m->grad_arena, 0, (size_t)m->param_bytes);
+  for (int64_t i = 0; i < m->n_params; i++)
+    m->grads[i].data = (char *)m->grad_arena + ((char *)m->params[i].data - (char *)m->param_arena);
+  return RX_OK;
+}
+
 const rx_model_config *rx_model_get_config(const rx_model *m) { return &m->cfg; }
 int64_t rx_model_param_count(const rx_model *m) { return m->n_params; }
 const char *rx_model_param_name(const rx_model *m, int64_t i) { return i >= 0 && i < m->n_params ? m->names[i] : NULL; }
 rx_tensor *rx_model_param(rx_model *m, int64_t i) { return i >= 0 && i < m->n_params ? &m->params[i] : NULL; }
-rx_tensor *rx_model_grad(rx_model *m, int64_t i) { return i >= 0 && i < m->n_params ? &m->grads[i] : NULL; }
+rx_tensor *rx_model_grad(rx_model *m, int64_t i) {
+  if (i < 0 || i >= m->n_params || ensure_grads(m)) return NULL;
+  return &m->grads[i];
+}
 
 int64_t rx_model_find_param(const rx_model *m, const char *name) {
   for (int64_t i = 0; i < m->n_params; i++)
@@ -144,11 +158,13 @@ int64_t rx_model_find_param(const rx_model *m, const char *name) {
   return -1;
 }
 
-void rx_model_zero_grad(rx_model *m) { memset(m->grad_arena, 0, (size_t)m->param_bytes); }
+void rx_model_zero_grad(rx_model *m) {
+  if (m->grad_arena) memset(m->grad_arena, 0, (size_t)m->param_bytes);
+}
 
 void rx_model_memory_usage(const rx_model *m, rx_model_memory *out) {
   out->param_bytes = m->param_bytes;
-  out->grad_bytes = m->param_bytes;
+  out->grad_bytes = m->grad_arena ? m->param_bytes : 0;
   out->activation_bytes = m->plan.bytes;
   out->head_bytes = m->plan.head_bytes;
 }
@@ -471,6 +487,7 @@ int rx_model_backward(rx_model *m, const rx_tensor *dlogp) {
   plan *p = &m->plan;
   char a[96];
   if (!p->valid) return rx_fail(RX_EINVAL, "backward: no train forward to differentiate (call logprobs with train = true first)");
+  TRY(ensure_grads(m));
   const int64_t B = p->B, T = p->T, N = B * T, L = m->cfg.num_hidden_layers;
   if (rx_check_tensor(dlogp, "backward", "dlogp", 2) || dlogp->shape[0] != B || dlogp->shape[1] != T || dlogp->dtype != m->cfg.dtype)
     return rx_fail(RX_EINVAL, "backward: dlogp must be %s [%lld,%lld] like the forward's logp, got %s %s",
