@@ -129,10 +129,12 @@ static void matmul_ref(double *y, const double *x, const double *w, const double
 }
 
 static void matmul_forward_matches_reference(void) {
+  /* rows 1, 3 and 13 take the few-rows path (each weight row read once), 39 and 111 the GEMM */
   for (int64_t B = 1; B <= 3; B += 2)
+    for (int64_t T = 1; T <= 37; T += 12)
     for (int with_bias = 0; with_bias < 2; with_bias++)
       for (int d = 0; d < 2; d++) {
-        int64_t T = 13, C = 37, OC = 19, xs[3] = {B, T, C}, ws[2] = {OC, C}, bs[1] = {OC}, ys[3] = {B, T, OC};
+        int64_t C = 37, OC = 19, xs[3] = {B, T, C}, ws[2] = {OC, C}, bs[1] = {OC}, ys[3] = {B, T, OC};
         rx_tensor *x = randn(dtypes[d], 3, xs, 1), *w = randn(dtypes[d], 2, ws, 1);
         rx_tensor *b = with_bias ? randn(dtypes[d], 1, bs, 1) : NULL;
         double *ref = buffer(B * T * OC);
