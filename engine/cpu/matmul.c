@@ -14,7 +14,7 @@ static void rx_gemm_f64(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int64_
 }
 
 /* Up to this many rows a matmul reads each weight row once and dots it with every row. */
-enum { RX_MATMUL_FEW_ROWS = 32 };
+enum { RX_MATMUL_FEW_ROWS = 8 };
 
 #define RX_KERNEL_BODY "matmul.inc"
 #include "instantiate.h"
