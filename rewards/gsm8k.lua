@@ -212,13 +212,7 @@ local function make(opts)
     end
     return scores
   end
-  function R.with(more)
-    local o = {}
-    for k, v in pairs(opts) do o[k] = v end
-    for k, v in pairs(more or {}) do o[k] = v end
-    return make(o)
-  end
   return R
 end
 
-return make()
+return require("remax.rewards").configurable(make)

@@ -20,19 +20,19 @@ local function make(opts)
   local target, coef = opts.target or 1000, opts.coef or 0.1
   local cap = opts.cap == nil and 1 or opts.cap
   if type(target) ~= "number" or target <= 0 then
-    error(("%s: target must be a positive number, got %s"):format(R.name, tostring(target)), 3)
+    error(("%s: target must be a positive number, got %s"):format(R.name, tostring(target)), 0)
   end
   if type(coef) ~= "number" then
-    error(("%s: coef must be a number, got %s"):format(R.name, tostring(coef)), 3)
+    error(("%s: coef must be a number, got %s"):format(R.name, tostring(coef)), 0)
   end
   local measure = opts.measure or "chars"
   if type(measure) == "string" then
     if not MEASURES[measure] then
-      error(("%s: unknown measure '%s' (valid: 'chars', 'words', or a function)"):format(R.name, measure), 3)
+      error(("%s: unknown measure '%s' (valid: 'chars', 'words', or a function)"):format(R.name, measure), 0)
     end
     measure = MEASURES[measure]
   elseif type(measure) ~= "function" then
-    error(("%s: measure is a %s (valid: 'chars', 'words', or a function)"):format(R.name, type(measure)), 3)
+    error(("%s: measure is a %s (valid: 'chars', 'words', or a function)"):format(R.name, type(measure)), 0)
   end
   function R.fn(completions, batch)
     local scores = {}
@@ -46,13 +46,7 @@ local function make(opts)
     end
     return scores
   end
-  function R.with(more)
-    local o = {}
-    for k, v in pairs(opts) do o[k] = v end
-    for k, v in pairs(more or {}) do o[k] = v end
-    return make(o)
-  end
   return R
 end
 
-return make()
+return require("remax.rewards").configurable(make)

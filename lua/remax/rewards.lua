@@ -32,6 +32,24 @@ function M.search_dirs(base)
 end
 
 -- "gsm8k" -> "rewards/gsm8k.lua"; a path ending in .lua is used as is.
+-- For reward files with options: make(opts) -> { name =, fn = }. The reward gets
+-- .with(more), which makes it again with `more` merged over its current options:
+--   return require("remax.rewards").configurable(make)          -- at the end of rewards/x.lua
+--   rewards = { require("remax.rewards").file("x").with({ target = 200 }) }   -- in a recipe
+function M.configurable(make, opts)
+  opts = opts or {}
+  local r = make(opts)
+  function r.with(more)
+    local o = {}
+    for k, v in pairs(opts) do o[k] = v end
+    for k, v in pairs(more or {}) do o[k] = v end
+    local ok, remade = pcall(M.configurable, make, o)
+    if not ok then error(remade, 2) end   -- a bad option: point at the caller of .with
+    return remade
+  end
+  return r
+end
+
 function M.find(name, base)
   if name:match("%.lua$") or name:find("/", 1, true) then
     if not file_exists(name) then error(("reward file %s does not exist"):format(name), 0) end
