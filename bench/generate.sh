@@ -10,14 +10,15 @@
 # included, and counts rows * NEW tokens.
 set -eu
 cd "$(dirname "$0")/.."
+export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE_BENCH:-SkylakeX}
 shapes=${*:-small qwen0.5b}
 rows_list=${ROWS:-1 8 32}; prompt=${PROMPT:-64}; new=${NEW:-128}; threads=${THREADS:-2}
 ./remax version >/dev/null   # build first, outside the timing
 for shape in $shapes; do
   for rows in $rows_list; do
-    r=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_NUM_THREADS="$threads" ./remax run bench/generate.lua \
+    r=$(env -u OPENBLAS_L2_SIZE OMP_NUM_THREADS="$threads" ./remax run bench/generate.lua \
       --shape "$shape" --rows "$rows" --prompt "$prompt" --new "$new")
-    p=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 bench/torch_peer.py generate \
+    p=$(env -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 bench/torch_peer.py generate \
       --shape "$shape" --rows "$rows" --prompt "$prompt" --new "$new" --threads "$threads")
     echo "$r"; echo "$p"
     R="$r" P="$p" luajit -e '

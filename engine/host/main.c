@@ -55,6 +55,10 @@ static int traceback(lua_State *L) {
 
 int main(int argc, char **argv) {
   char home[PATH_MAX], path[PATH_MAX * 2 + 256];
+  /* OpenBLAS chose its kernels when it loaded, before main: where it did not recognise the CPU,
+   * start again with the set the CPU supports (engine/cpu/blas.c). */
+  const char *core = rx_blas_better_core();
+  if (core && setenv("OPENBLAS_CORETYPE", core, 1) == 0) execv("/proc/self/exe", argv);
   if (find_home(home, sizeof home)) return 2;
   setenv("REMAX_HOME", home, 1);
   Dl_info info;   /* tell the Lua side (and child luajit processes) where libremax lives */

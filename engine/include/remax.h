@@ -20,6 +20,11 @@ const char *rx_last_error(void);     /* message of the last failure on this thre
 void rx_clear_error(void);
 const char *rx_version(void);
 int rx_has_cuda(void);               /* 1 when built with CUDA and a device is present */
+/* OpenBLAS's kernel set in use ("SkylakeX", "Haswell", ...), and the one to ask for with
+ * OPENBLAS_CORETYPE when OpenBLAS did not recognise this CPU and fell back to an older set
+ * (NULL when the choice is already right, or when OPENBLAS_CORETYPE is set). */
+const char *rx_blas_core(void);
+const char *rx_blas_better_core(void);
 const char *rx_abi_layout(void);     /* "name size\nname.field offset\n..." for every struct here */
 /* Ctrl-C: after install, the first SIGINT/SIGTERM only sets a flag (its signal number) that
  * rx_signal_pending returns; a second one ends the process at once. */

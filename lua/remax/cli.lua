@@ -134,7 +134,8 @@ function M.main(cmd, ...)
   elseif cmd == "test" then
     return M.test(...)
   elseif cmd == "version" or cmd == "--version" then
-    print("remax " .. require("remax").version())
+    local C = require("remax.ffi").C
+    print(("remax %s (OpenBLAS kernels: %s)"):format(require("remax").version(), require("ffi").string(C.rx_blas_core())))
     return 0
   end
   io.stderr:write(("remax: unknown command '%s'\n\n"):format(cmd), usage)

@@ -147,6 +147,51 @@ static void matmul_forward_matches_reference(void) {
       }
 }
 
+/* The decoding path (up to 48 rows, W read in place, register tiles of 4 rows x 6 outputs):
+ * every row count across the tile and path boundaries, K with and without a tail of 16, output
+ * counts that leave partial tiles. A row's result must not depend on the rows beside it (so a
+ * sampled row's tokens do not depend on the batch) nor on the thread count. */
+static void matmul_few_rows_match_reference_and_each_other(void) {
+  static const int64_t shapes[3][2] = {{37, 19}, {64, 131}, {300, 301}};   /* {C, OC}; the last is threaded */
+  for (int s = 0; s < 3; s++) {
+    const int64_t C = shapes[s][0], OC = shapes[s][1];
+    int64_t xs[2] = {50, C}, ws[2] = {OC, C}, bs[1] = {OC};
+    rx_tensor *x = randn(RX_F32, 2, xs, 1), *w = randn(RX_F32, 2, ws, 1), *b = randn(RX_F32, 1, bs, 1);
+    double *ref = buffer(50 * OC);
+    matmul_ref(ref, vals(x), vals(w), vals(b), 50, C, OC);
+    for (int64_t n = 1; n <= 50; n++) {
+      int64_t ys[2] = {n, OC};
+      rx_tensor *xv, *y = tensor(RX_F32, 2, ys);
+      CHECK_OK(rx_tensor_narrow(&xv, x, 0, 0, n));
+      keep_t(xv);
+      CHECK_OK(rx_matmul_forward(y, xv, w, b));
+      check_close(y, ref, fwd_tol[0], "few-row matmul");
+      /* row n-1 computed as the last of n rows, then alone */
+      rx_tensor *x1, *y1 = tensor(RX_F32, 2, (int64_t[2]){1, OC});
+      CHECK_OK(rx_tensor_narrow(&x1, x, 0, n - 1, 1));
+      keep_t(x1);
+      CHECK_OK(rx_matmul_forward(y1, x1, w, b));
+      if (n <= 48)
+        CHECK(memcmp((float *)y->data + (n - 1) * OC, y1->data, (size_t)OC * sizeof(float)) == 0,
+              "C=%lld OC=%lld: row %lld of %lld rows differs from the same row alone", (long long)C, (long long)OC,
+              (long long)n, (long long)n);
+    }
+    int threads = omp_get_max_threads();
+    int64_t ys[2] = {11, OC};
+    rx_tensor *x11, *y_1 = tensor(RX_F32, 2, ys), *y_2 = tensor(RX_F32, 2, ys);
+    CHECK_OK(rx_tensor_narrow(&x11, x, 0, 0, 11));
+    keep_t(x11);
+    omp_set_num_threads(1);
+    CHECK_OK(rx_matmul_forward(y_1, x11, w, b));
+    omp_set_num_threads(2);
+    CHECK_OK(rx_matmul_forward(y_2, x11, w, b));
+    omp_set_num_threads(threads);
+    CHECK(memcmp(y_1->data, y_2->data, (size_t)(11 * OC) * sizeof(float)) == 0,
+          "C=%lld OC=%lld: 11-row matmul differs between 1 and 2 threads", (long long)C, (long long)OC);
+    release_all();
+  }
+}
+
 typedef struct { rx_tensor *out, *inp, *weight, *bias; const double *R; } matmul_ctx;
 static double matmul_loss(void *p) {
   matmul_ctx *c = p;
@@ -792,6 +837,7 @@ static void bad_arguments_name_the_problem(void) {
 int main(void) {
   RUN(fast_exp_is_accurate);
   RUN(matmul_forward_matches_reference);
+  RUN(matmul_few_rows_match_reference_and_each_other);
   RUN(matmul_backward_matches_finite_differences);
   RUN(embedding_forward_matches_reference);
   RUN(embedding_backward_matches_finite_differences);
