@@ -3,8 +3,10 @@
 # threads, same shapes and sizes, measured in one session. Not a test.
 #   bench/generate.sh [shape ...]        default: small qwen0.5b
 #   ROWS="1 8 32" PROMPT=64 NEW=128 bench/generate.sh small
-# Both sides run at their best: OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE unset (so OpenBLAS uses its
-# AVX-512 kernels), and PyTorch with OMP_WAIT_POLICY=PASSIVE (its threads otherwise spin against
+# Both sides run at their best: OPENBLAS_L2_SIZE unset and OPENBLAS_CORETYPE=SkylakeX for both (the
+# AVX-512 kernels; OpenBLAS 0.3.21 does not know every AVX-512 CPU and would fall back to
+# SSE3 ones; set OPENBLAS_CORETYPE_BENCH to choose another), and PyTorch with
+# OMP_WAIT_POLICY=PASSIVE (its threads otherwise spin against
 # OpenBLAS's). The peer (bench/torch_peer.py generate) keeps a preallocated KV cache and attends
 # grouped without repeating keys; each side times one run after one warm-up run, prefill
 # included, and counts rows * NEW tokens.

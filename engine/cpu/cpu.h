@@ -46,8 +46,10 @@ static inline double rx_log_f64(double x) { return log(x); }
 int64_t rx_cpu_first_bad_index(const int32_t *idx, int64_t n, int64_t limit, int allow_negative);
 
 /* matmul: out[N,OC] = inp[N,C] W[OC,C]^T (+ bias[OC]); OpenBLAS GEMM, or for a few rows a
- * kernel that reads W in place (matmul_rows.c: out += inp W^T; returns 0 where not built). */
-int rx_cpu_matmul_rows_f32(float *out, const float *inp, const float *weight, int64_t N, int64_t C, int64_t OC);
+ * kernel that reads W in place (matmul_rows.c: out = inp W^T + bias; returns 0, writing nothing,
+ * where it does not apply: no AVX-512, more than 48 rows, C = 0). */
+int rx_cpu_matmul_rows_f32(float *out, const float *inp, const float *weight, const float *bias, int64_t N, int64_t C,
+                           int64_t OC);
 void rx_cpu_matmul_forward_f32(float *out, const float *inp, const float *weight, const float *bias,
                                int64_t N, int64_t C, int64_t OC);
 void rx_cpu_matmul_forward_f64(double *out, const double *inp, const double *weight, const double *bias,

@@ -6,6 +6,7 @@
  * query against the row's cache. Randomness comes from Philox keyed by (seed, row key,
  * position), so a row's tokens do not depend on which other rows share its batch. */
 #include "model/model_internal.h"
+#include "cpu/cpu.h"
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -26,7 +27,7 @@ struct rx_generator {
   int32_t *prompt_len, *positions, *current, *done;
   void *scratch;                         /* decode activations */
   rx_tensor x, xn, rstd, q, k, v, att, tmp, gate, up, h, lse, logits, tok;
-  float *logits_f32;                     /* [R][V] for the sampler */
+  float *logits_f32;                     /* [R][V] for the sampler: the logits themselves in f32 */
   float *sample_buf;                     /* per thread [V] */
   int32_t *index_buf;                    /* per thread [V] */
   int nthreads;
@@ -43,11 +44,15 @@ double rx_sample_uniform(uint64_t seed, uint64_t key, int64_t position) {
   return (double)(bits & ((1ull << 53) - 1)) / 9007199254740992.0;
 }
 
+/* The first index of the largest value (NaNs never win, unless x[0] is one: then 0). Two
+ * passes the compiler vectorises: the maximum, then where it first occurs. */
 static int argmax(const float *x, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; i++)
-    if (x[i] > x[best]) best = i;
-  return (int)best;
+  float mx = x[0];
+  #pragma omp simd reduction(max : mx)
+  for (int64_t i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+  for (int64_t i = 0; i < n; i++)
+    if (x[i] == mx) return (int)i;
+  return 0;
 }
 
 /* k-th largest value of x[0..n) (1-based k), by quickselect on a copy in buf. */
@@ -207,17 +212,21 @@ static float token_logprob(const rx_generator *g, int64_t r, int32_t token) {
     for (int64_t i = 0; i < V; i++) s += exp(x[i] - mx);
     return (float)(x[token] - mx - log(s));
   }
+  /* f32: vectorised passes, the exponentials in f32 (relative error <= 3e-7), summed in double */
   const float *x = (const float *)g->logits.data + r * V;
-  for (int64_t i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
-  for (int64_t i = 0; i < V; i++) s += exp((double)x[i] - mx);
-  return (float)(x[token] - mx - log(s));
+  float mf = -INFINITY;
+  #pragma omp simd reduction(max : mf)
+  for (int64_t i = 0; i < V; i++) mf = x[i] > mf ? x[i] : mf;
+  #pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < V; i++) s += (double)rx_exp_f32(x[i] - mf);
+  return (float)((double)x[token] - mf - log(s));
 }
 
 /* The sampler reads f32 logits (an f64 model's are rounded once here). */
 static void logits_to_f32(rx_generator *g) {
   const int64_t n = g->R * g->m->cfg.vocab_size;
-  if (g->logits.dtype == RX_F32) memcpy(g->logits_f32, g->logits.data, sizeof(float) * (size_t)n);
-  else for (int64_t i = 0; i < n; i++) g->logits_f32[i] = (float)((const double *)g->logits.data)[i];
+  if (g->logits.dtype == RX_F32) return;   /* logits_f32 points at them */
+  for (int64_t i = 0; i < n; i++) g->logits_f32[i] = (float)((const double *)g->logits.data)[i];
 }
 
 static int is_stop(const rx_generator *g, int32_t t) {
@@ -292,6 +301,7 @@ void rx_generate_end(rx_generator *g) {
   if (!g) return;
   rx_free(g->kcache);
   rx_free(g->vcache);
+  if (g->logits_f32 != g->logits.data) rx_free(g->logits_f32);   /* f32: a view of the scratch */
   rx_free(g->scratch);
   free(g->cache_mask);
   free(g->step_mask);
@@ -299,7 +309,6 @@ void rx_generate_end(rx_generator *g) {
   free(g->positions);
   free(g->current);
   free(g->done);
-  rx_free(g->logits_f32);
   rx_free(g->sample_buf);
   rx_free(g->index_buf);
   free(g);
@@ -347,7 +356,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   g->positions = calloc((size_t)R, sizeof(int32_t));
   g->current = calloc((size_t)R, sizeof(int32_t));
   g->done = calloc((size_t)R, sizeof(int32_t));
-  g->logits_f32 = rx_alloc((size_t)(R * V * 4), "logits");
+  g->logits_f32 = c->dtype == RX_F32 ? NULL : rx_alloc((size_t)(R * V * 4), "logits");
   g->sample_buf = rx_alloc((size_t)(g->nthreads * V * 4), "sampler");
   g->index_buf = rx_alloc((size_t)(g->nthreads * V * 4), "sampler");
   int64_t sizes[] = {R * C, R * C, R, R * HD, R * KD, R * KD, R * HD, R * C, R * I, R * I, R * I, R * H, R * V};
@@ -355,7 +364,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] * es + 63) & ~(int64_t)63;
   g->scratch = rx_alloc((size_t)total + 64, "decode activations");
   if (!g->kcache || !g->vcache || !g->cache_mask || !g->step_mask || !g->prompt_len || !g->positions || !g->current ||
-      !g->done || !g->logits_f32 || !g->sample_buf || !g->index_buf || !g->scratch) {
+      !g->done || (!g->logits_f32 && c->dtype != RX_F32) || !g->sample_buf || !g->index_buf || !g->scratch) {
     rx_generate_end(g);
     return rx_fail(RX_ENOMEM, "generate: out of memory for the KV cache (%.2f GiB)", gib(cache));
   }
@@ -368,6 +377,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
     view2(views[i], at, c->dtype, R, cols[i]);
     at += (R * cols[i] * es + 63) & ~(int64_t)63;
   }
+  if (c->dtype == RX_F32) g->logits_f32 = g->logits.data;
   view2(&g->tok, g->current, RX_I32, R, 1);
   g->tok.ndim = 1;
   for (int64_t r = 0; r < R; r++) {
