@@ -1,0 +1,41 @@
+-- The remax program itself: `remax version` and the OpenBLAS kernels it runs with.
+local function binary()
+  local dir = os.getenv("REMAX_BUILD_DIR") or (os.getenv("REMAX_LIB") or ""):match("^(.*)/[^/]+$") or "build"
+  return dir .. "/remax"
+end
+
+local function version(env)
+  local p = assert(io.popen(("%s '%s' version 2>&1"):format(env, binary())))
+  local out = p:read("*a")
+  p:close()
+  return out
+end
+
+local function cpu_has(flag)
+  local f = io.open("/proc/cpuinfo")
+  if not f then return false end
+  local text = f:read("*a")
+  f:close()
+  return text:find("%f[%w_]" .. flag .. "%f[^%w_]") ~= nil
+end
+
+describe("remax version", function()
+  it("names the version and the OpenBLAS kernels in use", function()
+    local out = version("env")
+    assert.is_truthy(out:match("^remax %d+%.%d+%.%d+ %(OpenBLAS kernels: %w+%)\n$"), out)
+  end)
+
+  it("leaves an OPENBLAS_CORETYPE the user set alone", function()
+    assert.is_truthy(version("env OPENBLAS_CORETYPE=Prescott"):find("OpenBLAS kernels: Prescott", 1, true))
+    if cpu_has("avx2") then
+      assert.is_truthy(version("env OPENBLAS_CORETYPE=Haswell"):find("OpenBLAS kernels: Haswell", 1, true))
+    end
+  end)
+
+  it("does not run OpenBLAS's SSE3 fallback kernels on a CPU with AVX2", function()
+    if not (cpu_has("avx2") and cpu_has("fma")) then return end
+    local out = version("env -u OPENBLAS_CORETYPE")
+    assert.is_falsy(out:find("Prescott", 1, true), out)
+    assert.is_falsy(out:find("Core2", 1, true), out)
+  end)
+end)
