@@ -21,10 +21,15 @@ struct rx_generator {
   rx_generate_request req;
   rx_generate_result *res;
   int64_t R, P, Pmax, S, generated;      /* generated: tokens produced so far (lockstep) */
-  void *kcache, *vcache;                 /* [L][R][S][KV*D] in the compute dtype */
-  int32_t *cache_mask;                   /* [R][S] */
-  int32_t *step_mask;                    /* [R][Tk] contiguous copy for the attention call */
-  int32_t *prompt_len, *positions, *current, *done;
+  /* Rows live in slots. Slots [0, active) are the rows still decoding; a step computes only
+   * those. When a row finishes, the next step moves the last active slot into its place, so the
+   * batch shrinks as rows end. Everything below marked "per slot" follows its row. */
+  int64_t active;
+  int32_t *slot_row, *row_slot;          /* [R]: the row in each slot, the slot of each row */
+  void *kcache, *vcache;                 /* [L][R][S][KV*D] in the compute dtype, per slot */
+  int32_t *cache_mask;                   /* [R][S], per slot */
+  int32_t *step_mask;                    /* [active][Tk] contiguous copy for the attention call */
+  int32_t *prompt_len, *positions, *current, *done;   /* per slot */
   void *scratch;                         /* decode activations */
   rx_tensor x, xn, rstd, q, k, v, att, tmp, gate, up, h, lse, logits, tok;
   float *logits_f32;                     /* [R][V] for the sampler: the logits themselves in f32 */
@@ -203,17 +208,17 @@ static int copy_prompt_kv(void *ctx, int64_t l, layer_acts *a) {
 
 /* log p(token) under the unscaled distribution of row r of the logits, in the compute dtype
  * (so an f64 model's log-probabilities are exact to f64 before the final rounding). */
-static float token_logprob(const rx_generator *g, int64_t r, int32_t token) {
+static float token_logprob(const rx_generator *g, int64_t slot, int32_t token) {
   const int64_t V = g->m->cfg.vocab_size;
   double mx = -INFINITY, s = 0;
   if (g->logits.dtype == RX_F64) {
-    const double *x = (const double *)g->logits.data + r * V;
+    const double *x = (const double *)g->logits.data + slot * V;
     for (int64_t i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
     for (int64_t i = 0; i < V; i++) s += exp(x[i] - mx);
     return (float)(x[token] - mx - log(s));
   }
   /* f32: vectorised passes, the exponentials in f32 (relative error <= 3e-7), summed in double */
-  const float *x = (const float *)g->logits.data + r * V;
+  const float *x = (const float *)g->logits.data + slot * V;
   float mf = -INFINITY;
   #pragma omp simd reduction(max : mf)
   for (int64_t i = 0; i < V; i++) mf = x[i] > mf ? x[i] : mf;
@@ -224,7 +229,7 @@ static float token_logprob(const rx_generator *g, int64_t r, int32_t token) {
 
 /* The sampler reads f32 logits (an f64 model's are rounded once here). */
 static void logits_to_f32(rx_generator *g) {
-  const int64_t n = g->R * g->m->cfg.vocab_size;
+  const int64_t n = g->active * g->m->cfg.vocab_size;
   if (g->logits.dtype == RX_F32) return;   /* logits_f32 points at them */
   for (int64_t i = 0; i < n; i++) g->logits_f32[i] = (float)((const double *)g->logits.data)[i];
 }
@@ -235,19 +240,20 @@ static int is_stop(const rx_generator *g, int32_t t) {
   return 0;
 }
 
-/* Samples the next token of every unfinished row from its row of the logits and records it. */
+/* Samples the next token of every unfinished row from its slot's logits and records it. */
 static int choose_tokens(rx_generator *g) {
   const int64_t V = g->m->cfg.vocab_size, cap = g->req.max_new_tokens;
   int status = RX_OK;
   #pragma omp parallel for schedule(dynamic, 1) num_threads(g->nthreads)
-  for (int64_t r = 0; r < g->R; r++) {
-    if (g->done[r]) continue;
+  for (int64_t slot = 0; slot < g->active; slot++) {
+    if (g->done[slot]) continue;
+    const int64_t r = g->slot_row[slot];
     const rx_sampling *s = &g->req.rows[r];
-    const float *x = g->logits_f32 + r * V;
+    const float *x = g->logits_f32 + slot * V;
     int th = omp_get_thread_num();
     int32_t tok;
     int64_t n = g->res->lengths[r];
-    double u = rx_sample_uniform(g->req.seed, s->key, g->prompt_len[r] + n);
+    double u = rx_sample_uniform(g->req.seed, s->key, g->prompt_len[slot] + n);
     int rc = sample_with(x, V, s->temperature, s->top_k, s->top_p, u, g->sample_buf + (int64_t)th * V,
                          g->index_buf + (int64_t)th * V, &tok);
     if (rc) {
@@ -256,11 +262,11 @@ static int choose_tokens(rx_generator *g) {
       continue;
     }
     g->res->tokens[r * cap + n] = tok;
-    g->res->logprobs[r * cap + n] = token_logprob(g, r, tok);
+    g->res->logprobs[r * cap + n] = token_logprob(g, slot, tok);
     g->res->lengths[r] = (int32_t)(n + 1);
-    g->current[r] = tok;
-    if (is_stop(g, tok)) { g->done[r] = 1; g->res->finish[r] = RX_FINISH_STOP; }
-    else if (n + 1 >= s->max_new_tokens) { g->done[r] = 1; g->res->finish[r] = RX_FINISH_LENGTH; }
+    g->current[slot] = tok;
+    if (is_stop(g, tok)) { g->done[slot] = 1; g->res->finish[r] = RX_FINISH_STOP; }
+    else if (n + 1 >= s->max_new_tokens) { g->done[slot] = 1; g->res->finish[r] = RX_FINISH_LENGTH; }
   }
   return status;
 }
@@ -309,6 +315,8 @@ void rx_generate_end(rx_generator *g) {
   free(g->positions);
   free(g->current);
   free(g->done);
+  free(g->slot_row);
+  free(g->row_slot);
   rx_free(g->sample_buf);
   rx_free(g->index_buf);
   free(g);
@@ -356,6 +364,8 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   g->positions = calloc((size_t)R, sizeof(int32_t));
   g->current = calloc((size_t)R, sizeof(int32_t));
   g->done = calloc((size_t)R, sizeof(int32_t));
+  g->slot_row = calloc((size_t)R, sizeof(int32_t));
+  g->row_slot = calloc((size_t)R, sizeof(int32_t));
   g->logits_f32 = c->dtype == RX_F32 ? NULL : rx_alloc((size_t)(R * V * 4), "logits");
   g->sample_buf = rx_alloc((size_t)(g->nthreads * V * 4), "sampler");
   g->index_buf = rx_alloc((size_t)(g->nthreads * V * 4), "sampler");
@@ -364,7 +374,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] * es + 63) & ~(int64_t)63;
   g->scratch = rx_alloc((size_t)total + 64, "decode activations");
   if (!g->kcache || !g->vcache || !g->cache_mask || !g->step_mask || !g->prompt_len || !g->positions || !g->current ||
-      !g->done || (!g->logits_f32 && c->dtype != RX_F32) || !g->sample_buf || !g->index_buf || !g->scratch) {
+      !g->done || !g->slot_row || !g->row_slot || (!g->logits_f32 && c->dtype != RX_F32) || !g->sample_buf || !g->index_buf || !g->scratch) {
     rx_generate_end(g);
     return rx_fail(RX_ENOMEM, "generate: out of memory for the KV cache (%.2f GiB)", gib(cache));
   }
@@ -380,7 +390,9 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   if (c->dtype == RX_F32) g->logits_f32 = g->logits.data;
   view2(&g->tok, g->current, RX_I32, R, 1);
   g->tok.ndim = 1;
+  g->active = R;
   for (int64_t r = 0; r < R; r++) {
+    g->slot_row[r] = g->row_slot[r] = (int32_t)r;
     res->lengths[r] = 0;
     res->finish[r] = RX_FINISH_LENGTH;
     int64_t p = req->row_prompt[r], n = req->prompt_offsets[p + 1] - req->prompt_offsets[p];
@@ -425,22 +437,64 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
 
 /* ------------------------------------------------------------------ decode */
 
-/* A [R, Tk, KV, D] view of layer l's cache (batch stride S*KV*D). */
+/* A [active, Tk, KV, D] view of layer l's cache (batch stride S*KV*D). */
 static void cache_view(rx_generator *g, rx_tensor *t, void *base, int64_t l, int64_t Tk) {
   const rx_model_config *c = &g->m->cfg;
   const int64_t KV = c->num_key_value_heads, D = c->head_dim, es = rx_dtype_size(c->dtype);
-  int64_t shape[4] = {g->R, Tk, KV, D};
+  int64_t shape[4] = {g->active, Tk, KV, D};
   rx_view_init(t, (char *)base + l * g->R * g->S * KV * D * es, c->dtype, RX_CPU, 4, shape);
   t->stride[0] = g->S * KV * D;
 }
 
+/* Slots of rows that finished go past the active ones: the last active slot moves into each
+ * (its cache rows [0, filled), mask and state), so a step computes only the rows still decoding.
+ * A row's numbers do not depend on its slot, or on the rows beside it (up to 48 rows, see
+ * engine/cpu/matmul_rows.c), so moving it changes none of its tokens. */
+static void compact(rx_generator *g) {
+  const rx_model_config *c = &g->m->cfg;
+  const int64_t L = c->num_hidden_layers, KD = c->num_key_value_heads * c->head_dim, es = rx_dtype_size(c->dtype);
+  const int64_t S = g->S, filled = g->Pmax + g->generated - 1;
+  const int64_t row = S * KD * es;
+  int64_t s = 0;
+  while (s < g->active) {
+    if (!g->done[s]) { s++; continue; }
+    const int64_t last = --g->active;
+    if (s == last) break;
+    for (int64_t l = 0; l < L; l++) {
+      char *K = (char *)g->kcache + l * g->R * row, *Vc = (char *)g->vcache + l * g->R * row;
+      memcpy(K + s * row, K + last * row, (size_t)(filled * KD * es));
+      memcpy(Vc + s * row, Vc + last * row, (size_t)(filled * KD * es));
+    }
+    memcpy(g->cache_mask + s * S, g->cache_mask + last * S, sizeof(int32_t) * (size_t)S);
+    const int32_t finished = g->slot_row[s], moved = g->slot_row[last];
+    g->slot_row[s] = moved;
+    g->row_slot[moved] = (int32_t)s;
+    g->slot_row[last] = finished;
+    g->row_slot[finished] = (int32_t)last;
+    g->prompt_len[s] = g->prompt_len[last];
+    g->current[s] = g->current[last];
+    g->done[s] = g->done[last];   /* when it had finished too, the loop looks at s again */
+    g->done[last] = 1;
+  }
+}
+
+/* The decode activations as views of their first n rows. */
+static void set_rows(rx_generator *g, int64_t n) {
+  rx_tensor *views[] = {&g->x, &g->xn, &g->rstd, &g->q, &g->k, &g->v, &g->att, &g->tmp, &g->gate, &g->up, &g->h,
+                        &g->lse, &g->logits, &g->tok};
+  for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) {
+    views[i]->shape[0] = n;
+    views[i]->numel = views[i]->ndim == 1 ? n : n * views[i]->shape[1];
+  }
+}
+
 int rx_generate_step(rx_generator *g, int32_t *done) {
-  int all = 1;
-  for (int64_t r = 0; r < g->R; r++) all &= g->done[r];
-  if (all || g->generated >= g->req.max_new_tokens) { *done = 1; return RX_OK; }
+  compact(g);
+  if (g->active == 0 || g->generated >= g->req.max_new_tokens) { *done = 1; return RX_OK; }
+  set_rows(g, g->active);
   rx_model *m = g->m;
   const rx_model_config *c = &m->cfg;
-  const int64_t L = c->num_hidden_layers, R = g->R, S = g->S, H = c->num_attention_heads;
+  const int64_t L = c->num_hidden_layers, R = g->active, S = g->S, H = c->num_attention_heads;
   const int64_t KV = c->num_key_value_heads, D = c->head_dim, KD = KV * D, es = rx_dtype_size(c->dtype);
   const int64_t idx = g->Pmax + g->generated - 1, Tk = idx + 1;   /* cache slot of the newest token */
   for (int64_t r = 0; r < R; r++) {
@@ -467,7 +521,7 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
     TRY(rx_matmul_forward(&g->v, &g->xn, &P_[lp->v_w], lp->v_b >= 0 ? &P_[lp->v_b] : NULL));
     TRY(rx_rope_forward(&q4, &q4, &pos, c->rope_theta));
     TRY(rx_rope_forward(&k4, &k4, &pos, c->rope_theta));
-    char *K = (char *)g->kcache + l * R * S * KD * es, *Vc = (char *)g->vcache + l * R * S * KD * es;
+    char *K = (char *)g->kcache + l * g->R * S * KD * es, *Vc = (char *)g->vcache + l * g->R * S * KD * es;
     for (int64_t r = 0; r < R; r++) {
       memcpy(K + (r * S + idx) * KD * es, (char *)g->k.data + r * KD * es, (size_t)(KD * es));
       memcpy(Vc + (r * S + idx) * KD * es, (char *)g->v.data + r * KD * es, (size_t)(KD * es));
@@ -490,13 +544,17 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
   TRY(choose_tokens(g));
   g->generated++;
   g->res->decode_steps++;
-  all = 1;
+  int all = 1;
   for (int64_t r = 0; r < R; r++) all &= g->done[r];
   *done = all || g->generated >= g->req.max_new_tokens;
   return RX_OK;
 }
 
 const rx_tensor *rx_generate_logits(const rx_generator *g) { return &g->logits; }
+
+int64_t rx_generate_row_slot(const rx_generator *g, int64_t row) {
+  return row >= 0 && row < g->R ? g->row_slot[row] : -1;
+}
 
 int rx_model_generate(rx_model *m, const rx_generate_request *req, rx_generate_result *res) {
   rx_generator *g;

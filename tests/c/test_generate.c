@@ -175,8 +175,11 @@ static void check_cached_equals_full(int32_t dtype) {
       CHECK(b.lengths[r] == prev_len[r] + 1, "row %lld grew by %d", (long long)r, b.lengths[r] - prev_len[r]);
       prev_len[r] = b.lengths[r];
       int32_t t = b.tokens[r * q.max_new + b.lengths[r] - 1];
+      const int64_t slot = rx_generate_row_slot(g, r);
+      CHECK(slot >= 0 && slot < cached->shape[0], "row %lld is in slot %lld of %lld", (long long)r, (long long)slot,
+            (long long)cached->shape[0]);
       for (int64_t i = 0; i < V; i++) {
-        double x = read(cached, r * V + i);
+        double x = read(cached, slot * V + i);
         worst_logit = fmax(worst_logit, fmax(fabs(x - read(ref_l, r * V + i)), fabs(x - read(ref_r, r * V + i))));
       }
       double lp_l = log_softmax_at(ref_l, r, V, t), lp_r = log_softmax_at(ref_r, r, V, t);
@@ -395,6 +398,47 @@ static void test_same_seed_same_tokens(void) {
   rx_model_free(m);
 }
 
+/* Rows that finish leave the batch (their slots go to the rows still decoding): the rows that go
+ * on produce the same tokens and log-probabilities, bit for bit, as in a batch without the short
+ * rows, and the short rows the same as in a batch of their own. */
+static void test_finished_rows_leave_the_batch(void) {
+  rx_model *m = tiny_model(RX_F32);
+  if (!m) return;
+  req_buf mixed = {0}, longs = {0}, shorts = {0};
+  mixed.max_new = longs.max_new = shorts.max_new = 12;
+  mixed.seed = longs.seed = shorts.seed = 99;
+  prompts_of_three(&mixed);
+  prompts_of_three(&longs);
+  prompts_of_three(&shorts);
+  /* budgets 1..5 for the short rows, interleaved with the long ones so slots must move */
+  int is_long[8] = {0, 1, 0, 0, 1, 0, 1, 0}, budget[8] = {3, 12, 1, 5, 12, 2, 12, 4};
+  for (int i = 0; i < 8; i++) {
+    add_row(&mixed, i % 3, 1.0, 0, 1.0, budget[i], 100 + (uint64_t)i);
+    add_row(is_long[i] ? &longs : &shorts, i % 3, 1.0, 0, 1.0, budget[i], 100 + (uint64_t)i);
+  }
+  res_buf a, b, c;
+  bind(&a);
+  bind(&b);
+  bind(&c);
+  rx_generate_request ra = request(&mixed), rb = request(&longs), rc = request(&shorts);
+  CHECK_OK(rx_model_generate(m, &ra, &a.res));
+  CHECK_OK(rx_model_generate(m, &rb, &b.res));
+  CHECK_OK(rx_model_generate(m, &rc, &c.res));
+  int nl = 0, ns = 0;
+  for (int i = 0; i < 8; i++) {
+    res_buf *o = is_long[i] ? &b : &c;
+    int j = is_long[i] ? nl++ : ns++;
+    CHECK(a.lengths[i] == budget[i] && o->lengths[j] == budget[i], "row %d: %d and %d tokens, budget %d", i, a.lengths[i],
+          o->lengths[j], budget[i]);
+    CHECK(memcmp(a.tokens + i * 12, o->tokens + j * 12, sizeof(int32_t) * (size_t)budget[i]) == 0,
+          "row %d: tokens differ with the other rows in the batch", i);
+    CHECK(memcmp(a.logprobs + i * 12, o->logprobs + j * 12, sizeof(float) * (size_t)budget[i]) == 0,
+          "row %d: log-probabilities differ with the other rows in the batch", i);
+  }
+  CHECK(a.res.decode_steps == 11, "decode steps %lld, expected 11", (long long)a.res.decode_steps);
+  rx_model_free(m);
+}
+
 /* Fewer rows than prompts (a prompt with no row is prefilled for nothing, but must not upset
  * the others): the rows equal those of a request holding only their prompt. */
 static void test_prompts_without_rows(void) {
@@ -547,6 +591,7 @@ int main(void) {
   RUN(test_sampler_edges);
   RUN(test_same_seed_same_tokens);
   RUN(test_prompts_without_rows);
+  RUN(test_finished_rows_leave_the_batch);
   RUN(test_stop_tokens);
   RUN(test_bad_requests);
   return check_summary("test_generate");
