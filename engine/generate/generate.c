@@ -20,16 +20,17 @@ struct rx_generator {
   rx_model *m;
   rx_generate_request req;
   rx_generate_result *res;
-  int64_t R, P, Pmax, S, generated;      /* generated: tokens produced so far (lockstep) */
-  /* Rows live in slots. Slots [0, active) are the rows still decoding; a step computes only
-   * those. When a row finishes, the next step moves the last active slot into its place, so the
-   * batch shrinks as rows end. Everything below marked "per slot" follows its row. */
+  int64_t R, P, Pmax, S, generated;      /* generated: tokens each row still decoding has so far */
+  /* Rows live in places in the batch: places [0, active) hold the rows still decoding, and a
+   * step computes only those. When a row finishes, the next step moves the row in the last
+   * active place into its place, so the batch shrinks as rows end. "Per place" data follows its
+   * row when it moves. */
   int64_t active;
-  int32_t *slot_row, *row_slot;          /* [R]: the row in each slot, the slot of each row */
-  void *kcache, *vcache;                 /* [L][R][S][KV*D] in the compute dtype, per slot */
-  int32_t *cache_mask;                   /* [R][S], per slot */
+  int32_t *place_row, *row_place;        /* [R]: the row in each place, the place of each row */
+  void *kcache, *vcache;                 /* [L][R][S][KV*D] in the compute dtype, per place */
+  int32_t *cache_mask;                   /* [R][S], per place */
   int32_t *step_mask;                    /* [active][Tk] contiguous copy for the attention call */
-  int32_t *prompt_len, *positions, *current, *done;   /* per slot */
+  int32_t *prompt_len, *positions, *current, *done;   /* per place */
   void *scratch;                         /* decode activations */
   rx_tensor x, xn, rstd, q, k, v, att, tmp, gate, up, h, lse, logits, tok;
   float *logits_f32;                     /* [R][V] for the sampler: the logits themselves in f32 */
@@ -208,17 +209,17 @@ static int copy_prompt_kv(void *ctx, int64_t l, layer_acts *a) {
 
 /* log p(token) under the unscaled distribution of row r of the logits, in the compute dtype
  * (so an f64 model's log-probabilities are exact to f64 before the final rounding). */
-static float token_logprob(const rx_generator *g, int64_t slot, int32_t token) {
+static float token_logprob(const rx_generator *g, int64_t place, int32_t token) {
   const int64_t V = g->m->cfg.vocab_size;
   double mx = -INFINITY, s = 0;
   if (g->logits.dtype == RX_F64) {
-    const double *x = (const double *)g->logits.data + slot * V;
+    const double *x = (const double *)g->logits.data + place * V;
     for (int64_t i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
     for (int64_t i = 0; i < V; i++) s += exp(x[i] - mx);
     return (float)(x[token] - mx - log(s));
   }
   /* f32: vectorised passes, the exponentials in f32 (relative error <= 3e-7), summed in double */
-  const float *x = (const float *)g->logits.data + slot * V;
+  const float *x = (const float *)g->logits.data + place * V;
   float mf = -INFINITY;
   #pragma omp simd reduction(max : mf)
   for (int64_t i = 0; i < V; i++) mf = x[i] > mf ? x[i] : mf;
@@ -240,20 +241,20 @@ static int is_stop(const rx_generator *g, int32_t t) {
   return 0;
 }
 
-/* Samples the next token of every unfinished row from its slot's logits and records it. */
+/* Samples the next token of every unfinished row from its place's logits and records it. */
 static int choose_tokens(rx_generator *g) {
   const int64_t V = g->m->cfg.vocab_size, cap = g->req.max_new_tokens;
   int status = RX_OK;
   #pragma omp parallel for schedule(dynamic, 1) num_threads(g->nthreads)
-  for (int64_t slot = 0; slot < g->active; slot++) {
-    if (g->done[slot]) continue;
-    const int64_t r = g->slot_row[slot];
+  for (int64_t place = 0; place < g->active; place++) {
+    if (g->done[place]) continue;
+    const int64_t r = g->place_row[place];
     const rx_sampling *s = &g->req.rows[r];
-    const float *x = g->logits_f32 + slot * V;
+    const float *x = g->logits_f32 + place * V;
     int th = omp_get_thread_num();
     int32_t tok;
     int64_t n = g->res->lengths[r];
-    double u = rx_sample_uniform(g->req.seed, s->key, g->prompt_len[slot] + n);
+    double u = rx_sample_uniform(g->req.seed, s->key, g->prompt_len[place] + n);
     int rc = sample_with(x, V, s->temperature, s->top_k, s->top_p, u, g->sample_buf + (int64_t)th * V,
                          g->index_buf + (int64_t)th * V, &tok);
     if (rc) {
@@ -262,11 +263,11 @@ static int choose_tokens(rx_generator *g) {
       continue;
     }
     g->res->tokens[r * cap + n] = tok;
-    g->res->logprobs[r * cap + n] = token_logprob(g, slot, tok);
+    g->res->logprobs[r * cap + n] = token_logprob(g, place, tok);
     g->res->lengths[r] = (int32_t)(n + 1);
-    g->current[slot] = tok;
-    if (is_stop(g, tok)) { g->done[slot] = 1; g->res->finish[r] = RX_FINISH_STOP; }
-    else if (n + 1 >= s->max_new_tokens) { g->done[slot] = 1; g->res->finish[r] = RX_FINISH_LENGTH; }
+    g->current[place] = tok;
+    if (is_stop(g, tok)) { g->done[place] = 1; g->res->finish[r] = RX_FINISH_STOP; }
+    else if (n + 1 >= s->max_new_tokens) { g->done[place] = 1; g->res->finish[r] = RX_FINISH_LENGTH; }
   }
   return status;
 }
@@ -315,8 +316,8 @@ void rx_generate_end(rx_generator *g) {
   free(g->positions);
   free(g->current);
   free(g->done);
-  free(g->slot_row);
-  free(g->row_slot);
+  free(g->place_row);
+  free(g->row_place);
   rx_free(g->sample_buf);
   rx_free(g->index_buf);
   free(g);
@@ -364,8 +365,8 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   g->positions = calloc((size_t)R, sizeof(int32_t));
   g->current = calloc((size_t)R, sizeof(int32_t));
   g->done = calloc((size_t)R, sizeof(int32_t));
-  g->slot_row = calloc((size_t)R, sizeof(int32_t));
-  g->row_slot = calloc((size_t)R, sizeof(int32_t));
+  g->place_row = calloc((size_t)R, sizeof(int32_t));
+  g->row_place = calloc((size_t)R, sizeof(int32_t));
   g->logits_f32 = c->dtype == RX_F32 ? NULL : rx_alloc((size_t)(R * V * 4), "logits");
   g->sample_buf = rx_alloc((size_t)(g->nthreads * V * 4), "sampler");
   g->index_buf = rx_alloc((size_t)(g->nthreads * V * 4), "sampler");
@@ -374,7 +375,8 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] * es + 63) & ~(int64_t)63;
   g->scratch = rx_alloc((size_t)total + 64, "decode activations");
   if (!g->kcache || !g->vcache || !g->cache_mask || !g->step_mask || !g->prompt_len || !g->positions || !g->current ||
-      !g->done || !g->slot_row || !g->row_slot || (!g->logits_f32 && c->dtype != RX_F32) || !g->sample_buf || !g->index_buf || !g->scratch) {
+      !g->done || !g->place_row || !g->row_place || (!g->logits_f32 && c->dtype != RX_F32) || !g->sample_buf ||
+      !g->index_buf || !g->scratch) {
     rx_generate_end(g);
     return rx_fail(RX_ENOMEM, "generate: out of memory for the KV cache (%.2f GiB)", gib(cache));
   }
@@ -392,7 +394,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   g->tok.ndim = 1;
   g->active = R;
   for (int64_t r = 0; r < R; r++) {
-    g->slot_row[r] = g->row_slot[r] = (int32_t)r;
+    g->place_row[r] = g->row_place[r] = (int32_t)r;
     res->lengths[r] = 0;
     res->finish[r] = RX_FINISH_LENGTH;
     int64_t p = req->row_prompt[r], n = req->prompt_offsets[p + 1] - req->prompt_offsets[p];
@@ -446,9 +448,9 @@ static void cache_view(rx_generator *g, rx_tensor *t, void *base, int64_t l, int
   t->stride[0] = g->S * KV * D;
 }
 
-/* Slots of rows that finished go past the active ones: the last active slot moves into each
+/* Places of rows that finished go past the active ones: the last active place moves into each
  * (its cache rows [0, filled), mask and state), so a step computes only the rows still decoding.
- * A row's numbers do not depend on its slot, or on the rows beside it (up to 48 rows, see
+ * A row's numbers do not depend on its place, or on the rows beside it (up to 48 rows, see
  * engine/cpu/matmul_rows.c), so moving it changes none of its tokens. */
 static void compact(rx_generator *g) {
   const rx_model_config *c = &g->m->cfg;
@@ -466,11 +468,11 @@ static void compact(rx_generator *g) {
       memcpy(Vc + s * row, Vc + last * row, (size_t)(filled * KD * es));
     }
     memcpy(g->cache_mask + s * S, g->cache_mask + last * S, sizeof(int32_t) * (size_t)S);
-    const int32_t finished = g->slot_row[s], moved = g->slot_row[last];
-    g->slot_row[s] = moved;
-    g->row_slot[moved] = (int32_t)s;
-    g->slot_row[last] = finished;
-    g->row_slot[finished] = (int32_t)last;
+    const int32_t finished = g->place_row[s], moved = g->place_row[last];
+    g->place_row[s] = moved;
+    g->row_place[moved] = (int32_t)s;
+    g->place_row[last] = finished;
+    g->row_place[finished] = (int32_t)last;
     g->prompt_len[s] = g->prompt_len[last];
     g->current[s] = g->current[last];
     g->done[s] = g->done[last];   /* when it had finished too, the loop looks at s again */
@@ -552,8 +554,8 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
 
 const rx_tensor *rx_generate_logits(const rx_generator *g) { return &g->logits; }
 
-int64_t rx_generate_row_slot(const rx_generator *g, int64_t row) {
-  return row >= 0 && row < g->R ? g->row_slot[row] : -1;
+int64_t rx_generate_batch_index(const rx_generator *g, int64_t row) {
+  return row >= 0 && row < g->R ? g->row_place[row] : -1;
 }
 
 int rx_model_generate(rx_model *m, const rx_generate_request *req, rx_generate_result *res) {

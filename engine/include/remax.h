@@ -280,13 +280,13 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
 /* One token for every unfinished row. *done = 1 when every row has finished. */
 int rx_generate_step(rx_generator *g, int32_t *done);
 void rx_generate_end(rx_generator *g);
-/* The logits (compute dtype) that chose each row's latest token, one row per slot: after begin,
- * those after the prompt ([num_rows, vocab], slot = row); after a step, those of the rows that
- * step decoded. Rows that finish leave the batch at the next step, so slots move: row r's logits
- * are in row rx_generate_row_slot(g, r) of the view. A view owned by the generator, valid until
- * the next step. For tests and diagnostics. */
+/* The logits (compute dtype) that chose each row's latest token, in decoding-batch order: after
+ * begin, those after the prompt ([num_rows, vocab], batch index = row); after a step, those of
+ * the rows that step decoded. Rows that finish leave the batch at the next step, so the others
+ * move up: row r's logits are in row rx_generate_batch_index(g, r) of the view. A view owned by
+ * the generator, valid until the next step. For tests and diagnostics. */
 const rx_tensor *rx_generate_logits(const rx_generator *g);
-int64_t rx_generate_row_slot(const rx_generator *g, int64_t row);
+int64_t rx_generate_batch_index(const rx_generator *g, int64_t row);
 /* The whole loop in one call. */
 int rx_model_generate(rx_model *m, const rx_generate_request *req, rx_generate_result *res);
 

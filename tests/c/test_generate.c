@@ -175,7 +175,7 @@ static void check_cached_equals_full(int32_t dtype) {
       CHECK(b.lengths[r] == prev_len[r] + 1, "row %lld grew by %d", (long long)r, b.lengths[r] - prev_len[r]);
       prev_len[r] = b.lengths[r];
       int32_t t = b.tokens[r * q.max_new + b.lengths[r] - 1];
-      const int64_t slot = rx_generate_row_slot(g, r);
+      const int64_t slot = rx_generate_batch_index(g, r);
       CHECK(slot >= 0 && slot < cached->shape[0], "row %lld is in slot %lld of %lld", (long long)r, (long long)slot,
             (long long)cached->shape[0]);
       for (int64_t i = 0; i < V; i++) {
