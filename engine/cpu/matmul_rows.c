@@ -4,8 +4,8 @@
  * stored as Hugging Face stores it: each output's weights contiguous. GEMM libraries first copy
  * W into their packed layout, which costs as much as the multiplication when R is small, and a
  * plain dot product per output runs one accumulator chain at a time (bound by FMA latency).
- * Here a register tile of RB input rows x NW weight rows keeps RB*NW accumulators of 16 lanes
- * in flight: each step loads NW weight vectors and RB input vectors and issues RB*NW FMAs.
+ * Here a register tile of rb input rows x nw weight rows keeps rb*nw accumulators of 16 lanes
+ * in flight: each step loads nw weight vectors and rb input vectors and issues rb*nw FMAs.
  *
  * Every output (r, o) has its own accumulator, summed over k in steps of 16 (the tail loaded
  * with a zero mask) and reduced by the same instruction sequence, whatever tile, block or
@@ -53,8 +53,8 @@ static inline __attribute__((always_inline)) __m128 reduce4(__m512 a, __m512 b, 
 }
 
 /* Rows [0, rb) x weight rows [0, nw) over k in [k0, k1): accumulators start at 0 (k0 == 0) or
- * from part, and end reduced into y, plus the bias (k1 == C), or back in part. Prefetches npf weight rows from
- * pf on (C apart) over the same k range. */
+ * from part, and end reduced into y plus the bias (k1 == C) or back in part. Prefetches npf
+ * weight rows from pf on (C apart) over the same k range. */
 static inline __attribute__((always_inline)) void tile(float *restrict y, int64_t ldy, float *restrict part,
                                                         const float *restrict x, const float *restrict w, int64_t C,
                                                         int64_t k0, int64_t k1, int rb, int nw, const char *pf,
@@ -103,8 +103,9 @@ static inline __attribute__((always_inline)) void tile(float *restrict y, int64_
 }
 
 /* Weight rows [0, nw) (a tile, or one row of the remainder) against rows [0, N); next is the
- * next tile of this thread, or NULL. The switches give every row count its own unrolled
- * variant: rb and nw are constants in each. */
+ * tile to prefetch, or NULL. The switches give every row count its own unrolled variant: rb and
+ * nw are constants in each. (column6 never runs one pass of 5..8 rows, nor column3 anything but
+ * that: tile_width decides; the compiler still emits those variants.) */
 #define ONE_PASS(R) case R: tile(y, OC, part, x, w, C, k0, k1, R, nw, next, nw, bias); break;
 #define BLOCK(R)                                                                                             \
   case R: tile(y + n * OC, OC, part + n * MAX_NW * 16, x + n * C, w, C, k0, k1, R, nw,                        \
