@@ -5,35 +5,11 @@
 local remax = require("remax")
 local cjson = require("cjson")
 local ffi = require("ffi")
+local now = require("remax.progress").now   -- wall clock
+local common = dofile(arg[0]:match("^(.-)[^/]*$") .. "common.lua")
 
-ffi.cdef [[ struct rx_timespec { long tv_sec; long tv_nsec; };
-            int clock_gettime(int clk, struct rx_timespec *ts); ]]
-local function now()
-  local ts = ffi.new("struct rx_timespec")
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
-
-local shapes = {
-  small = { hidden_size = 256, num_hidden_layers = 4, num_attention_heads = 8, num_key_value_heads = 2,
-    intermediate_size = 688, vocab_size = 1024, tie_word_embeddings = false },
-  ["qwen0.5b"] = { hidden_size = 896, num_hidden_layers = 24, num_attention_heads = 14, num_key_value_heads = 2,
-    intermediate_size = 4864, vocab_size = 151936, tie_word_embeddings = true },
-}
-
-local opts = { shape = "small", batch = 8, seq = 256, steps = 3, warmup = 1, checkpoint = false }
-local i = 1
-while i <= #arg do
-  local key = arg[i]:match("^%-%-(.+)$")
-  if not key or opts[key] == nil then error("unknown argument " .. arg[i]) end
-  if type(opts[key]) == "boolean" then opts[key] = true; i = i + 1
-  else opts[key] = tonumber(arg[i + 1]) or arg[i + 1]; i = i + 2 end
-end
-
-local cfg = shapes[opts.shape] or error("unknown shape " .. tostring(opts.shape))
-cfg.architectures = { "Qwen2ForCausalLM" }
-cfg.rope_theta, cfg.rms_norm_eps, cfg.max_position_embeddings = 1e6, 1e-6, 32768
-local model = remax.model.new(cfg, { seed = 0 })
+local opts = common.options({ shape = "small", batch = 8, seq = 256, steps = 3, warmup = 1, checkpoint = false }, arg)
+local model, cfg = common.model(opts.shape)
 local opt = remax.optim.adamw(model:params(), model:grads(), { lr = 1e-5, weight_decay = 0.0 })
 
 local B, T = opts.batch, opts.seq
