@@ -53,12 +53,17 @@ double rx_sample_uniform(uint64_t seed, uint64_t key, int64_t position) {
   return (double)(bits & ((1ull << 53) - 1)) / 9007199254740992.0;
 }
 
-/* The first index of the largest value (NaNs never win, unless x[0] is one: then 0). Two
- * passes the compiler vectorises: the maximum, then where it first occurs. */
-static int argmax(const float *x, int64_t n) {
+/* The largest value, in a pass the compiler vectorises. NaNs after x[0] never win; a NaN x[0]
+ * may (the sampler then reports logits without a finite maximum). */
+static float row_max(const float *x, int64_t n) {
   float mx = x[0];
   #pragma omp simd reduction(max : mx)
   for (int64_t i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+  return mx;
+}
+
+/* The first index holding mx = row_max(x) (0 when none does: x[0] is NaN). */
+static int first_of(const float *x, int64_t n, float mx) {
   for (int64_t i = 0; i < n; i++)
     if (x[i] == mx) return (int)i;
   return 0;
@@ -89,11 +94,10 @@ static int by_prob_desc(const void *a, const void *b) {
   return x->i - y->i;
 }
 
-/* The sampler. prob/index scratch: [vocab] each (NULL: allocated here). */
-static int sample_with(const float *logits, int64_t V, double temperature, int32_t top_k, double top_p, double u,
-                       float *prob, int32_t *index, cand *c, int32_t *token) {
-  if (temperature <= 0 || top_k == 1) { *token = argmax(logits, V); return RX_OK; }
-  float mx = logits[argmax(logits, V)];
+/* The sampler, given mx = row_max(logits). Scratch: prob, index and c, [vocab] each. */
+static int sample_with(const float *logits, int64_t V, float mx, double temperature, int32_t top_k, double top_p,
+                       double u, float *prob, int32_t *index, cand *c, int32_t *token) {
+  if (temperature <= 0 || top_k == 1) { *token = first_of(logits, V, mx); return RX_OK; }
   if (!isfinite(mx)) return rx_fail(RX_EINVAL, "sample: logits have no finite maximum (%g)", (double)mx);
   /* top-k keeps exactly k tokens: those above the k-th largest logit, then as many tokens
    * equal to it (lowest ids first) as make up k. */
@@ -127,7 +131,7 @@ static int sample_with(const float *logits, int64_t V, double temperature, int32
     /* The kept set is a prefix of the tokens sorted by probability. Only tokens at least as
      * likely as some tau can be in it once their mass reaches top_p: gather those, lowering
      * tau until they carry enough mass, and sort just them. */
-    double need = top_p * z, tau = prob[argmax(prob, V)] * 1e-3, mass;
+    double need = top_p * z, tau = row_max(prob, V) * 1e-3, mass;
     int64_t n;
     for (;;) {
       n = 0;
@@ -159,7 +163,7 @@ static int sample_with(const float *logits, int64_t V, double temperature, int32
     last = i;
     if (cum > target) break;
   }
-  *token = (int32_t)(last >= 0 ? last : argmax(logits, V));
+  *token = (int32_t)(last >= 0 ? last : first_of(logits, V, mx));
   return RX_OK;
 }
 
@@ -171,7 +175,8 @@ int rx_sample_token(const float *logits, int64_t vocab, double temperature, int3
   float *prob = malloc(sizeof(float) * (size_t)vocab);
   int32_t *index = malloc(sizeof(int32_t) * (size_t)vocab);
   cand *c = malloc(sizeof(cand) * (size_t)vocab);
-  int rc = prob && index && c ? sample_with(logits, vocab, temperature, top_k, top_p, u, prob, index, c, token)
+  int rc = prob && index && c ? sample_with(logits, vocab, row_max(logits, vocab), temperature, top_k, top_p, u, prob,
+                                            index, c, token)
                               : rx_fail(RX_ENOMEM, "sample: out of memory");
   free(prob);
   free(index);
@@ -218,9 +223,10 @@ static int copy_prompt_kv(void *ctx, int64_t l, layer_acts *a) {
   return RX_OK;
 }
 
-/* log p(token) under the unscaled distribution of row r of the logits, in the compute dtype
- * (so an f64 model's log-probabilities are exact to f64 before the final rounding). */
-static float token_logprob(const rx_generator *g, int64_t place, int32_t token) {
+/* log p(token) under the unscaled distribution of a place's logits, in the compute dtype (so an
+ * f64 model's log-probabilities are exact to f64 before the final rounding); mf = the row's
+ * maximum, which the sampler found already (f32 only). */
+static float token_logprob(const rx_generator *g, int64_t place, int32_t token, float mf) {
   const int64_t V = g->m->cfg.vocab_size;
   double mx = -INFINITY, s = 0;
   if (g->logits.dtype == RX_F64) {
@@ -231,9 +237,6 @@ static float token_logprob(const rx_generator *g, int64_t place, int32_t token) 
   }
   /* f32: vectorised passes, the exponentials in f32 (relative error <= 3e-7), summed in double */
   const float *x = (const float *)g->logits.data + place * V;
-  float mf = -INFINITY;
-  #pragma omp simd reduction(max : mf)
-  for (int64_t i = 0; i < V; i++) mf = x[i] > mf ? x[i] : mf;
   #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < V; i++) s += (double)rx_exp_f32(x[i] - mf);
   return (float)((double)x[token] - mf - log(s));
@@ -266,7 +269,8 @@ static int choose_tokens(rx_generator *g) {
     int32_t tok;
     int64_t n = g->res->lengths[r];
     double u = rx_sample_uniform(g->req.seed, s->key, g->prompt_len[place] + n);
-    int rc = sample_with(x, V, s->temperature, s->top_k, s->top_p, u, g->sample_buf + (int64_t)th * V,
+    const float mx = row_max(x, V);   /* one pass, shared by the sampler and the log-probability */
+    int rc = sample_with(x, V, mx, s->temperature, s->top_k, s->top_p, u, g->sample_buf + (int64_t)th * V,
                          g->index_buf + (int64_t)th * V, g->cand_buf + (int64_t)th * V, &tok);
     if (rc) {
       #pragma omp critical
@@ -274,7 +278,7 @@ static int choose_tokens(rx_generator *g) {
       continue;
     }
     g->res->tokens[r * cap + n] = tok;
-    g->res->logprobs[r * cap + n] = token_logprob(g, place, tok);
+    g->res->logprobs[r * cap + n] = token_logprob(g, place, tok, mx);
     g->res->lengths[r] = (int32_t)(n + 1);
     g->current[place] = tok;
     if (is_stop(g, tok)) { g->done[place] = 1; g->res->finish[r] = RX_FINISH_STOP; }
@@ -353,7 +357,10 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
                    (long long)Pmax, (long long)req->max_new_tokens, (long long)c->max_position_embeddings);
   /* size everything first, refuse before allocating */
   const int64_t cache = 2 * L * R * S * KD * es;
-  const int64_t decode = R * (4 * C + 2 * HD + 2 * KD + 3 * I + H + 1) * es + R * V * (es + 4);
+  const int64_t nthreads = omp_get_max_threads();
+  const int64_t sampler = nthreads * V * (int64_t)(sizeof(float) + sizeof(int32_t) + sizeof(cand));
+  const int64_t decode = R * (4 * C + 2 * HD + 2 * KD + 3 * I + H + 1) * es + R * V * es +
+                         (c->dtype == RX_F32 ? 0 : R * V * 4) + sampler;   /* f32 logits are sampled in place */
   const int64_t prefill = P * Pmax * ((L + 4) * C + 2 * HD + 2 * KD + 3 * I + H + 8) * es + (32ll << 20);
   const int64_t need = cache + decode + prefill, avail = available_memory();
   res->cache_bytes = cache;
@@ -368,7 +375,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   g->req = *req;
   g->res = res;
   g->R = R; g->P = P; g->Pmax = Pmax; g->S = S;
-  g->nthreads = omp_get_max_threads();
+  g->nthreads = (int)nthreads;
   g->kcache = rx_alloc((size_t)(cache / 2), "KV cache");
   g->vcache = rx_alloc((size_t)(cache / 2), "KV cache");
   g->cache_mask = calloc((size_t)(R * S), sizeof(int32_t));
