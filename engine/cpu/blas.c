@@ -15,8 +15,8 @@ const char *rx_blas_core(void) { return openblas_get_corename(); }
 const char *rx_blas_better_core(void) {
   if (getenv("OPENBLAS_CORETYPE")) return NULL;   /* the user's choice stands */
 #if defined(__x86_64__)
-  static const char *const generic[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Sandybridge",
-                                        "Katmai", "Coppermine", "Northwood", "Banias", "Unknown"};
+  /* the older x86-64 kernel sets OpenBLAS's dynamic build falls back to */
+  static const char *const generic[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Sandybridge"};
   const char *core = openblas_get_corename();
   int fallback = 0;
   for (size_t i = 0; i < sizeof generic / sizeof generic[0]; i++)

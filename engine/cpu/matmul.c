@@ -13,12 +13,12 @@ static void rx_gemm_f64(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int64_
   cblas_dgemm(CblasRowMajor, ta, tb, (int)M, (int)N, (int)K, 1.0, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 }
 
-/* Up to this many rows a matmul reads W in place: the register-tiled f32 kernel where the CPU
- * has AVX-512 (matmul_rows.c), else one dot product per output (matmul.inc). */
-enum { RX_MATMUL_FEW_ROWS = 8, RX_MATMUL_TILED_ROWS = 48 };
+/* A few rows read W in place: the register-tiled f32 kernel where the build has AVX-512 (it
+ * takes up to 48 rows, see matmul_rows.c), else one dot product per output up to this many. */
+enum { RX_MATMUL_FEW_ROWS = 8 };
 static int matmul_rows_f32(float *out, const float *inp, const float *w, const float *b, int64_t N, int64_t C,
                            int64_t OC) {
-  return N <= RX_MATMUL_TILED_ROWS && rx_cpu_matmul_rows_f32(out, inp, w, b, N, C, OC);
+  return rx_cpu_matmul_rows_f32(out, inp, w, b, N, C, OC);
 }
 static int matmul_rows_f64(double *out, const double *inp, const double *w, const double *b, int64_t N, int64_t C,
                            int64_t OC) {

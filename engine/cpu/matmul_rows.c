@@ -26,16 +26,7 @@
  * instead of before them. K is walked in chunks of KC so that a tile's weights (6 x 4 KB) stay
  * in L1 across the row blocks; a block's accumulators wait in `part` between chunks, unreduced
  * (the same bits as without chunks). */
-#ifndef KC
-#define KC 1024
-#endif
-#ifndef PF_HINT
-#define PF_HINT _MM_HINT_T1
-#endif
-#ifndef PF_TILES
-#define PF_TILES 2
-#endif
-enum { MAX_RB = 8, MAX_NW = 6, MAX_ROWS = 48 };
+enum { MAX_RB = 8, MAX_NW = 6, MAX_ROWS = 48, KC = 1024, PF_TILES = 2 };   /* measured: see docs/kernels.md */
 
 /* The sums of four vectors, [sum a, sum b, sum c, sum d], in 13 instructions instead of 4 x 9.
  * Each result adds its own vector's lanes in a fixed order (128-bit quarters 0+2 and 1+3, those
@@ -71,7 +62,7 @@ static inline __attribute__((always_inline)) void tile(float *restrict y, int64_
   for (; k + 16 <= k1; k += 16) {
     __m512 wv[MAX_NW];
     _Pragma("GCC unroll 8") for (int j = 0; j < nw; j++) wv[j] = _mm512_loadu_ps(w + j * C + k);
-    if (pf) _Pragma("GCC unroll 8") for (int j = 0; j < npf; j++) _mm_prefetch(pf + (j * C + k) * 4, PF_HINT);
+    if (pf) _Pragma("GCC unroll 8") for (int j = 0; j < npf; j++) _mm_prefetch(pf + (j * C + k) * 4, _MM_HINT_T1);
     _Pragma("GCC unroll 8") for (int i = 0; i < rb; i++) {
       __m512 xv = _mm512_loadu_ps(x + i * C + k);
       _Pragma("GCC unroll 8") for (int j = 0; j < nw; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
