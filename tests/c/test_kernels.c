@@ -151,8 +151,6 @@ static void matmul_forward_matches_reference(void) {
  * every row count across the tile and path boundaries, K with and without a tail of 16, output
  * counts that leave partial tiles. A row's result must not depend on the rows beside it (so a
  * sampled row's tokens do not depend on the batch) nor on the thread count. */
-int rx_cpu_matmul_rows_f32(float *out, const float *inp, const float *weight, const float *bias, int64_t N, int64_t C,
-                           int64_t OC);   /* engine/cpu/cpu.h: 0 where the build has no AVX-512 kernel */
 static void matmul_few_rows_match_reference_and_each_other(void) {
   /* rows are independent up to 48 rows with the AVX-512 kernel, up to 8 with the portable dot */
   float one = 1, out = 0;
