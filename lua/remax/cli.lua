@@ -19,10 +19,14 @@ commands:
 
 local function home() return os.getenv("REMAX_HOME") or "." end
 
+-- The build folder (libremax, the remax program, the C tests): $REMAX_BUILD_DIR, libremax's folder,
+-- or build/ under the home.
 local function build_dir()
   local lib = os.getenv("REMAX_LIB")
   return os.getenv("REMAX_BUILD_DIR") or (lib and lib:match("^(.*)/[^/]+$")) or (home() .. "/build")
 end
+
+M.build_dir = build_dir
 
 local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 

@@ -1,8 +1,5 @@
 -- The remax program itself: `remax version` and the OpenBLAS kernels it runs with.
-local function binary()
-  local dir = os.getenv("REMAX_BUILD_DIR") or (os.getenv("REMAX_LIB") or ""):match("^(.*)/[^/]+$") or "build"
-  return dir .. "/remax"
-end
+local function binary() return require("remax.cli").build_dir() .. "/remax" end
 
 local function version(env)
   local p = assert(io.popen(("%s '%s' version 2>&1"):format(env, binary())))

@@ -140,10 +140,7 @@ local function tmpdir()
   return d
 end
 
-local function binary()
-  local dir = os.getenv("REMAX_BUILD_DIR") or (os.getenv("REMAX_LIB") or ""):match("^(.*)/[^/]+$") or "build"
-  return dir .. "/remax"
-end
+local function binary() return require("remax.cli").build_dir() .. "/remax" end
 
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
