@@ -8,9 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-int rx_cpu_matmul_rows_f32(float *out, const float *inp, const float *weight, const float *bias, int64_t N, int64_t C,
-                           int64_t OC);
+#include "cpu.h"   /* rx_cpu_matmul_rows_f32, exported by libremax */
 
 static double now(void) {
   struct timespec t;
