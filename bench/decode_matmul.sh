@@ -1,15 +1,16 @@
 #!/bin/sh
 # bench/decode_matmul.sh: one decode step's matmuls at the Qwen2.5-0.5B shape, remax's kernel
-# beside OpenBLAS sgemm (OPENBLAS_CORETYPE=SkylakeX, as bench/generate.sh), 2 threads. Not a test.
+# beside OpenBLAS sgemm (kernels chosen by bench/blas_core.sh, as bench/generate.sh), 2 threads.
+# Not a test.
 #   bench/decode_matmul.sh [rows ...]        default: 1 8 32
 set -eu
 cd "$(dirname "$0")/.."
-./remax version >/dev/null   # build first
+. bench/blas_core.sh   # builds first
 build=${REMAX_BUILD:-build}
 blas=$(sed -n 's/^OPENBLAS_LIB:FILEPATH=//p' "$build/CMakeCache.txt")
 inc=$(sed -n 's/^CBLAS_INCLUDE_DIR:PATH=//p' "$build/CMakeCache.txt")
 cc -O2 -o "$build/decode_matmul" bench/decode_matmul.c -I"$inc" -Iengine/cpu -L"$build" -lremax -Wl,-rpath,"$(pwd)/$build" \
   "$blas" -Wl,-rpath,"$(dirname "$blas")"
 for rows in ${*:-1 8 32}; do
-  OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE_BENCH:-SkylakeX} OMP_NUM_THREADS=${THREADS:-2} "$build/decode_matmul" "$rows"
+  OMP_NUM_THREADS=${THREADS:-2} "$build/decode_matmul" "$rows"
 done

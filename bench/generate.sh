@@ -3,19 +3,17 @@
 # threads, same shapes and sizes, measured in one session. Not a test.
 #   bench/generate.sh [shape ...]        default: small qwen0.5b
 #   ROWS="1 8 32" PROMPT=64 NEW=128 bench/generate.sh small
-# Both sides run at their best: OPENBLAS_L2_SIZE unset and OPENBLAS_CORETYPE=SkylakeX for both (the
-# AVX-512 kernels; OpenBLAS 0.3.21 does not know every AVX-512 CPU and would fall back to
-# SSE3 ones; set OPENBLAS_CORETYPE_BENCH to choose another), and PyTorch with
-# OMP_WAIT_POLICY=PASSIVE (its threads otherwise spin against
-# OpenBLAS's). The peer (bench/torch_peer.py generate) keeps a preallocated KV cache and attends
+# Both sides run at their best: OPENBLAS_L2_SIZE unset, the same OPENBLAS_CORETYPE for both (the
+# kernels remax picks, see bench/blas_core.sh: OpenBLAS 0.3.21 does not know every AVX-512 CPU
+# and would fall back to SSE3 ones), and PyTorch with OMP_WAIT_POLICY=PASSIVE (its threads
+# otherwise spin against OpenBLAS's). The peer (bench/torch_peer.py generate) keeps a preallocated KV cache and attends
 # grouped without repeating keys; each side times one run after one warm-up run, prefill
 # included, and counts rows * NEW tokens.
 set -eu
 cd "$(dirname "$0")/.."
-export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE_BENCH:-SkylakeX}
 shapes=${*:-small qwen0.5b}
 rows_list=${ROWS:-1 8 32}; prompt=${PROMPT:-64}; new=${NEW:-128}; threads=${THREADS:-2}
-./remax version >/dev/null   # build first, outside the timing
+. bench/blas_core.sh   # builds first, outside the timing
 for shape in $shapes; do
   for rows in $rows_list; do
     r=$(env -u OPENBLAS_L2_SIZE OMP_NUM_THREADS="$threads" ./remax run bench/generate.lua \

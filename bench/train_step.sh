@@ -2,16 +2,14 @@
 # bench/train_step.sh: training-step throughput and peak memory, remax beside PyTorch, same
 # threads, same batch, measured in one session. Not a test.
 #   bench/train_step.sh [shape] [batch] [seq] [steps]      e.g. bench/train_step.sh qwen0.5b 4 256 2
-# Both sides run at their best: OPENBLAS_L2_SIZE unset and OPENBLAS_CORETYPE=SkylakeX for both (the
-# AVX-512 kernels; OpenBLAS 0.3.21 does not know every AVX-512 CPU and would fall back to
-# SSE3 ones; set OPENBLAS_CORETYPE_BENCH to choose another), and PyTorch with
-# OMP_WAIT_POLICY=PASSIVE (its threads otherwise spin against
-# OpenBLAS's and halve its speed).
+# Both sides run at their best: OPENBLAS_L2_SIZE unset, the same OPENBLAS_CORETYPE for both (the
+# kernels remax picks, see bench/blas_core.sh: OpenBLAS 0.3.21 does not know every AVX-512 CPU
+# and would fall back to SSE3 ones), and PyTorch with OMP_WAIT_POLICY=PASSIVE (its threads
+# otherwise spin against OpenBLAS's and halve its speed).
 set -eu
 cd "$(dirname "$0")/.."
 shape=${1:-small}; batch=${2:-8}; seq=${3:-256}; steps=${4:-3}
-export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE_BENCH:-SkylakeX}
-./remax version >/dev/null   # build first, outside the timing
+. bench/blas_core.sh   # builds first, outside the timing
 run_remax() { env -u OPENBLAS_L2_SIZE OMP_NUM_THREADS=2 ./remax run bench/train_step.lua \
   --shape "$shape" --batch "$batch" --seq "$seq" --steps "$steps" "$@"; }
 r=$(run_remax)
