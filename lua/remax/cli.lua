@@ -8,8 +8,9 @@ commands:
   run FILE.lua [args...]   run a Lua file with the engine loaded; a file that returns a recipe
                            table trains it: remax run RECIPE.lua [--key value ...] [--help]
                            (--resume runs/<name> continues a run from its last checkpoint)
-  eval RECIPE.lua --model DIR [--key value ...]
-                           held-out greedy accuracy and reward of a model, no training
+  eval RECIPE.lua --model DIR [--samples K] [--key value ...]
+                           held-out greedy accuracy and reward of a model, no training; with
+                           --samples K also sampled accuracy, pass@1..K and the headroom
   generate --model DIR --prompt TEXT [options]
                            sample completions of a prompt (remax generate --help)
   test                     run every test: C unit tests (ctest) and Lua specs (busted)
@@ -65,17 +66,56 @@ function M.run(file, ...)
   return type(results[1]) == "number" and results[1] or 0
 end
 
--- Held-out greedy accuracy and mean reward of a model under a recipe's settings.
+-- "--samples K" taken out of an eval command line: K (0 when absent) and the other arguments.
+local function take_samples(argv)
+  local rest, K = {}, 0
+  local i = 1
+  while i <= #argv do
+    local a = argv[i]
+    local v = a:match("^%-%-samples=(.*)$")
+    if a == "--samples" then v = argv[i + 1]; i = i + 1 end
+    if v then
+      K = tonumber(v)
+      if not K or K < 1 or K ~= math.floor(K) or K > 1024 then
+        error(("remax eval: --samples %s: need an integer from 1 to 1024"):format(tostring(v)), 0)
+      end
+    else
+      rest[#rest + 1] = a
+    end
+    i = i + 1
+  end
+  return K, rest
+end
+
+-- The report of an evaluation, as lines.
+function M.eval_report(e, source, accuracy_name)
+  local lines = { ("%s: greedy %s %.1f%% (%d prompts), mean reward %.4f, greedy completion %.1f tokens"):format(
+    source or "model", accuracy_name or "accuracy", 100 * e.accuracy, e.n, e.reward, e.greedy_length_mean or 0) }
+  if e.samples then
+    local se = math.sqrt(e.accuracy * (1 - e.accuracy) / e.n)
+    lines[1] = lines[1] .. (" (one standard error %.1f points)"):format(100 * se)
+    lines[#lines + 1] = ("sampled accuracy %.1f%% (%d samples per prompt)"):format(100 * e.sampled_accuracy, e.samples)
+    local pk = {}
+    for _, p in ipairs(e.pass_at) do pk[#pk + 1] = ("pass@%d %.1f%%"):format(p.k, 100 * p.value) end
+    lines[#lines + 1] = table.concat(pk, ", ")
+    lines[#lines + 1] = ("greedy wrong on %.1f%% of prompts; greedy wrong but a sample right on %.1f%% (headroom)")
+      :format(100 * e.greedy_wrong, 100 * e.headroom)
+  end
+  return lines
+end
+
+-- Held-out greedy accuracy and mean reward of a model under a recipe's settings; with
+-- --samples K also sampled accuracy, pass@k and the headroom.
 function M.eval(file, ...)
-  if not file then error("remax eval: missing RECIPE.lua (usage: remax eval RECIPE.lua --model DIR)", 0) end
-  local recipe = require("remax.recipe").load(file, ...)
-  local cfg = recipe_config(file, recipe, { ... })
+  if not file then error("remax eval: missing RECIPE.lua (usage: remax eval RECIPE.lua --model DIR [--samples K])", 0) end
+  local K, argv = take_samples({ ... })
+  local recipe = require("remax.recipe").load(file, unpack(argv))
+  local cfg = recipe_config(file, recipe, argv)
   if not cfg then return 0 end
   local t = require("remax.trainer").new(cfg, { recipe_path = file, eval_only = true })
-  local e = t:evaluate()
+  local e = t:evaluate({ samples = K })
   if not e.n then error("remax eval: no eval set (give --eval_data FILE, or use the synthetic data)", 0) end
-  print(("%s: greedy %s %.1f%% (%d prompts), mean reward %.4f"):format(t.model_source or "model",
-    t.accuracy_name or "accuracy", 100 * e.accuracy, e.n, e.reward))
+  for _, line in ipairs(M.eval_report(e, t.model_source, t.accuracy_name)) do print(line) end
   return 0
 end
 

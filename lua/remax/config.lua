@@ -24,6 +24,7 @@ M.groups = {
     { "eval_size", 200, "integer", "number of held-out problems used for evaluation (0: no evaluation)" },
     { "synth_steps", { 1, 4 }, "numbers", "synthetic problems: min,max arithmetic steps" },
     { "synth_max_number", 100, "integer", "synthetic problems: largest number drawn" },
+    { "synth_style", "sentences", "string", "synthetic problems: solution style of the answer column: sentences, equations, direct, or a mix such as direct:0.65,equations:0.35" },
     { "map_row", nil, "function", "recipe only: function(row) -> row applied to every dataset row (e.g. turn a question into chat messages)" },
     { "chat_template", "auto", "template", "prompt rendering: auto (the tokenizer's template, else qa), qa (\"Question: ...\\nAnswer: \"), chatml, llama3, plain, or a recipe function(messages, opts) -> string" },
     { "stop", nil, "strings", "extra stop tokens (as written in tokenizer.json) besides EOS, <|im_end|>, <|endoftext|>, <|eot_id|>" },

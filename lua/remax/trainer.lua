@@ -239,7 +239,8 @@ end
 function Trainer:setup_data()
   local cfg = self.cfg
   local synth = require("remax.tasks.gsm8k_synth")
-  local sopts = { seed = cfg.seed, steps = cfg.synth_steps, max_number = cfg.synth_max_number }
+  local sopts = { seed = cfg.seed, steps = cfg.synth_steps, max_number = cfg.synth_max_number,
+    style = cfg.synth_style }
   local map = { prompt = cfg.prompt_column, answer = cfg.answer_column }
   if cfg.data then
     self.train_ds = data.load(cfg.data, map)
@@ -348,10 +349,10 @@ function Trainer:rollout(prompt_rows, opts)
   local step = opts.step or (self.step + 1)
   local prompt_ids = {}
   for i, row in ipairs(prompt_rows) do prompt_ids[i] = self:encode_prompt(row.prompt) end
-  local G = opts.greedy_only and 0 or cfg.num_generations
+  local G = opts.greedy_only and 0 or (opts.num_generations or cfg.num_generations)
   local temps = {}
   for s = 1, G do temps[s] = cfg.temperature end
-  local greedy = opts.greedy_only or cfg.generate_greedy
+  local greedy = opts.greedy_only or opts.with_greedy or cfg.generate_greedy
   if greedy then temps[#temps + 1] = 0 end
   local t0 = now()
   local out = self.model:generate(prompt_ids, {
@@ -686,30 +687,81 @@ function Trainer:finish_step(m, ro)
   end
 end
 
+-- pass@k of one prompt with c right answers among n samples: the chance that k samples drawn
+-- without replacement include a right one, 1 - C(n-c, k) / C(n, k) (Chen et al., 2021).
+local function pass_at_k(n, c, k)
+  if n - c < k then return 1 end
+  local miss = 1
+  for i = n - c + 1, n do miss = miss * (1 - k / i) end
+  return 1 - miss
+end
+M.pass_at_k = pass_at_k
+
 -- Greedy completions of the eval set: accuracy (the gsm8k_accuracy reward, else the first
--- reward) and the mean combined reward.
-function Trainer:evaluate()
+-- reward) and the mean combined reward. opts.samples = K > 0 also samples K completions per
+-- prompt (at the recipe's temperature) in the same generation call and adds sampled accuracy,
+-- pass@k for k = 1, 2, 4, ..., K, and the share of prompts whose greedy answer is wrong while
+-- some sample is right (the headroom a reward can use).
+function Trainer:evaluate(opts)
   if not self.eval_ds then return {} end
+  opts = opts or {}
   local cfg = self.cfg
+  local K = opts.samples or 0
   local t0 = now()
   local rows = self.eval_ds.rows
   local n = math.min(#rows, cfg.eval_size)
-  local acc, rew, count = 0, 0, 0
+  local acc, rew, count, glen = 0, 0, 0, 0
+  local right = {}   -- per prompt: right samples (K > 0)
+  local sacc, headroom, greedy_wrong = 0, 0, 0
   local bs = cfg.per_device_eval_batch_size
+  if K > 0 then bs = math.max(1, math.floor(bs / (K + 1))) end
   for first = 1, n, bs do
     local chunk = {}
     for i = first, math.min(n, first + bs - 1) do chunk[#chunk + 1] = rows[i] end
-    local ro = self:rollout(chunk, { greedy_only = true, step = 0 })
+    local ro = K > 0 and self:rollout(chunk, { num_generations = K, with_greedy = true, step = 0 })
+      or self:rollout(chunk, { greedy_only = true, step = 0 })
     self:score(ro)
-    for k = 1, #ro.rows do
-      rew = rew + ro.total[k]
-      local a = self.accuracy_name and ro.per[self.accuracy_name][k]
-      acc = acc + (a or 0)
-      count = count + 1
+    local prompt_right, prompt_greedy = {}, {}
+    for k, r in ipairs(ro.rows) do
+      local a = self.accuracy_name and ro.per[self.accuracy_name][k] or 0
+      if r.greedy then
+        rew = rew + ro.total[k]
+        acc = acc + a
+        glen = glen + #r.tokens
+        count = count + 1
+        prompt_greedy[r.prompt] = a
+      else
+        sacc = sacc + a
+        prompt_right[r.prompt] = (prompt_right[r.prompt] or 0) + (a >= 1 and 1 or 0)
+      end
+    end
+    if K > 0 then
+      for i = 1, #chunk do
+        local c = prompt_right[i] or 0
+        right[#right + 1] = c
+        if (prompt_greedy[i] or 0) < 1 then
+          greedy_wrong = greedy_wrong + 1
+          if c > 0 then headroom = headroom + 1 end
+        end
+      end
     end
   end
   local e = { accuracy = count > 0 and acc / count or 0, reward = count > 0 and rew / count or 0, n = count,
-    seconds = now() - t0, step = self.step }
+    greedy_length_mean = count > 0 and glen / count or 0, seconds = now() - t0, step = self.step }
+  if K > 0 and count > 0 then
+    e.samples = K
+    e.sampled_accuracy = sacc / (count * K)
+    e.pass_at = {}
+    local k = 1
+    while k <= K do
+      local s = 0
+      for _, c in ipairs(right) do s = s + pass_at_k(K, c, k) end
+      e.pass_at[#e.pass_at + 1] = { k = k, value = s / #right }
+      if k < K and 2 * k > K then k = K else k = 2 * k end
+    end
+    e.greedy_wrong = greedy_wrong / count
+    e.headroom = headroom / count
+  end
   self.last_eval = e
   self.eval_history = self.eval_history or {}
   table.insert(self.eval_history, { step = self.step, accuracy = e.accuracy, reward = e.reward })
@@ -717,8 +769,6 @@ function Trainer:evaluate()
     self.accuracy_name or "accuracy", 100 * e.accuracy, e.reward, count, e.seconds))
   return e
 end
-
----------------------------------------------------------------------------- hot reload
 
 local function source_of(r)
   if r.path then return r.path end

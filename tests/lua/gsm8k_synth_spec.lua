@@ -113,4 +113,46 @@ describe("gsm8k_synth", function()
     ok, err = pcall(synth.problem, 0, {})
     assert.matches("index must be an integer >= 1", err, 1, true)
   end)
+
+  it("writes the same questions in every solution style, each style checkable", function()
+    local base = { seed = 5, steps = { 1, 3 }, max_number = 20 }
+    local function with(style)
+      local o = {}
+      for k, v in pairs(base) do o[k] = v end
+      o.style = style
+      return synth.generate(300, o)
+    end
+    local sentences, equations, direct = with(nil), with("equations"), with("direct")
+    local mixed = with("direct:0.65,equations:0.35")
+    local n_direct = 0
+    for i, r in ipairs(sentences) do
+      assert.are.equal("sentences", r.style)
+      for _, other in ipairs({ equations[i], direct[i], mixed[i] }) do
+        assert.are.equal(r.question, other.question)
+      end
+      local final = "#### " .. string.format("%d", r.steps[#r.steps].result)
+      assert.are.equal(final, direct[i].answer)
+      -- equations: one "a op b = c" line per step, recomputed here, then the final line
+      local lines = {}
+      for line in (equations[i].answer .. "\n"):gmatch("(.-)\n") do lines[#lines + 1] = line end
+      assert.are.equal(#r.steps + 1, #lines)
+      for k, st in ipairs(r.steps) do
+        local lhs, rhs = lines[k]:match("^(.-) = (%d+)$")
+        assert.is_not_nil(lhs, lines[k])
+        assert.are.equal(OPS[st.op](st.args), tonumber(rhs))
+      end
+      assert.are.equal(final, lines[#lines])
+      local m = mixed[i]
+      assert.is_true(m.style == "direct" or m.style == "equations")
+      assert.are.equal(m.style == "direct" and direct[i].answer or equations[i].answer, m.answer)
+      if m.style == "direct" then n_direct = n_direct + 1 end
+    end
+    -- 300 draws at p = 0.65: the share is within 0.65 +- 0.1 (about 3.6 standard deviations)
+    assert.is_true(math.abs(n_direct / 300 - 0.65) < 0.1, "direct share " .. n_direct / 300)
+    local ok, err = pcall(synth.generate, 1, { style = "direct:0.5,worked:0.5" })
+    assert.is_false(ok)
+    assert.matches("style 'direct:0.5,worked:0.5': 'worked:0.5' is not style[:weight]", err, 1, true)
+    ok, err = pcall(synth.generate, 1, { style = "direct:0" })
+    assert.matches("the weights add up to 0", err, 1, true)
+  end)
 end)

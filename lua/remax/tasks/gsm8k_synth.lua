@@ -1,8 +1,13 @@
 -- remax.tasks.gsm8k_synth: seeded, procedurally generated GSM8K-style word problems.
--- Each row is {question=, answer=, steps=, template=}: `answer` is a worked solution ending in
+-- Each row is {question=, answer=, steps=, template=, style=}: `answer` is a solution ending in
 -- "#### N" (as in GSM8K), `steps` the structured arithmetic behind it ({op=, args=, result=} with
 -- op one of + - * / and % meaning args[1] * args[2] / 100), so rows go through
 -- remax.data.from_rows unchanged and a test can recheck every step.
+--
+-- Solution styles (opts.style): "sentences" (a worded line per step, the default), "equations"
+-- (one "a op b = c" line per step), "direct" (only "#### N"), or a mix such as
+-- "direct:0.65,equations:0.35", drawn per problem from a stream of its own, so the questions of a
+-- seed are the same whatever the style.
 --
 -- The problem at (seed, index, split) is always the same. A problem's split is decided by a hash of
 -- its question text, and generation retries until the split matches, so train and test never share
@@ -398,6 +403,31 @@ function M.split_of(question)
   return data.hash(question) % M.TEST_SHARE == 0 and "test" or "train"
 end
 
+M.STYLES = { sentences = true, equations = true, direct = true }
+
+-- "equations" -> {{"equations", 1}}; "direct:0.65,equations:0.35" -> cumulative weights.
+function M.parse_style(spec)
+  if type(spec) ~= "string" or spec == "" then
+    error(("gsm8k_synth: style must be a string such as \"sentences\" or \"direct:0.6,equations:0.4\", got %s")
+      :format(tostring(spec)), 3)
+  end
+  local mix, total = {}, 0
+  for part in spec:gmatch("[^,]+") do
+    local name, w = part:match("^%s*([%a_]+)%s*:%s*([%d%.eE%-+]+)%s*$")
+    if not name then name, w = part:match("^%s*([%a_]+)%s*$"), "1" end
+    w = tonumber(w)
+    if not name or not M.STYLES[name] or not w or w < 0 or w ~= w then
+      error(("gsm8k_synth: style '%s': '%s' is not style[:weight] with a style of sentences, equations, direct")
+        :format(spec, part), 3)
+    end
+    total = total + w
+    mix[#mix + 1] = { name, total }
+  end
+  if total <= 0 then error(("gsm8k_synth: style '%s': the weights add up to 0"):format(spec), 3) end
+  for _, m in ipairs(mix) do m[2] = m[2] / total end
+  return mix
+end
+
 local function options(opts)
   opts = opts or {}
   local steps = opts.steps or { 1, 4 }
@@ -418,7 +448,7 @@ local function options(opts)
   if type(seed) ~= "number" or seed < 0 or seed ~= math.floor(seed) or seed >= 2 ^ 53 then
     error("gsm8k_synth: seed must be an integer in [0, 2^53), got " .. tostring(seed), 3)
   end
-  return { lo = lo, hi = hi, N = N, split = split, seed = seed }
+  return { lo = lo, hi = hi, N = N, split = split, seed = seed, style = M.parse_style(opts.style or "sentences") }
 end
 
 local MAX_ATTEMPTS = 65536
@@ -435,13 +465,27 @@ local function attempt(o, index, a)
   local w = new_work(r, r:pick(PEOPLE))
   local question = templates[name].build(w, k, o.N)
   if not question or not w.ok or #w.steps ~= k then return nil end
-  local final = w.steps[#w.steps].result
-  return {
-    question = question,
-    answer = table.concat(w.lines, "\n") .. "\n#### " .. num(final),
-    steps = w.steps,
-    template = name,
-  }
+  return { question = question, steps = w.steps, lines = w.lines, template = name }
+end
+
+-- The solution text of a problem in a style.
+function M.solution(style, steps, lines)
+  local final = "#### " .. num(steps[#steps].result)
+  if style == "direct" then return final end
+  if style == "equations" then
+    local eq = {}
+    for i, st in ipairs(steps) do eq[i] = M.expression(st.op, st.args, st.result) end
+    lines = eq
+  end
+  return table.concat(lines, "\n") .. "\n" .. final
+end
+
+-- The style of problem `index`: its own random stream, independent of the question's draws.
+local function style_of(o, index)
+  if #o.style == 1 then return o.style[1][1] end
+  local u = data.rng(o.seed, "style:" .. o.split .. ":" .. index):u32() / 4294967296
+  for _, m in ipairs(o.style) do if u < m[2] then return m[1] end end
+  return o.style[#o.style][1]
 end
 
 -- The problem number `index` (>= 1) of a split: opts = {seed=, split=, steps=, max_number=}.
@@ -452,7 +496,12 @@ function M.problem(index, opts)
   end
   for a = 0, MAX_ATTEMPTS - 1 do
     local row = attempt(o, index, a)
-    if row and M.split_of(row.question) == o.split then return row end
+    if row and M.split_of(row.question) == o.split then
+      row.style = style_of(o, index)
+      row.answer = M.solution(row.style, row.steps, row.lines)
+      row.lines = nil
+      return row
+    end
   end
   error(("gsm8k_synth: no %s problem found for index %d after %d attempts"):format(o.split, index, MAX_ATTEMPTS), 2)
 end
