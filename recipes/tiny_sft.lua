@@ -1,9 +1,10 @@
--- tiny_sft: builds the built-in base model models/tiny-gsm8k.
+-- tiny_sft: stage 1 of the built-in base model: writes models/tiny-gsm8k-stage1.
 -- A small Qwen2-architecture model with the byte-level tokenizer, trained from random weights by
 -- supervised fine-tuning (cross-entropy on the answer tokens) on fresh synthetic GSM8K-style
--- problems (remax.tasks.gsm8k_synth), evaluated by greedy accuracy on the held-out split.
+-- problems (remax.tasks.gsm8k_synth) with worked solutions, evaluated by greedy accuracy on the
+-- held-out split. Stage 2, recipes/tiny_sft_styles.lua, makes models/tiny-gsm8k from it.
 --
---   ./remax run recipes/tiny_sft.lua                    # writes models/tiny-gsm8k/
+--   ./remax run recipes/tiny_sft.lua                    # writes models/tiny-gsm8k-stage1/
 --   ./remax run recipes/tiny_sft.lua --max_steps 200    # a quick try (any setting: --key value)
 --   ./remax run recipes/tiny_sft.lua --help             # every setting
 --
@@ -46,5 +47,5 @@ return {
   eval_steps = 300,
   save_steps = 300,
   logging_steps = 10,
-  save_final_model = "models/tiny-gsm8k",
+  save_final_model = "models/tiny-gsm8k-stage1",
 }

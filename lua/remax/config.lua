@@ -68,6 +68,7 @@ M.groups = {
     { "gradient_accumulation_steps", 1, "integer", "micro-batches per optimizer step; prompts per step = this * per_device_train_batch_size" },
     { "gradient_checkpointing", false, "boolean", "recompute activations in the backward pass (less memory)" },
     { "max_steps", 100, "integer", "optimizer steps to train" },
+    { "max_time", 0, "number", "also stop after the step that brings the training time (evaluation excluded) past this many seconds (0: no limit)", hot = true },
     { "max_bad_steps", 5, "integer", "stop after this many steps with a non-finite loss or gradient (each is skipped)" },
   } },
   { "Run", {

@@ -313,7 +313,7 @@ function Trainer:state()
   return {
     step = self.step, sampler = self.sampler:state(), optimizer_step = os_.step,
     bad_steps = self.bad_steps, reloads = self.reloads, baseline = self.baseline_state,
-    eval_history = self.eval_history, tensors = os_.tensors,
+    eval_history = self.eval_history, train_seconds = self.train_seconds, tensors = os_.tensors,
   }
 end
 
@@ -324,6 +324,7 @@ function Trainer:restore(state)
   self.bad_steps, self.reloads = state.bad_steps or 0, state.reloads or 0
   self.baseline_state = state.baseline
   self.eval_history = state.eval_history
+  self.train_seconds = state.train_seconds
   say(self, ("resumed %s from %s (step %d)"):format(self.run_dir, self.resume_ckpt or "?", self.step))
 end
 
@@ -748,6 +749,7 @@ function Trainer:evaluate(opts)
   end
   local e = { accuracy = count > 0 and acc / count or 0, reward = count > 0 and rew / count or 0, n = count,
     greedy_length_mean = count > 0 and glen / count or 0, seconds = now() - t0, step = self.step }
+  self.eval_seconds = (self.eval_seconds or 0) + e.seconds
   if K > 0 and count > 0 then
     e.samples = K
     e.sampled_accuracy = sacc / (count * K)
@@ -916,6 +918,8 @@ function Trainer:train_step()
     if not up.finite then m.skipped = true end
   end
   m.time_step = now() - t0
+  self.train_seconds = (self.train_seconds or 0) + m.time_step
+  m.time_elapsed_train = self.train_seconds
   self:finish_step(m, ro)
   return m
 end
@@ -949,7 +953,7 @@ function Trainer:train(loop)
     loop(self)
     interrupted = signal_pending()
   else
-    while self.step < cfg.max_steps do
+    while self.step < cfg.max_steps and not self:out_of_time() do
       one()
       if signal_pending() then interrupted = true break end
     end
@@ -983,6 +987,14 @@ function Trainer:train(loop)
 end
 
 -- For recipe loops: run one standard step (with hot reload) and say whether to go on.
-function Trainer:should_continue() return self.step < self.cfg.max_steps and not signal_pending() end
+function Trainer:should_continue()
+  return self.step < self.cfg.max_steps and not self:out_of_time() and not signal_pending()
+end
+
+-- max_time: the training time so far (steps only, evaluation excluded) has passed the budget.
+function Trainer:out_of_time()
+  local budget = self.cfg.max_time
+  return budget > 0 and (self.train_seconds or 0) >= budget
+end
 
 return M
