@@ -19,7 +19,7 @@ local function tmpdir()
   return d
 end
 
-local function run(algo, G, advantage)
+local function run(algo, G, advantage, extra)
   local dir = tmpdir()
   local f = assert(io.open(dir .. "/p.jsonl", "wb"))
   for i = 1, 64 do f:write(('{"prompt": "task %d:", "answer": "7"}\n'):format(i)) end
@@ -34,10 +34,15 @@ local function run(algo, G, advantage)
     algo = algo, num_generations = G, max_completion_length = 1, per_device_train_batch_size = 16,
     gradient_accumulation_steps = 1, learning_rate = 3e-2, max_steps = 60, eval_size = 0,
     output_dir = dir .. "/runs", save_steps = 0, log_completions = 0, hot_reload = false, seed = 3,
-    advantage = advantage,
+    advantage = advantage, max_time = extra and extra.max_time,
   })
   local t = trainer.new(cfg, { quiet = true, signals = false })
   local rewards, reached = {}, nil
+  if extra and extra.plain then
+    local out = t:train()
+    os.execute("rm -rf " .. dir)
+    return out
+  end
   t:train(function(tr)
     while tr:should_continue() do
       local m = tr:train_step()
@@ -75,5 +80,11 @@ describe("learning smoke test (first token = a fixed id)", function()
     local rewards, reached = run("remax", 8, negated_remax)
     assert.is_nil(reached)
     assert.is_true(rewards[#rewards] < 0.1)
+  end)
+
+  it("max_time stops after the step that passes the training-time budget", function()
+    local out = run("remax", 2, nil, { max_time = 1e-9, plain = true })
+    assert.are.equal(1, out.step)
+    assert.is_true(out.history[1].time_elapsed_train > 0)
   end)
 end)
