@@ -9,7 +9,8 @@
 -- more often is not penalised; --minutes 0: the recipe's max_steps instead). GRPO and RLOO do not
 -- generate the greedy row ReMax needs, so their budget goes to samples only. Prints held-out greedy accuracy against training minutes, a table
 -- of start, end, gain and the lowest point, and writes runs/learning/results.json and
--- runs/learning/accuracy.svg (copied into docs/img/ for the README).
+-- runs/learning/accuracy.svg (copied into docs/img/ for the README). --from DIR re-reads the runs
+-- of an earlier invocation (same --runs) and redraws the table and plot without training.
 local remax = require("remax")
 local config = require("remax.config")
 local trainer = require("remax.trainer")
@@ -23,16 +24,17 @@ local RUNS = {   -- name -> overrides of recipes/gsm8k.lua
   rloo = { algo = "rloo", generate_greedy = false },
 }
 
-local args = { minutes = 3, runs = "remax:2,grpo4:2,grpo8:2,rloo:2", out = "runs/learning" }
+local args = { minutes = 3, runs = "remax:2,grpo4:2,grpo8:2,rloo:2", out = "runs/learning", from = false }
 do
   local argv, i = { ... }, 1
   while i <= #argv do
     local k = argv[i]:match("^%-%-(.+)$")
     if not k or args[k] == nil or argv[i + 1] == nil then
-      error(("bench/learning.lua: unknown or incomplete argument %s (use --minutes M, --runs a:seed,..., --out DIR)")
+      error(("bench/learning.lua: unknown or incomplete argument %s (use --minutes M, --runs a:seed,..., --out DIR, --from DIR)")
         :format(argv[i]), 0)
     end
     args[k] = k == "minutes" and assert(tonumber(argv[i + 1]), "--minutes: a number") or argv[i + 1]
+    if k == "from" then args.out = argv[i + 1] end
     i = i + 2
   end
 end
@@ -54,30 +56,42 @@ for spec in args.runs:gmatch("[^,]+") do
   r.save_steps, r.log_completions = 0, 0
   r.output_dir, r.run_name = args.out, ("%s-seed%s"):format(name, seed)
   local cfg = config.resolve(r, {})
-  print(("== %s seed %s: %s"):format(name, seed,
-    args.minutes > 0 and ("%g minutes of training"):format(args.minutes) or (r.max_steps .. " steps")))
+  if not args.from then print(("== %s seed %s: %s"):format(name, seed,
+    args.minutes > 0 and ("%g minutes of training"):format(args.minutes) or (r.max_steps .. " steps"))) end
   local t0 = trainer.now()
-  local t = trainer.new(cfg, { quiet = false, signals = false, recipe_path = "recipes/gsm8k.lua" })
-  t:train()
-  local curve = {}
-  for _, m in ipairs(t.run:metrics()) do
-    if m.eval_accuracy then
-      curve[#curve + 1] = { minutes = (m.time_elapsed_train or 0) / 60, step = m.step, accuracy = m.eval_accuracy }
+  local t, metrics
+  if args.from then   -- re-read a finished run instead of training
+    metrics = runs.read_jsonl(("%s/%s/metrics.jsonl"):format(args.from, r.run_name))
+  else
+    t = trainer.new(cfg, { quiet = false, signals = false, recipe_path = "recipes/gsm8k.lua" })
+    t:train()
+    metrics = t.run:metrics()
+  end
+  -- held-out accuracy against training minutes (a row without the time has the last one seen)
+  local curve, minutes, steps = {}, 0, 0
+  for _, m in ipairs(metrics) do
+    if m.time_elapsed_train then minutes = m.time_elapsed_train / 60 end
+    steps = math.max(steps, m.step or 0)
+    if m.eval_accuracy and not (#curve > 0 and curve[#curve].step == m.step) then
+      curve[#curve + 1] = { minutes = minutes, step = m.step, accuracy = m.eval_accuracy }
     end
   end
   local start, lowest = curve[1].accuracy, math.huge
   for _, p in ipairs(curve) do lowest = math.min(lowest, p.accuracy) end
   local res = { name = name, seed = tonumber(seed), curve = curve, start = start, final = curve[#curve].accuracy,
-    lowest = lowest, steps = t.step, wall_minutes = (trainer.now() - t0) / 60, n = t.last_eval and t.last_eval.n }
+    lowest = lowest, steps = steps, wall_minutes = (trainer.now() - t0) / 60 }
   results[#results + 1] = res
   t = nil
   collectgarbage()
 end
 
-print(("\n%-8s %5s %7s %7s %7s %8s %6s %10s"):format("run", "seed", "start", "end", "gain", "lowest", "steps", "wall min"))
+print(("\n%-8s %5s %7s %7s %7s %8s %6s  %s"):format("run", "seed", "start", "end", "gain", "lowest", "steps",
+  "accuracy at training minutes"))
 for _, r in ipairs(results) do
-  print(("%-8s %5d %6.1f%% %6.1f%% %+6.1f %7.1f%% %6d %10.1f"):format(r.name, r.seed, 100 * r.start, 100 * r.final,
-    100 * (r.final - r.start), 100 * r.lowest, r.steps, r.wall_minutes))
+  local pts = {}
+  for _, p in ipairs(r.curve) do pts[#pts + 1] = ("%.1f@%.2f"):format(100 * p.accuracy, p.minutes) end
+  print(("%-8s %5d %6.1f%% %6.1f%% %+6.1f %7.1f%% %6d  %s"):format(r.name, r.seed, 100 * r.start, 100 * r.final,
+    100 * (r.final - r.start), 100 * r.lowest, r.steps, table.concat(pts, " ")))
 end
 
 local series = {}

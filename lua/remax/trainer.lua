@@ -968,7 +968,8 @@ function Trainer:train(loop)
   local after = self.last_eval
   if self.eval_ds and (not after or after.step ~= self.step) then
     after = self:evaluate()
-    self.run:log_metrics(self.step, { eval_accuracy = after.accuracy, eval_reward = after.reward })
+    self.run:log_metrics(self.step, { eval_accuracy = after.accuracy, eval_reward = after.reward,
+      time_elapsed_train = self.train_seconds })
   end
   if self.last_saved ~= self.step then self:save_checkpoint() end
   if cfg.save_final_model then
