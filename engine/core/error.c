@@ -1,5 +1,6 @@
 /* error.c: thread-local last-error message. */
 #include "internal.h"
+#include "cuda/cuda.h"
 #include <stdio.h>
 #include <string.h>
 
@@ -29,11 +30,4 @@ int rx_fail_context(int code, const char *fmt, ...) {
 
 const char *rx_version(void) { return "0.1.0"; }
 
-int rx_has_cuda(void) {
-#ifdef RX_HAVE_CUDA
-  extern int rx_cuda_device_count(void);
-  return rx_cuda_device_count() > 0;
-#else
-  return 0;
-#endif
-}
+int rx_has_cuda(void) { return rx_cuda_device_count() > 0; }   /* 0 in a build without CUDA (cuda/none.c) */

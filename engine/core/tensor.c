@@ -1,5 +1,7 @@
-/* tensor.c: storage, tensor views, copy/convert, fill, Philox random fill. */
+/* tensor.c: storage, tensor views, copy/convert, fill, Philox random fill. Device (cuda) storage
+ * comes from the CUDA backend's caching allocator; element access to it goes through a host copy. */
 #include "internal.h"
+#include "cuda/cuda.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +13,7 @@ struct rx_storage {
   int32_t device;
   int32_t owned;     /* 0 for rx_tensor_wrap */
   int64_t refs;
+  void *handle;      /* the CUDA allocator's piece, for device storage */
 };
 
 void *rx_alloc(size_t bytes, const char *what) {
@@ -68,9 +71,13 @@ static int storage_new(rx_storage **out, int32_t device, int64_t bytes, void *wr
     s->data = rx_alloc((size_t)bytes, "tensor");
     if (!s->data) { free(s); return RX_ENOMEM; }
     memset(s->data, 0, (size_t)bytes);
+  } else if (device == RX_CUDA) {
+    int rc = rx_cuda_malloc(&s->data, &s->handle, (size_t)bytes, "tensor");
+    if (!rc) rc = rx_cuda_memset0(s->data, (size_t)bytes);
+    if (rc) { rx_cuda_release(s->handle); free(s); return rc; }
   } else {
     free(s);
-    return rx_fail(RX_EDEVICE, "device %d (cuda) is not available in this build", device);
+    return rx_fail(RX_EDEVICE, "device %d is not a device remax knows (cpu = 0, cuda = 1)", device);
   }
   *out = s;
   return RX_OK;
@@ -79,6 +86,7 @@ static int storage_new(rx_storage **out, int32_t device, int64_t bytes, void *wr
 static void storage_release(rx_storage *s) {
   if (!s || --s->refs > 0) return;
   if (s->owned && s->device == RX_CPU) rx_free(s->data);
+  if (s->owned && s->device == RX_CUDA) rx_cuda_release(s->handle);
   free(s);
 }
 
@@ -224,17 +232,33 @@ static void store(void *p, int32_t dtype, int64_t k, double v) {
   }
 }
 
-static int need_cpu(const rx_tensor *t, const char *op) {
-  if (t->device != RX_CPU) return rx_fail(RX_EDEVICE, "%s: device %d has no implementation in this build", op, t->device);
+static int need_known(const rx_tensor *t, const char *op) {
+  if (t->device != RX_CPU && t->device != RX_CUDA) return rx_fail(RX_EDEVICE, "%s: unknown device %d", op, t->device);
   return RX_OK;
+}
+
+/* Element access to a device tensor goes through a contiguous host tensor of the same dtype and
+ * shape: filled from the device when `load`, written back by to_device. */
+static int host_copy(rx_tensor **h, const rx_tensor *t, int load) {
+  int rc = rx_tensor_new(h, t->dtype, RX_CPU, t->ndim, t->shape);
+  if (!rc && load) rc = rx_tensor_copy(*h, t);
+  if (rc) { rx_tensor_free(*h); *h = NULL; }
+  return rc;
+}
+
+static int to_device(rx_tensor *t, rx_tensor *h, int rc) {
+  if (!rc) rc = rx_tensor_copy(t, h);
+  rx_tensor_free(h);
+  return rc;
 }
 
 int rx_tensor_copy(rx_tensor *dst, const rx_tensor *src) {
   char a[96], b[96];
-  if (need_cpu(dst, "copy") || need_cpu(src, "copy")) return RX_EDEVICE;
+  if (need_known(dst, "copy") || need_known(src, "copy")) return RX_EDEVICE;
   if (dst->numel != src->numel)
     return rx_fail(RX_EINVAL, "copy: destination %s and source %s differ in element count",
                    rx_shape_str(dst, a, sizeof a), rx_shape_str(src, b, sizeof b));
+  if (dst->device == RX_CUDA || src->device == RX_CUDA) return rx_cuda_copy(dst, src);
   int64_t n = src->numel;
   int dc = rx_tensor_is_contiguous(dst), sc = rx_tensor_is_contiguous(src);
   if (dc && sc && dst->dtype == src->dtype) {
@@ -258,7 +282,13 @@ int rx_tensor_copy(rx_tensor *dst, const rx_tensor *src) {
 }
 
 int rx_tensor_fill(rx_tensor *t, double value) {
-  if (need_cpu(t, "fill")) return RX_EDEVICE;
+  if (need_known(t, "fill")) return RX_EDEVICE;
+  if (t->device == RX_CUDA) {
+    if (rx_tensor_is_contiguous(t)) return rx_cuda_fill(t, value);
+    rx_tensor *h;
+    if (host_copy(&h, t, 0)) return rx_fail_context(RX_EDEVICE, "fill");
+    return to_device(t, h, rx_tensor_fill(h, value));
+  }
   int c = rx_tensor_is_contiguous(t);
   for (int64_t i = 0; i < t->numel; i++) store(t->data, t->dtype, c ? i : element_offset(t, i), value);
   return RX_OK;
@@ -278,7 +308,12 @@ static void philox_at(uint64_t seed, uint64_t index, uint32_t r[4]) {
 }
 
 int rx_tensor_uniform(rx_tensor *t, uint64_t seed, uint64_t offset, double lo, double hi) {
-  if (need_cpu(t, "uniform")) return RX_EDEVICE;
+  if (need_known(t, "uniform")) return RX_EDEVICE;
+  if (t->device == RX_CUDA) {   /* the same numbers as on the CPU: drawn there, then copied */
+    rx_tensor *h;
+    if (host_copy(&h, t, 0)) return rx_fail_context(RX_EDEVICE, "uniform");
+    return to_device(t, h, rx_tensor_uniform(h, seed, offset, lo, hi));
+  }
   if (!rx_is_float_dtype(t->dtype)) return rx_fail(RX_EINVAL, "uniform: dtype %s is not a float type", rx_dtype_name(t->dtype));
   int c = rx_tensor_is_contiguous(t);
   #pragma omp parallel for schedule(static) if (t->numel > 65536)
@@ -291,7 +326,12 @@ int rx_tensor_uniform(rx_tensor *t, uint64_t seed, uint64_t offset, double lo, d
 }
 
 int rx_tensor_normal(rx_tensor *t, uint64_t seed, uint64_t offset, double mean, double std) {
-  if (need_cpu(t, "normal")) return RX_EDEVICE;
+  if (need_known(t, "normal")) return RX_EDEVICE;
+  if (t->device == RX_CUDA) {   /* the same numbers as on the CPU: drawn there, then copied */
+    rx_tensor *h;
+    if (host_copy(&h, t, 0)) return rx_fail_context(RX_EDEVICE, "normal");
+    return to_device(t, h, rx_tensor_normal(h, seed, offset, mean, std));
+  }
   if (!rx_is_float_dtype(t->dtype)) return rx_fail(RX_EINVAL, "normal: dtype %s is not a float type", rx_dtype_name(t->dtype));
   int c = rx_tensor_is_contiguous(t);
   #pragma omp parallel for schedule(static) if (t->numel > 65536)
@@ -305,7 +345,21 @@ int rx_tensor_normal(rx_tensor *t, uint64_t seed, uint64_t offset, double mean, 
 }
 
 int rx_tensor_get(const rx_tensor *t, int64_t index, double *value) {
-  if (need_cpu(t, "get")) return RX_EDEVICE;
+  if (need_known(t, "get")) return RX_EDEVICE;
+  if (t->device == RX_CUDA) {
+    rx_tensor *h;
+    if (index < 0 || index >= t->numel)
+      return rx_fail(RX_EINVAL, "get: index %lld out of range [0, %lld)", (long long)index, (long long)t->numel);
+    rx_tensor flat = *t;   /* one element: a 1-element view at its offset, copied alone */
+    int64_t one = 1;
+    flat.data = (char *)t->data + element_offset(t, index) * rx_dtype_size(t->dtype);
+    flat.ndim = 1; flat.shape[0] = 1; flat.stride[0] = 1; flat.numel = 1;
+    if (rx_tensor_new(&h, t->dtype, RX_CPU, 1, &one)) return RX_ENOMEM;
+    int rc = rx_tensor_copy(h, &flat);
+    if (!rc) *value = load(h->data, h->dtype, 0);
+    rx_tensor_free(h);
+    return rc;
+  }
   if (index < 0 || index >= t->numel)
     return rx_fail(RX_EINVAL, "get: index %lld out of range [0, %lld)", (long long)index, (long long)t->numel);
   *value = load(t->data, t->dtype, element_offset(t, index));
@@ -313,7 +367,14 @@ int rx_tensor_get(const rx_tensor *t, int64_t index, double *value) {
 }
 
 int rx_tensor_set(rx_tensor *t, int64_t index, double value) {
-  if (need_cpu(t, "set")) return RX_EDEVICE;
+  if (need_known(t, "set")) return RX_EDEVICE;
+  if (t->device == RX_CUDA) {
+    rx_tensor *h;
+    if (index < 0 || index >= t->numel)
+      return rx_fail(RX_EINVAL, "set: index %lld out of range [0, %lld)", (long long)index, (long long)t->numel);
+    if (host_copy(&h, t, 1)) return rx_fail_context(RX_EDEVICE, "set");
+    return to_device(t, h, rx_tensor_set(h, index, value));
+  }
   if (index < 0 || index >= t->numel)
     return rx_fail(RX_EINVAL, "set: index %lld out of range [0, %lld)", (long long)index, (long long)t->numel);
   store(t->data, t->dtype, element_offset(t, index), value);
@@ -321,14 +382,26 @@ int rx_tensor_set(rx_tensor *t, int64_t index, double value) {
 }
 
 int rx_tensor_read_f64(const rx_tensor *t, double *out) {
-  if (need_cpu(t, "read")) return RX_EDEVICE;
+  if (need_known(t, "read")) return RX_EDEVICE;
+  if (t->device == RX_CUDA) {
+    rx_tensor *h;
+    if (host_copy(&h, t, 1)) return rx_fail_context(RX_EDEVICE, "read");
+    int rc = rx_tensor_read_f64(h, out);
+    rx_tensor_free(h);
+    return rc;
+  }
   int c = rx_tensor_is_contiguous(t);
   for (int64_t i = 0; i < t->numel; i++) out[i] = load(t->data, t->dtype, c ? i : element_offset(t, i));
   return RX_OK;
 }
 
 int rx_tensor_write_f64(rx_tensor *t, const double *in) {
-  if (need_cpu(t, "write")) return RX_EDEVICE;
+  if (need_known(t, "write")) return RX_EDEVICE;
+  if (t->device == RX_CUDA) {
+    rx_tensor *h;
+    if (host_copy(&h, t, 0)) return rx_fail_context(RX_EDEVICE, "write");
+    return to_device(t, h, rx_tensor_write_f64(h, in));
+  }
   int c = rx_tensor_is_contiguous(t);
   for (int64_t i = 0; i < t->numel; i++) store(t->data, t->dtype, c ? i : element_offset(t, i), in[i]);
   return RX_OK;

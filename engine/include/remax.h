@@ -20,6 +20,11 @@ const char *rx_last_error(void);     /* message of the last failure on this thre
 void rx_clear_error(void);
 const char *rx_version(void);
 int rx_has_cuda(void);               /* 1 when built with CUDA and a device is present */
+/* CUDA device memory (device 0): bytes in live tensors, their peak, bytes reserved from the driver
+ * by remax's caching allocator, and the device's free and total bytes. Fails without a device. */
+int rx_cuda_memory(int64_t *allocated, int64_t *peak, int64_t *reserved, int64_t *free_bytes, int64_t *total_bytes);
+/* Waits until every queued GPU operation has finished (for timing); fails without a device. */
+int rx_cuda_synchronize(void);
 /* OpenBLAS's kernel set in use ("SkylakeX", "Haswell", ...), and the one to ask for with
  * OPENBLAS_CORETYPE when OpenBLAS did not recognise this CPU and fell back to an older set
  * (NULL when the choice is already right, or when OPENBLAS_CORETYPE is set). */

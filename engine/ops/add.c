@@ -18,6 +18,8 @@ int rx_add(rx_tensor *out, const rx_tensor *a, const rx_tensor *b) {
       else if (a->dtype == RX_F64) rx_cpu_add_f64(out->data, a->data, b->data, a->numel);
       else return rx_op_no_dtype(op, a);
       return RX_OK;
+    case RX_CUDA:
+      return rx_cuda_add(out->data, a->data, b->data, a->numel, a->dtype);
     default:
       return rx_op_no_kernel(op, a);
   }

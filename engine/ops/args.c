@@ -1,5 +1,6 @@
 /* args.c: the argument checks declared in ops.h. */
 #include "ops.h"
+#include "cpu/cpu.h"
 #include <stdio.h>
 
 const char *rx_device_label(int32_t device) {
@@ -46,6 +47,35 @@ int rx_op_like(const rx_tensor *t, const rx_tensor *ref, const char *op, const c
                    rx_device_label(t->device), t->device_index, rx_device_label(ref->device), ref->device_index,
                    ref_name);
   return RX_OK;
+}
+
+int rx_op_acc_like(const rx_tensor *t, const rx_tensor *ref, const char *op, const char *what, const char *ref_name) {
+  if (rx_op_float(t, op, what)) return RX_EINVAL;
+  const int32_t want = rx_acc_dtype(ref->dtype);
+  if (t->dtype != want)
+    return rx_fail(RX_EINVAL, "%s: %s has dtype %s, expected %s (for %s of dtype %s)", op, what, rx_dtype_name(t->dtype),
+                   rx_dtype_name(want), ref_name, rx_dtype_name(ref->dtype));
+  if (t->device != ref->device || t->device_index != ref->device_index)
+    return rx_fail(RX_EINVAL, "%s: %s is on %s:%d, expected %s:%d (device of %s)", op, what,
+                   rx_device_label(t->device), t->device_index, rx_device_label(ref->device), ref->device_index,
+                   ref_name);
+  return RX_OK;
+}
+
+int rx_op_check_index(const char *op, const rx_tensor *idx, int64_t n, int64_t limit, int allow_negative,
+                      const char *what, const char *of) {
+  int64_t bad = -1;
+  int32_t value = 0;
+  if (idx->device == RX_CUDA) {
+    int rc = rx_cuda_first_bad_index(&bad, &value, idx->data, n, limit, allow_negative);
+    if (rc) return rc;
+  } else {
+    bad = rx_cpu_first_bad_index(idx->data, n, limit, allow_negative);
+    if (bad >= 0) value = ((const int32_t *)idx->data)[bad];
+  }
+  if (bad < 0) return RX_OK;
+  return rx_fail(RX_EINVAL, "%s: %s %d at row %lld is outside the vocabulary [0, %lld) of %s%s", op, what, value,
+                 (long long)bad, (long long)limit, of, allow_negative ? " (negative targets mark padding)" : "");
 }
 
 int rx_op_rows_cols(const rx_tensor *t, int64_t rows, int64_t cols, const char *op, const char *what,

@@ -2,7 +2,7 @@
  * The contract is in remax.h and docs/attention.md; the CPU kernels are in cpu/attention.inc. */
 #include <math.h>
 #include <omp.h>
-#include "internal.h"
+#include "ops.h"
 #include "cpu/attention.h"
 
 /* A tensor contiguous in its last three dims whose batch stride may exceed one batch entry
@@ -41,8 +41,8 @@ static int check_inputs(const char *op, const rx_tensor *q, const rx_tensor *k, 
                         const rx_tensor *mask, double scale, rx_attn_dims *dims) {
   char a[96], b[96];
   if (rx_check_tensor(q, op, "q", 4)) return RX_EINVAL;
-  if (q->dtype != RX_F32 && q->dtype != RX_F64)
-    return rx_fail(RX_EINVAL, "%s: q has dtype %s, expected f32 or f64", op, rx_dtype_name(q->dtype));
+  if (q->dtype != RX_F32 && q->dtype != RX_F64 && !(q->dtype == RX_BF16 && q->device == RX_CUDA))
+    return rx_fail(RX_EINVAL, "%s: q has dtype %s, expected f32 or f64 (or bf16 on cuda)", op, rx_dtype_name(q->dtype));
   if (check_batch_strided(k, op, "k") || check_batch_strided(v, op, "v")) return RX_EINVAL;
   if (rx_check_same(q, k, op, "k") || rx_check_same(q, v, op, "v")) return RX_EINVAL;
   const int64_t B = q->shape[0], Tq = q->shape[1], H = q->shape[2], D = q->shape[3];
@@ -107,7 +107,15 @@ static int check_like_q(const rx_tensor *t, const char *op, const char *what, co
 static int check_lse(const rx_tensor *lse, const char *op, const rx_tensor *q) {
   const int64_t dims[3] = {q->shape[0], q->shape[2], q->shape[1]};
   if (check_shape(lse, op, "lse", 3, dims, "for q", q)) return RX_EINVAL;
-  return rx_check_same(q, lse, op, "lse");
+  return rx_op_acc_like(lse, q, op, "lse", "q");   /* f32 for bf16 q */
+}
+
+/* The same sizes for the CUDA backend, whose header does not include the CPU's. */
+static const rx_cuda_attn_dims *cuda_dims(const rx_attn_dims *d) {
+  static _Thread_local rx_cuda_attn_dims c;
+  c = (rx_cuda_attn_dims){.B = d->B, .Tq = d->Tq, .Tk = d->Tk, .H = d->H, .KV = d->KV, .D = d->D,
+                          .k_batch_stride = d->k_batch_stride, .v_batch_stride = d->v_batch_stride, .scale = d->scale};
+  return &c;
 }
 
 int rx_attention_forward(rx_tensor *out, rx_tensor *lse, const rx_tensor *q, const rx_tensor *k,
@@ -128,6 +136,8 @@ int rx_attention_forward(rx_tensor *out, rx_tensor *lse, const rx_tensor *q, con
         rx_cpu_attention_forward_f64(out->data, lse->data, q->data, k->data, v->data, keep, &dims, scratch, threads);
       return RX_OK;
     }
+    case RX_CUDA:
+      return rx_cuda_attention_forward(out->data, lse->data, q->data, k->data, v->data, keep, cuda_dims(&dims), q->dtype);
     default:
       return rx_fail(RX_EDEVICE, "%s: device %d has no implementation in this build", op, q->device);
   }
@@ -160,6 +170,10 @@ int rx_attention_backward(rx_tensor *dq, rx_tensor *dk, rx_tensor *dv, const rx_
                                       k->data, v->data, out->data, lse->data, keep, &dims, scratch, threads);
       return RX_OK;
     }
+    case RX_CUDA:
+      return rx_cuda_attention_backward(dq ? dq->data : NULL, dk ? dk->data : NULL, dv ? dv->data : NULL, dout->data,
+                                        q->data, k->data, v->data, out->data, lse->data, keep, cuda_dims(&dims),
+                                        q->dtype);
     default:
       return rx_fail(RX_EDEVICE, "%s: device %d has no implementation in this build", op, q->device);
   }

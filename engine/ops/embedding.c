@@ -5,14 +5,10 @@
 #include <stdio.h>
 
 /* Tokens are data: they are range-checked on the device that holds them, before any write. */
-static int check_tokens_cpu(const char *op, const rx_tensor *tokens, const rx_tensor *weight, int64_t V) {
-  char buf[96];
-  int64_t bad = rx_cpu_first_bad_index(tokens->data, tokens->numel, V, 0);
-  if (bad >= 0)
-    return rx_fail(RX_EINVAL, "%s: token %d at row %lld is outside the vocabulary [0, %lld) of weight %s", op,
-                   ((const int32_t *)tokens->data)[bad], (long long)bad, (long long)V,
-                   rx_shape_str(weight, buf, sizeof buf));
-  return RX_OK;
+static int check_tokens(const char *op, const rx_tensor *tokens, const rx_tensor *weight, int64_t V) {
+  char buf[96], of[120];
+  snprintf(of, sizeof of, "weight %s", rx_shape_str(weight, buf, sizeof buf));
+  return rx_op_check_index(op, tokens, tokens->numel, V, 0, "token", of);
 }
 
 int rx_embedding_forward(rx_tensor *out, const rx_tensor *tokens, const rx_tensor *weight) {
@@ -31,10 +27,13 @@ int rx_embedding_forward(rx_tensor *out, const rx_tensor *tokens, const rx_tenso
   switch (weight->device) {
     case RX_CPU:
       if (weight->dtype != RX_F32 && weight->dtype != RX_F64) return rx_op_no_dtype(op, weight);
-      if (check_tokens_cpu(op, tokens, weight, V)) return RX_EINVAL;
+      if (check_tokens(op, tokens, weight, V)) return RX_EINVAL;
       if (weight->dtype == RX_F32) rx_cpu_embedding_forward_f32(out->data, tokens->data, weight->data, N, C);
       else rx_cpu_embedding_forward_f64(out->data, tokens->data, weight->data, N, C);
       return RX_OK;
+    case RX_CUDA:
+      if (check_tokens(op, tokens, weight, V)) return RX_EINVAL;
+      return rx_cuda_embedding_forward(out->data, tokens->data, weight->data, N, C, weight->dtype);
     default:
       return rx_op_no_kernel(op, weight);
   }
@@ -52,16 +51,30 @@ int rx_embedding_backward(rx_tensor *dweight, const rx_tensor *dout, const rx_te
   if (!tokens) return rx_fail(RX_EINVAL, "%s: tokens is missing", op);
   int64_t N = tokens->numel;
   snprintf(why, sizeof why, "one row per token of tokens, channels of dweight %s", rx_shape_str(dweight, a, sizeof a));
-  if (rx_op_index(tokens, dweight, N, op, "tokens", "") || rx_op_like(dout, dweight, op, "dout", "dweight") ||
+  if (rx_op_index(tokens, dweight, N, op, "tokens", "") || rx_op_float(dout, op, "dout") ||
       rx_op_rows_cols(dout, N, C, op, "dout", why))
     return RX_EINVAL;
+  /* dweight is the parameter gradient: dout's dtype, or f32 for a bf16 dout (rx_acc_dtype) */
+  if (dout->dtype != dweight->dtype && rx_acc_dtype(dout->dtype) != dweight->dtype)
+    return rx_fail(RX_EINVAL, "%s: dout has dtype %s, expected %s (dtype of dweight)", op, rx_dtype_name(dout->dtype),
+                   rx_dtype_name(dweight->dtype));
+  if (dout->device != dweight->device)
+    return rx_fail(RX_EINVAL, "%s: dout is on %s, expected %s (device of dweight)", op, rx_device_label(dout->device),
+                   rx_device_label(dweight->device));
   switch (dweight->device) {
     case RX_CPU:
       if (dweight->dtype != RX_F32 && dweight->dtype != RX_F64) return rx_op_no_dtype(op, dweight);
-      if (check_tokens_cpu(op, tokens, dweight, V)) return RX_EINVAL;
+      if (dout->dtype != dweight->dtype) return rx_op_no_dtype(op, dout);
+      if (check_tokens(op, tokens, dweight, V)) return RX_EINVAL;
       if (dweight->dtype == RX_F32) rx_cpu_embedding_backward_f32(dweight->data, dout->data, tokens->data, N, C);
       else rx_cpu_embedding_backward_f64(dweight->data, dout->data, tokens->data, N, C);
       return RX_OK;
+    case RX_CUDA:
+      if (dweight->dtype != RX_F32)
+        return rx_fail(RX_EINVAL, "%s: dweight has dtype %s; the cuda kernel accumulates into f32", op,
+                       rx_dtype_name(dweight->dtype));
+      if (check_tokens(op, tokens, dweight, V)) return RX_EINVAL;
+      return rx_cuda_embedding_backward(dweight->data, dout->data, tokens->data, N, V, C, dout->dtype);
     default:
       return rx_op_no_kernel(op, dweight);
   }

@@ -22,16 +22,13 @@ static int check_per_row(const char *op, const rx_tensor *t, const char *what, c
                          const char *s) {
   char why[160];
   snprintf(why, sizeof why, "one per row of logits %s", s);
-  return rx_op_like(t, logits, op, what, "logits") || rx_op_numel(t, N, op, what, why) ? RX_EINVAL : RX_OK;
+  return rx_op_acc_like(t, logits, op, what, "logits") || rx_op_numel(t, N, op, what, why) ? RX_EINVAL : RX_OK;
 }
 
-static int check_targets_cpu(const char *op, const rx_tensor *targets, int64_t N, int64_t V, const char *s) {
-  int64_t bad = rx_cpu_first_bad_index(targets->data, N, V, 1);
-  if (bad >= 0)
-    return rx_fail(RX_EINVAL, "%s: target %d at row %lld is outside the vocabulary [0, %lld) of logits %s "
-                   "(negative targets mark padding)", op, ((const int32_t *)targets->data)[bad], (long long)bad,
-                   (long long)V, s);
-  return RX_OK;
+static int check_targets(const char *op, const rx_tensor *targets, int64_t N, int64_t V, const char *s) {
+  char of[120];
+  snprintf(of, sizeof of, "logits %s", s);
+  return rx_op_check_index(op, targets, N, V, 1, "target", of);
 }
 
 int rx_logprob_forward(rx_tensor *logp, rx_tensor *lse, rx_tensor *entropy, const rx_tensor *logits,
@@ -46,12 +43,16 @@ int rx_logprob_forward(rx_tensor *logp, rx_tensor *lse, rx_tensor *entropy, cons
   switch (logits->device) {
     case RX_CPU:
       if (logits->dtype != RX_F32 && logits->dtype != RX_F64) return rx_op_no_dtype(op, logits);
-      if (check_targets_cpu(op, targets, N, V, s)) return RX_EINVAL;
+      if (check_targets(op, targets, N, V, s)) return RX_EINVAL;
       if (logits->dtype == RX_F32)
         rx_cpu_logprob_forward_f32(logp->data, rx_data(lse), rx_data(entropy), logits->data, targets->data, N, V);
       else
         rx_cpu_logprob_forward_f64(logp->data, rx_data(lse), rx_data(entropy), logits->data, targets->data, N, V);
       return RX_OK;
+    case RX_CUDA:
+      if (check_targets(op, targets, N, V, s)) return RX_EINVAL;
+      return rx_cuda_logprob_forward(logp->data, rx_data(lse), rx_data(entropy), logits->data, targets->data, N, V,
+                                     logits->dtype);
     default:
       return rx_op_no_kernel(op, logits);
   }
@@ -72,12 +73,16 @@ int rx_logprob_backward(rx_tensor *dlogits, const rx_tensor *dlogp, const rx_ten
   switch (logits->device) {
     case RX_CPU:
       if (logits->dtype != RX_F32 && logits->dtype != RX_F64) return rx_op_no_dtype(op, logits);
-      if (check_targets_cpu(op, targets, N, V, s)) return RX_EINVAL;
+      if (check_targets(op, targets, N, V, s)) return RX_EINVAL;
       if (logits->dtype == RX_F32)
         rx_cpu_logprob_backward_f32(dlogits->data, dlogp->data, logits->data, targets->data, lse->data, N, V);
       else
         rx_cpu_logprob_backward_f64(dlogits->data, dlogp->data, logits->data, targets->data, lse->data, N, V);
       return RX_OK;
+    case RX_CUDA:
+      if (check_targets(op, targets, N, V, s)) return RX_EINVAL;
+      return rx_cuda_logprob_backward(dlogits->data, dlogp->data, logits->data, targets->data, lse->data, N, V,
+                                      logits->dtype);
     default:
       return rx_op_no_kernel(op, logits);
   }

@@ -38,6 +38,8 @@ int rx_matmul_forward(rx_tensor *out, const rx_tensor *inp, const rx_tensor *wei
       else if (inp->dtype == RX_F64) rx_cpu_matmul_forward_f64(out->data, inp->data, weight->data, rx_data(bias), N, C, OC);
       else return rx_op_no_dtype(op, inp);
       return RX_OK;
+    case RX_CUDA:
+      return rx_cuda_matmul_forward(out->data, inp->data, weight->data, rx_data(bias), N, C, OC, inp->dtype);
     default:
       return rx_op_no_kernel(op, inp);
   }
@@ -57,10 +59,10 @@ int rx_matmul_backward(rx_tensor *dinp, rx_tensor *dweight, rx_tensor *dbias, co
   if (dinp && (rx_op_like(dinp, inp, op, "dinp", "inp") || rx_op_rows_cols(dinp, N, C, op, "dinp", why)))
     return RX_EINVAL;
   snprintf(why, sizeof why, "shape of weight %s", b);
-  if (dweight && (rx_op_like(dweight, inp, op, "dweight", "inp") || rx_op_matrix(dweight, OC, C, op, "dweight", why)))
+  if (dweight && (rx_op_acc_like(dweight, inp, op, "dweight", "inp") || rx_op_matrix(dweight, OC, C, op, "dweight", why)))
     return RX_EINVAL;
   snprintf(why, sizeof why, "out features of weight %s", b);
-  if (dbias && (rx_op_like(dbias, inp, op, "dbias", "inp") || rx_op_vector(dbias, OC, op, "dbias", why)))
+  if (dbias && (rx_op_acc_like(dbias, inp, op, "dbias", "inp") || rx_op_vector(dbias, OC, op, "dbias", why)))
     return RX_EINVAL;
   switch (inp->device) {
     case RX_CPU:
@@ -72,6 +74,9 @@ int rx_matmul_backward(rx_tensor *dinp, rx_tensor *dweight, rx_tensor *dbias, co
                                    weight->data, N, C, OC);
       else return rx_op_no_dtype(op, inp);
       return RX_OK;
+    case RX_CUDA:
+      return rx_cuda_matmul_backward(rx_data(dinp), rx_data(dweight), rx_data(dbias), dout->data, inp->data,
+                                     weight->data, N, C, OC, inp->dtype);
     default:
       return rx_op_no_kernel(op, inp);
   }

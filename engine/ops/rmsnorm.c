@@ -25,7 +25,7 @@ int rx_rmsnorm_forward(rx_tensor *out, rx_tensor *rstd, const rx_tensor *inp, co
   snprintf(why, sizeof why, "shape of inp %s", s);
   if (rx_op_like(out, inp, op, "out", "inp") || rx_op_rows_cols(out, N, C, op, "out", why)) return RX_EINVAL;
   snprintf(why, sizeof why, "one per row of inp %s", s);
-  if (rstd && (rx_op_like(rstd, inp, op, "rstd", "inp") || rx_op_numel(rstd, N, op, "rstd", why))) return RX_EINVAL;
+  if (rstd && (rx_op_acc_like(rstd, inp, op, "rstd", "inp") || rx_op_numel(rstd, N, op, "rstd", why))) return RX_EINVAL;
   if (!(eps >= 0) || !isfinite(eps)) return rx_fail(RX_EINVAL, "%s: eps %g must be finite and >= 0", op, eps);
   switch (inp->device) {
     case RX_CPU:
@@ -33,6 +33,8 @@ int rx_rmsnorm_forward(rx_tensor *out, rx_tensor *rstd, const rx_tensor *inp, co
       else if (inp->dtype == RX_F64) rx_cpu_rmsnorm_forward_f64(out->data, rx_data(rstd), inp->data, weight->data, N, C, eps);
       else return rx_op_no_dtype(op, inp);
       return RX_OK;
+    case RX_CUDA:
+      return rx_cuda_rmsnorm_forward(out->data, rx_data(rstd), inp->data, weight->data, N, C, (float)eps, inp->dtype);
     default:
       return rx_op_no_kernel(op, inp);
   }
@@ -49,10 +51,10 @@ int rx_rmsnorm_backward(rx_tensor *dinp, rx_tensor *dweight, const rx_tensor *do
   if (dinp && (rx_op_like(dinp, inp, op, "dinp", "inp") || rx_op_rows_cols(dinp, N, C, op, "dinp", why)))
     return RX_EINVAL;
   snprintf(why, sizeof why, "C of inp %s", s);
-  if (dweight && (rx_op_like(dweight, inp, op, "dweight", "inp") || rx_op_vector(dweight, C, op, "dweight", why)))
+  if (dweight && (rx_op_acc_like(dweight, inp, op, "dweight", "inp") || rx_op_vector(dweight, C, op, "dweight", why)))
     return RX_EINVAL;
   snprintf(why, sizeof why, "one per row of inp %s, saved by rmsnorm forward", s);
-  if (rx_op_like(rstd, inp, op, "rstd", "inp") || rx_op_numel(rstd, N, op, "rstd", why)) return RX_EINVAL;
+  if (rx_op_acc_like(rstd, inp, op, "rstd", "inp") || rx_op_numel(rstd, N, op, "rstd", why)) return RX_EINVAL;
   switch (inp->device) {
     case RX_CPU:
       if (inp->dtype == RX_F32)
@@ -61,6 +63,9 @@ int rx_rmsnorm_backward(rx_tensor *dinp, rx_tensor *dweight, const rx_tensor *do
         rx_cpu_rmsnorm_backward_f64(rx_data(dinp), rx_data(dweight), dout->data, inp->data, weight->data, rstd->data, N, C);
       else return rx_op_no_dtype(op, inp);
       return RX_OK;
+    case RX_CUDA:
+      return rx_cuda_rmsnorm_backward(rx_data(dinp), rx_data(dweight), dout->data, inp->data, weight->data, rstd->data,
+                                      N, C, inp->dtype);
     default:
       return rx_op_no_kernel(op, inp);
   }

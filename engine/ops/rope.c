@@ -38,6 +38,8 @@ int rx_rope_forward(rx_tensor *out, const rx_tensor *inp, const rx_tensor *posit
       else if (inp->dtype == RX_F64) rx_cpu_rope_forward_f64(out->data, inp->data, positions->data, P, H, D, theta);
       else return rx_op_no_dtype(op, inp);
       return RX_OK;
+    case RX_CUDA:
+      return rx_cuda_rope_forward(out->data, inp->data, positions->data, P, H, D, theta, inp->dtype);
     default:
       return rx_op_no_kernel(op, inp);
   }
@@ -54,6 +56,8 @@ int rx_rope_backward(rx_tensor *dinp, const rx_tensor *dout, const rx_tensor *po
       else if (dout->dtype == RX_F64) rx_cpu_rope_backward_f64(dinp->data, dout->data, positions->data, P, H, D, theta);
       else return rx_op_no_dtype(op, dout);
       return RX_OK;
+    case RX_CUDA:
+      return rx_cuda_rope_backward(dinp->data, dout->data, positions->data, P, H, D, theta, dout->dtype);
     default:
       return rx_op_no_kernel(op, dout);
   }

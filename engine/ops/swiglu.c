@@ -21,6 +21,8 @@ int rx_swiglu_forward(rx_tensor *out, const rx_tensor *gate, const rx_tensor *up
       else if (gate->dtype == RX_F64) rx_cpu_swiglu_forward_f64(out->data, gate->data, up->data, gate->numel);
       else return rx_op_no_dtype(op, gate);
       return RX_OK;
+    case RX_CUDA:
+      return rx_cuda_swiglu_forward(out->data, gate->data, up->data, gate->numel, gate->dtype);
     default:
       return rx_op_no_kernel(op, gate);
   }
@@ -40,6 +42,9 @@ int rx_swiglu_backward(rx_tensor *dgate, rx_tensor *dup, const rx_tensor *dout, 
         rx_cpu_swiglu_backward_f64(rx_data(dgate), rx_data(dup), dout->data, gate->data, up->data, gate->numel);
       else return rx_op_no_dtype(op, gate);
       return RX_OK;
+    case RX_CUDA:
+      return rx_cuda_swiglu_backward(rx_data(dgate), rx_data(dup), dout->data, gate->data, up->data, gate->numel,
+                                     gate->dtype);
     default:
       return rx_op_no_kernel(op, gate);
   }

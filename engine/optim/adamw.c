@@ -1,13 +1,18 @@
 /* adamw.c: AdamW update, global gradient norm and clipping. Dispatch on device here; the CPU
- * loops are short enough to live beside it. */
+ * loops are short enough to live beside it, the CUDA ones are in cuda/adamw.cu (f32 only there:
+ * master weights, gradients and moments are f32 on the GPU). */
 #include "internal.h"
+#include "cuda/cuda.h"
 #include <math.h>
 
 static int check_float(const rx_tensor *t, const char *op, const char *what) {
   if (rx_check_tensor(t, op, what, -1)) return RX_EINVAL;
   if (t->dtype != RX_F32 && t->dtype != RX_F64)
     return rx_fail(RX_EINVAL, "%s: %s has dtype %s, expected f32 or f64", op, what, rx_dtype_name(t->dtype));
-  if (t->device != RX_CPU) return rx_fail(RX_EDEVICE, "%s: no kernel for device %d in this build", op, t->device);
+  if (t->device != RX_CPU && t->device != RX_CUDA)
+    return rx_fail(RX_EDEVICE, "%s: no kernel for device %d in this build", op, t->device);
+  if (t->device == RX_CUDA && t->dtype != RX_F32)
+    return rx_fail(RX_EINVAL, "%s: %s has dtype %s on cuda, expected f32", op, what, rx_dtype_name(t->dtype));
   return RX_OK;
 }
 
@@ -17,6 +22,8 @@ static int check_like(const rx_tensor *p, const rx_tensor *t, const char *what) 
   if (t->numel != p->numel)
     return rx_fail(RX_EINVAL, "adamw: %s has shape %s, param has %s", what, rx_shape_str(t, a, sizeof a),
                    rx_shape_str(p, b, sizeof b));
+  if (t->device != p->device)
+    return rx_fail(RX_EINVAL, "adamw: %s is on device %d, param on %d", what, t->device, p->device);
   return RX_OK;
 }
 
@@ -46,6 +53,8 @@ int rx_adamw_step(rx_tensor *param, const rx_tensor *grad, rx_tensor *m, rx_tens
   const double bc1 = 1 - pow(beta1, (double)cfg->step), sqrt_bc2 = sqrt(1 - pow(beta2, (double)cfg->step));
   const double step_size = cfg->lr / bc1, shrink = decay ? 1 - cfg->lr * cfg->weight_decay : 1;
   const int64_t n = param->numel;
+  if (param->device == RX_CUDA)
+    return rx_cuda_adamw(param->data, grad->data, m->data, v->data, n, cfg->lr, beta1, beta2, eps, shrink, bc1, sqrt_bc2);
   if (param->dtype == RX_F32 && m->dtype == RX_F32) {
     float *P = param->data, *M = m->data, *V = v->data;
     const float *G = grad->data;
@@ -82,10 +91,22 @@ static double sum_squares(const rx_tensor *t) {
 }
 
 int rx_grad_norm(const rx_tensor *const *grads, int64_t n, double *norm) {
-  double total = 0;
+  double total = 0, *dev = NULL;
   for (int64_t i = 0; i < n; i++) {
     if (check_float(grads[i], "grad_norm", "gradient")) return rx_fail_context(RX_EINVAL, "gradient %lld", (long long)i);
-    total += sum_squares(grads[i]);
+    if (grads[i]->device == RX_CUDA) {   /* summed on the device, in order, read back once */
+      int rc = dev ? RX_OK : rx_cuda_scalar(&dev);
+      if (!rc) rc = rx_cuda_sum_squares(dev, grads[i]->data, grads[i]->numel);
+      if (rc) return rx_fail_context(rc, "grad_norm: gradient %lld", (long long)i);
+    } else {
+      total += sum_squares(grads[i]);
+    }
+  }
+  if (dev) {
+    double d;
+    int rc = rx_cuda_read_double(&d, dev);
+    if (rc) return rc;
+    total += d;
   }
   *norm = sqrt(total);
   return RX_OK;
@@ -94,6 +115,7 @@ int rx_grad_norm(const rx_tensor *const *grads, int64_t n, double *norm) {
 int rx_scale(rx_tensor *t, double s) {
   if (check_float(t, "scale", "tensor")) return RX_EINVAL;
   const int64_t n = t->numel;
+  if (t->device == RX_CUDA) return rx_cuda_scale(t->data, n, s);
   if (t->dtype == RX_F32) {
     float *x = t->data, f = (float)s;
     #pragma omp parallel for schedule(static) if (n > 32768)

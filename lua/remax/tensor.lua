@@ -58,7 +58,7 @@ local function infer_shape(tbl)
 end
 
 -- Tensor from nested Lua tables of numbers (rectangular).
-function M.from(tbl, dtype)
+function M.from(tbl, dtype, device)
   if type(tbl) ~= "table" then error("tensor.from: expected a table, got " .. type(tbl), 2) end
   local shape = infer_shape(tbl)
   local t = M.new(shape, dtype)
@@ -85,6 +85,7 @@ function M.from(tbl, dtype)
   end
   if #shape > 0 and shape[1] > 0 then walk(tbl, 1) end
   check(C.rx_tensor_write_f64(t, buf), 2)
+  if device and device_id(device) ~= C.RX_CPU then return t:to(device) end
   return t
 end
 
@@ -164,10 +165,19 @@ function Tensor:normal_(seed, offset, mean, std)
   return self
 end
 
-function Tensor:to(dtype)
-  local out = M.new(self:size(), dtype, tonumber(self.device))
+-- A copy converted to another dtype and/or moved to another device, in either order:
+-- t:to("bf16"), t:to("cuda"), t:to("cpu"), t:to("f32", "cuda").
+function Tensor:to(a, b)
+  local dtype, device = tonumber(self.dtype), tonumber(self.device)
+  for _, x in ipairs({ a, b }) do
+    if devices[x] then device = devices[x] elseif x ~= nil then dtype = M.dtype(x) end
+  end
+  local out = M.new(self:size(), dtype, device)
   return out:copy_(self)
 end
+
+-- Whether remax was built with CUDA and a device is present.
+function M.has_cuda() return C.rx_has_cuda() == 1 end
 
 function Tensor:clone() return self:to(tonumber(self.dtype)) end
 

@@ -112,7 +112,7 @@ static void copy_converts_dtypes(void) {
   int64_t bad_shape[1] = {-3};
   rx_tensor *e;
   CHECK_FAILS(rx_tensor_new(&e, RX_F32, RX_CPU, 1, bad_shape), "negative size");
-  CHECK_FAILS(rx_tensor_new(&e, RX_F32, RX_CUDA + 7, 1, shape), "not available");
+  CHECK_FAILS(rx_tensor_new(&e, RX_F32, RX_CUDA + 7, 1, shape), "device 8 is not a device remax knows");
   int32_t dt;
   CHECK_OK(rx_dtype_from_name("bfloat16", &dt));
   CHECK(dt == RX_BF16, "bfloat16 alias");

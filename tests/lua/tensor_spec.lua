@@ -53,4 +53,31 @@ describe("tensor", function()
     assert.has_error(function() tensor.new({ 1, 2, 3, 4, 5 }) end, "tensors have at most 4 dims, got 5")
     assert.has_error(function() tensor.new({ 2 }, "f32", "tpu") end, "unknown device 'tpu' (valid: cpu, cuda)")
   end)
+
+  it("converts dtype with to() on the cpu, naming the dtype or the device in either order", function()
+    local t = tensor.from({ 1.5, -2 }, "f32")
+    local b = t:to("bf16")
+    assert.are.equal("bf16", b:dtype_name())
+    assert.are.equal("cpu", b:device_name())
+    assert.are.same({ 1.5, -2 }, t:to("f64", "cpu"):totable())
+  end)
+
+  if tensor.has_cuda() then
+    it("moves to and from the cuda device and reads device memory with totable", function()
+      local src = { { 1, -2, 3 }, { 4.5, 0, -6 } }
+      local g = tensor.from(src, "f32", "cuda")
+      assert.are.equal("cuda", g:device_name())
+      assert.are.same(src, g:totable())
+      assert.are.same(src, g:to("bf16"):to("cpu"):totable())
+      local z = tensor.new({ 2, 2 }, "bf16", "cuda")
+      assert.are.same({ { 0, 0 }, { 0, 0 } }, z:totable())
+    end)
+  else
+    it("refuses cuda tensors without a device, saying why", function()
+      local ok, err = pcall(tensor.new, { 2 }, "f32", "cuda")
+      assert.is_false(ok)
+      assert.matches("cuda: ", err)
+      assert.is_false(pcall(function() return tensor.from({ 1 }, "f32"):to("cuda") end))
+    end)
+  end
 end)

@@ -1,0 +1,114 @@
+/* gpu.h: helpers of the GPU tests (tests/gpu/test_*.c): the CPU op is the reference (it is itself
+ * checked against float64 and finite differences in tests/c), the CUDA op runs on the same inputs,
+ * and the two are compared by normalised error; device outputs sit between sentinel guards.
+ * Without a CUDA device (or a build without CUDA) a test exits 77, which ctest reports as skipped. */
+#ifndef RX_GPU_H
+#define RX_GPU_H
+#include "check.h"
+
+enum { GPU_SKIP = 77, GPU_GUARD = 256 };
+#define GPU_SENTINEL 1024.0   /* exact in f32, bf16, f16 and the integer types */
+
+static inline int gpu_skip_unless_present(const char *name) {
+  if (rx_has_cuda()) return 0;
+  int64_t a;
+  const char *why = rx_cuda_memory(&a, NULL, NULL, NULL, NULL) ? rx_last_error() : "no CUDA device";
+  fprintf(stderr, "%s: skipped: %s\n", name, why);
+  return 1;
+}
+
+static inline rx_tensor *gpu_must(int rc, rx_tensor *t) {
+  if (rc) { fprintf(stderr, "setup failed: %s\n", rx_last_error()); exit(1); }
+  return t;
+}
+
+/* CPU f32 tensor, uniform in [lo, hi), from Philox (seed). */
+static inline rx_tensor *cpu_uniform(int32_t ndim, const int64_t *shape, uint64_t seed, double lo, double hi) {
+  rx_tensor *t;
+  gpu_must(rx_tensor_new(&t, RX_F32, RX_CPU, ndim, shape), NULL);
+  gpu_must(rx_tensor_uniform(t, seed, 0, lo, hi), t);
+  return t;
+}
+
+/* The CPU tensor's values rounded through dtype (bf16: the GPU's inputs, as the CPU sees them). */
+static inline void cpu_round_through(rx_tensor *t, int32_t dtype) {
+  if (dtype == t->dtype) return;
+  rx_tensor *r;
+  gpu_must(rx_tensor_new(&r, dtype, RX_CPU, t->ndim, t->shape), NULL);
+  gpu_must(rx_tensor_copy(r, t), r);
+  gpu_must(rx_tensor_copy(t, r), t);
+  rx_tensor_free(r);
+}
+
+/* A device copy of a CPU tensor in dtype. */
+static inline rx_tensor *to_gpu(const rx_tensor *c, int32_t dtype) {
+  rx_tensor *t;
+  gpu_must(rx_tensor_new(&t, dtype, RX_CUDA, c->ndim, c->shape), NULL);
+  gpu_must(rx_tensor_copy(t, c), t);
+  return t;
+}
+
+/* A device tensor shaped `shape` in the middle of a larger allocation whose GPU_GUARD elements on
+ * either side hold GPU_SENTINEL; `init` (a CPU tensor of the same numel, or NULL for zeros) fills it. */
+typedef struct { rx_tensor *t, *whole; } gpu_guarded;
+
+static inline gpu_guarded gpu_guarded_new(int32_t dtype, int32_t ndim, const int64_t *shape, const rx_tensor *init) {
+  gpu_guarded g;
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  int64_t total = n + 2 * GPU_GUARD;
+  rx_tensor *mid;
+  gpu_must(rx_tensor_new(&g.whole, dtype, RX_CUDA, 1, &total), NULL);
+  gpu_must(rx_tensor_fill(g.whole, GPU_SENTINEL), g.whole);
+  gpu_must(rx_tensor_narrow(&mid, g.whole, 0, GPU_GUARD, n), NULL);
+  gpu_must(rx_tensor_reshape(&g.t, mid, ndim, shape), NULL);
+  rx_tensor_free(mid);
+  if (init) gpu_must(rx_tensor_copy(g.t, init), g.t);
+  else gpu_must(rx_tensor_fill(g.t, 0), g.t);
+  return g;
+}
+
+/* 1 when both guards still hold the sentinel. Frees the tensors. */
+static inline int gpu_guarded_free(gpu_guarded g) {
+  int64_t total = g.whole->numel, ok = 1;
+  double *h = malloc((size_t)total * sizeof(double));
+  gpu_must(rx_tensor_read_f64(g.whole, h), NULL);
+  for (int64_t i = 0; i < GPU_GUARD; i++)
+    if (h[i] != GPU_SENTINEL || h[total - 1 - i] != GPU_SENTINEL) ok = 0;
+  free(h);
+  rx_tensor_free(g.t);
+  rx_tensor_free(g.whole);
+  return (int)ok;
+}
+
+/* Normalised error of a device (or any) tensor against a CPU reference. */
+static inline double gpu_nrmse(const rx_tensor *got, const rx_tensor *want) {
+  int64_t n = want->numel;
+  double *a = malloc((size_t)(n + 1) * sizeof(double)), *b = malloc((size_t)(n + 1) * sizeof(double));
+  gpu_must(rx_tensor_read_f64(got, a), NULL);
+  gpu_must(rx_tensor_read_f64(want, b), NULL);
+  double e = check_nrmse(a, b, n);
+  for (int64_t i = 0; i < n; i++)
+    if (a[i] != a[i]) e = INFINITY;   /* a NaN from the device is never close */
+  free(a);
+  free(b);
+  return e;
+}
+
+/* The tolerance of the issue: f32 mode 1e-5 relative, bf16 2e-2. */
+static inline double gpu_tol(int32_t dtype) { return dtype == RX_BF16 ? 2e-2 : 1e-5; }
+
+/* Bit-identical contents (determinism checks). */
+static inline int gpu_same_bits(const rx_tensor *a, const rx_tensor *b) {
+  rx_tensor *ha, *hb;
+  gpu_must(rx_tensor_new(&ha, a->dtype, RX_CPU, a->ndim, a->shape), NULL);
+  gpu_must(rx_tensor_new(&hb, b->dtype, RX_CPU, b->ndim, b->shape), NULL);
+  gpu_must(rx_tensor_copy(ha, a), ha);
+  gpu_must(rx_tensor_copy(hb, b), hb);
+  int same = memcmp(ha->data, hb->data, (size_t)(a->numel * rx_dtype_size(a->dtype))) == 0;
+  rx_tensor_free(ha);
+  rx_tensor_free(hb);
+  return same;
+}
+
+#endif
