@@ -141,8 +141,10 @@ static seg *new_block(size_t size) {
   cudaError_t e = cudaMalloc((void **)&base, bsize);
   if (e != cudaSuccess) {
     cudaGetLastError();
+    // Queued kernels may still use pieces released to the cache (stream order made that safe for
+    // reuse); wait for them before handing whole blocks back to the driver.
+    cudaDeviceSynchronize();
     release_empty_blocks();
-    cudaDeviceSynchronize();   // cudaFree is asynchronous with respect to the next cudaMalloc's view
     e = cudaMalloc((void **)&base, bsize);
     if (e != cudaSuccess && bsize > want) {
       cudaGetLastError();
