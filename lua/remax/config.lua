@@ -29,7 +29,9 @@ M.groups = {
     { "synth_max_number", 100, "integer", "synthetic problems: largest number drawn" },
     { "synth_style", "sentences", "string", "synthetic problems: solution style of the answer column: sentences, equations, direct, or a mix such as direct:0.65,equations:0.35" },
     { "map_row", nil, "function", "recipe only: function(row) -> row applied to every dataset row (e.g. turn a question into chat messages)" },
-    { "chat_template", "auto", "template", "prompt rendering: auto (the tokenizer's template, else qa), qa (\"Question: ...\\nAnswer: \"), chatml, llama3, plain, or a recipe function(messages, opts) -> string" },
+    { "chat_template", "auto", "template", "prompt rendering: auto (the tokenizer's template, else qa), tokenizer (its chat_template, run as written), qa (\"Question: ...\\nAnswer: \"), chatml, llama3, plain, or a recipe function(messages, opts) -> string" },
+    { "enable_thinking", nil, "boolean", "chat template variable enable_thinking (Qwen3: false renders an empty <think> block; unset: the template's default)" },
+    { "chat_template_kwargs", nil, "table", "recipe only: extra variables for the tokenizer's chat template, e.g. { date_string = \"26 Jul 2024\" }" },
     { "stop", nil, "strings", "extra stop tokens (as written in tokenizer.json) besides EOS, <|im_end|>, <|endoftext|>, <|eot_id|>" },
   } },
   { "Algorithm", {
@@ -204,8 +206,8 @@ local function check(decl, v, where)
     end
   elseif t == "template" then
     if type(v) ~= "string" and type(v) ~= "function" then bad("a template name or a function") end
-    if type(v) == "string" and not ({ auto = 1, qa = 1, chatml = 1, llama3 = 1, plain = 1 })[v] then
-      bad("auto, qa, chatml, llama3, plain or a function(messages, opts)")
+    if type(v) == "string" and not ({ auto = 1, tokenizer = 1, qa = 1, chatml = 1, llama3 = 1, plain = 1 })[v] then
+      bad("auto, tokenizer, qa, chatml, llama3, plain or a function(messages, opts)")
     end
   elseif t == "advantage" then
     if type(v) ~= "function" then bad("a function(groups, opts, state) -> advantages (use algo for a name)") end

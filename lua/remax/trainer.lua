@@ -215,18 +215,19 @@ end
 function Trainer:resolve_template()
   local t = self.cfg.chat_template
   if t == "auto" then
-    t = chat.detect(self.tok.chat_template) and "tokenizer" or "qa"
+    t = (self.tok.chat_template and self.tok.chat_template ~= "") and "tokenizer" or "qa"
   end
   self.template_name = type(t) == "string" and t or "recipe function"
+  local extra = { enable_thinking = self.cfg.enable_thinking, template_args = self.cfg.chat_template_kwargs }
   if t == "qa" then self.template = { template = qa_template }
-  elseif t == "tokenizer" then self.template = { tokenizer = self.tok }
+  elseif t == "tokenizer" then self.template = { template = "tokenizer", tokenizer = self.tok }
   else self.template = { template = t, tokenizer = self.tok.chat_template and self.tok or nil } end
+  for k, v in pairs(extra) do self.template[k] = v end
 end
 
 -- A prompt (string or messages) -> token ids, truncated to its last max_prompt_length tokens.
 function Trainer:encode_prompt(prompt)
-  local text = chat.render(prompt, self.template)
-  local ids = self.tok:encode(text)
+  local ids, text = chat.encode(self.tok, prompt, self.template)
   local max = self.cfg.max_prompt_length
   if #ids > max then
     local cut = {}
