@@ -157,6 +157,10 @@ function Trainer:stop_ids()
   end
   add(self.tok.eos_id)
   for _, s in ipairs({ "<|im_end|>", "<|endoftext|>", "<|eot_id|>" }) do add(self.tok:token_to_id(s)) end
+  -- generation_config.json's eos_token_id (Llama 3.2 Instruct also stops on <|eom_id|>)
+  if self.model_source then
+    for _, id in ipairs(require("remax.generate_cli").stop_ids(self.model_source, nil)) do add(id) end
+  end
   for _, s in ipairs(self.cfg.stop or {}) do
     local id = self.tok:token_to_id(s)
     if not id then error(("stop: '%s' is not a token of this tokenizer"):format(s), 0) end

