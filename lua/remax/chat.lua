@@ -114,9 +114,10 @@ end
 -- (Qwen3), and the recipe's template_args on top.
 local function render_tokenizer_template(messages, opts)
   local tok = opts.tokenizer
+  local named = tok.special_tokens or tok
   local vars = { messages = messages, add_generation_prompt = opts.add_generation_prompt, tools = jinja.none,
-    documents = jinja.none, bos_token = tok.bos_token, eos_token = tok.eos_token, pad_token = tok.pad_token,
-    unk_token = tok.unk_token }
+    documents = jinja.none, bos_token = named.bos_token, eos_token = named.eos_token, pad_token = named.pad_token,
+    unk_token = named.unk_token }
   if opts.enable_thinking ~= nil then vars.enable_thinking = opts.enable_thinking end
   for k, v in pairs(opts.template_args or {}) do vars[k] = v end
   return tokenizer_template(tok):render(vars)

@@ -33,6 +33,9 @@ function M.load(path)
     self[name .. "_token"] = token
     self[name .. "_id"] = token and self:token_to_id(token) or nil
   end
+  -- the role tokens tokenizer_config.json names (what transformers hands a chat template)
+  self.special_tokens = { bos_token = self.bos_token, eos_token = self.eos_token, pad_token = self.pad_token,
+    unk_token = self.unk_token }
   -- Hugging Face pads with EOS when no pad token is named.
   if self.pad_id == nil then self.pad_token, self.pad_id = self.eos_token, self.eos_id end
   self.chat_template = cstring(C.rx_tokenizer_chat_template(h))

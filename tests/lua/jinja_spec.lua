@@ -263,7 +263,8 @@ describe("real chat templates match transformers' rendering", function()
         for _, gen in ipairs({ true, false }) do
           cases[#cases + 1] = { template = tok.chat_template, name = ("%s tokenizer_config, conversation %d"):format(name, ci),
             vars = { messages = messages, add_generation_prompt = gen, tools = jinja.none, documents = jinja.none,
-              bos_token = tok.bos_token, eos_token = tok.eos_token, pad_token = tok.pad_token, unk_token = tok.unk_token } }
+              bos_token = tok.special_tokens.bos_token, eos_token = tok.special_tokens.eos_token,
+              pad_token = tok.special_tokens.pad_token, unk_token = tok.special_tokens.unk_token } }
           toks[#cases] = tok
         end
       end
