@@ -167,18 +167,24 @@ local function resolve(opts)
   return fn, merged, false
 end
 
--- render(prompt, {template=, add_generation_prompt=true, tokenizer=, enable_thinking=,
--- template_args=, default_system=, add_bos=}) -> text, from_tokenizer (true when the
--- tokenizer's own template rendered it). Without template, the tokenizer's chat_template runs.
-function M.render(prompt, opts)
+-- Renders and says whether the tokenizer's own template did it.
+local function render(prompt, opts)
   opts = opts or {}
   local messages = M.messages(prompt)
   local fn, merged, from_tokenizer = resolve(opts)
   local text = fn(messages, merged)
   if type(text) ~= "string" then
-    error("remax.chat: the template function returned a " .. type(text) .. ", expected a string", 2)
+    error("remax.chat: the template function returned a " .. type(text) .. ", expected a string", 3)
   end
   return text, from_tokenizer
+end
+
+-- render(prompt, {template=, add_generation_prompt=true, tokenizer=, enable_thinking=,
+-- template_args=, default_system=, add_bos=}) -> text. Without template, the tokenizer's
+-- chat_template runs.
+function M.render(prompt, opts)
+  local text = render(prompt, opts)
+  return text
 end
 
 -- Token ids of a rendered prompt. The tokenizer's template writes its own special tokens, so
@@ -195,7 +201,7 @@ function M.encode(tok, prompt, opts)
   local o = {}
   for k, v in pairs(opts or {}) do o[k] = v end
   if o.tokenizer == nil then o.tokenizer = tok end
-  local text, from_tokenizer = M.render(prompt, o)
+  local text, from_tokenizer = render(prompt, o)
   return M.encode_text(tok, text, from_tokenizer), text
 end
 
