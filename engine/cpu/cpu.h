@@ -79,13 +79,13 @@ void rx_cpu_rmsnorm_backward_f64(double *dinp, double *dweight, const double *do
  * The backward is the inverse rotation. D is even and at most RX_CPU_ROPE_MAX_D. */
 enum { RX_CPU_ROPE_MAX_D = 1024 };
 void rx_cpu_rope_forward_f32(float *out, const float *inp, const int32_t *positions, int64_t P, int64_t H,
-                             int64_t D, double theta);
+                             int64_t D, const double *inv_freq);
 void rx_cpu_rope_forward_f64(double *out, const double *inp, const int32_t *positions, int64_t P, int64_t H,
-                             int64_t D, double theta);
+                             int64_t D, const double *inv_freq);
 void rx_cpu_rope_backward_f32(float *dinp, const float *dout, const int32_t *positions, int64_t P, int64_t H,
-                              int64_t D, double theta);
+                              int64_t D, const double *inv_freq);
 void rx_cpu_rope_backward_f64(double *dinp, const double *dout, const int32_t *positions, int64_t P, int64_t H,
-                              int64_t D, double theta);
+                              int64_t D, const double *inv_freq);
 
 /* swiglu: out = silu(gate) * up over n elements. */
 void rx_cpu_swiglu_forward_f32(float *out, const float *gate, const float *up, int64_t n);

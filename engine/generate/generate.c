@@ -541,8 +541,9 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
     TRY(rx_matmul_forward(&g->q, &g->xn, &P_[lp->q_w], lp->q_b >= 0 ? &P_[lp->q_b] : NULL));
     TRY(rx_matmul_forward(&g->k, &g->xn, &P_[lp->k_w], lp->k_b >= 0 ? &P_[lp->k_b] : NULL));
     TRY(rx_matmul_forward(&g->v, &g->xn, &P_[lp->v_w], lp->v_b >= 0 ? &P_[lp->v_b] : NULL));
-    TRY(rx_rope_forward(&q4, &q4, &pos, c->rope_theta));
-    TRY(rx_rope_forward(&k4, &k4, &pos, c->rope_theta));
+    TRY(rx_model_qk_norm_inplace(m, l, &g->q, &g->k));
+    TRY(rx_rope_forward_freq(&q4, &q4, &pos, m->inv_freq));
+    TRY(rx_rope_forward_freq(&k4, &k4, &pos, m->inv_freq));
     char *K = (char *)g->kcache + l * g->R * S * KD * es, *Vc = (char *)g->vcache + l * g->R * S * KD * es;
     for (int64_t r = 0; r < R; r++) {
       memcpy(K + (r * S + idx) * KD * es, (char *)g->k.data + r * KD * es, (size_t)(KD * es));

@@ -115,6 +115,10 @@ int rx_rmsnorm_backward(rx_tensor *dinp, rx_tensor *dweight, const rx_tensor *do
  * (positions i32, numel = numel(inp)/(heads*D)); inv_freq_i = theta^(-2i/D). out may alias inp. */
 int rx_rope_forward(rx_tensor *out, const rx_tensor *inp, const rx_tensor *positions, double theta);
 int rx_rope_backward(rx_tensor *dinp, const rx_tensor *dout, const rx_tensor *positions, double theta);
+/* The same with the frequencies given: angle_i = position * inv_freq[i], i < D/2 (see
+ * rx_rope_frequencies). */
+int rx_rope_forward_freq(rx_tensor *out, const rx_tensor *inp, const rx_tensor *positions, const double *inv_freq);
+int rx_rope_backward_freq(rx_tensor *dinp, const rx_tensor *dout, const rx_tensor *positions, const double *inv_freq);
 /* out = silu(gate) * up, elementwise. */
 int rx_swiglu_forward(rx_tensor *out, const rx_tensor *gate, const rx_tensor *up);
 int rx_swiglu_backward(rx_tensor *dgate, rx_tensor *dup, const rx_tensor *dout, const rx_tensor *gate, const rx_tensor *up);
@@ -180,6 +184,8 @@ int rx_scale(rx_tensor *t, double s);
 
 /* A decoder transformer of the Llama / Qwen2 family. Field names follow Hugging Face's
  * config.json; the Lua side reads and validates config.json and fills this struct. */
+enum { RX_ROPE_DEFAULT = 0, RX_ROPE_LLAMA3 = 1 };   /* rope_scaling kinds */
+
 typedef struct rx_model_config {
   int64_t vocab_size;
   int64_t hidden_size;
@@ -195,7 +201,17 @@ typedef struct rx_model_config {
   int32_t attention_bias;        /* q/k/v projections have biases (Qwen2) */
   int32_t dtype;                 /* compute dtype: RX_F32 (or RX_F64 for gradient checks) */
   int32_t device;
+  int32_t qk_norm;               /* RMSNorm of each query and key head before RoPE (Qwen3: q_norm, k_norm) */
+  int32_t rope_scaling;          /* RX_ROPE_DEFAULT, or RX_ROPE_LLAMA3 with the four fields below */
+  double rope_factor;
+  double rope_low_freq_factor;
+  double rope_high_freq_factor;
+  int64_t rope_original_max_position_embeddings;
 } rx_model_config;
+
+/* inv_freq[0 .. head_dim/2) of a config: rope_theta^(-2i/head_dim), then its rope_scaling
+ * applied as Hugging Face transformers does (Llama 3.1's smooth wavelength interpolation). */
+int rx_rope_frequencies(const rx_model_config *c, double *inv_freq);
 
 typedef struct rx_model rx_model;
 

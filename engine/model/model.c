@@ -37,6 +37,10 @@ static int check_config(const rx_model_config *c) {
   if (c->device != RX_CPU) return rx_fail(RX_EDEVICE, "model config: device %d has no model backend in this build", c->device);
   if (!(c->rms_norm_eps > 0)) return rx_fail(RX_EINVAL, "model config: rms_norm_eps = %g must be > 0", c->rms_norm_eps);
   if (!(c->rope_theta > 0)) return rx_fail(RX_EINVAL, "model config: rope_theta = %g must be > 0", c->rope_theta);
+  if (c->rope_scaling != RX_ROPE_DEFAULT && c->rope_scaling != RX_ROPE_LLAMA3)
+    return rx_fail(RX_EINVAL, "model config: rope_scaling kind %d is not supported (default, llama3)", c->rope_scaling);
+  if (c->max_position_embeddings <= 0)
+    return rx_fail(RX_EINVAL, "model config: max_position_embeddings = %lld must be > 0", (long long)c->max_position_embeddings);
   return RX_OK;
 }
 
@@ -46,11 +50,20 @@ int rx_model_new(rx_model **out, const rx_model_config *cfg) {
   const int64_t L = cfg->num_hidden_layers, C = cfg->hidden_size, I = cfg->intermediate_size, V = cfg->vocab_size;
   const int64_t HD = cfg->num_attention_heads * cfg->head_dim, KD = cfg->num_key_value_heads * cfg->head_dim;
   rx_model *m = calloc(1, sizeof *m);
-  param_spec *specs = calloc((size_t)(L * 12 + 3), sizeof *specs);
+  param_spec *specs = calloc((size_t)(L * 14 + 3), sizeof *specs);
   if (!m || !specs) { free(m); free(specs); return rx_fail(RX_ENOMEM, "out of memory for the model"); }
   m->cfg = *cfg;
   m->layers = calloc((size_t)L, sizeof *m->layers);
-  if (!m->layers) { free(m); free(specs); return rx_fail(RX_ENOMEM, "out of memory for the model"); }
+  m->inv_freq = calloc((size_t)(cfg->head_dim / 2), sizeof *m->inv_freq);
+  if (!m->layers || !m->inv_freq) {
+    free(m->layers); free(m->inv_freq); free(m); free(specs);
+    return rx_fail(RX_ENOMEM, "out of memory for the model");
+  }
+  if (rx_rope_frequencies(cfg, m->inv_freq)) {
+    free(m->layers); free(m->inv_freq); free(m); free(specs);
+    return RX_EINVAL;
+  }
+  const int64_t D = cfg->head_dim;
   int64_t n = 0;
   char name[128];
   m->embed = add_spec(specs, &n, "model.embed_tokens.weight", 2, V, C);
@@ -68,6 +81,11 @@ int rx_model_new(rx_model **out, const rx_model_config *cfg) {
     P(v_w, "self_attn.v_proj.weight", 2, KD, C);
     if (cfg->attention_bias) { P(v_b, "self_attn.v_proj.bias", 1, KD, 0); }
     P(o_w, "self_attn.o_proj.weight", 2, C, HD);
+    lp->q_norm = lp->k_norm = -1;
+    if (cfg->qk_norm) {
+      P(q_norm, "self_attn.q_norm.weight", 1, D, 0);
+      P(k_norm, "self_attn.k_norm.weight", 1, D, 0);
+    }
     P(ln2, "post_attention_layernorm.weight", 1, C, 0);
     P(gate, "mlp.gate_proj.weight", 2, I, C);
     P(up, "mlp.up_proj.weight", 2, I, C);
@@ -129,6 +147,7 @@ void rx_model_free(rx_model *m) {
   rx_free(m->param_arena);
   rx_free(m->grad_arena);
   free(m->layers);
+  free(m->inv_freq);
   free(m);
 }
 
@@ -212,6 +231,16 @@ static void carve_plan(rx_model *m, plan *p, carver *c) {
     alias(&a->k4, &a->k, 4, B, T, KV, D);
     alias(&a->v4, &a->v, 4, B, T, KV, D);
     alias(&a->att4, &a->att, 4, B, T, H, D);
+    if (cfg->qk_norm) {
+      carve(c, &a->q_raw, dt, 2, N, H * D, 0, 0);
+      carve(c, &a->k_raw, dt, 2, N, KV * D, 0, 0);
+      carve(c, &a->q_rstd, dt, 1, N * H, 0, 0, 0);
+      carve(c, &a->k_rstd, dt, 1, N * KV, 0, 0, 0);
+      alias(&a->q_rows, &a->q, 2, N * H, D, 0, 0);
+      alias(&a->k_rows, &a->k, 2, N * KV, D, 0, 0);
+      alias(&a->q_raw_rows, &a->q_raw, 2, N * H, D, 0, 0);
+      alias(&a->k_raw_rows, &a->k_raw, 2, N * KV, D, 0, 0);
+    }
   }
   carve(c, &p->xf, dt, 2, N, C, 0, 0);
   carve(c, &p->rstdf, dt, 1, N, 0, 0, 0);
@@ -239,6 +268,8 @@ static void carve_plan(rx_model *m, plan *p, carver *c) {
     alias(&p->dq4, &p->dq, 4, B, T, H, D);
     alias(&p->dk4, &p->dk, 4, B, T, KV, D);
     alias(&p->dv4, &p->dv, 4, B, T, KV, D);
+    alias(&p->dq_rows, &p->dq, 2, N * H, D, 0, 0);
+    alias(&p->dk_rows, &p->dk, 2, N * KV, D, 0, 0);
   }
 }
 
@@ -313,12 +344,17 @@ int rx_model_layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_outp
   const rx_model_config *cfg = &m->cfg;
   const rx_tensor *mask = &p->mask;
   rx_tensor *x = &p->res[l];
+  const int qk_norm = cfg->qk_norm != 0;
   TRY(rx_rmsnorm_forward(&a->xn1, &a->rstd1, x, P(m, lp->ln1), cfg->rms_norm_eps));
-  TRY(rx_matmul_forward(&a->q, &a->xn1, P(m, lp->q_w), P(m, lp->q_b)));
-  TRY(rx_matmul_forward(&a->k, &a->xn1, P(m, lp->k_w), P(m, lp->k_b)));
+  TRY(rx_matmul_forward(qk_norm ? &a->q_raw : &a->q, &a->xn1, P(m, lp->q_w), P(m, lp->q_b)));
+  TRY(rx_matmul_forward(qk_norm ? &a->k_raw : &a->k, &a->xn1, P(m, lp->k_w), P(m, lp->k_b)));
   TRY(rx_matmul_forward(&a->v, &a->xn1, P(m, lp->v_w), P(m, lp->v_b)));
-  TRY(rx_rope_forward(&a->q4, &a->q4, &p->positions, cfg->rope_theta));
-  TRY(rx_rope_forward(&a->k4, &a->k4, &p->positions, cfg->rope_theta));
+  if (qk_norm) {   /* Qwen3: each head of q and k RMS-normalised over head_dim before RoPE */
+    TRY(rx_rmsnorm_forward(&a->q_rows, &a->q_rstd, &a->q_raw_rows, P(m, lp->q_norm), cfg->rms_norm_eps));
+    TRY(rx_rmsnorm_forward(&a->k_rows, &a->k_rstd, &a->k_raw_rows, P(m, lp->k_norm), cfg->rms_norm_eps));
+  }
+  TRY(rx_rope_forward_freq(&a->q4, &a->q4, &p->positions, m->inv_freq));
+  TRY(rx_rope_forward_freq(&a->k4, &a->k4, &p->positions, m->inv_freq));
   TRY(rx_attention_forward(&a->att4, &a->lse, &a->q4, &a->k4, &a->v4, mask, 0.0));
   TRY(rx_matmul_forward(&a->x_mid, &a->att, P(m, lp->o_w), NULL));
   TRY(rx_add(&a->x_mid, &a->x_mid, x));
@@ -331,6 +367,19 @@ int rx_model_layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_outp
     TRY(rx_add(&p->res[l + 1], &p->res[l + 1], &a->x_mid));
   }
   return RX_OK;
+}
+
+int rx_model_qk_norm_inplace(rx_model *m, int64_t l, rx_tensor *q, rx_tensor *k) {
+  const rx_model_config *cfg = &m->cfg;
+  if (!cfg->qk_norm) return RX_OK;
+  const layer_params *lp = &m->layers[l];
+  const int64_t D = cfg->head_dim;
+  int64_t sq[2] = {q->numel / D, D}, sk[2] = {k->numel / D, D};
+  rx_tensor qr, kr;
+  rx_view_init(&qr, q->data, q->dtype, q->device, 2, sq);
+  rx_view_init(&kr, k->data, k->dtype, k->device, 2, sk);
+  TRY(rx_rmsnorm_forward(&qr, NULL, &qr, P(m, lp->q_norm), cfg->rms_norm_eps));
+  return rx_rmsnorm_forward(&kr, NULL, &kr, P(m, lp->k_norm), cfg->rms_norm_eps);
 }
 
 /* Copies the batch into the plan: tokens (pads mapped to 0), mask, positions counting real
@@ -458,7 +507,6 @@ int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mas
 static int layer_backward(rx_model *m, int64_t l, layer_acts *a) {
   plan *p = &m->plan;
   const layer_params *lp = &m->layers[l];
-  const double theta = m->cfg.rope_theta;
   rx_tensor *x = &p->res[l];
   /* MLP: res[l+1] = x_mid + down(silu(gate) * up) */
   TRY(rx_matmul_backward(&p->dh, G(m, lp->down), NULL, &p->dx, &a->h, P(m, lp->down)));
@@ -471,8 +519,14 @@ static int layer_backward(rx_model *m, int64_t l, layer_acts *a) {
   /* attention: x_mid = x + o(attention(rope(q), rope(k), v)) */
   TRY(rx_matmul_backward(&p->datt, G(m, lp->o_w), NULL, &p->dx, &a->att, P(m, lp->o_w)));
   TRY(rx_attention_backward(&p->dq4, &p->dk4, &p->dv4, &p->datt4, &a->q4, &a->k4, &a->v4, &a->att4, &a->lse, &p->mask, 0.0));
-  TRY(rx_rope_backward(&p->dq4, &p->dq4, &p->positions, theta));
-  TRY(rx_rope_backward(&p->dk4, &p->dk4, &p->positions, theta));
+  TRY(rx_rope_backward_freq(&p->dq4, &p->dq4, &p->positions, m->inv_freq));
+  TRY(rx_rope_backward_freq(&p->dk4, &p->dk4, &p->positions, m->inv_freq));
+  if (m->cfg.qk_norm) {   /* weight gradients first: the input gradient then overwrites dq / dk in place */
+    TRY(rx_rmsnorm_backward(NULL, G(m, lp->q_norm), &p->dq_rows, &a->q_raw_rows, P(m, lp->q_norm), &a->q_rstd));
+    TRY(rx_rmsnorm_backward(&p->dq_rows, NULL, &p->dq_rows, &a->q_raw_rows, P(m, lp->q_norm), &a->q_rstd));
+    TRY(rx_rmsnorm_backward(NULL, G(m, lp->k_norm), &p->dk_rows, &a->k_raw_rows, P(m, lp->k_norm), &a->k_rstd));
+    TRY(rx_rmsnorm_backward(&p->dk_rows, NULL, &p->dk_rows, &a->k_raw_rows, P(m, lp->k_norm), &a->k_rstd));
+  }
   TRY(rx_matmul_backward(&p->dxn, G(m, lp->q_w), G(m, lp->q_b), &p->dq, &a->xn1, P(m, lp->q_w)));
   TRY(rx_matmul_backward(&p->dtmp, G(m, lp->k_w), G(m, lp->k_b), &p->dk, &a->xn1, P(m, lp->k_w)));
   TRY(rx_add(&p->dxn, &p->dxn, &p->dtmp));

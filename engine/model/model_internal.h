@@ -4,12 +4,14 @@
 #include "internal.h"
 
 typedef struct layer_params {
-  int64_t ln1, q_w, q_b, k_w, k_b, v_w, v_b, o_w, ln2, gate, up, down;
+  int64_t ln1, q_w, q_b, k_w, k_b, v_w, v_b, o_w, q_norm, k_norm, ln2, gate, up, down;   /* -1: absent */
 } layer_params;
 
-/* Activations of one layer; views into the activation arena. */
+/* Activations of one layer; views into the activation arena. With qk_norm, q_raw / k_raw hold
+ * the projections before the per-head norm (q_rows etc. are [N*heads, D] views for it). */
 typedef struct layer_acts {
   rx_tensor rstd1, xn1, q, k, v, q4, k4, v4, att, att4, lse, x_mid, rstd2, xn2, gate, up, h;
+  rx_tensor q_raw, k_raw, q_rstd, k_rstd, q_rows, k_rows, q_raw_rows, k_raw_rows;
 } layer_acts;
 
 typedef struct plan {
@@ -22,7 +24,7 @@ typedef struct plan {
   rx_tensor xf, rstdf;       /* final norm output and its rstd */
   rx_tensor tokens, mask, positions, targets, row_logp, row_lse, row_entropy, row_dlogp;
   /* backward scratch */
-  rx_tensor dx, dxn, dtmp, dh, dgate, dup, datt, datt4, dq, dk, dv, dq4, dk4, dv4, dxf;
+  rx_tensor dx, dxn, dtmp, dh, dgate, dup, datt, datt4, dq, dk, dv, dq4, dk4, dv4, dxf, dq_rows, dk_rows;
   void *head;                /* [chunk_rows, V] logits / dlogits */
   int64_t head_rows, head_bytes;
   int valid;                 /* a train forward ran and backward may use it */
@@ -37,11 +39,15 @@ struct rx_model {
   int64_t param_bytes;
   layer_params *layers;
   int64_t embed, final_norm, lm_head;
+  double *inv_freq;          /* RoPE frequencies [head_dim/2], rope_scaling applied */
   plan plan;
 };
 
 int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts);
 int rx_model_layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_output);
+/* Qwen3's per-head RMSNorm of layer l's queries q [rows, H*D] and keys k [rows, KV*D], in place
+ * (no-op without qk_norm): the decode step's twin of what the layer forward does. */
+int rx_model_qk_norm_inplace(rx_model *m, int64_t l, rx_tensor *q, rx_tensor *k);
 
 void rx_model_set_inputs(rx_model *m, const int32_t *tokens, const int32_t *mask);
 int rx_model_forward_hidden(rx_model *m, int (*after_layer)(void *, int64_t, layer_acts *), void *ctx);

@@ -1,6 +1,10 @@
 -- remax.chat: turn a prompt (a string, or a list of {role=, content=} messages) into the text a
--- chat model expects. Built-in templates: "chatml" (Qwen), "llama3", "plain"; a recipe can pass
--- its own function(messages, opts) -> string instead.
+-- chat model expects, and that text into token ids. The tokenizer's own chat_template (from
+-- tokenizer_config.json or chat_template.jinja) runs as written through remax.jinja, with the
+-- variables transformers passes; built-in templates "chatml" (Qwen), "llama3" and "plain" serve
+-- tokenizers that have none, and a recipe can pass its own function(messages, opts) -> string.
+local jinja = require("remax.jinja")
+
 local M = {}
 
 M.roles = { system = true, user = true, assistant = true, tool = true }
@@ -76,8 +80,9 @@ end
 M.templates = { chatml = chatml, llama3 = llama3, plain = plain }
 local TEMPLATE_LIST = "'chatml', 'llama3', 'plain' or a function(messages, opts) -> string"
 
--- Pick the built-in template matching a tokenizer_config.json chat_template (a Jinja string).
--- Returns name, options; or nil, reason.
+-- The built-in template of the same kind as a tokenizer_config.json chat_template (a Jinja
+-- string), for template = 'chatml' / 'llama3' to take the tokenizer's defaults (Qwen2.5's
+-- system message). Returns name, options; or nil, reason.
 function M.detect(template_string)
   if type(template_string) ~= "string" or template_string == "" then
     return nil, "the tokenizer has no chat_template"
@@ -91,13 +96,50 @@ function M.detect(template_string)
   return nil, "the tokenizer's chat_template has neither <|im_start|> (chatml) nor <|start_header_id|> (llama3) markers"
 end
 
--- Resolve opts.template / opts.tokenizer into (function, merged options).
+local compiled = setmetatable({}, { __mode = "k" })   -- tokenizer -> {source =, template =}
+
+-- The tokenizer's chat_template, compiled once per tokenizer.
+local function tokenizer_template(tok)
+  local c = compiled[tok]
+  if c and c.source == tok.chat_template then return c.template end
+  local where = (tok.chat_template_path or ((tok.path or "tokenizer") .. " chat_template"))
+  local t = jinja.compile(tok.chat_template, where)
+  compiled[tok] = { source = tok.chat_template, template = t }
+  return t
+end
+
+-- Renders the tokenizer's template with what transformers' apply_chat_template passes:
+-- messages, add_generation_prompt, tools = None, documents = None, the special tokens the
+-- tokenizer names (bos_token, eos_token, pad_token, unk_token), enable_thinking when given
+-- (Qwen3), and the recipe's template_args on top.
+local function render_tokenizer_template(messages, opts)
+  local tok = opts.tokenizer
+  local named = tok.special_tokens or tok
+  local vars = { messages = messages, add_generation_prompt = opts.add_generation_prompt, tools = jinja.none,
+    documents = jinja.none, bos_token = named.bos_token, eos_token = named.eos_token, pad_token = named.pad_token,
+    unk_token = named.unk_token }
+  if opts.enable_thinking ~= nil then vars.enable_thinking = opts.enable_thinking end
+  for k, v in pairs(opts.template_args or {}) do vars[k] = v end
+  return tokenizer_template(tok):render(vars)
+end
+
+-- Resolve opts.template / opts.tokenizer into (function, merged options, from the tokenizer).
 local function resolve(opts)
   local template = opts.template
   local merged = {}
   for k, v in pairs(opts) do merged[k] = v end
   if merged.add_generation_prompt == nil then merged.add_generation_prompt = true end
-  if type(template) == "function" then return template, merged end
+  if type(template) == "function" then return template, merged, false end
+  if template == nil or template == "tokenizer" then
+    local tok = opts.tokenizer
+    if tok ~= nil and type(tok.chat_template) == "string" and tok.chat_template ~= "" then
+      return render_tokenizer_template, merged, true
+    end
+    if template == "tokenizer" then
+      error("remax.chat: template = 'tokenizer', but the tokenizer has no chat_template (in tokenizer_config.json or " ..
+        "chat_template.jinja); pass template = " .. TEMPLATE_LIST, 3)
+    end
+  end
 
   local detected, detected_opts
   if opts.tokenizer ~= nil then
@@ -105,13 +147,10 @@ local function resolve(opts)
   end
   if template == nil then
     if opts.tokenizer == nil then
-      error("remax.chat: no template given (valid: " .. TEMPLATE_LIST .. ", or tokenizer = tok to detect it)", 3)
+      error("remax.chat: no template given (valid: " .. TEMPLATE_LIST .. ", or tokenizer = tok for its chat_template)", 3)
     end
-    if not detected then
-      error("remax.chat: cannot pick a template from the tokenizer: " .. detected_opts ..
-        "; pass template = " .. TEMPLATE_LIST, 3)
-    end
-    template = detected
+    error("remax.chat: the tokenizer has no chat_template (in tokenizer_config.json or chat_template.jinja); " ..
+      "pass template = " .. TEMPLATE_LIST, 3)
   end
   local fn = M.templates[template]
   if not fn then
@@ -125,27 +164,45 @@ local function resolve(opts)
     end
   end
   if merged.default_system == false then merged.default_system = nil end
-  return fn, merged
+  return fn, merged, false
 end
 
--- render(prompt, {template=, add_generation_prompt=true, tokenizer=, default_system=, add_bos=})
-function M.render(prompt, opts)
+-- Renders and says whether the tokenizer's own template did it.
+local function render(prompt, opts)
   opts = opts or {}
   local messages = M.messages(prompt)
-  local fn, merged = resolve(opts)
+  local fn, merged, from_tokenizer = resolve(opts)
   local text = fn(messages, merged)
   if type(text) ~= "string" then
-    error("remax.chat: the template function returned a " .. type(text) .. ", expected a string", 2)
+    error("remax.chat: the template function returned a " .. type(text) .. ", expected a string", 3)
   end
+  return text, from_tokenizer
+end
+
+-- render(prompt, {template=, add_generation_prompt=true, tokenizer=, enable_thinking=,
+-- template_args=, default_system=, add_bos=}) -> text. Without template, the tokenizer's
+-- chat_template runs.
+function M.render(prompt, opts)
+  local text = render(prompt, opts)
   return text
 end
 
--- Render, then encode with the tokenizer (opts.tokenizer defaults to tok).
+-- Token ids of a rendered prompt. The tokenizer's template writes its own special tokens, so
+-- (as transformers does for chat prompts) none are added; other text gets the tokenizer's
+-- special tokens (a BOS, say) unless it already starts with the BOS text: BOS exactly once.
+function M.encode_text(tok, text, from_tokenizer)
+  local add = not from_tokenizer
+  if add and tok.bos_token and tok.bos_token ~= "" and text:sub(1, #tok.bos_token) == tok.bos_token then add = false end
+  return tok:encode(text, { add_special_tokens = add })
+end
+
+-- Render, then encode with the tokenizer (opts.tokenizer defaults to tok). Returns ids, text.
 function M.encode(tok, prompt, opts)
   local o = {}
   for k, v in pairs(opts or {}) do o[k] = v end
   if o.tokenizer == nil then o.tokenizer = tok end
-  return tok:encode(M.render(prompt, o))
+  local text, from_tokenizer = render(prompt, o)
+  return M.encode_text(tok, text, from_tokenizer), text
 end
 
 return M

@@ -15,7 +15,10 @@ M.groups = {
   { "Model and data", {
     { "model", nil, "string", "model folder (Hugging Face layout); default: models/tiny-gsm8k, the built-in base model" },
     { "model_config", nil, "table", "recipe only: Hugging Face config table of a fresh random model, used when no model is given (with the byte-level tokenizer)" },
-    { "dtype", "f32", "enum:f32|bf16", "compute dtype of the model" },
+    { "dtype", "f32", "enum:f32", "compute dtype of the model on this device (the CPU computes in f32; bf16 checkpoints load converted to f32)",
+      unavailable = { bf16 = "bf16 compute needs the CUDA backend; the CPU computes in f32 (bf16 checkpoints load converted to f32, so leave --dtype at f32)",
+        f16 = "f16 compute is not supported; the CPU computes in f32",
+        f64 = "f64 is for the engine's gradient checks, not training; use f32" } },
     { "data", nil, "string", "training data, JSONL or JSON array; default: fresh synthetic GSM8K-style problems" },
     { "eval_data", nil, "string", "held-out data; default: the synthetic test split (or none with --data)" },
     { "prompt_column", nil, "string", "dataset column holding the prompt (default: prompt, else question)" },
@@ -26,7 +29,9 @@ M.groups = {
     { "synth_max_number", 100, "integer", "synthetic problems: largest number drawn" },
     { "synth_style", "sentences", "string", "synthetic problems: solution style of the answer column: sentences, equations, direct, or a mix such as direct:0.65,equations:0.35" },
     { "map_row", nil, "function", "recipe only: function(row) -> row applied to every dataset row (e.g. turn a question into chat messages)" },
-    { "chat_template", "auto", "template", "prompt rendering: auto (the tokenizer's template, else qa), qa (\"Question: ...\\nAnswer: \"), chatml, llama3, plain, or a recipe function(messages, opts) -> string" },
+    { "chat_template", "auto", "template", "prompt rendering: auto (the tokenizer's template, else qa), tokenizer (its chat_template, run as written), qa (\"Question: ...\\nAnswer: \"), chatml, llama3, plain, or a recipe function(messages, opts) -> string" },
+    { "enable_thinking", nil, "boolean", "chat template variable enable_thinking (Qwen3: false renders an empty <think> block; unset: the template's default)" },
+    { "chat_template_kwargs", nil, "table", "recipe only: extra variables for the tokenizer's chat template, e.g. { date_string = \"26 Jul 2024\" }" },
     { "stop", nil, "strings", "extra stop tokens (as written in tokenizer.json) besides EOS, <|im_end|>, <|endoftext|>, <|eot_id|>" },
   } },
   { "Algorithm", {
@@ -91,7 +96,8 @@ M.groups = {
 M.keys, M.order = {}, {}
 for _, group in ipairs(M.groups) do
   for _, d in ipairs(group[2]) do
-    local decl = { name = d[1], default = d[2], type = d[3], help = d[4], hot = d.hot, group = group[1] }
+    local decl = { name = d[1], default = d[2], type = d[3], help = d[4], hot = d.hot, group = group[1],
+      unavailable = d.unavailable }
     if decl.type:match("^enum:") then
       decl.choices = {}
       for c in decl.type:sub(6):gmatch("[^|]+") do decl.choices[#decl.choices + 1] = c end
@@ -182,6 +188,10 @@ local function check(decl, v, where)
     if type(v) ~= "table" then bad("a list of strings") end
     for _, x in ipairs(v) do if type(x) ~= "string" then bad("a list of strings") end end
   elseif decl.choices then
+    if decl.unavailable and decl.unavailable[v] then
+      error(("%s%s = '%s' is not available: %s"):format(where and (where .. ": ") or "", decl.name, tostring(v),
+        decl.unavailable[v]), 0)
+    end
     local ok = false
     for _, c in ipairs(decl.choices) do if v == c then ok = true end end
     if not ok then bad("one of " .. table.concat(decl.choices, ", ")) end
@@ -196,8 +206,8 @@ local function check(decl, v, where)
     end
   elseif t == "template" then
     if type(v) ~= "string" and type(v) ~= "function" then bad("a template name or a function") end
-    if type(v) == "string" and not ({ auto = 1, qa = 1, chatml = 1, llama3 = 1, plain = 1 })[v] then
-      bad("auto, qa, chatml, llama3, plain or a function(messages, opts)")
+    if type(v) == "string" and not ({ auto = 1, tokenizer = 1, qa = 1, chatml = 1, llama3 = 1, plain = 1 })[v] then
+      bad("auto, tokenizer, qa, chatml, llama3, plain or a function(messages, opts)")
     end
   elseif t == "advantage" then
     if type(v) ~= "function" then bad("a function(groups, opts, state) -> advantages (use algo for a name)") end

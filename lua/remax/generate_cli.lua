@@ -14,6 +14,7 @@ usage: remax generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [options]
   --prompt-ids LIST     the prompt as comma-separated token ids (no tokenizer needed)
   --chat                wrap the prompt as a user message in the tokenizer's chat template
   --template NAME       with --chat: chatml, llama3 or plain instead of the tokenizer's own
+  --no-thinking         with --chat: enable_thinking = false for the template (Qwen3)
   --n N                 completions of the prompt (default 1; one completion streams)
   --temperature T       0 = greedy (default 1)
   --top-p P             nucleus sampling: keep the smallest most likely set with mass >= P (default 1)
@@ -26,6 +27,7 @@ usage: remax generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [options]
 
 local flags = {   -- name -> kind
   model = "string", prompt = "string", template = "string", ["prompt-ids"] = "string", chat = "bool", n = "int",
+  ["no-thinking"] = "bool",
   temperature = "number", ["top-p"] = "number", ["top-k"] = "int", ["max-new-tokens"] = "int",
   seed = "int", stop = "string", help = "bool",
 }
@@ -156,9 +158,10 @@ function M.main(...)
     prompt = id_list(o["prompt-ids"], "--prompt-ids")
     if o.chat then fail("--chat needs --prompt TEXT") end
   elseif o.chat then
-    prompt = tok:encode(plain(remax.chat.render, o.prompt, { tokenizer = tok, template = o.template }))
+    prompt = plain(remax.chat.encode, tok, o.prompt, { tokenizer = tok, template = o.template,
+      enable_thinking = o["no-thinking"] and false or nil })
   else
-    prompt = tok:encode(o.prompt)
+    prompt = remax.chat.encode_text(tok, o.prompt, false)
   end
   local model = plain(remax.model.load, dir)
   local stop = M.stop_ids(dir, tok, o.stop and id_list(o.stop, "--stop") or nil)

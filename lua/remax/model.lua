@@ -16,7 +16,7 @@ local Model = {}
 Model.__index = Model
 M.Model = Model
 
-M.architectures = { Qwen2ForCausalLM = "qwen2", LlamaForCausalLM = "llama" }
+M.architectures = { Qwen2ForCausalLM = "qwen2", Qwen3ForCausalLM = "qwen3", LlamaForCausalLM = "llama" }
 
 local fs = require("remax.fs")
 local write_atomic = fs.write_atomic
@@ -52,11 +52,16 @@ function M.resolve_config(cfg, where)
     error(("%s: architecture '%s' is not supported (supported: %s)"):format(where, tostring(arch), table.concat(known, ", ")), 2)
   end
   local rs = json_value(cfg.rope_scaling)
+  local rope_kind = "default"
   if rs ~= nil then
-    local kind = type(rs) == "table" and (rs.rope_type or rs.type) or tostring(rs)
-    if kind ~= "default" then
-      error(("%s: rope_scaling of type '%s' is not supported (only plain RoPE with rope_theta)"):format(where, tostring(kind)), 2)
+    rope_kind = type(rs) == "table" and json_value(rs.rope_type or rs.type) or tostring(rs)
+    if rope_kind ~= "default" and rope_kind ~= "llama3" then
+      error(("%s: rope_scaling of type '%s' is not supported (supported: none, 'default', 'llama3')"):format(
+        where, tostring(rope_kind)), 2)
     end
+  end
+  if json_value(cfg.use_sliding_window) == true then
+    error(where .. ": use_sliding_window = true is not supported (sliding-window attention)", 2)
   end
   local act = json_value(cfg.hidden_act) or "silu"
   if act ~= "silu" then error(("%s: hidden_act '%s' is not supported (silu)"):format(where, tostring(act)), 2) end
@@ -73,10 +78,26 @@ function M.resolve_config(cfg, where)
   out.max_position_embeddings = json_value(cfg.max_position_embeddings) or 32768
   out.rms_norm_eps = json_value(cfg.rms_norm_eps) or 1e-6
   out.rope_theta = json_value(cfg.rope_theta) or 10000
+  if rope_kind == "llama3" then
+    local function scaling(key)
+      local v = json_value(rs[key])
+      if type(v) ~= "number" then
+        error(("%s: rope_scaling.%s is %s, expected a number (rope_type 'llama3')"):format(
+          where, key, v == nil and "missing" or type(v)), 3)
+      end
+      return v
+    end
+    out.rope_scaling = C.RX_ROPE_LLAMA3
+    out.rope_factor = scaling("factor")
+    out.rope_low_freq_factor = scaling("low_freq_factor")
+    out.rope_high_freq_factor = scaling("high_freq_factor")
+    out.rope_original_max_position_embeddings = scaling("original_max_position_embeddings")
+  end
   out.tie_word_embeddings = json_value(cfg.tie_word_embeddings) and 1 or 0
   local bias = json_value(cfg.attention_bias)
   if bias == nil then bias = (family == "qwen2") end
   out.attention_bias = bias and 1 or 0
+  out.qk_norm = family == "qwen3" and 1 or 0
   if json_value(cfg.mlp_bias) then error(where .. ": mlp_bias = true is not supported", 2) end
   return out, family
 end
@@ -432,7 +453,7 @@ function Model:save(dir, opts)
   for k, v in pairs(self.config) do cfg[k] = v end
   local c = self:cfg()
   cfg.architectures = cfg.architectures or { "Qwen2ForCausalLM" }
-  cfg.model_type = cfg.model_type or (M.architectures[cfg.architectures[1]] == "llama" and "llama" or "qwen2")
+  cfg.model_type = cfg.model_type or M.architectures[cfg.architectures[1]] or "qwen2"
   cfg.vocab_size, cfg.hidden_size = tonumber(c.vocab_size), tonumber(c.hidden_size)
   cfg.intermediate_size, cfg.num_hidden_layers = tonumber(c.intermediate_size), tonumber(c.num_hidden_layers)
   cfg.num_attention_heads, cfg.num_key_value_heads = tonumber(c.num_attention_heads), tonumber(c.num_key_value_heads)

@@ -4,6 +4,7 @@
 --   local ids = tok:encode("Hello")                      -- { 9707 }  (0-based token ids, as in HF)
 --   local s   = tok:decode(ids)                          -- "Hello"
 --   tok.vocab_size, tok.eos_id, tok.pad_id, tok.bos_id, tok.eos_token, tok.chat_template
+--   (chat_template: chat_template.jinja beside tokenizer.json, else tokenizer_config.json's)
 local ffi = require("ffi")
 local rx = require("remax.ffi")
 local C = rx.C
@@ -32,9 +33,22 @@ function M.load(path)
     self[name .. "_token"] = token
     self[name .. "_id"] = token and self:token_to_id(token) or nil
   end
+  -- the role tokens tokenizer_config.json names (what transformers hands a chat template)
+  self.special_tokens = { bos_token = self.bos_token, eos_token = self.eos_token, pad_token = self.pad_token,
+    unk_token = self.unk_token }
   -- Hugging Face pads with EOS when no pad token is named.
   if self.pad_id == nil then self.pad_token, self.pad_id = self.eos_token, self.eos_id end
   self.chat_template = cstring(C.rx_tokenizer_chat_template(h))
+  -- the folder of tokenizer.json: chat_template.jinja there wins over tokenizer_config.json's
+  -- (as in transformers, which writes the template to that file since 4.43)
+  local dir = path:match("%.json$") and (path:match("^(.*)/[^/]*$") or ".") or path
+  self.chat_template_path = self.chat_template and (dir .. "/tokenizer_config.json chat_template") or nil
+  local f = io.open(dir .. "/chat_template.jinja", "rb")
+  if f then
+    self.chat_template = f:read("*a")
+    self.chat_template_path = dir .. "/chat_template.jinja"
+    f:close()
+  end
   return self
 end
 

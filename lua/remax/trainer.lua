@@ -157,6 +157,10 @@ function Trainer:stop_ids()
   end
   add(self.tok.eos_id)
   for _, s in ipairs({ "<|im_end|>", "<|endoftext|>", "<|eot_id|>" }) do add(self.tok:token_to_id(s)) end
+  -- generation_config.json's eos_token_id (Llama 3.2 Instruct also stops on <|eom_id|>)
+  if self.model_source then
+    for _, id in ipairs(require("remax.generate_cli").stop_ids(self.model_source, nil)) do add(id) end
+  end
   for _, s in ipairs(self.cfg.stop or {}) do
     local id = self.tok:token_to_id(s)
     if not id then error(("stop: '%s' is not a token of this tokenizer"):format(s), 0) end
@@ -215,18 +219,19 @@ end
 function Trainer:resolve_template()
   local t = self.cfg.chat_template
   if t == "auto" then
-    t = chat.detect(self.tok.chat_template) and "tokenizer" or "qa"
+    t = (self.tok.chat_template and self.tok.chat_template ~= "") and "tokenizer" or "qa"
   end
   self.template_name = type(t) == "string" and t or "recipe function"
+  local extra = { enable_thinking = self.cfg.enable_thinking, template_args = self.cfg.chat_template_kwargs }
   if t == "qa" then self.template = { template = qa_template }
-  elseif t == "tokenizer" then self.template = { tokenizer = self.tok }
+  elseif t == "tokenizer" then self.template = { template = "tokenizer", tokenizer = self.tok }
   else self.template = { template = t, tokenizer = self.tok.chat_template and self.tok or nil } end
+  for k, v in pairs(extra) do self.template[k] = v end
 end
 
 -- A prompt (string or messages) -> token ids, truncated to its last max_prompt_length tokens.
 function Trainer:encode_prompt(prompt)
-  local text = chat.render(prompt, self.template)
-  local ids = self.tok:encode(text)
+  local ids, text = chat.encode(self.tok, prompt, self.template)
   local max = self.cfg.max_prompt_length
   if #ids > max then
     local cut = {}

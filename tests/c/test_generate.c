@@ -26,8 +26,19 @@ static rx_model_config tiny_config(int32_t dtype) {
   return c;
 }
 
-static rx_model *tiny_model(int32_t dtype) {
+/* variant 0: Qwen2 (q/k/v bias); 1: Qwen3 (q/k norm, no bias, head_dim 8 != hidden / heads);
+ * 2: Llama 3.1 RoPE scaling (every band of frequencies used within MAXPOS). */
+static rx_model *tiny_model_variant(int32_t dtype, int variant) {
   rx_model_config c = tiny_config(dtype);
+  if (variant == 1) { c.qk_norm = 1; c.attention_bias = 0; c.head_dim = 8; c.rope_theta = 1000000.0; }
+  if (variant == 2) {
+    c.attention_bias = 0;
+    c.rope_scaling = RX_ROPE_LLAMA3;
+    c.rope_factor = 8;
+    c.rope_low_freq_factor = 1;
+    c.rope_high_freq_factor = 4;
+    c.rope_original_max_position_embeddings = 16;
+  }
   rx_model *m = NULL;
   if (rx_model_new(&m, &c)) { fprintf(stderr, "%s\n", rx_last_error()); return NULL; }
   for (int64_t i = 0; i < rx_model_param_count(m); i++) {
@@ -38,6 +49,8 @@ static rx_model *tiny_model(int32_t dtype) {
   }
   return m;
 }
+
+static rx_model *tiny_model(int32_t dtype) { return tiny_model_variant(dtype, 0); }
 
 /* A request over prompts given as arrays; the test owns every array. */
 typedef struct {
@@ -125,9 +138,9 @@ static void prompts_of_three(req_buf *q) {
   add_prompt(q, c, 7);
 }
 
-static void check_cached_equals_full(int32_t dtype) {
+static void check_cached_equals_full(int32_t dtype, int variant) {
   const double tol_logit = dtype == RX_F64 ? 1e-9 : 1e-4;
-  rx_model *m = tiny_model(dtype);
+  rx_model *m = tiny_model_variant(dtype, variant);
   CHECK(m != NULL, "model");
   if (!m) return;
   req_buf q = {0};
@@ -230,8 +243,11 @@ static void check_cached_equals_full(int32_t dtype) {
   rx_model_free(m);
 }
 
-static void test_cached_f64(void) { check_cached_equals_full(RX_F64); }
-static void test_cached_f32(void) { check_cached_equals_full(RX_F32); }
+static void test_cached_f64(void) { check_cached_equals_full(RX_F64, 0); }
+static void test_cached_f32(void) { check_cached_equals_full(RX_F32, 0); }
+static void test_cached_qwen3_f64(void) { check_cached_equals_full(RX_F64, 1); }
+static void test_cached_qwen3_f32(void) { check_cached_equals_full(RX_F32, 1); }
+static void test_cached_llama31_f64(void) { check_cached_equals_full(RX_F64, 2); }
 
 /* ------------------------------------------------------------------ sampler */
 
@@ -598,6 +614,9 @@ static void test_bad_requests(void) {
 int main(void) {
   RUN(test_cached_f64);
   RUN(test_cached_f32);
+  RUN(test_cached_qwen3_f64);
+  RUN(test_cached_qwen3_f32);
+  RUN(test_cached_llama31_f64);
   RUN(test_sampler_distributions);
   RUN(test_sampler_edges);
   RUN(test_same_seed_same_tokens);

@@ -55,10 +55,29 @@ static void ref_rmsnorm(double *y, const double *x, const double *w, int64_t C, 
   for (int64_t i = 0; i < C; i++) y[i] = x[i] * r * w[i];
 }
 
-static void ref_rope(double *x, int64_t heads, int64_t D, int64_t pos, double theta) {
+/* inv_freq as transformers computes it: theta^(-2i/D), then for rope_type "llama3" every
+ * frequency scaled, the smoothed blend computed for all, and each picked by its wavelength
+ * (the torch.where formulation of _compute_llama3_parameters). */
+static void ref_inv_freq(double *f, const rx_model_config *c) {
+  const int64_t D = c->head_dim;
+  for (int64_t i = 0; i < D / 2; i++) f[i] = 1.0 / pow(c->rope_theta, (double)(2 * i) / (double)D);
+  if (c->rope_scaling != RX_ROPE_LLAMA3) return;
+  const double old = (double)c->rope_original_max_position_embeddings, lo = c->rope_low_freq_factor;
+  const double hi = c->rope_high_freq_factor, factor = c->rope_factor;
+  for (int64_t i = 0; i < D / 2; i++) {
+    double wavelen = 2 * 3.141592653589793 / f[i];
+    double scaled = wavelen > old / lo ? f[i] / factor : f[i];
+    double smooth = (old / wavelen - lo) / (hi - lo);
+    double smoothed = (1 - smooth) * scaled / factor + smooth * scaled;
+    int medium = !(wavelen < old / hi) && !(wavelen > old / lo);
+    f[i] = medium ? smoothed : scaled;
+  }
+}
+
+static void ref_rope(double *x, int64_t heads, int64_t D, int64_t pos, const double *inv_freq) {
   for (int64_t h = 0; h < heads; h++)
     for (int64_t i = 0; i < D / 2; i++) {
-      double f = pos * pow(theta, -2.0 * i / D), c = cos(f), s = sin(f);
+      double f = pos * inv_freq[i], c = cos(f), s = sin(f);
       double a = x[h * D + i], b = x[h * D + i + D / 2];
       x[h * D + i] = a * c - b * s;
       x[h * D + i + D / 2] = b * c + a * s;
@@ -76,6 +95,8 @@ static void ref_logprobs(rx_model *m, const rx_model_config *c, const int32_t *t
   double *logits = malloc(sizeof(double) * V), *scores = malloc(sizeof(double) * T);
   int64_t *pos = calloc((size_t)T, sizeof(int64_t)), count = 0;
   for (int64_t t = 0; t < T; t++) pos[t] = mask[t] ? count++ : 0;
+  double inv_freq[64];
+  ref_inv_freq(inv_freq, c);
   const double *E = P(m, "model.embed_tokens.weight", 0);
   for (int64_t t = 0; t < T; t++)
     for (int64_t i = 0; i < C; i++) x[t * C + i] = mask[t] ? E[tok[t] * C + i] : E[i];
@@ -85,8 +106,12 @@ static void ref_logprobs(rx_model *m, const rx_model_config *c, const int32_t *t
       ref_linear(q + t * HD, xn, P(m, "model.layers.%lld.self_attn.q_proj.weight", l), P(m, "model.layers.%lld.self_attn.q_proj.bias", l), HD, C);
       ref_linear(k + t * KD, xn, P(m, "model.layers.%lld.self_attn.k_proj.weight", l), P(m, "model.layers.%lld.self_attn.k_proj.bias", l), KD, C);
       ref_linear(v + t * KD, xn, P(m, "model.layers.%lld.self_attn.v_proj.weight", l), P(m, "model.layers.%lld.self_attn.v_proj.bias", l), KD, C);
-      ref_rope(q + t * HD, H, D, pos[t], c->rope_theta);
-      ref_rope(k + t * KD, KV, D, pos[t], c->rope_theta);
+      const double *qn = P(m, "model.layers.%lld.self_attn.q_norm.weight", l);
+      const double *kn = P(m, "model.layers.%lld.self_attn.k_norm.weight", l);
+      for (int64_t h = 0; qn && h < H; h++) ref_rmsnorm(q + t * HD + h * D, q + t * HD + h * D, qn, D, c->rms_norm_eps);
+      for (int64_t h = 0; kn && h < KV; h++) ref_rmsnorm(k + t * KD + h * D, k + t * KD + h * D, kn, D, c->rms_norm_eps);
+      ref_rope(q + t * HD, H, D, pos[t], inv_freq);
+      ref_rope(k + t * KD, KV, D, pos[t], inv_freq);
     }
     for (int64_t t = 0; t < T; t++)
       for (int64_t h = 0; h < H; h++) {
@@ -172,8 +197,7 @@ static double loss_of(rx_model *m, rx_tensor *tok, rx_tensor *msk, rx_tensor *lp
   return s;
 }
 
-static void check_config_variant(int qwen, int tied, int kv) {
-  rx_model_config cfg = tiny_config(qwen, tied, kv);
+static void check_model(rx_model_config cfg, int qwen, int tied, int kv) {
   rx_model *m;
   CHECK_OK(rx_model_new(&m, &cfg));
   if (!m) return;
@@ -254,10 +278,49 @@ static void check_config_variant(int qwen, int tied, int kv) {
   rx_model_free(m);
 }
 
+static void check_config_variant(int qwen, int tied, int kv) { check_model(tiny_config(qwen, tied, kv), qwen, tied, kv); }
 static void qwen2_untied_gqa(void) { check_config_variant(1, 0, 2); }
 static void qwen2_tied_mqa(void) { check_config_variant(1, 1, 1); }
 static void llama_tied_mha(void) { check_config_variant(0, 1, 4); }
 static void llama_untied_gqa(void) { check_config_variant(0, 0, 2); }
+
+/* Qwen3: per-head q/k RMSNorm, no q/k/v bias, head_dim 6 while hidden / heads = 4. */
+static rx_model_config qwen3_config(int tied) {
+  rx_model_config c = tiny_config(1, tied, 2);
+  c.attention_bias = 0;
+  c.qk_norm = 1;
+  c.head_dim = 6;
+  return c;
+}
+static void qwen3_untied_gqa(void) { check_model(qwen3_config(0), 3, 0, 2); }
+static void qwen3_tied_gqa(void) { check_model(qwen3_config(1), 3, 1, 2); }
+
+/* Llama 3.1 RoPE scaling with head_dim 8: wavelengths 6.3, 63, 628, 6283 against
+ * original_max_position_embeddings 64 / high 4 = 16 and / low 1 = 64 put one frequency in each
+ * band (kept, interpolated, divided by factor, divided). */
+static rx_model_config llama31_config(void) {
+  rx_model_config c = tiny_config(0, 1, 2);
+  c.head_dim = 8;
+  c.rope_scaling = RX_ROPE_LLAMA3;
+  c.rope_factor = 8;
+  c.rope_low_freq_factor = 1;
+  c.rope_high_freq_factor = 4;
+  c.rope_original_max_position_embeddings = 64;
+  return c;
+}
+static void llama31_rope_scaling(void) {
+  rx_model_config c = llama31_config();
+  double got[4], want[4], plain[4];
+  CHECK_OK(rx_rope_frequencies(&c, got));
+  ref_inv_freq(want, &c);
+  c.rope_scaling = RX_ROPE_DEFAULT;
+  ref_inv_freq(plain, &c);
+  for (int i = 0; i < 4; i++) CHECK(fabs(got[i] - want[i]) <= 1e-15 * want[i], "inv_freq[%d] %.17g, want %.17g", i, got[i], want[i]);
+  CHECK(got[0] == plain[0], "the highest frequency is kept");
+  CHECK(got[1] < plain[1] && got[1] > plain[1] / 8, "the middle band is interpolated");
+  CHECK(fabs(got[2] - plain[2] / 8) < 1e-18 && fabs(got[3] - plain[3] / 8) < 1e-18, "low frequencies are divided by factor");
+  check_model(llama31_config(), 31, 1, 2);
+}
 
 static void bad_configs_are_refused(void) {
   rx_model *m;
@@ -269,6 +332,12 @@ static void bad_configs_are_refused(void) {
   c = tiny_config(1, 0, 2);
   c.dtype = RX_I32;
   CHECK_FAILS(rx_model_new(&m, &c), "compute dtype i32");
+  c = llama31_config();
+  c.rope_high_freq_factor = 0.5;
+  CHECK_FAILS(rx_model_new(&m, &c), "low_freq_factor = 1 and high_freq_factor = 0.5");
+  c = llama31_config();
+  c.rope_scaling = 7;
+  CHECK_FAILS(rx_model_new(&m, &c), "rope_scaling kind 7 is not supported");
 }
 
 int main(void) {
@@ -276,6 +345,9 @@ int main(void) {
   RUN(qwen2_tied_mqa);
   RUN(llama_tied_mha);
   RUN(llama_untied_gqa);
+  RUN(qwen3_untied_gqa);
+  RUN(qwen3_tied_gqa);
+  RUN(llama31_rope_scaling);
   RUN(bad_configs_are_refused);
   return check_summary("test_model");
 }

@@ -10,11 +10,16 @@ end
 
 local TEMPLATES = cjson.decode(read("tests/fixtures/data/chat_templates.json"))
 
--- A stand-in tokenizer: the chat module only uses chat_template and encode.
-local function fake_tokenizer(template)
+-- A stand-in tokenizer: the chat module only uses chat_template, the role tokens and encode
+-- (bytes; 1 stands for the special tokens the post-processor would add).
+local function fake_tokenizer(template, bos)
   return {
-    chat_template = template, eos_id = 0,
-    encode = function(_, text) return { string.byte(text, 1, -1) } end,
+    chat_template = template, eos_id = 0, bos_token = bos, eos_token = "<|im_end|>",
+    encode = function(_, text, opts)
+      local ids = { string.byte(text, 1, -1) }
+      if not opts or opts.add_special_tokens ~= false then table.insert(ids, 1, 1) end
+      return ids
+    end,
   }
 end
 
@@ -40,9 +45,10 @@ describe("chat", function()
     assert.are.equal(sys .. user, chat.render("What is 3*4?", { tokenizer = qwen25 }))
     assert.are.equal(user, chat.render("What is 3*4?", { tokenizer = plain_chatml }))
     assert.are.equal(user, chat.render("What is 3*4?", { template = "chatml" }))
-    assert.are.equal(user, chat.render("What is 3*4?", { tokenizer = qwen25, default_system = false }))
+    assert.are.equal(user, chat.render("What is 3*4?", { template = "chatml", tokenizer = qwen25, default_system = false }))
+    assert.are.equal(sys .. user, chat.render("What is 3*4?", { template = "chatml", tokenizer = qwen25 }))
     -- a conversation with its own system message keeps it and gets no default
-    local own = chat.render(convo, { tokenizer = qwen25 })
+    local own = chat.render(convo, { template = "chatml", tokenizer = qwen25 })
     assert.is_nil(own:find(chat.QWEN_DEFAULT_SYSTEM, 1, true))
     assert.are.equal(1, select(2, own:gsub("<|im_start|>system", "")))
   end)
@@ -53,7 +59,8 @@ describe("chat", function()
       "<|start_header_id|>assistant<|end_header_id|>\n\n"
     assert.are.equal("<|begin_of_text|>" .. expect, chat.render(msgs, { template = "llama3" }))
     assert.are.equal(expect, chat.render(msgs, { template = "llama3", add_bos = false }))
-    assert.are.equal("<|begin_of_text|>" .. expect, chat.render(msgs, { tokenizer = fake_tokenizer(TEMPLATES.llama3) }))
+    assert.are.equal("<|begin_of_text|>" .. expect,
+      chat.render(msgs, { tokenizer = fake_tokenizer(TEMPLATES.llama3, "<|begin_of_text|>") }))
   end)
 
   it("renders plain prompts role-less", function()
@@ -98,6 +105,33 @@ describe("chat", function()
     assert.are.equal("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", string.char(unpack(ids)))
   end)
 
+  it("runs any tokenizer template as written, with the variables transformers passes", function()
+    local tok = fake_tokenizer(TEMPLATES.other)
+    assert.are.equal("[user] hi\\n", chat.render("hi", { tokenizer = tok }))   -- the fixture's \n is text
+    local probe = fake_tokenizer("{{ bos_token }}|{{ eos_token }}|{{ tools }}|{{ add_generation_prompt }}|" ..
+      "{{ enable_thinking is defined }}|{{ extra }}|{{ messages | length }}", "<s>")
+    assert.are.equal("<s>|<|im_end|>|None|True|False||1", chat.render("hi", { tokenizer = probe }))
+    assert.are.equal("<s>|<|im_end|>|None|False|True|x|1", chat.render("hi", { tokenizer = probe,
+      add_generation_prompt = false, enable_thinking = false, template_args = { extra = "x" } }))
+    local ok, err = pcall(chat.render, "hi", { tokenizer = fake_tokenizer("line 1\n{{ x | nosuch }}") })
+    assert.is_false(ok)
+    assert.matches("line 2: filter 'nosuch' is not supported", err, 1, true)
+  end)
+
+  it("puts BOS in exactly once", function()
+    -- the tokenizer's own template writes BOS itself: nothing is added (as transformers does)
+    local llama = fake_tokenizer(TEMPLATES.llama3, "<|begin_of_text|>")
+    local ids, text = chat.encode(llama, "hi")
+    assert.are.equal("<|begin_of_text|>", text:sub(1, 17))
+    assert.are.same({ string.byte(text, 1, -1) }, ids)
+    -- a built-in template whose text starts with BOS gets no second one; other text gets it added
+    ids, text = chat.encode(llama, "hi", { template = "llama3" })
+    assert.are.equal(("<|begin_of_text|>"):byte(1), ids[1])
+    assert.are.same({ string.byte(text, 1, -1) }, ids)
+    ids = chat.encode(llama, "hi", { template = "plain" })
+    assert.are.same({ 1, string.byte("hi", 1, -1) }, ids)
+  end)
+
   it("names the message, role or template at fault", function()
     assert.has_error(function()
       chat.render({ { role = "user", content = "a" }, { role = "robot", content = "b" } }, { template = "chatml" })
@@ -108,10 +142,12 @@ describe("chat", function()
     local ok, err = pcall(chat.render, "x", { template = "mistral" })
     assert.is_false(ok)
     assert.matches("unknown template 'mistral' (valid: 'chatml', 'llama3', 'plain'", err, 1, true)
-    ok, err = pcall(chat.render, "x", { tokenizer = fake_tokenizer(TEMPLATES.other) })
+    ok, err = pcall(chat.render, "x", { tokenizer = fake_tokenizer(nil) })
     assert.is_false(ok)
-    assert.matches("cannot pick a template from the tokenizer", err, 1, true)
+    assert.matches("the tokenizer has no chat_template", err, 1, true)
     assert.matches("pass template = 'chatml'", err, 1, true)
+    ok, err = pcall(chat.render, "x", { template = "tokenizer", tokenizer = fake_tokenizer(nil) })
+    assert.matches("template = 'tokenizer', but the tokenizer has no chat_template", err, 1, true)
     ok, err = pcall(chat.render, "x", {})
     assert.matches("no template given", err, 1, true)
     ok, err = pcall(chat.render, "x", { template = function() return 1 end })

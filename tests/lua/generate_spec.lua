@@ -202,7 +202,7 @@ describe("remax generate", function()
     assert.are.equal(3, n)
     local chat_out, chat_err, chat_rc = run(("--model %s --prompt hi --chat --temperature 0 --max-new-tokens 6"):format(q(dir)))
     assert.are.equal(0, chat_rc, chat_err)
-    local ids = tok:encode(remax.chat.render("hi", { tokenizer = tok }))
+    local ids = remax.chat.encode(tok, "hi")
     assert.are.equal(257, ids[1])   -- <|im_start|>: the template was applied
     local greedy = m:generate({ ids }, { temperature = 0, max_new_tokens = 6, stop = { 256, 258 } })
     assert.are.equal(tok:decode(greedy.rows[1].tokens, { skip_special_tokens = true }) .. "\n", chat_out)
