@@ -32,9 +32,9 @@ int rx_cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, const void 
 int rx_cuda_rmsnorm_backward(void *dinp, float *dweight, const void *dout, const void *inp, const void *weight,
                              const float *rstd, int64_t N, int64_t C, int32_t dtype) { return none(); }
 int rx_cuda_rope_forward(void *out, const void *inp, const int32_t *positions, int64_t P, int64_t H, int64_t D,
-                         double theta, int32_t dtype) { return none(); }
+                         const double *inv_freq, int32_t dtype) { return none(); }
 int rx_cuda_rope_backward(void *dinp, const void *dout, const int32_t *positions, int64_t P, int64_t H, int64_t D,
-                          double theta, int32_t dtype) { return none(); }
+                          const double *inv_freq, int32_t dtype) { return none(); }
 int rx_cuda_embedding_forward(void *out, const int32_t *tokens, const void *weight, int64_t N, int64_t C,
                               int32_t dtype) { return none(); }
 int rx_cuda_embedding_backward(float *dweight, const void *dout, const int32_t *tokens, int64_t N, int64_t V,

@@ -76,7 +76,7 @@ int rx_rope_forward_freq(rx_tensor *out, const rx_tensor *inp, const rx_tensor *
       else return rx_op_no_dtype(op, inp);
       return RX_OK;
     case RX_CUDA:
-      return rx_cuda_rope_forward(out->data, inp->data, positions->data, P, H, D, theta, inp->dtype);
+      return rx_cuda_rope_forward(out->data, inp->data, positions->data, P, H, D, inv_freq, inp->dtype);
     default:
       return rx_op_no_kernel(op, inp);
   }
@@ -94,7 +94,7 @@ int rx_rope_backward_freq(rx_tensor *dinp, const rx_tensor *dout, const rx_tenso
       else return rx_op_no_dtype(op, dout);
       return RX_OK;
     case RX_CUDA:
-      return rx_cuda_rope_backward(dinp->data, dout->data, positions->data, P, H, D, theta, dout->dtype);
+      return rx_cuda_rope_backward(dinp->data, dout->data, positions->data, P, H, D, inv_freq, dout->dtype);
     default:
       return rx_op_no_kernel(op, dout);
   }

@@ -1,3 +1,4 @@
+#include <math.h>
 /* test_ops.c: every CUDA op against the CPU op on the same random inputs, forward and backward, in
  * f32 (<= 1e-5 normalised error; cuBLAS with TF32 off) and bf16 (<= 2e-2: the CPU runs in f32 on
  * the bf16-rounded inputs), with sentinel guards around every device output, and two runs of each
@@ -113,6 +114,15 @@ static void test_rope(void) {
   CHECK_OK(rx_rope_backward(gdx.t, x.g, pg, 1e6));
   EXPECT_CLOSE(gy, y, gpu_tol(dt), "rope");
   EXPECT_CLOSE(gdx, dx, gpu_tol(dt), "rope backward");
+  /* frequencies of a scaled rope (as Llama 3.1's rope_scaling makes them): no longer theta^(-2i/D) */
+  double inv_freq[32];
+  for (int i = 0; i < 32; i++) inv_freq[i] = (i % 3 == 0 ? 0.125 : 1.0) * pow(5e5, -2.0 * i / 64.0);
+  CHECK_OK(rx_rope_forward_freq(y, x.c, pc, inv_freq));
+  CHECK_OK(rx_rope_forward_freq(gy.t, x.g, pg, inv_freq));
+  CHECK_OK(rx_rope_backward_freq(dx, x.c, pc, inv_freq));
+  CHECK_OK(rx_rope_backward_freq(gdx.t, x.g, pg, inv_freq));
+  EXPECT_CLOSE(gy, y, gpu_tol(dt), "rope with scaled frequencies");
+  EXPECT_CLOSE(gdx, dx, gpu_tol(dt), "rope backward with scaled frequencies");
   pair_free(x); rx_tensor_free(y); rx_tensor_free(dx); rx_tensor_free(pc); rx_tensor_free(pg);
 }
 
