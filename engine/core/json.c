@@ -148,12 +148,11 @@ static int parse_number(parser *p, rx_json *v) {
     if (p->i >= p->n || p->s[p->i] < '0' || p->s[p->i] > '9') return fail(p, "bad number exponent");
     while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') p->i++;
   }
-  char buf[64];
+  /* strtod needs a NUL-terminated copy; a long one (many digits) goes to the heap whole, since
+   * every digit can change the nearest double and a cut could drop the exponent */
+  char small[64], *buf = small;
   size_t len = p->i - start;
-  if (len >= sizeof buf) {
-    if (integral) return fail(p, "integer too long");
-    len = sizeof buf - 1; /* a float with many digits: precision beyond double is lost anyway */
-  }
+  if (len >= sizeof small && !(buf = malloc(len + 1))) return fail(p, "out of memory");
   memcpy(buf, p->s + start, len);
   buf[len] = 0;
   v->kind = RX_JSON_NUMBER;
@@ -163,6 +162,7 @@ static int parse_number(parser *p, rx_json *v) {
     long long x = strtoll(buf, NULL, 10);
     if (errno == 0) { v->is_integer = 1; v->integer = x; }
   }
+  if (buf != small) free(buf);
   return 0;
 }
 

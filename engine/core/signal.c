@@ -3,6 +3,8 @@
  * restores the default action and re-raises, ending the process at once. */
 #include "internal.h"
 #include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static volatile sig_atomic_t pending;
@@ -28,3 +30,17 @@ int rx_signal_install(void) {
 
 int rx_signal_pending(void) { return pending; }
 void rx_signal_clear(void) { pending = 0; }
+
+void rx_crash_point(const char *event) {
+  static long at = -1, count;
+  static int list;
+  if (at < 0) {
+    const char *a = getenv("REMAX_CRASH_AT"), *l = getenv("REMAX_CRASH_LIST");
+    at = a ? atol(a) : 0;
+    list = l && *l && strcmp(l, "0") != 0;
+  }
+  if (!at && !list) return;
+  count++;
+  if (list) fprintf(stderr, "remax-crash-point %ld: %s\n", count, event);
+  if (count == at) raise(SIGKILL);
+}

@@ -36,6 +36,11 @@ const char *rx_abi_layout(void);     /* "name size\nname.field offset\n..." for 
 int rx_signal_install(void);
 int rx_signal_pending(void);
 void rx_signal_clear(void);
+/* Test hook of the crash-safety test (tests/lua/checkpoint_crash_spec.lua): the checkpoint
+ * writers (engine/io/safetensors.c, lua/remax/fs.lua, runs.lua) call it at each write event.
+ * With REMAX_CRASH_AT=N in the environment the Nth call raises SIGKILL; with REMAX_CRASH_LIST=1
+ * each call prints "remax-crash-point N: event" to stderr. Otherwise it does nothing. */
+void rx_crash_point(const char *event);
 
 /* ---------------------------------------------------------------- core: tensors */
 

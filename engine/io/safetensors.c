@@ -782,13 +782,18 @@ int rx_safetensors_save(const char *path, int64_t n, const char *const *names, r
     rc = rx_fail(RX_EIO, "save %s: writing %s: %s", path, tmp, strerror(errno));
     goto done;
   }
-  for (int64_t i = 0; i < n; i++)
+  rx_crash_point("safetensors: header written");
+  for (int64_t i = 0; i < n; i++) {
     if ((rc = write_tensor(fd, tensors[order[i].index], tmp, order[i].name))) goto done;
+    rx_crash_point("safetensors: tensor written");
+  }
   if (fsync(fd) != 0) { rc = rx_fail(RX_EIO, "save %s: fsync of %s failed: %s", path, tmp, strerror(errno)); goto done; }
   int closed = close(fd);
   fd = -1;
   if (closed != 0) { rc = rx_fail(RX_EIO, "save %s: closing %s failed: %s", path, tmp, strerror(errno)); goto done; }
+  rx_crash_point("safetensors: before rename");
   if (rename(tmp, path) != 0) { rc = rx_fail(RX_EIO, "save %s: cannot rename %s over it: %s", path, tmp, strerror(errno)); goto done; }
+  rx_crash_point("safetensors: after rename");
   /* The rename itself is durable only once the directory is synced. */
   int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {

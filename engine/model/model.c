@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "model/model_internal.h"
 
@@ -41,6 +42,20 @@ static int check_config(const rx_model_config *c) {
     return rx_fail(RX_EINVAL, "model config: rope_scaling kind %d is not supported (default, llama3)", c->rope_scaling);
   if (c->max_position_embeddings <= 0)
     return rx_fail(RX_EINVAL, "model config: max_position_embeddings = %lld must be > 0", (long long)c->max_position_embeddings);
+  /* Memory the parameters take (in doubles, which cannot overflow here), checked before anything
+   * is allocated: a config asking for 10^12 parameters is refused, not attempted. Each tensor
+   * costs its 64-byte-rounded data plus ~512 bytes of names and views. */
+  const double L = (double)c->num_hidden_layers, C = (double)c->hidden_size, I = (double)c->intermediate_size;
+  const double HD = (double)c->num_attention_heads * (double)c->head_dim, KD = (double)c->num_key_value_heads * (double)c->head_dim;
+  const double per_layer = 2 * C + 2 * HD * C + 2 * KD * C + 3 * I * C + (c->attention_bias ? HD + 2 * KD : 0) +
+                           (c->qk_norm ? 2 * (double)c->head_dim : 0);
+  const double params = (double)c->vocab_size * C * (c->tie_word_embeddings ? 1 : 2) + L * per_layer + C;
+  const double tensors = L * (9 + (c->attention_bias ? 3 : 0) + (c->qk_norm ? 2 : 0)) + 3;
+  const double bytes = params * (double)rx_dtype_size(c->dtype) + tensors * (64 + 512);
+  const double memory = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  if (!(bytes < 9.2e18) || (memory > 0 && bytes > memory))
+    return rx_fail(RX_ENOMEM, "model config: %.4g parameters in %.0f tensors need %.3g GB, more than this machine's %.3g GB of memory",
+                   params, tensors, bytes / 1e9, memory / 1e9);
   return RX_OK;
 }
 

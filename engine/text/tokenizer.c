@@ -459,6 +459,8 @@ static int load_template(rx_tokenizer *t, const rx_json *pp, const char *where) 
   if (strcmp(ty, "TemplateProcessing")) return RX_OK;   /* ByteLevel, RobertaProcessing...: no ids added */
   const rx_json *single = rx_json_get(pp, "single");
   if (!single || single->kind != RX_JSON_ARRAY) return rx_fail(RX_EFORMAT, "%s: %s.single: missing or not an array", t->path, where);
+  /* the buffers below are sized for one template: a second would write past them */
+  if (t->tmpl_before) return rx_fail(RX_EFORMAT, "%s: %s: a second TemplateProcessing (one is supported)", t->path, where);
   t->tmpl_before = malloc((size_t)(single->count + 1) * sizeof(int32_t));
   t->tmpl_after = malloc((size_t)(single->count + 1) * sizeof(int32_t));
   if (!t->tmpl_before || !t->tmpl_after) return rx_fail(RX_ENOMEM, "%s: out of memory", t->path);
@@ -545,7 +547,11 @@ static int load_json(rx_tokenizer *t, const rx_json *root) {
   t->disp_len = calloc((size_t)n, sizeof *t->disp_len);
   t->kind = calloc((size_t)n, 1);
   if (!t->raw_off || !t->disp_off || !t->raw_len || !t->disp_len || !t->kind) return rx_fail(RX_ENOMEM, "%s: out of memory", p);
-  if ((rc = strmap_init(&t->by_raw, vocab->count)) || (rc = strmap_init(&t->by_disp, n))) return rc;
+  /* both tables are sized by the entries the file holds, not by the highest id (a file may
+   * leave gaps: one token with id 2^26 - 1 must not cost a 2^27-slot table) */
+  if ((rc = strmap_init(&t->by_raw, vocab->count)) ||
+      (rc = strmap_init(&t->by_disp, vocab->count + (added ? added->count : 0))))
+    return rc;
 
   uint32_t byte_to_cp[256];
   int16_t inv[324];
@@ -1072,7 +1078,7 @@ int rx_tokenizer_encode(rx_tokenizer *t, const char *text, int64_t len, int32_t 
   *n_out = t->nids;
   if (t->nids > cap) return rx_fail(RX_EINVAL, "rx_tokenizer_encode: %lld ids do not fit in a buffer of %lld (call again with a larger one)",
                                     (long long)t->nids, (long long)cap);
-  memcpy(ids, t->ids, (size_t)t->nids * sizeof *ids);
+  if (t->nids) memcpy(ids, t->ids, (size_t)t->nids * sizeof *ids);   /* t->ids is NULL before the first id */
   return RX_OK;
 }
 

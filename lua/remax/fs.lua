@@ -12,6 +12,7 @@ for _, decl in ipairs({
   "int open(const char *path, int flags, ...);",
   "int close(int fd);",
   "int fsync(int fd);",
+  "char *strerror(int errnum);",
   "void *opendir(const char *name);",
   "int closedir(void *dirp);",
   "void *readdir(void *dirp);",
@@ -52,8 +53,11 @@ local function mkdir_p(path)
   local prefix = path:sub(1, 1) == "/" and "/" or ""
   for part in path:gmatch("[^/]+") do
     prefix = prefix .. part
-    if not is_dir(prefix) and C.mkdir(prefix, tonumber("755", 8)) ~= 0 and not is_dir(prefix) then
-      error(("cannot create folder %s (%s)"):format(prefix, ffi.errno()), 3)
+    if not is_dir(prefix) and C.mkdir(prefix, tonumber("755", 8)) ~= 0 then
+      local code = ffi.errno()   -- read before is_dir below sets it again
+      if not is_dir(prefix) then
+        error(("cannot create folder %s (errno %d, %s)"):format(prefix, code, ffi.string(C.strerror(code))), 3)
+      end
     end
     prefix = prefix .. "/"
   end
@@ -68,31 +72,60 @@ local function remove_tree(path)
   if C.rmdir(path) ~= 0 then error(("cannot remove %s (errno %d)"):format(path, ffi.errno()), 2) end
 end
 
+-- The crash-safety test's hook (rx_crash_point in remax.h): with REMAX_CRASH_AT or
+-- REMAX_CRASH_LIST set, each write event is counted and the chosen one is killed by SIGKILL.
+local crash_test = os.getenv("REMAX_CRASH_AT") or os.getenv("REMAX_CRASH_LIST")
+local function crash_point(event)
+  if crash_test then require("remax.ffi").C.rx_crash_point(event) end
+end
+
+local function errno_text(code)
+  return ("errno %d, %s"):format(code, ffi.string(C.strerror(code)))
+end
+
+-- fsync of a file or a folder; a failure is an error naming the path and the errno (EINVAL and
+-- EROFS excepted for folders: file systems that cannot sync a folder say so).
 local function fsync_path(path)
   local fd = C.open(path, 0)   -- O_RDONLY: enough to fsync a file or a folder on Linux
-  if fd >= 0 then
-    C.fsync(fd)
-    C.close(fd)
+  if fd < 0 then error(("cannot open %s to fsync it (%s)"):format(path, errno_text(ffi.errno())), 2) end
+  local rc, code = C.fsync(fd), ffi.errno()
+  C.close(fd)
+  if rc ~= 0 and not ((code == 22 or code == 30) and is_dir(path)) then
+    error(("fsync of %s failed (%s)"):format(path, errno_text(code)), 2)
   end
 end
 
 local function dirname(path) return path:match("^(.*)/[^/]*$") or "." end
 
--- Writes text to path through path.tmp, fsync and rename.
+-- Writes text to path through path.tmp, fsync and rename. A failure (a full disk, a read-only
+-- folder) is an error naming the file and the errno, and leaves path as it was.
 local function write_atomic(path, text)
   local tmp = path .. ".tmp"
-  local f, err = io.open(tmp, "wb")
-  if not f then error(("cannot write %s (%s)"):format(tmp, tostring(err)), 2) end
-  local ok, werr = f:write(text)
-  if ok then ok, werr = f:flush() end
-  f:close()
+  local f, err, code = io.open(tmp, "wb")
+  if not f then error(("cannot write %s (%s; errno %s)"):format(tmp, tostring(err), tostring(code)), 2) end
+  local half = crash_test and math.floor(#text / 2) or #text
+  local ok, werr, wcode = f:write(text:sub(1, half))
+  if ok then ok, werr, wcode = f:flush() end
+  if ok and half < #text then
+    crash_point("write_atomic: half written: " .. path)
+    ok, werr, wcode = f:write(text:sub(half + 1))
+    if ok then ok, werr, wcode = f:flush() end
+  end
+  local cok, cerr, ccode = f:close()
+  if ok and not cok then ok, werr, wcode = cok, cerr, ccode end
   if not ok then
     os.remove(tmp)
-    error(("cannot write %s (%s)"):format(tmp, tostring(werr)), 2)
+    error(("cannot write %s (%s; errno %s)"):format(tmp, tostring(werr), tostring(wcode)), 2)
   end
-  fsync_path(tmp)
-  local rok, rerr = os.rename(tmp, path)
-  if not rok then error(("cannot rename %s to %s (%s)"):format(tmp, path, tostring(rerr)), 2) end
+  local sok, serr = pcall(fsync_path, tmp)
+  if not sok then os.remove(tmp) error(serr, 2) end
+  crash_point("write_atomic: before rename: " .. path)
+  local rok, rerr, rcode = os.rename(tmp, path)
+  if not rok then
+    os.remove(tmp)
+    error(("cannot rename %s to %s (%s; errno %s)"):format(tmp, path, tostring(rerr), tostring(rcode)), 2)
+  end
+  crash_point("write_atomic: after rename: " .. path)
   fsync_path(dirname(path))
 end
 
@@ -106,5 +139,6 @@ end
 
 M.is_dir, M.list_dir, M.mkdir_p, M.remove_tree = is_dir, list_dir, mkdir_p, remove_tree
 M.write_atomic, M.read_text, M.exists, M.fsync_path, M.dirname = write_atomic, read_text, file_exists, fsync_path, dirname
+M.crash_point = crash_point
 
 return M

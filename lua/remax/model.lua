@@ -36,14 +36,36 @@ end
 -- the engine relies on. `where` names the source in messages.
 function M.resolve_config(cfg, where)
   where = where or "config"
-  local function need(key)
-    local v = json_value(cfg[key])
+  -- Sizes are whole numbers from 1 to 2^31 - 1: a fraction, NaN, infinity or a huge value is a
+  -- broken file, said here rather than truncated or wrapped by the conversion to int64.
+  local function size(key, v)
     if type(v) ~= "number" then
-      error(("%s: key '%s' is %s, expected a number"):format(where, key, v == nil and "missing" or type(v)), 3)
+      error(("%s: key '%s' is %s, expected a number"):format(where, key, v == nil and "missing" or type(v)), 4)
+    end
+    if not (v >= 1 and v < 2 ^ 31 and v == math.floor(v)) then
+      error(("%s: key '%s' is %s, expected a whole number from 1 to 2^31 - 1"):format(where, key, tostring(v)), 4)
     end
     return v
   end
-  local arch = cfg.architectures and json_value(cfg.architectures[1]) or "Qwen2ForCausalLM"
+  local function need(key) return size(key, json_value(cfg[key])) end
+  local function optional(key, default)
+    local v = json_value(cfg[key])
+    if v == nil then return default end
+    return size(key, v)
+  end
+  local function positive(key, default)
+    local v = json_value(cfg[key])
+    if v == nil then return default end
+    if type(v) ~= "number" or not (v > 0 and v < math.huge) then
+      error(("%s: key '%s' is %s, expected a positive number"):format(where, key, tostring(v)), 3)
+    end
+    return v
+  end
+  local archs = json_value(cfg.architectures)
+  if archs ~= nil and type(archs) ~= "table" then
+    error(("%s: key 'architectures' is a %s, expected a list of names"):format(where, type(archs)), 2)
+  end
+  local arch = archs and json_value(archs[1]) or "Qwen2ForCausalLM"
   local family = M.architectures[arch]
   if not family then
     local known = {}
@@ -73,11 +95,11 @@ function M.resolve_config(cfg, where)
   out.intermediate_size = need("intermediate_size")
   out.num_hidden_layers = need("num_hidden_layers")
   out.num_attention_heads = heads
-  out.num_key_value_heads = json_value(cfg.num_key_value_heads) or heads
-  out.head_dim = json_value(cfg.head_dim) or math.floor(hidden / heads)
-  out.max_position_embeddings = json_value(cfg.max_position_embeddings) or 32768
-  out.rms_norm_eps = json_value(cfg.rms_norm_eps) or 1e-6
-  out.rope_theta = json_value(cfg.rope_theta) or 10000
+  out.num_key_value_heads = optional("num_key_value_heads", heads)
+  out.head_dim = optional("head_dim", math.max(1, math.floor(hidden / heads)))
+  out.max_position_embeddings = optional("max_position_embeddings", 32768)
+  out.rms_norm_eps = positive("rms_norm_eps", 1e-6)
+  out.rope_theta = positive("rope_theta", 10000)
   if rope_kind == "llama3" then
     local function scaling(key)
       local v = json_value(rs[key])

@@ -420,30 +420,46 @@ function Run:save_checkpoint(step, model, state)
   local tmp = ("%s/%s%d"):format(root, TMP_PREFIX, step)
   local final = ("%s/step-%d"):format(root, step)
   mkdir_p(tmp)
-  if model ~= nil then
-    local source = model.source_dir
-    model:save(tmp)
-    model.source_dir = source   -- model:save adopts a first save folder; this one is renamed away
+  fs.crash_point("checkpoint: temporary folder made")
+  local ok, err = pcall(function()
+    if model ~= nil then
+      local source = model.source_dir
+      model:save(tmp)
+      model.source_dir = source   -- model:save adopts a first save folder; this one is renamed away
+    end
+    require("remax.safetensors").save(tmp .. "/trainer_state.safetensors", state.tensors or {},
+      { format = "pt", step = tostring(step) })
+    write_atomic(tmp .. "/trainer_state.json", json .. "\n")
+    for _, name in ipairs(list_dir(tmp)) do fsync_path(tmp .. "/" .. name) end
+    fsync_path(tmp)
+  end)
+  if not ok then
+    -- a full disk or a read-only folder: the half-built folder goes (it may hold the space the
+    -- next try needs); the checkpoints already there are untouched
+    pcall(remove_tree, tmp)
+    error(("runs: checkpoint step-%d not saved: %s"):format(step, tostring(err)), 2)
   end
-  require("remax.safetensors").save(tmp .. "/trainer_state.safetensors", state.tensors or {},
-    { format = "pt", step = tostring(step) })
-  write_atomic(tmp .. "/trainer_state.json", json .. "\n")
-  for _, name in ipairs(list_dir(tmp)) do fsync_path(tmp .. "/" .. name) end
-  fsync_path(tmp)
+  local function rename(from, to)
+    local ok, err, code = os.rename(from, to)
+    if not ok then error(("runs: cannot rename %s to %s (%s; errno %s)"):format(from, to, tostring(err), tostring(code)), 3) end
+  end
+  fs.crash_point("checkpoint: before rename")
   if is_dir(final) then
     -- Replacing a checkpoint of the same step (a resumed run saving it again): move the old one
     -- aside first; clean_leftovers puts it back if a crash comes between the two renames.
     local old = ("%s/%s%d"):format(root, OLD_PREFIX, step)
     remove_tree(old)
-    assert(os.rename(final, old))
-    assert(os.rename(tmp, final))
+    rename(final, old)
+    fs.crash_point("checkpoint: old one moved aside")
+    rename(tmp, final)
     remove_tree(old)
   else
-    local ok, err = os.rename(tmp, final)
-    if not ok then error(("runs: cannot rename %s to %s (%s)"):format(tmp, final, tostring(err)), 2) end
+    rename(tmp, final)
   end
+  fs.crash_point("checkpoint: after rename")
   fsync_path(root)
   self:prune()
+  fs.crash_point("checkpoint: pruned")
   return final
 end
 
@@ -452,7 +468,15 @@ function Run:prune()
   local limit = self.save_total_limit
   if not limit then return end
   local list = self:checkpoints()
-  for i = 1, #list - limit do remove_tree(list[i].dir) end
+  for i = 1, #list - limit do
+    -- renamed out of the checkpoint names first, so a crash halfway through the removal leaves a
+    -- temporary folder (removed on the next open), never a step-N folder with files missing
+    local doomed = ("%s/%s%d.pruned"):format(self.checkpoints_dir, TMP_PREFIX, list[i].step)
+    remove_tree(doomed)
+    local ok, err, code = os.rename(list[i].dir, doomed)
+    if not ok then error(("runs: cannot rename %s to %s (%s; errno %s)"):format(list[i].dir, doomed, tostring(err), tostring(code)), 2) end
+    remove_tree(doomed)
+  end
 end
 
 -- Reads a checkpoint (default: the latest) and makes the run's files agree with it: rows of

@@ -1,0 +1,65 @@
+/* test_fuzz_found.c: one case per bug the fuzz targets (tests/fuzz/) found, each the minimised
+ * input of the finding, so a fix that regresses fails here in `./remax test`, without clang.
+ * docs/reliability.md lists the findings. */
+#include "check.h"
+#include "json.h"
+
+/* fuzz_json: a number longer than 63 characters was cut to 63 before strtod, so a long
+ * mantissa lost its exponent (1.000…0001e-5 read as 1.0), and a long integer was refused. */
+static void json_long_numbers_keep_every_digit(void) {
+  char err[256], text[400];
+  snprintf(text, sizeof text, "[1.%0120de-5, 1%080d, -0.%0100d1]", 1, 0, 0);
+  rx_json_doc *doc = rx_json_parse(text, strlen(text), err, sizeof err);
+  CHECK(doc != NULL, "parse: %s", err);
+  if (!doc) return;
+  rx_json *a = rx_json_root(doc)->child, *b = a->next, *c = b->next;
+  CHECK(a->number == 1e-5, "long mantissa: %.17g, want 1e-5", a->number);
+  CHECK(b->number == 1e80 && !b->is_integer, "81-digit integer: %.17g, want 1e80 as a float", b->number);
+  CHECK(c->number == -1e-101, "long fraction: %.17g", c->number);
+  rx_json_free(doc);
+}
+
+static void write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "wb");
+  if (f) { fputs(text, f); fclose(f); }
+}
+
+static const char *BYTE_PRE = "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"decoder\": {\"type\": \"ByteLevel\"}";
+
+/* fuzz_tokenizer: a post_processor Sequence with two TemplateProcessing steps wrote the second
+ * one's ids past buffers sized for the first (heap overflow); now a clear error. */
+static void tokenizer_second_template_is_refused(void) {
+  const char *path = "/tmp/rx_fuzz_found_tok.json";
+  char text[2048];
+  const char *tp = "{\"type\": \"TemplateProcessing\", \"single\": [%s{\"Sequence\": {\"id\": \"A\"}}]}";
+  char one[256], three[512];
+  snprintf(one, sizeof one, tp, "{\"SpecialToken\": {\"id\": \"a\"}}, ");
+  snprintf(three, sizeof three, tp, "{\"SpecialToken\": {\"id\": \"a\"}}, {\"SpecialToken\": {\"id\": \"a\"}}, {\"SpecialToken\": {\"id\": \"a\"}}, ");
+  snprintf(text, sizeof text, "{%s, \"post_processor\": {\"type\": \"Sequence\", \"processors\": [%s, %s]},"
+           " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}", BYTE_PRE, three, one);
+  write_text(path, text);
+  rx_tokenizer *tok = NULL;
+  CHECK_FAILS(rx_tokenizer_load(&tok, path), "rx_fuzz_found_tok.json: post_processor.processors[1]: a second TemplateProcessing");
+  CHECK(tok == NULL, "no handle on failure");
+  remove(path);
+}
+
+/* fuzz_tokenizer: encoding empty text memcpy'd from a NULL scratch buffer (undefined behaviour
+ * that UBSan reports; the sanitizer build of these tests runs in CI). */
+static void tokenizer_encodes_empty_text(void) {
+  rx_tokenizer *tok = NULL;
+  CHECK_OK(rx_tokenizer_load(&tok, "tests/fixtures/byte_tokenizer"));
+  if (!tok) return;
+  int32_t ids[4];
+  int64_t n = -1;
+  CHECK_OK(rx_tokenizer_encode(tok, "", 0, 0, ids, 4, &n));
+  CHECK(n == 0, "empty text gives no ids, got %lld", (long long)n);
+  rx_tokenizer_free(tok);
+}
+
+int main(void) {
+  RUN(json_long_numbers_keep_every_digit);
+  RUN(tokenizer_second_template_is_refused);
+  RUN(tokenizer_encodes_empty_text);
+  return check_summary("test_fuzz_found");
+}
