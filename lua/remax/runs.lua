@@ -475,6 +475,7 @@ function Run:prune()
     remove_tree(doomed)
     local ok, err, code = os.rename(list[i].dir, doomed)
     if not ok then error(("runs: cannot rename %s to %s (%s; errno %s)"):format(list[i].dir, doomed, tostring(err), tostring(code)), 2) end
+    fs.crash_point("checkpoint: pruned one renamed")
     remove_tree(doomed)
   end
 end

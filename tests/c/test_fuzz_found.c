@@ -57,9 +57,36 @@ static void tokenizer_encodes_empty_text(void) {
   rx_tokenizer_free(tok);
 }
 
+/* fuzz_config: nothing stopped a config implying 10^12 parameters before rx_alloc was asked for
+ * terabytes (and int64 sizes could wrap); now refused up front, naming the sizes. */
+static void model_config_beyond_memory_is_refused(void) {
+  rx_model_config c = {0};
+  c.vocab_size = 1000000; c.hidden_size = 1000000; c.intermediate_size = 1000000; c.num_hidden_layers = 1000;
+  c.num_attention_heads = 8; c.num_key_value_heads = 8; c.head_dim = 125000; c.max_position_embeddings = 1024;
+  c.rms_norm_eps = 1e-6; c.rope_theta = 10000; c.dtype = RX_F32; c.device = RX_CPU;
+  rx_model *m = NULL;
+  CHECK_FAILS(rx_model_new(&m, &c), "more than this machine's");
+  CHECK(m == NULL, "no model on failure");
+  c.num_hidden_layers = 2147483647; c.vocab_size = 2147483647; c.hidden_size = 2147483647;   /* sizes that wrap int64 */
+  c.intermediate_size = 2147483647;
+  CHECK_FAILS(rx_model_new(&m, &c), "parameters");
+  /* a small one still builds, with the parameters it implies */
+  c.vocab_size = 10; c.hidden_size = 8; c.intermediate_size = 12; c.num_hidden_layers = 1;
+  c.num_attention_heads = 2; c.num_key_value_heads = 1; c.head_dim = 4;
+  CHECK_OK(rx_model_new(&m, &c));
+  if (m) {
+    int64_t total = 0;
+    for (int64_t i = 0; i < rx_model_param_count(m); i++) total += rx_model_param(m, i)->numel;
+    int64_t want = 2 * 10 * 8 + 8 + (2 * 8 + 8 * 8 + 8 * 4 * 2 + 8 * 8 + 3 * 12 * 8);
+    CHECK(total == want, "%lld parameters, the config implies %lld", (long long)total, (long long)want);
+    rx_model_free(m);
+  }
+}
+
 int main(void) {
   RUN(json_long_numbers_keep_every_digit);
   RUN(tokenizer_second_template_is_refused);
   RUN(tokenizer_encodes_empty_text);
+  RUN(model_config_beyond_memory_is_refused);
   return check_summary("test_fuzz_found");
 }

@@ -25,7 +25,8 @@ out=build-fuzz
 cc=${CC:-clang}
 mkdir -p "$out"
 
-field() { sed -n "s/^.*$1:[[:space:]]*//p" "$target" | head -n 1; }
+# the value after "NAME:" on the first such line, without a comment's closing "*/"
+field() { sed -n "s/^.*$1:[[:space:]]*//p" "$target" | head -n 1 | sed 's#[[:space:]]*\*/[[:space:]]*$##'; }
 sources=$(field fuzz-sources)
 libs=$(field fuzz-libs)
 dict=$(field fuzz-dict)
