@@ -5,9 +5,11 @@
  * builds a model with exactly that many parameters, and one that implies more than 32 TB
  * (10^12 parameters and up) is refused by rx_model_new before it allocates -- libFuzzer's
  * malloc limit (2 GB) stops the run if it tries. Nothing allocates more than the config implies.
- * Built by tests/fuzz/run.sh from these engine sources:
- * fuzz-sources: engine/core/*.c engine/ops/*.c engine/cpu/*.c engine/model/*.c engine/generate/*.c engine/optim/*.c engine/io/*.c engine/text/*.c
- * fuzz-libs: -DRX_HAVE_PCRE2 -lpcre2-8 -fopenmp -I/usr/include/x86_64-linux-gnu/openblas-openmp -L/usr/lib/x86_64-linux-gnu/openblas-openmp -Wl,-rpath,/usr/lib/x86_64-linux-gnu/openblas-openmp -lopenblas -I/usr/include/luajit-2.1 -lluajit-5.1 -rdynamic
+ * Built by tests/fuzz/run.sh from the sanitized engine core and model (the code under test) over
+ * the rest of libremax from ./remax's build (kernels, generation: not reached here), which the
+ * symbols of this program interpose:
+ * fuzz-sources: engine/core/error.c engine/core/dtype.c engine/core/tensor.c engine/core/philox.c engine/core/signal.c engine/model/model.c
+ * fuzz-libs: build/libremax.so -Wl,-rpath,$ORIGIN/../build -I/usr/include/luajit-2.1 -lluajit-5.1 -rdynamic
  * fuzz-dict: config.dict */
 #include <stdint.h>
 #include "fuzz_cpu.h"

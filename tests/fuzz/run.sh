@@ -46,7 +46,7 @@ fi
 flags="-g -O1 -fno-omit-frame-pointer -Iengine/include -Iengine -Iengine/core"
 # rebuilt only when the target, a source or a header is newer than the program
 # shellcheck disable=SC2086  # $sources and $libs are lists
-if [ ! -x "$out/$name" ] || [ -n "$(find "$target" $sources engine/include engine/core engine/text engine/io -newer "$out/$name" -print -quit)" ]; then
+if [ ! -x "$out/$name" ] || [ -n "$(find "$target" tests/fuzz/*.h $sources engine/include engine/core engine/text engine/io -newer "$out/$name" -print -quit)" ]; then
   "$cc" $flags -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined "$target" $sources $libs -lm -o "$out/$name"
 fi
 
