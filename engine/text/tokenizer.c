@@ -562,6 +562,9 @@ static int load_json(rx_tokenizer *t, const rx_json *root) {
   for (const rx_json *v = vocab->child; v; v = v->next) {
     int32_t id = (int32_t)v->integer;
     int in_alphabet;
+    /* one id, two strings: encoding one would decode to the other */
+    if (t->kind[id])
+      return rx_fail(RX_EFORMAT, "%s: model.vocab: \"%s\" and \"%s\" both have id %d", p, t->disp.p + t->disp_off[id], v->key, id);
     if ((rc = store_token(t, inv, id, v->key, v->key_len, 0, &in_alphabet))) return rc;
     t->kind[id] = 1;
     if (in_alphabet) strmap_put(&t->by_raw, &t->raw, t->raw_off, t->raw_len, id);
@@ -575,6 +578,10 @@ static int load_json(rx_tokenizer *t, const rx_json *root) {
     const rx_json *content = rx_json_get(a, "content");
     added_token *at = &t->added[i];
     at->id = (int32_t)rx_json_get(a, "id")->integer;
+    if (t->kind[at->id] >= 2 && (t->disp_len[at->id] != (int32_t)content->len ||
+                                 memcmp(t->disp.p + t->disp_off[at->id], content->str, content->len) != 0))
+      return rx_fail(RX_EFORMAT, "%s: added_tokens[%d]: \"%s\" has id %d, which an earlier added token (\"%s\") has", p, i,
+                     content->str, at->id, t->disp.p + t->disp_off[at->id]);
     at->content = dup_str(content->str, content->len);
     if (!at->content) return rx_fail(RX_ENOMEM, "%s: out of memory", p);
     at->len = (int32_t)content->len;

@@ -83,10 +83,33 @@ static void model_config_beyond_memory_is_refused(void) {
   }
 }
 
+/* fuzz_tokenizer: two added tokens (or two vocab strings) with one id loaded, and encoding the
+ * first decoded to the second ("<|im_start|>" came back as "<|im_end|>"); now refused. */
+static void tokenizer_shared_ids_are_refused(void) {
+  const char *path = "/tmp/rx_fuzz_found_ids.json";
+  char text[1024];
+  rx_tokenizer *tok = NULL;
+  snprintf(text, sizeof text, "{%s, \"added_tokens\": [{\"id\": 1, \"content\": \"<s>\"}, {\"id\": 1, \"content\": \"</s>\"}],"
+           " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}", BYTE_PRE);
+  write_text(path, text);
+  CHECK_FAILS(rx_tokenizer_load(&tok, path), "added_tokens[1]: \"</s>\" has id 1, which an earlier added token (\"<s>\") has");
+  snprintf(text, sizeof text, "{%s, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 0}, \"merges\": []}}", BYTE_PRE);
+  write_text(path, text);
+  CHECK_FAILS(rx_tokenizer_load(&tok, path), "model.vocab: \"a\" and \"b\" both have id 0");
+  /* the same token listed twice is harmless and still loads */
+  snprintf(text, sizeof text, "{%s, \"added_tokens\": [{\"id\": 1, \"content\": \"<s>\"}, {\"id\": 1, \"content\": \"<s>\"}],"
+           " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}", BYTE_PRE);
+  write_text(path, text);
+  CHECK_OK(rx_tokenizer_load(&tok, path));
+  rx_tokenizer_free(tok);
+  remove(path);
+}
+
 int main(void) {
   RUN(json_long_numbers_keep_every_digit);
   RUN(tokenizer_second_template_is_refused);
   RUN(tokenizer_encodes_empty_text);
+  RUN(tokenizer_shared_ids_are_refused);
   RUN(model_config_beyond_memory_is_refused);
   return check_summary("test_fuzz_found");
 }
