@@ -390,7 +390,9 @@ static int check_decoder(rx_tokenizer *t, const rx_json *d, const char *where) {
 static int store_token(rx_tokenizer *t, const int16_t *inv, int32_t id, const char *s, size_t n, int literal,
                        int *in_alphabet_out) {
   int rc;
-  if ((rc = rx_bytes_reserve(&t->disp, (int64_t)n + 1)) || (rc = rx_bytes_reserve(&t->raw, (int64_t)n))) return rc;
+  /* raw gets a byte more than it needs, so that its buffer exists even when the first tokens are
+   * empty strings (a NULL base plus an offset is undefined behaviour) */
+  if ((rc = rx_bytes_reserve(&t->disp, (int64_t)n + 1)) || (rc = rx_bytes_reserve(&t->raw, (int64_t)n + 1))) return rc;
   t->disp_off[id] = t->disp.n;
   t->disp_len[id] = (int32_t)n;
   memcpy(t->disp.p + t->disp.n, s, n);

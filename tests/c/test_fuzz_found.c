@@ -105,11 +105,31 @@ static void tokenizer_shared_ids_are_refused(void) {
   remove(path);
 }
 
+/* fuzz_tokenizer: a vocab whose first token is the empty string did pointer arithmetic on a NULL
+ * buffer (undefined behaviour, reported by the sanitizer build). */
+static void tokenizer_empty_vocab_string_loads(void) {
+  const char *path = "/tmp/rx_fuzz_found_empty.json";
+  char text[512];
+  rx_tokenizer *tok = NULL;
+  snprintf(text, sizeof text, "{%s, \"model\": {\"type\": \"BPE\", \"vocab\": {\"\": 0, \"a\": 1}, \"merges\": []}}", BYTE_PRE);
+  write_text(path, text);
+  CHECK_OK(rx_tokenizer_load(&tok, path));
+  if (tok) {
+    int32_t ids[4];
+    int64_t n = -1;
+    CHECK_OK(rx_tokenizer_encode(tok, "aa", 2, 0, ids, 4, &n));
+    CHECK(n == 2 && ids[0] == 1 && ids[1] == 1, "\"aa\" -> [1, 1], got %lld ids", (long long)n);
+    rx_tokenizer_free(tok);
+  }
+  remove(path);
+}
+
 int main(void) {
   RUN(json_long_numbers_keep_every_digit);
   RUN(tokenizer_second_template_is_refused);
   RUN(tokenizer_encodes_empty_text);
   RUN(tokenizer_shared_ids_are_refused);
+  RUN(tokenizer_empty_vocab_string_loads);
   RUN(model_config_beyond_memory_is_refused);
   return check_summary("test_fuzz_found");
 }
