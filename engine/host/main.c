@@ -94,9 +94,16 @@ int main(int argc, char **argv) {
   int status = lua_pcall(L, argc - 1, 1, 1);
   int code = 0;
   if (status) {
-    fprintf(stderr, "remax: %s\n", lua_tostring(L, -1));
+    if (rx_dist_size() > 1) fprintf(stderr, "remax (rank %d of %d): %s\n", (int)rx_dist_rank(), (int)rx_dist_size(), lua_tostring(L, -1));
+    else fprintf(stderr, "remax: %s\n", lua_tostring(L, -1));
     code = 1;
   } else if (lua_isnumber(L, -1)) code = (int)lua_tointeger(L, -1);
   lua_close(L);
+  /* A rank that fails exits without finalizing, so the MPI launcher stops the other ranks
+   * (finalizing could wait for them); a run that ended on every rank finalizes. */
+  if (!status && rx_dist_finalize()) {
+    fprintf(stderr, "remax: %s\n", rx_last_error());
+    if (!code) code = 1;
+  }
   return code;
 }

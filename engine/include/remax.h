@@ -401,4 +401,34 @@ const char *rx_tokenizer_chat_template(const rx_tokenizer *tok);   /* NULL when 
 int rx_unicode_nfc(const char *text, int64_t len, char *out, int64_t cap, int64_t *n_out);
 const char *rx_unicode_data_version(void);
 
+/* ---------------------------------------------------------------- dist: data parallel
+ * One process per device, started by an MPI launcher (mpirun, srun --mpi=pmix). rx_dist_init
+ * reads the launcher's environment (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMI_RANK, PMIX_RANK; or
+ * REMAX_DIST=mpi); with none of them the process is a world of one and needs no MPI library.
+ * Under a launcher it loads libremax_mpi.so from libremax's folder (built when CMake finds MPI)
+ * and fails naming what is missing. REMAX_DIST=off forces a world of one. Collectives must be
+ * called by every rank in the same order; in a world of one they return at once. */
+enum { RX_DIST_SUM = 0, RX_DIST_MAX = 1, RX_DIST_MIN = 2 };
+int rx_dist_init(void);                   /* idempotent */
+int rx_dist_finalize(void);               /* after the last collective (the host calls it) */
+int32_t rx_dist_rank(void);               /* 0 before init */
+int32_t rx_dist_size(void);               /* 1 before init */
+int32_t rx_dist_local_rank(void);         /* rank among this machine's processes: picks the GPU */
+int32_t rx_dist_local_size(void);
+const char *rx_dist_backend_name(void);   /* "single", or "mpi (Open MPI v4.1.4, ...)" */
+/* In place over n doubles: every rank gets the element-wise sum (max, min). */
+int rx_dist_allreduce_f64(double *values, int64_t n, int32_t op);
+/* Sums n tensors in place across ranks (gradients): contiguous CPU f32/f64 tensors over MPI,
+ * tensors adjacent in memory (one arena) in one call; CUDA tensors over NCCL. */
+int rx_dist_allreduce_tensors(rx_tensor *const *tensors, int64_t n);
+int rx_dist_broadcast(void *buf, int64_t bytes, int32_t root);
+/* out[r] = rank r's value on every rank (out holds rx_dist_size() entries). */
+int rx_dist_allgather_i64(int64_t value, int64_t *out);
+/* root receives every rank's bytes concatenated in rank order; counts[r] (read on root only)
+ * is rank r's byte count. */
+int rx_dist_gather(const void *send, int64_t bytes, void *recv, const int64_t *counts, int32_t root);
+int rx_dist_barrier(void);
+/* 64-bit hash of the bytes of n CPU tensors: equal on every rank while the weights are. */
+int rx_dist_checksum(const rx_tensor *const *tensors, int64_t n, uint64_t *out);
+
 #endif

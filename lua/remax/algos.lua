@@ -85,9 +85,11 @@ function M.estimators.reinforce(groups, opts, state)
   elseif kind ~= "mean" then
     error(("reinforce advantage: unknown baseline '%s' (valid: none, mean)"):format(tostring(kind)), 0)
   end
-  local all = {}
-  for _, g in ipairs(groups) do for _, r in ipairs(g.samples) do all[#all + 1] = r end end
-  local batch_mean = mean(all)
+  local sum, count = 0, 0
+  for _, g in ipairs(groups) do for _, r in ipairs(g.samples) do sum, count = sum + r, count + 1 end end
+  -- with several ranks, the batch is every rank's share: opts.global_sum(...) sums over ranks
+  if opts.global_sum then sum, count = opts.global_sum(sum, count) end
+  local batch_mean = count > 0 and sum / count or 0
   local b = state and state.mean
   if b == nil then b = batch_mean end
   local m = opts.momentum or 0.9
@@ -104,6 +106,8 @@ M.estimator_names = { "remax", "grpo", "rloo", "reinforce" }
 
 -- Advantages for every sample: kind is a name above or function(groups, opts, state) ->
 -- adv[, state]. opts.clip > 0 clips every advantage to [-clip, clip]. Returns adv, state.
+-- opts.global_sum(a, b, ...), when given, returns each number summed over every rank's groups
+-- (data parallel training): statistics over the whole batch (the REINFORCE running mean) use it.
 function M.advantages(kind, groups, opts, state)
   opts = opts or {}
   local f = type(kind) == "function" and kind or M.estimators[kind]

@@ -115,7 +115,9 @@ function M.eval(file, ...)
   local t = require("remax.trainer").new(cfg, { recipe_path = file, eval_only = true })
   local e = t:evaluate({ samples = K })
   if not e.n then error("remax eval: no eval set (give --eval_data FILE, or use the synthetic data)", 0) end
-  for _, line in ipairs(M.eval_report(e, t.model_source, t.accuracy_name)) do print(line) end
+  if t.dist.is_root then
+    for _, line in ipairs(M.eval_report(e, t.model_source, t.accuracy_name)) do print(line) end
+  end
   return 0
 end
 

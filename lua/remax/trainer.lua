@@ -20,6 +20,7 @@ local data = require("remax.data")
 local chat = require("remax.chat")
 local tensor = require("remax.tensor")
 local optim = require("remax.optim")
+local dist = require("remax.dist")
 
 local M = {}
 local Trainer = {}
@@ -90,8 +91,9 @@ function M.new(cfg, opts)
     error(("the built-in base model %s is missing: run ./remax run recipes/tiny_sft.lua first " ..
       "(or pass --model DIR)"):format(M.DEFAULT_MODEL), 0)
   end
-  local self = setmetatable({ cfg = cfg, opts = opts, quiet = opts.quiet, step = 0, bad_steps = 0,
-    reloads = 0, baseline_state = nil, history = {}, watch = {} }, Trainer)
+  local world = dist.world()   -- a world of one unless an MPI launcher started this process
+  local self = setmetatable({ cfg = cfg, opts = opts, quiet = opts.quiet or not world.is_root, step = 0,
+    bad_steps = 0, reloads = 0, baseline_state = nil, history = {}, watch = {}, dist = world }, Trainer)
   self.recipe_path = opts.recipe_path
   self.recipe_dir = self.recipe_path and rewards.dirname(self.recipe_path) or nil
   self:setup_run()
@@ -100,7 +102,23 @@ function M.new(cfg, opts)
   self:setup_rewards()
   self:setup_optimizer()
   if self.resume_state then self:restore(self.resume_state) end
+  self:share_state()
   return self
+end
+
+-- Every rank starts from rank 0's weights, optimizer state and counters: rank 0 alone reads the
+-- run folder (which other machines may not see), and the ranks must take identical steps.
+function Trainer:share_state()
+  local d = self.dist
+  if d.size == 1 then return end
+  local s = self:state()
+  d:broadcast_model(self.model, s.tensors)
+  s.tensors = nil
+  s = d:broadcast(s)
+  if not d.is_root then
+    s.tensors = self.opt:state().tensors
+    self:restore(s)
+  end
 end
 
 -- A run that writes nothing (remax eval).
@@ -111,8 +129,6 @@ function NullRun:latest_checkpoint() return nil end
 function NullRun:metrics() return {} end
 
 function Trainer:setup_run()
-  local cfg = self.cfg
-  local runs = require("remax.runs")
   if self.opts.eval_only then
     self.run = setmetatable({}, NullRun)
     self.run_dir = os.tmpname()
@@ -120,6 +136,21 @@ function Trainer:setup_run()
     self.run_name = "eval"
     return
   end
+  if self.dist.size == 1 then return self:open_run() end
+  -- rank 0 alone names, writes (and on resume reads) runs/<name>/; the others learn its name
+  local ok, err = true, nil
+  if self.dist.is_root then ok, err = pcall(self.open_run, self) end
+  local shared = self.dist:broadcast({ ok = ok, err = not ok and tostring(err) or nil, dir = self.run_dir })
+  if not shared.ok then error(shared.err, 0) end
+  if not self.dist.is_root then
+    self.run_dir, self.run_name = shared.dir, shared.dir:match("([^/]+)$")
+    self.run = setmetatable({}, NullRun)
+  end
+end
+
+function Trainer:open_run()
+  local cfg = self.cfg
+  local runs = require("remax.runs")
   local dir
   if cfg.resume then
     dir = cfg.resume:gsub("/+$", "")
@@ -190,6 +221,10 @@ function Trainer:setup_model()
   else
     -- a fresh random model with the byte-level tokenizer, kept in the run folder
     local tok_dir = self.run_dir .. "/tokenizer"
+    if not self.dist.is_root then   -- rank 0 alone writes the run folder
+      tok_dir = os.tmpname()
+      os.remove(tok_dir)
+    end
     mkdir(tok_dir)
     remax.tokenizer.write_byte_level(tok_dir)
     self.tok = remax.tokenizer.load(tok_dir)
@@ -287,8 +322,10 @@ function Trainer:setup_data()
       end
     end
   end
+  -- prompts_per_step: this rank's; the sampler draws the global batch and each rank takes its share
   self.prompts_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
-  self.sampler = self.train_ds:sampler({ seed = cfg.seed, shuffle = true, batch_size = self.prompts_per_step })
+  self.global_prompts_per_step = self.prompts_per_step * self.dist.size
+  self.sampler = self.train_ds:sampler({ seed = cfg.seed, shuffle = true, batch_size = self.global_prompts_per_step })
 end
 
 function Trainer:setup_rewards()
@@ -319,10 +356,19 @@ function Trainer:state()
     step = self.step, sampler = self.sampler:state(), optimizer_step = os_.step,
     bad_steps = self.bad_steps, reloads = self.reloads, baseline = self.baseline_state,
     eval_history = self.eval_history, train_seconds = self.train_seconds, tensors = os_.tensors,
+    world_size = self.dist.size, global_prompts_per_step = self.global_prompts_per_step,
   }
 end
 
 function Trainer:restore(state)
+  local g = state.global_prompts_per_step
+  if g and g ~= self.global_prompts_per_step then
+    local w = state.world_size or 1
+    error(("--resume %s: its checkpoint was written by %d rank(s) x %d prompts per step (%d in all); this run has "
+      .. "%d rank(s) x %d = %d. The data order is global, so resume with %d prompts per step in all: the same "
+      .. "number of ranks (mpirun -np %d), or per_device_train_batch_size x gradient_accumulation_steps x ranks = %d")
+      :format(self.run_dir, w, g / w, g, self.dist.size, self.prompts_per_step, self.global_prompts_per_step, g, w, g), 0)
+  end
   self.step = state.step
   self.sampler:restore(state.sampler)
   self.opt:load_state({ step = state.optimizer_step, tensors = state.tensors })
@@ -334,6 +380,7 @@ function Trainer:restore(state)
 end
 
 function Trainer:save_checkpoint(why)
+  self.dist:check_same_weights(self.model, ("step %d"):format(self.step))
   local s = self:state()
   self.run:save_checkpoint(self.step, self.model, s)
   self.last_saved = self.step
@@ -345,7 +392,8 @@ function Trainer:seed_for(step) return self.cfg.seed * 1048576 + step end
 
 ---------------------------------------------------------------------------- the step pieces
 
-function Trainer:next_batch() return self.sampler:next_batch() end
+-- This rank's share (whole prompts) of the step's global batch.
+function Trainer:next_batch() return (self.dist:share(self.sampler:next_batch())) end
 
 -- Generate num_generations sampled rows and (generate_greedy) one greedy row per prompt.
 -- Returns {prompts = dataset rows, prompt_ids, rows = generate's rows with text, slots, G, ...}.
@@ -374,8 +422,10 @@ function Trainer:rollout(prompt_rows, opts)
     greedy = greedy, tokens_generated = out.tokens_generated, time_generate = seconds, step = step }
 end
 
--- Score every row with every reward. Adds per-row total and per-reward scores.
-function Trainer:score(ro)
+-- Score every row with every reward. Adds per-row total and per-reward scores. With more than
+-- one rank, a reward that fails on any rank stops every rank (after rank 0 saves the last
+-- finished step); opts.alone scores without asking the other ranks (evaluation).
+function Trainer:score(ro, opts)
   local t0 = now()
   local rows, completions, expanded = ro.rows, {}, {}
   for k, r in ipairs(rows) do
@@ -394,9 +444,21 @@ function Trainer:score(ro)
       batch.completion_messages[k] = { { role = "assistant", content = r.text } }
     end
   end
-  local per, total, unscored = rewards.score(self.rewards, self.cfg.reward_weights, completions, batch, {
-    step = ro.step, on_failure = function() self:save_on_failure() end,
-  })
+  local per, total, unscored
+  if self.dist.size == 1 or (opts and opts.alone) then
+    per, total, unscored = rewards.score(self.rewards, self.cfg.reward_weights, completions, batch, {
+      step = ro.step, on_failure = function() self:save_on_failure() end,
+    })
+  else
+    local ok, a, b, c = pcall(rewards.score, self.rewards, self.cfg.reward_weights, completions, batch, { step = ro.step })
+    local all_ok, msg, rank = self.dist:agree(ok, a)
+    if not all_ok then
+      self:save_on_failure()
+      self.dist:barrier()   -- the checkpoint is on disk before any rank exits
+      error(("%s (on rank %d)"):format(msg, rank), 0)
+    end
+    per, total, unscored = a, b, c
+  end
   ro.completions, ro.batch, ro.per, ro.total, ro.unscored = completions, batch, per, total, unscored
   ro.time_score = now() - t0
   self.last_scored = ro
@@ -461,7 +523,7 @@ function Trainer:advantage(ro)
   local kind = self.advantage_fn or cfg.advantage or cfg.algo
   local adv, state = algos.advantages(kind, groups, {
     clip = cfg.advantage_clip, scale_rewards = cfg.scale_rewards, baseline = cfg.reinforce_baseline,
-    momentum = cfg.baseline_momentum, step = ro.step,
+    momentum = cfg.baseline_momentum, step = ro.step, global_sum = function(...) return self.dist:sum(...) end,
   }, self.baseline_state)
   ro.groups, ro.adv, ro.new_baseline_state = groups, adv, state
   return ro
@@ -541,6 +603,7 @@ function Trainer:update(ro)
   local rows = ro.train_rows or train_rows(ro)
   local totals = { rows = #rows, tokens = 0 }
   for _, r in ipairs(rows) do totals.tokens = totals.tokens + #r.completion end
+  totals.rows, totals.tokens = self.dist:sum(totals.rows, totals.tokens)   -- the loss is over the global batch
   -- micro-batches: whole prompts, per_device_train_batch_size of them each
   local skip = cfg.algo ~= "sft" and cfg.beta == 0 and cfg.skip_zero_advantage
   local chunks, by_prompt, order = {}, {}, {}
@@ -563,6 +626,9 @@ function Trainer:update(ro)
       trained = trained + #chunks[c]
     end
   end
+  -- each rank's gradient is its share of the global loss: their sum is the whole batch's
+  self.dist:allreduce_grads(self.model)
+  loss, kl_sum, tokens, trained = self.dist:sum(loss, kl_sum, tokens, trained)
   local grads = self.model:grads()
   local norm = cfg.max_grad_norm > 0 and optim.clip_grad_norm(grads, cfg.max_grad_norm) or optim.grad_norm(grads)
   local step = ro.step or (self.step + 1)
@@ -579,7 +645,7 @@ function Trainer:update(ro)
   end
   return { loss = loss, grad_norm = norm, lr = lr, kl = tokens > 0 and kl_sum / tokens or 0,
     time_train = now() - t0, rows_trained = trained, tokens_trained = tokens, finite = finite,
-    tokens_total = totals.tokens }
+    tokens_total = totals.tokens, rows_total = totals.rows }
 end
 
 -- SFT rows for prompts: target = the answer column + EOS; only target tokens count.
@@ -721,12 +787,13 @@ function Trainer:evaluate(opts)
   local sacc, headroom, greedy_wrong = 0, 0, 0
   local bs = cfg.per_device_eval_batch_size
   if K > 0 then bs = math.max(1, math.floor(bs / (K + 1))) end
-  for first = 1, n, bs do
+  local lo, hi = self.dist:share_range(n)   -- each rank evaluates its share; the sums are gathered
+  for first = lo, hi, bs do
     local chunk = {}
-    for i = first, math.min(n, first + bs - 1) do chunk[#chunk + 1] = rows[i] end
+    for i = first, math.min(hi, first + bs - 1) do chunk[#chunk + 1] = rows[i] end
     local ro = K > 0 and self:rollout(chunk, { num_generations = K, with_greedy = true, step = 0 })
       or self:rollout(chunk, { greedy_only = true, step = 0 })
-    self:score(ro)
+    self:score(ro, { alone = true })
     local prompt_right, prompt_greedy = {}, {}
     for k, r in ipairs(ro.rows) do
       local a = self.accuracy_name and ro.per[self.accuracy_name][k] or 0
@@ -752,6 +819,8 @@ function Trainer:evaluate(opts)
       end
     end
   end
+  acc, rew, count, glen, sacc, greedy_wrong, headroom = self.dist:sum(acc, rew, count, glen, sacc, greedy_wrong, headroom)
+  right = self.dist:concat(right)
   local e = { accuracy = count > 0 and acc / count or 0, reward = count > 0 and rew / count or 0, n = count,
     greedy_length_mean = count > 0 and glen / count or 0, seconds = now() - t0, step = self.step }
   self.eval_seconds = (self.eval_seconds or 0) + e.seconds
@@ -794,7 +863,7 @@ end
 -- Reload changed reward files (and the recipe), each checked on the last step's completions;
 -- a version that fails keeps the old one. Returns how many reloads succeeded.
 function Trainer:check_reload()
-  if not self.cfg.hot_reload then return 0 end
+  if not self.cfg.hot_reload or self.dist.size > 1 then return 0 end   -- ranks could see a change at different steps
   local changed = {}
   for path, text in pairs(self.watch) do
     local now_text = read_file(path)
@@ -909,7 +978,7 @@ function Trainer:train_step()
     local up = self:update({ train_rows = rows, step = self.step + 1 })
     m = { loss = up.loss, grad_norm = up.grad_norm, lr = up.lr, time_train = up.time_train,
       tokens_per_s = up.tokens_trained / math.max(up.time_train, 1e-9),
-      completion_length_mean = up.tokens_total / #rows, time_generate = 0, time_score = 0 }
+      completion_length_mean = up.tokens_total / up.rows_total, time_generate = 0, time_score = 0 }
     local maxlen = 0
     for _, r in ipairs(rows) do maxlen = math.max(maxlen, #r.completion) end
     m.completion_length_max = maxlen
@@ -918,6 +987,7 @@ function Trainer:train_step()
     self:score(ro)
     self:advantage(ro)
     local up = self:update(ro)
+    ro = self.dist:gather_rollout(ro)   -- rank 0: the whole step's rows, for metrics and logs
     m = self:rl_metrics(ro, up)
     m.loss, m.grad_norm, m.lr, m.time_train = up.loss, up.grad_norm, up.lr, up.time_train
     if not up.finite then m.skipped = true end
@@ -943,7 +1013,11 @@ function Trainer:train(loop)
     self.progress = progress_mod.new({ total = cfg.max_steps, label = self.run_name })
   end
   say(self, ("run %s: %s, model %s (%d parameters), %d prompts per step, template %s"):format(self.run_dir,
-    cfg.algo, self.model_source or "random init", self.model:num_parameters(), self.prompts_per_step, self.template_name))
+    cfg.algo, self.model_source or "random init", self.model:num_parameters(), self.global_prompts_per_step, self.template_name))
+  if self.dist.size > 1 then
+    say(self, ("%d ranks (%s), %d prompts each per step%s"):format(self.dist.size, self.dist.backend,
+      self.prompts_per_step, cfg.hot_reload and "; hot reload is off with more than one rank" or ""))
+  end
   local before
   if self.eval_ds and cfg.eval_on_start and self.step == 0 then
     before = self:evaluate()
@@ -956,11 +1030,11 @@ function Trainer:train(loop)
   end
   if loop then
     loop(self)
-    interrupted = signal_pending()
+    interrupted = self.dist:any(signal_pending())
   else
     while self.step < cfg.max_steps and not self:out_of_time() do
       one()
-      if signal_pending() then interrupted = true break end
+      if self.dist:any(signal_pending()) then interrupted = true break end
     end
   end
   if interrupted then
@@ -977,7 +1051,7 @@ function Trainer:train(loop)
       time_elapsed_train = self.train_seconds })
   end
   if self.last_saved ~= self.step then self:save_checkpoint() end
-  if cfg.save_final_model then
+  if cfg.save_final_model and self.dist.is_root then
     self.model:save(cfg.save_final_model)
     say(self, "final model saved to " .. cfg.save_final_model)
   end
@@ -994,13 +1068,14 @@ end
 
 -- For recipe loops: run one standard step (with hot reload) and say whether to go on.
 function Trainer:should_continue()
-  return self.step < self.cfg.max_steps and not self:out_of_time() and not signal_pending()
+  return self.step < self.cfg.max_steps and not self:out_of_time() and not self.dist:any(signal_pending())
 end
 
--- max_time: the training time so far (steps only, evaluation excluded) has passed the budget.
+-- max_time: the training time so far (steps only, evaluation excluded) has passed the budget
+-- (on any rank: the ranks stop together).
 function Trainer:out_of_time()
   local budget = self.cfg.max_time
-  return budget > 0 and (self.train_seconds or 0) >= budget
+  return self.dist:any(budget > 0 and (self.train_seconds or 0) >= budget)
 end
 
 return M

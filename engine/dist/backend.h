@@ -1,0 +1,34 @@
+/* backend.h: what a collective backend plugin gives libremax (engine/dist/dist.c).
+ *
+ * libremax itself never links MPI: a process that an MPI launcher started (dist.c reads the
+ * launcher's environment) loads libremax_mpi.so, built from engine/dist/mpi/ against the MPI
+ * that CMake's FindMPI found, and calls its one export, rx_dist_backend_mpi(). A process started
+ * alone is a world of one and loads nothing. Internal to the engine; not part of remax.h. */
+#ifndef RX_DIST_BACKEND_H
+#define RX_DIST_BACKEND_H
+#include <stddef.h>
+#include <stdint.h>
+
+enum { RX_DIST_BACKEND_ABI = 1 };
+
+/* Every function returns 0, or non-zero with a message that last_error() returns. dtype is an
+ * rx_dtype (RX_F32, RX_F64, RX_I64); op is RX_DIST_SUM / RX_DIST_MAX / RX_DIST_MIN. */
+typedef struct rx_dist_backend {
+  int32_t abi;
+  const char *(*last_error)(void);
+  const char *(*describe)(void);   /* "Open MPI v4.1.4, ..." */
+  int (*init)(int32_t *rank, int32_t *size, int32_t *local_rank, int32_t *local_size);
+  int (*finalize)(void);
+  int (*allreduce)(void *buf, int64_t count, int32_t dtype, int32_t op);
+  int (*broadcast)(void *buf, int64_t bytes, int32_t root);
+  int (*allgather_i64)(int64_t value, int64_t *out);
+  int (*gather_bytes)(const void *send, int64_t bytes, void *recv, const int64_t *counts, int32_t root);
+  int (*barrier)(void);
+  /* Sum of count elements of device memory on CUDA device `device_index` over NCCL; NULL when
+   * the plugin was built without NCCL. */
+  int (*allreduce_cuda)(void *buf, int64_t count, int32_t dtype, int32_t device_index);
+} rx_dist_backend;
+
+typedef const rx_dist_backend *(*rx_dist_backend_fn)(void);
+
+#endif
