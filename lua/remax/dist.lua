@@ -126,6 +126,7 @@ local function serialize(v, out)
     if v ~= v then out[#out + 1] = "0/0"
     elseif v == math.huge then out[#out + 1] = "1/0"
     elseif v == -math.huge then out[#out + 1] = "-1/0"
+    elseif v == 0 and 1 / v < 0 then out[#out + 1] = "-0.0"
     elseif v == math.floor(v) and math.abs(v) < 2 ^ 53 then out[#out + 1] = ("%d"):format(v)
     else out[#out + 1] = ("%.17g"):format(v) end
   elseif t == "string" then out[#out + 1] = ("%q"):format(v)

@@ -596,6 +596,32 @@ function Trainer:micro_step(rows, totals)
   return stats
 end
 
+-- Gradient accumulation: each micro-batch's gradient is computed from zero and then added to
+-- the sum of the earlier ones (G1 + G2 + ...), so one process with two micro-batches and two
+-- ranks with one each (summed by the all-reduce) give the same bits. hold_grads moves the sum so
+-- far aside (one gradient-sized buffer, made once) and zeroes the gradients.
+function Trainer:hold_grads()
+  local C = require("remax.ffi").C
+  local h = self.model.handle
+  if not self.held then
+    self.held = {}
+    for i = 1, #self.model.names do
+      local g = C.rx_model_grad(h, i - 1)
+      self.held[i] = tensor.new(g:size(), g:dtype_name())
+    end
+  end
+  for i = 1, #self.model.names do self.held[i]:copy_(C.rx_model_grad(h, i - 1)) end
+  self.model:zero_grad()
+end
+
+function Trainer:add_held_grads()
+  local rx = require("remax.ffi")
+  for i = 1, #self.model.names do
+    local g = rx.C.rx_model_grad(self.model.handle, i - 1)
+    rx.check(rx.C.rx_add(g, g, self.held[i]))
+  end
+end
+
 -- One optimizer update from a scored rollout (RL) or a list of SFT rows. Returns metrics.
 function Trainer:update(ro)
   local cfg = self.cfg
@@ -619,9 +645,13 @@ function Trainer:update(ro)
   end
   self.model:zero_grad()
   local loss, kl_sum, tokens, trained = 0, 0, 0, 0
+  local earlier = false
   for c = 1, #chunks do
     if #chunks[c] > 0 then
+      if earlier then self:hold_grads() end
       local st = self:micro_step(chunks[c], totals)
+      if earlier then self:add_held_grads() end
+      earlier = true
       loss, kl_sum, tokens = loss + st.loss, kl_sum + st.kl_sum, tokens + st.tokens
       trained = trained + #chunks[c]
     end
