@@ -339,6 +339,28 @@ describe_mpi("mpirun -np 2 on the CPU", function()
     assert.is_true(exists(dir .. "/runs/fail/checkpoints/step-1/trainer_state.json"))
   end)
 
+  it("saves and stops on Ctrl-C to mpirun (given the ranks time to save)", function()
+    local log, pidfile = dir .. "/ctrlc.log", dir .. "/ctrlc.pid"
+    -- Open MPI sends SIGTERM to the ranks, then SIGKILL after odls_base_sigkill_timeout seconds
+    local cmd = ("(exec env OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
+      .. "OMPI_MCA_odls_base_sigkill_timeout=60 mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS "
+      .. "%s/remax run %s --per_device_train_batch_size 4 --run_name ctrlc --max_steps 100000 >%s 2>&1) & echo $! >%s")
+      :format(cli.build_dir(), rfile, log, pidfile)
+    assert.is_true(os.execute(cmd) == 0)
+    local pid = tonumber(read(pidfile))
+    local metrics = dir .. "/runs/ctrlc/metrics.jsonl"
+    local t0 = os.time()
+    while #jsonl(metrics) < 2 and os.time() - t0 < 300 do os.execute("sleep 0.5") end
+    assert.is_true(#jsonl(metrics) >= 2, "the run did not start: " .. (read(log) or ""))
+    os.execute("kill -INT " .. pid)
+    t0 = os.time()
+    while os.execute("kill -0 " .. pid .. " 2>/dev/null") == 0 and os.time() - t0 < 120 do os.execute("sleep 0.5") end
+    local out = read(log) or ""
+    assert.is_truthy(out:find("interrupted at step %d+; resume with: %-%-resume [^\n]*/runs/ctrlc"), out)
+    local _, step = out:match("checkpoint step%-(%d+) saved %(interrupted%)"), tonumber(out:match("interrupted at step (%d+)"))
+    assert.is_true(exists(("%s/runs/ctrlc/checkpoints/step-%d/trainer_state.json"):format(dir, step)))
+  end)
+
   it("ends the other rank within a minute when one is killed", function()
     local stamp = dir .. "/killed"
     local out, rc = remax(2, ("run %s --per_device_train_batch_size 4 --run_name killed --max_steps 50"):format(rfile),
