@@ -184,8 +184,10 @@ function Trainer:setup_model()
     end
   end
   self.model_source = source
+  -- with LoRA a checkpoint holds the adapters only: the base comes from where it always does
+  local resume_dir = not cfg.use_lora and self.resume_model_dir or nil
   if source then
-    self.model = remax.model.load(self.resume_model_dir or source, mopts)
+    self.model = remax.model.load(resume_dir or source, mopts)
     self.tok = remax.tokenizer.load(source)
   else
     -- a fresh random model with the byte-level tokenizer, kept in the run folder
@@ -201,17 +203,20 @@ function Trainer:setup_model()
     end
     mc.eos_token_id = mc.eos_token_id or self.tok.eos_id
     self.fresh_config = mc
-    if self.resume_model_dir then
-      self.model = remax.model.load(self.resume_model_dir, mopts)
+    if resume_dir then
+      self.model = remax.model.load(resume_dir, mopts)
     else
       self.model = remax.model.new(mc, mopts)
     end
     self.model.source_dir = tok_dir
   end
   self.stop = self:stop_ids()
-  -- the frozen reference: the starting weights, loaded only when the KL term is used
+  if cfg.use_lora then require("remax.lora").setup(self.model, cfg, self.resume_model_dir) end
+  -- the frozen reference: the starting weights, loaded only when the KL term is used (with
+  -- LoRA: the same model with its adapters off, no second copy)
   if cfg.beta > 0 and cfg.algo ~= "sft" then
-    self.ref = source and remax.model.load(source, mopts) or remax.model.new(self.fresh_config, mopts)
+    self.ref = cfg.use_lora and require("remax.lora").reference(self.model)
+      or source and remax.model.load(source, mopts) or remax.model.new(self.fresh_config, mopts)
   end
   self:resolve_template()
 end
@@ -304,7 +309,8 @@ end
 
 function Trainer:setup_optimizer()
   local cfg = self.cfg
-  self.opt = optim.adamw(self.model:params(), self.model:grads(), {
+  local params, grads = self.model:trainable()
+  self.opt = optim.adamw(params, grads, {
     lr = cfg.learning_rate, betas = { cfg.adam_beta1, cfg.adam_beta2 }, eps = cfg.adam_epsilon,
     weight_decay = cfg.weight_decay,
   })
@@ -491,10 +497,11 @@ function Trainer:micro_step(rows, totals)
     for i = 1, #row.completion do s[#row.prompt_ids + i] = row.completion[i] end
     seqs[n], starts[n] = s, #row.prompt_ids
   end
-  local logp, _, mask = self.model:logprobs(seqs, nil, { train = true, checkpoint = cfg.gradient_checkpointing })
-  local B, T = logp:size(1), logp:size(2)
+  -- the reference first: with LoRA it is the policy's own model, whose next forward must be the train one
   local use_ref = self.ref and cfg.kl_estimator == "k3" and cfg.algo ~= "sft"
   local ref = use_ref and self.ref:logprobs(seqs) or nil
+  local logp, _, mask = self.model:logprobs(seqs, nil, { train = true, checkpoint = cfg.gradient_checkpointing })
+  local B, T = logp:size(1), logp:size(2)
   local f32 = logp:dtype_name() == "f32"
   local lp_tab = not f32 and logp:totable() or nil
   local rf_tab = (ref and not f32) and ref:totable() or nil
@@ -563,7 +570,7 @@ function Trainer:update(ro)
       trained = trained + #chunks[c]
     end
   end
-  local grads = self.model:grads()
+  local _, grads = self.model:trainable()
   local norm = cfg.max_grad_norm > 0 and optim.clip_grad_norm(grads, cfg.max_grad_norm) or optim.grad_norm(grads)
   local step = ro.step or (self.step + 1)
   local lr = optim.schedule(cfg.lr_scheduler_type, cfg.learning_rate, step, cfg.max_steps, self.warmup_steps)
@@ -980,6 +987,10 @@ function Trainer:train(loop)
   if cfg.save_final_model then
     self.model:save(cfg.save_final_model)
     say(self, "final model saved to " .. cfg.save_final_model)
+  end
+  if cfg.save_merged then
+    require("remax.lora").save_merged(self.model, cfg.save_merged)
+    say(self, "merged model saved to " .. cfg.save_merged)
   end
   if self.progress then self.progress:finish() end
   pcall(function() self.run:plot() end)
