@@ -51,6 +51,19 @@ local function peak_memory_mib(model)
   return (m.params + m.grads + m.activations + m.head) / 1048576
 end
 
+-- What the engine holds for training, in MiB: the policy (weights, gradients, activations, head
+-- chunk), AdamW's moments, and the reference model (none with LoRA: the adapters-off policy).
+local function train_memory_mib(self)
+  local m = self.model:memory()
+  local bytes = m.params + m.grads + m.activations + m.head
+  for _, t in pairs(self.opt and self.opt:state().tensors or {}) do bytes = bytes + tonumber(t.numel) * 4 end
+  if self.ref and self.ref.memory then
+    local r = self.ref:memory()
+    bytes = bytes + r.params + r.activations + r.head
+  end
+  return bytes / 1048576
+end
+
 local function mean(list) return algos.mean(list) end
 
 local function resolve_dir(path)
@@ -665,6 +678,7 @@ function Trainer:finish_step(m, ro)
   m.loss = m.loss
   m.bad_steps, m.reloads = self.bad_steps, self.reloads
   m.peak_memory_mib = peak_memory_mib(self.model)
+  m.train_memory_mib = train_memory_mib(self)
   if self.pending_reloads then m.reloaded = self.pending_reloads; self.pending_reloads = nil end
   if self.eval_ds and ((cfg.eval_steps > 0 and self.step % cfg.eval_steps == 0) or self.step == cfg.max_steps) then
     local e = self:evaluate()

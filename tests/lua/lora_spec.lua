@@ -202,6 +202,20 @@ end }
       assert.are.equal(ma[4].kl, mc[4].kl)
     end)
 
+    it("holds less memory than full fine-tuning with its reference model (train_memory_mib)", function()
+      local dir = setup()
+      local full = new_trainer(dir, { run_name = "full", use_lora = false, max_steps = 1 })
+      full:train()
+      local lo = new_trainer(dir, { run_name = "lora", max_steps = 1 })
+      lo:train()
+      local mf, ml = full.run:metrics(), lo.run:metrics()
+      local f, l = mf[#mf].train_memory_mib, ml[#ml].train_memory_mib
+      assert.is_true(f > 0 and l > 0)
+      -- the weights (and activations) are the same; gradients, moments and the reference copy are not
+      local w = full.model:memory().params / 1048576
+      assert.is_true(f - l > 3 * w, ("full %.3f MiB, LoRA %.3f MiB, weights %.3f MiB"):format(f, l, w))
+    end)
+
     it("refuses a LoRA resume of a run whose checkpoint has no adapters, and save_merged without LoRA", function()
       local ok, err = pcall(config.resolve, { save_merged = "x" })
       assert.is_false(ok)
