@@ -79,7 +79,8 @@ function M.apply(model, opts)
   local lc = ffi.new("rx_lora_config")
   lc.r, lc.alpha, lc.dropout, lc.targets, lc.seed = r, alpha, dropout, mask, opts.seed or 0
   check(C.rx_model_lora_init(model.handle, lc), 2)
-  model.lora = { r = r, alpha = alpha, dropout = dropout, target_modules = names, names = {}, index = {} }
+  model.lora = { r = r, alpha = alpha, dropout = dropout, target_modules = names, names = {}, index = {},
+    base = model.source_dir }
   for i = 0, tonumber(C.rx_model_lora_count(model.handle)) - 1 do
     local name = ffi.string(C.rx_model_lora_name(model.handle, i))
     model.lora.names[#model.lora.names + 1] = name
@@ -186,7 +187,7 @@ function M.save(model, dir, opts)
   require("remax.safetensors").save(dir .. "/" .. M.WEIGHTS_FILE, tensors, {
     format = "pt", remax_lora_forward_count = (tostring(C.rx_model_lora_forward_count(model.handle)):gsub("ULL$", "")),
   })
-  fs.write_atomic(dir .. "/" .. M.CONFIG_FILE, encode_config(M.peft_config(model, opts.base_model or model.base_dir)))
+  fs.write_atomic(dir .. "/" .. M.CONFIG_FILE, encode_config(M.peft_config(model, opts.base_model or model.lora.base)))
 end
 
 -- adapter_config.json of dir, checked for what remax can load.
@@ -280,11 +281,26 @@ function M.save_merged(model, dir, opts)
   model:save_full(dir, { dtype = opts.dtype, replace = merged })
 end
 
+-- A model from a PEFT adapter folder: the base from its base_model_name_or_path (a local
+-- folder), then the adapters. remax.model.load calls this for a folder without config.json.
+function M.load_with_base(dir, opts)
+  local cfg = M.read_config(dir)
+  local base = cfg.base_model_name_or_path
+  if type(base) ~= "string" or not fs.exists(base .. "/config.json") then
+    error(("%s: base_model_name_or_path = %s is not a local model folder (no config.json there)"):format(cfg.path,
+      type(base) == "string" and ("'" .. base .. "'") or "null"), 0)
+  end
+  local model = require("remax.model").load(base, opts)
+  M.load(model, dir)
+  return model
+end
+
 -- The trainer's LoRA: adapters from the resolved config on a freshly loaded base, and, when
 -- resuming, the checkpoint's adapters (which must have the run's shape).
 function M.setup(model, cfg, resume_dir)
   local opts = { r = cfg.lora_r, alpha = cfg.lora_alpha, dropout = cfg.lora_dropout,
     target_modules = cfg.lora_target_modules, seed = cfg.seed }
+  if model.lora and not resume_dir then return model end   -- --model was an adapter folder: train those
   if resume_dir and fs.exists(resume_dir .. "/" .. M.CONFIG_FILE) then
     return M.load(model, resume_dir, opts)
   elseif resume_dir then

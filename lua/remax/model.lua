@@ -179,6 +179,9 @@ end
 -- adapts it, e.g. a reward model's); opts.skip: tensor names of the checkpoint to leave unread.
 function M.load(dir, opts)
   opts = opts or {}
+  if not opts.config and not fs.exists(dir .. "/config.json") and fs.exists(dir .. "/adapter_config.json") then
+    return require("remax.lora").load_with_base(dir, opts)   -- a PEFT adapter folder (a LoRA checkpoint)
+  end
   local cfg_table, cfg_path
   if opts.config then cfg_table, cfg_path = opts.config, dir .. "/config.json"
   else cfg_table, cfg_path = M.read_config(dir) end

@@ -67,7 +67,7 @@ end
 local function mean(list) return algos.mean(list) end
 
 local function resolve_dir(path)
-  if file_exists(path .. "/config.json") then return path end
+  if file_exists(path .. "/config.json") or file_exists(path .. "/adapter_config.json") then return path end
   local home = os.getenv("REMAX_HOME")
   if home and path:sub(1, 1) ~= "/" and file_exists(home .. "/" .. path .. "/config.json") then
     return home .. "/" .. path
