@@ -28,6 +28,8 @@ static const struct { const char *name; size_t value; } layout[] = {
   FIELD(rx_forward_opts, head_chunk_rows),
   SIZE(rx_model_memory), FIELD(rx_model_memory, param_bytes), FIELD(rx_model_memory, grad_bytes),
   FIELD(rx_model_memory, activation_bytes), FIELD(rx_model_memory, head_bytes),
+  SIZE(rx_lora_config), FIELD(rx_lora_config, r), FIELD(rx_lora_config, alpha), FIELD(rx_lora_config, dropout),
+  FIELD(rx_lora_config, targets), FIELD(rx_lora_config, pad_), FIELD(rx_lora_config, seed),
   SIZE(rx_sampling), FIELD(rx_sampling, temperature), FIELD(rx_sampling, top_p), FIELD(rx_sampling, top_k),
   FIELD(rx_sampling, max_new_tokens), FIELD(rx_sampling, key),
   SIZE(rx_generate_request), FIELD(rx_generate_request, num_prompts), FIELD(rx_generate_request, prompt_tokens),

@@ -538,9 +538,9 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
     const layer_params *lp = &m->layers[l];
     rx_tensor *P_ = m->params;
     TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, &P_[lp->ln1], c->rms_norm_eps));
-    TRY(rx_matmul_forward(&g->q, &g->xn, &P_[lp->q_w], lp->q_b >= 0 ? &P_[lp->q_b] : NULL));
-    TRY(rx_matmul_forward(&g->k, &g->xn, &P_[lp->k_w], lp->k_b >= 0 ? &P_[lp->k_b] : NULL));
-    TRY(rx_matmul_forward(&g->v, &g->xn, &P_[lp->v_w], lp->v_b >= 0 ? &P_[lp->v_b] : NULL));
+    TRY(rx_model_linear_forward(m, l, RX_PROJ_Q, &g->q, &g->xn));
+    TRY(rx_model_linear_forward(m, l, RX_PROJ_K, &g->k, &g->xn));
+    TRY(rx_model_linear_forward(m, l, RX_PROJ_V, &g->v, &g->xn));
     TRY(rx_model_qk_norm_inplace(m, l, &g->q, &g->k));
     TRY(rx_rope_forward_freq(&q4, &q4, &pos, m->inv_freq));
     TRY(rx_rope_forward_freq(&k4, &k4, &pos, m->inv_freq));
@@ -552,13 +552,13 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
     cache_view(g, &kc, g->kcache, l, Tk);
     cache_view(g, &vc, g->vcache, l, Tk);
     TRY(rx_attention_forward(&att4, &lse3, &q4, &kc, &vc, &mask, 0.0));
-    TRY(rx_matmul_forward(&g->tmp, &g->att, &P_[lp->o_w], NULL));
+    TRY(rx_model_linear_forward(m, l, RX_PROJ_O, &g->tmp, &g->att));
     TRY(rx_add(&g->x, &g->x, &g->tmp));
     TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, &P_[lp->ln2], c->rms_norm_eps));
-    TRY(rx_matmul_forward(&g->gate, &g->xn, &P_[lp->gate], NULL));
-    TRY(rx_matmul_forward(&g->up, &g->xn, &P_[lp->up], NULL));
+    TRY(rx_model_linear_forward(m, l, RX_PROJ_GATE, &g->gate, &g->xn));
+    TRY(rx_model_linear_forward(m, l, RX_PROJ_UP, &g->up, &g->xn));
     TRY(rx_swiglu_forward(&g->h, &g->gate, &g->up));
-    TRY(rx_matmul_forward(&g->tmp, &g->h, &P_[lp->down], NULL));
+    TRY(rx_model_linear_forward(m, l, RX_PROJ_DOWN, &g->tmp, &g->h));
     TRY(rx_add(&g->x, &g->x, &g->tmp));
   }
   TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, &m->params[m->final_norm], c->rms_norm_eps));

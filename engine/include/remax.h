@@ -260,6 +260,52 @@ typedef struct rx_model_memory {
 } rx_model_memory;
 void rx_model_memory_usage(const rx_model *m, rx_model_memory *out);
 
+/* LoRA (Hu et al. 2021, as PEFT does it): a linear layer y = W x + b becomes
+ * y = W x + b + (alpha / r) * B A dropout(x), A [r, in], B [out, r]. The base weights freeze:
+ * backward leaves them without gradient buffers and rx_model_grad returns NULL for them; the
+ * adapters are the only trainable tensors. Projections by index: */
+enum { RX_PROJ_Q = 0, RX_PROJ_K = 1, RX_PROJ_V = 2, RX_PROJ_O = 3, RX_PROJ_GATE = 4, RX_PROJ_UP = 5,
+       RX_PROJ_DOWN = 6, RX_PROJ_COUNT = 7 };
+
+typedef struct rx_lora_config {
+  int64_t r;                 /* rank, >= 1 and <= min(in, out) of every adapted projection */
+  double alpha;              /* scale = alpha / r */
+  double dropout;            /* probability in [0, 1) of zeroing an input of A (train forwards only) */
+  uint32_t targets;          /* bit (1 << RX_PROJ_*) for every adapted projection, in every layer */
+  uint32_t pad_;
+  uint64_t seed;             /* A's Kaiming-uniform init and the dropout masks (Philox) */
+} rx_lora_config;
+
+/* Adds adapters to every targeted projection: A ~ U(-1/sqrt(in), 1/sqrt(in)) (PEFT's
+ * kaiming_uniform_(a = sqrt(5))), B = 0, so the model starts equal to its base. Once per model;
+ * frees base gradients that exist. Adapter tensors are named as the base weight with
+ * ".weight" -> ".lora_A.weight" / ".lora_B.weight" ("model.layers.0.self_attn.q_proj.lora_A.weight"). */
+int rx_model_lora_init(rx_model *m, const rx_lora_config *cfg);
+/* The configuration given to rx_model_lora_init, or NULL when the model has no adapters. */
+const rx_lora_config *rx_model_lora_get_config(const rx_model *m);
+int64_t rx_model_lora_count(const rx_model *m);            /* adapter tensors (2 per adapted projection) */
+const char *rx_model_lora_name(const rx_model *m, int64_t i);
+rx_tensor *rx_model_lora_param(rx_model *m, int64_t i);
+rx_tensor *rx_model_lora_grad(rx_model *m, int64_t i);     /* allocated (zeroed) on first use */
+/* Adapters on (1, the default) or off (0: the model computes exactly its base, bit for bit:
+ * the reference model of a KL penalty, with no second copy of the weights). */
+void rx_model_lora_set_enabled(rx_model *m, int32_t enabled);
+int32_t rx_model_lora_enabled(const rx_model *m);
+/* Train forwards so far: the dropout masks of a train forward are keyed by (seed, this count,
+ * layer, projection, element), so a resumed run that sets it back draws the same masks. */
+uint64_t rx_model_lora_forward_count(const rx_model *m);
+void rx_model_lora_set_forward_count(rx_model *m, uint64_t count);
+/* out = W + (alpha / r) B A for base parameter `param` (a copy of W when it has no adapter);
+ * out has W's shape, in W's dtype. The sum B A is accumulated in double. */
+int rx_model_lora_merged(rx_model *m, int64_t param, rx_tensor *out);
+
+/* Final-norm hidden states at one position per row, the input of a sequence-classification
+ * head (transformers' *ForSequenceClassification): out[b, :] = hidden(tokens[b, index[b]]) for
+ * tokens, mask i32 [B,T] (mask NULL = all real) and out [B, hidden] in the compute dtype. An
+ * inference forward (no gradients, adapters as they are set). */
+int rx_model_hidden_at(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, const int64_t *index,
+                       rx_tensor *out);
+
 /* ---------------------------------------------------------------- generation */
 
 /* Sampling settings of one generated row. */

@@ -155,6 +155,7 @@ static void plan_release(plan *p) {
 void rx_model_free(rx_model *m) {
   if (!m) return;
   plan_release(&m->plan);
+  rx_lora_free(m->lora);
   for (int64_t i = 0; m->names && i < m->n_params; i++) free(m->names[i]);
   free(m->names);
   free(m->params);
@@ -168,6 +169,7 @@ void rx_model_free(rx_model *m) {
 
 /* The gradient arena, allocated (zeroed) the first time gradients are needed. */
 static int ensure_grads(rx_model *m) {
+  if (m->lora) return rx_lora_ensure_grads(m);   /* frozen base: adapter gradients only */
   if (m->grad_arena) return RX_OK;
   m->grad_arena = rx_alloc((size_t)m->param_bytes, "model gradients");
   if (!m->grad_arena) return RX_ENOMEM;
@@ -182,7 +184,7 @@ int64_t rx_model_param_count(const rx_model *m) { return m->n_params; }
 const char *rx_model_param_name(const rx_model *m, int64_t i) { return i >= 0 && i < m->n_params ? m->names[i] : NULL; }
 rx_tensor *rx_model_param(rx_model *m, int64_t i) { return i >= 0 && i < m->n_params ? &m->params[i] : NULL; }
 rx_tensor *rx_model_grad(rx_model *m, int64_t i) {
-  if (i < 0 || i >= m->n_params || ensure_grads(m)) return NULL;
+  if (i < 0 || i >= m->n_params || m->lora || ensure_grads(m)) return NULL;
   return &m->grads[i];
 }
 
@@ -194,11 +196,12 @@ int64_t rx_model_find_param(const rx_model *m, const char *name) {
 
 void rx_model_zero_grad(rx_model *m) {
   if (m->grad_arena) memset(m->grad_arena, 0, (size_t)m->param_bytes);
+  rx_lora_zero_grad(m);
 }
 
 void rx_model_memory_usage(const rx_model *m, rx_model_memory *out) {
-  out->param_bytes = m->param_bytes;
-  out->grad_bytes = m->grad_arena ? m->param_bytes : 0;
+  out->param_bytes = m->param_bytes + rx_lora_param_bytes(m);
+  out->grad_bytes = (m->grad_arena ? m->param_bytes : 0) + rx_lora_grad_bytes(m);
   out->activation_bytes = m->plan.bytes;
   out->head_bytes = m->plan.head_bytes;
 }
@@ -301,6 +304,7 @@ int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts
   }
   if (chunk > B * T) chunk = B * T;
   const int64_t sets = train && !checkpoint ? L : 1;
+  if (train) rx_lora_begin_train_forward(m);   /* a new dropout mask per train forward */
   if (p->arena && p->B == B && p->T == T && p->train == train && p->checkpoint == checkpoint && p->head_rows == chunk) {
     p->valid = 0;
     return RX_OK;
@@ -350,7 +354,7 @@ int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts
 #define TRY(call) do { int rc_ = (call); if (rc_) return rc_; } while (0)
 
 static rx_tensor *P(rx_model *m, int64_t i) { return i >= 0 ? &m->params[i] : NULL; }
-static rx_tensor *G(rx_model *m, int64_t i) { return i >= 0 ? &m->grads[i] : NULL; }
+static rx_tensor *G(rx_model *m, int64_t i) { return i >= 0 && !m->lora ? &m->grads[i] : NULL; }
 
 /* Layer l from res[l]; writes res[l+1] unless recomputing (the output is already there). */
 int rx_model_layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_output) {
@@ -361,9 +365,9 @@ int rx_model_layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_outp
   rx_tensor *x = &p->res[l];
   const int qk_norm = cfg->qk_norm != 0;
   TRY(rx_rmsnorm_forward(&a->xn1, &a->rstd1, x, P(m, lp->ln1), cfg->rms_norm_eps));
-  TRY(rx_matmul_forward(qk_norm ? &a->q_raw : &a->q, &a->xn1, P(m, lp->q_w), P(m, lp->q_b)));
-  TRY(rx_matmul_forward(qk_norm ? &a->k_raw : &a->k, &a->xn1, P(m, lp->k_w), P(m, lp->k_b)));
-  TRY(rx_matmul_forward(&a->v, &a->xn1, P(m, lp->v_w), P(m, lp->v_b)));
+  TRY(rx_model_linear_forward(m, l, RX_PROJ_Q, qk_norm ? &a->q_raw : &a->q, &a->xn1));
+  TRY(rx_model_linear_forward(m, l, RX_PROJ_K, qk_norm ? &a->k_raw : &a->k, &a->xn1));
+  TRY(rx_model_linear_forward(m, l, RX_PROJ_V, &a->v, &a->xn1));
   if (qk_norm) {   /* Qwen3: each head of q and k RMS-normalised over head_dim before RoPE */
     TRY(rx_rmsnorm_forward(&a->q_rows, &a->q_rstd, &a->q_raw_rows, P(m, lp->q_norm), cfg->rms_norm_eps));
     TRY(rx_rmsnorm_forward(&a->k_rows, &a->k_rstd, &a->k_raw_rows, P(m, lp->k_norm), cfg->rms_norm_eps));
@@ -371,14 +375,14 @@ int rx_model_layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_outp
   TRY(rx_rope_forward_freq(&a->q4, &a->q4, &p->positions, m->inv_freq));
   TRY(rx_rope_forward_freq(&a->k4, &a->k4, &p->positions, m->inv_freq));
   TRY(rx_attention_forward(&a->att4, &a->lse, &a->q4, &a->k4, &a->v4, mask, 0.0));
-  TRY(rx_matmul_forward(&a->x_mid, &a->att, P(m, lp->o_w), NULL));
+  TRY(rx_model_linear_forward(m, l, RX_PROJ_O, &a->x_mid, &a->att));
   TRY(rx_add(&a->x_mid, &a->x_mid, x));
   TRY(rx_rmsnorm_forward(&a->xn2, &a->rstd2, &a->x_mid, P(m, lp->ln2), cfg->rms_norm_eps));
-  TRY(rx_matmul_forward(&a->gate, &a->xn2, P(m, lp->gate), NULL));
-  TRY(rx_matmul_forward(&a->up, &a->xn2, P(m, lp->up), NULL));
+  TRY(rx_model_linear_forward(m, l, RX_PROJ_GATE, &a->gate, &a->xn2));
+  TRY(rx_model_linear_forward(m, l, RX_PROJ_UP, &a->up, &a->xn2));
   TRY(rx_swiglu_forward(&a->h, &a->gate, &a->up));
   if (write_output) {
-    TRY(rx_matmul_forward(&p->res[l + 1], &a->h, P(m, lp->down), NULL));
+    TRY(rx_model_linear_forward(m, l, RX_PROJ_DOWN, &p->res[l + 1], &a->h));
     TRY(rx_add(&p->res[l + 1], &p->res[l + 1], &a->x_mid));
   }
   return RX_OK;
@@ -524,28 +528,28 @@ static int layer_backward(rx_model *m, int64_t l, layer_acts *a) {
   const layer_params *lp = &m->layers[l];
   rx_tensor *x = &p->res[l];
   /* MLP: res[l+1] = x_mid + down(silu(gate) * up) */
-  TRY(rx_matmul_backward(&p->dh, G(m, lp->down), NULL, &p->dx, &a->h, P(m, lp->down)));
+  TRY(rx_model_linear_backward(m, l, RX_PROJ_DOWN, &p->dh, &p->dx, &a->h));
   TRY(rx_swiglu_backward(&p->dgate, &p->dup, &p->dh, &a->gate, &a->up));
-  TRY(rx_matmul_backward(&p->dxn, G(m, lp->gate), NULL, &p->dgate, &a->xn2, P(m, lp->gate)));
-  TRY(rx_matmul_backward(&p->dtmp, G(m, lp->up), NULL, &p->dup, &a->xn2, P(m, lp->up)));
+  TRY(rx_model_linear_backward(m, l, RX_PROJ_GATE, &p->dxn, &p->dgate, &a->xn2));
+  TRY(rx_model_linear_backward(m, l, RX_PROJ_UP, &p->dtmp, &p->dup, &a->xn2));
   TRY(rx_add(&p->dxn, &p->dxn, &p->dtmp));
   TRY(rx_rmsnorm_backward(&p->dtmp, G(m, lp->ln2), &p->dxn, &a->x_mid, P(m, lp->ln2), &a->rstd2));
   TRY(rx_add(&p->dx, &p->dx, &p->dtmp));
   /* attention: x_mid = x + o(attention(rope(q), rope(k), v)) */
-  TRY(rx_matmul_backward(&p->datt, G(m, lp->o_w), NULL, &p->dx, &a->att, P(m, lp->o_w)));
+  TRY(rx_model_linear_backward(m, l, RX_PROJ_O, &p->datt, &p->dx, &a->att));
   TRY(rx_attention_backward(&p->dq4, &p->dk4, &p->dv4, &p->datt4, &a->q4, &a->k4, &a->v4, &a->att4, &a->lse, &p->mask, 0.0));
   TRY(rx_rope_backward_freq(&p->dq4, &p->dq4, &p->positions, m->inv_freq));
   TRY(rx_rope_backward_freq(&p->dk4, &p->dk4, &p->positions, m->inv_freq));
   if (m->cfg.qk_norm) {   /* weight gradients first: the input gradient then overwrites dq / dk in place */
-    TRY(rx_rmsnorm_backward(NULL, G(m, lp->q_norm), &p->dq_rows, &a->q_raw_rows, P(m, lp->q_norm), &a->q_rstd));
+    if (G(m, lp->q_norm)) TRY(rx_rmsnorm_backward(NULL, G(m, lp->q_norm), &p->dq_rows, &a->q_raw_rows, P(m, lp->q_norm), &a->q_rstd));
     TRY(rx_rmsnorm_backward(&p->dq_rows, NULL, &p->dq_rows, &a->q_raw_rows, P(m, lp->q_norm), &a->q_rstd));
-    TRY(rx_rmsnorm_backward(NULL, G(m, lp->k_norm), &p->dk_rows, &a->k_raw_rows, P(m, lp->k_norm), &a->k_rstd));
+    if (G(m, lp->k_norm)) TRY(rx_rmsnorm_backward(NULL, G(m, lp->k_norm), &p->dk_rows, &a->k_raw_rows, P(m, lp->k_norm), &a->k_rstd));
     TRY(rx_rmsnorm_backward(&p->dk_rows, NULL, &p->dk_rows, &a->k_raw_rows, P(m, lp->k_norm), &a->k_rstd));
   }
-  TRY(rx_matmul_backward(&p->dxn, G(m, lp->q_w), G(m, lp->q_b), &p->dq, &a->xn1, P(m, lp->q_w)));
-  TRY(rx_matmul_backward(&p->dtmp, G(m, lp->k_w), G(m, lp->k_b), &p->dk, &a->xn1, P(m, lp->k_w)));
+  TRY(rx_model_linear_backward(m, l, RX_PROJ_Q, &p->dxn, &p->dq, &a->xn1));
+  TRY(rx_model_linear_backward(m, l, RX_PROJ_K, &p->dtmp, &p->dk, &a->xn1));
   TRY(rx_add(&p->dxn, &p->dxn, &p->dtmp));
-  TRY(rx_matmul_backward(&p->dtmp, G(m, lp->v_w), G(m, lp->v_b), &p->dv, &a->xn1, P(m, lp->v_w)));
+  TRY(rx_model_linear_backward(m, l, RX_PROJ_V, &p->dtmp, &p->dv, &a->xn1));
   TRY(rx_add(&p->dxn, &p->dxn, &p->dtmp));
   TRY(rx_rmsnorm_backward(&p->dtmp, G(m, lp->ln1), &p->dxn, x, P(m, lp->ln1), &a->rstd1));
   TRY(rx_add(&p->dx, &p->dx, &p->dtmp));
@@ -569,7 +573,7 @@ int rx_model_backward(rx_model *m, const rx_tensor *dlogp) {
     if (m->cfg.dtype == RX_F32) ((float *)p->row_dlogp.data)[i] = has ? ((const float *)dlogp->data)[i + 1] : 0.0f;
     else ((double *)p->row_dlogp.data)[i] = has ? ((const double *)dlogp->data)[i + 1] : 0.0;
   }
-  rx_tensor *W = &m->params[m->lm_head], *dW = &m->grads[m->lm_head];
+  rx_tensor *W = &m->params[m->lm_head], *dW = G(m, m->lm_head);
   for (int64_t r0 = 0; r0 < N; r0 += p->head_rows) {
     int64_t n = N - r0 < p->head_rows ? N - r0 : p->head_rows;
     rx_tensor logits, xf, tg, lp, lse, ent, dlp, dxf;
@@ -578,13 +582,13 @@ int rx_model_backward(rx_model *m, const rx_tensor *dlogp) {
     TRY(rx_logprob_backward(&logits, &dlp, &logits, &tg, &lse));         /* in place */
     TRY(rx_matmul_backward(&dxf, dW, NULL, &logits, &xf, W));
   }
-  TRY(rx_rmsnorm_backward(&p->dx, &m->grads[m->final_norm], &p->dxf, &p->res[L], &m->params[m->final_norm], &p->rstdf));
+  TRY(rx_rmsnorm_backward(&p->dx, G(m, m->final_norm), &p->dxf, &p->res[L], &m->params[m->final_norm], &p->rstdf));
   for (int64_t l = L - 1; l >= 0; l--) {
     layer_acts *acts = &p->acts[p->layer_sets == L ? l : 0];
     if (p->layer_sets != L) TRY(rx_model_layer_forward(m, l, acts, 0));            /* gradient checkpointing */
     TRY(layer_backward(m, l, acts));
   }
-  TRY(rx_embedding_backward(&m->grads[m->embed], &p->dx, &p->tokens));
+  if (!m->lora) TRY(rx_embedding_backward(&m->grads[m->embed], &p->dx, &p->tokens));
   p->valid = 0;
   return RX_OK;
 }

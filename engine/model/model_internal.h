@@ -3,6 +3,8 @@
 #define RX_MODEL_INTERNAL_H
 #include "internal.h"
 
+typedef struct rx_lora rx_lora;   /* adapters: engine/model/lora.c */
+
 typedef struct layer_params {
   int64_t ln1, q_w, q_b, k_w, k_b, v_w, v_b, o_w, q_norm, k_norm, ln2, gate, up, down;   /* -1: absent */
 } layer_params;
@@ -41,6 +43,7 @@ struct rx_model {
   int64_t embed, final_norm, lm_head;
   double *inv_freq;          /* RoPE frequencies [head_dim/2], rope_scaling applied */
   plan plan;
+  struct rx_lora *lora;      /* adapters (engine/model/lora.c); NULL: full fine-tuning */
 };
 
 int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts);
@@ -51,6 +54,21 @@ int rx_model_qk_norm_inplace(rx_model *m, int64_t l, rx_tensor *q, rx_tensor *k)
 
 void rx_model_set_inputs(rx_model *m, const int32_t *tokens, const int32_t *mask);
 int rx_model_forward_hidden(rx_model *m, int (*after_layer)(void *, int64_t, layer_acts *), void *ctx);
+/* The linear layers of layer l (proj = RX_PROJ_*), with their adapter when there is one:
+ * out = inp W^T + b (+ scale (dropout(inp) A^T) B^T); backward overwrites dinp and accumulates
+ * the adapter's gradients, and the base's only when the base is not frozen. lora.c. */
+int rx_model_linear_forward(rx_model *m, int64_t l, int32_t proj, rx_tensor *out, const rx_tensor *inp);
+int rx_model_linear_backward(rx_model *m, int64_t l, int32_t proj, rx_tensor *dinp, const rx_tensor *dout,
+                             const rx_tensor *inp);
+/* Base weights take no gradients (LoRA). */
+int rx_model_frozen(const rx_model *m);
+void rx_lora_free(struct rx_lora *lora);
+int rx_lora_ensure_grads(rx_model *m);
+void rx_lora_zero_grad(rx_model *m);
+void rx_lora_begin_train_forward(rx_model *m);
+int64_t rx_lora_param_bytes(const rx_model *m);
+int64_t rx_lora_grad_bytes(const rx_model *m);
+
 int rx_model_check_tokens(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, int64_t *B, int64_t *T);
 
 #endif

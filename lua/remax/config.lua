@@ -48,6 +48,14 @@ M.groups = {
     { "loss_agg_mode", "seq-mean-token-mean", "enum:seq-mean-token-mean|token-mean|seq-mean-token-sum", "how token losses are averaged" },
     { "skip_zero_advantage", true, "boolean", "with beta = 0, rows whose advantage is 0 skip the forward/backward (no gradient anyway)" },
   } },
+  { "LoRA", {
+    { "use_lora", false, "boolean", "train low-rank adapters (PEFT's LoRA) on a frozen base; the reference model (beta > 0) is the base with adapters off" },
+    { "lora_r", 16, "integer", "LoRA rank r" },
+    { "lora_alpha", 32, "number", "LoRA alpha: adapters scale by lora_alpha / lora_r" },
+    { "lora_dropout", 0.05, "number", "dropout on the adapters' input in training forwards" },
+    { "lora_target_modules", { "q_proj", "v_proj" }, "strings", "linear layers that get adapters: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or all-linear" },
+    { "save_merged", nil, "string", "with use_lora: also write the final model with adapters merged (a full Hugging Face model) to this folder" },
+  } },
   { "Rewards", {
     { "rewards", { "gsm8k" }, "rewards", "reward functions: names of rewards/*.lua files, paths, or (in a recipe) tables {name=, fn=} and functions" },
     { "reward_weights", nil, "numbers", "weight of each reward function (default: all 1)", hot = true },
@@ -152,7 +160,7 @@ local function show(v)
     if #v > 0 then
       local parts = {}
       for i, x in ipairs(v) do
-        parts[i] = type(x) == "table" and (x.name or "table") or show(x)
+        parts[i] = type(x) == "table" and (x.name or (x.model and ("model:" .. tostring(x.model))) or "table") or show(x)
       end
       return table.concat(parts, ",")
     end
@@ -196,12 +204,12 @@ local function check(decl, v, where)
     for _, c in ipairs(decl.choices) do if v == c then ok = true end end
     if not ok then bad("one of " .. table.concat(decl.choices, ", ")) end
   elseif t == "rewards" then
-    if type(v) == "string" or type(v) == "function" or (type(v) == "table" and v.fn) then v = { v } end
-    if type(v) ~= "table" then bad("a list of reward names, files, tables {name=, fn=} or functions") end
+    if type(v) == "string" or type(v) == "function" or (type(v) == "table" and (v.fn or v.model)) then v = { v } end
+    if type(v) ~= "table" then bad("a list of reward names, files, tables {name=, fn=}, reward models {model=} or functions") end
     for _, x in ipairs(v) do
       local tx = type(x)
-      if not (tx == "string" or tx == "function" or (tx == "table" and type(x.fn) == "function")) then
-        bad("a list of reward names, files, tables {name=, fn=} or functions")
+      if not (tx == "string" or tx == "function" or (tx == "table" and (type(x.fn) == "function" or type(x.model) == "string"))) then
+        bad("a list of reward names, files, tables {name=, fn=}, reward models {model=} or functions")
       end
     end
   elseif t == "template" then
@@ -351,6 +359,13 @@ function M.validate(cfg)
   if cfg.per_device_eval_batch_size < 1 then bad("per_device_eval_batch_size must be >= 1") end
   if cfg.seed >= 2 ^ 32 then bad("seed must be below 2^32") end
   if #cfg.synth_steps ~= 2 then bad("synth_steps must be two numbers: min,max") end
+  if cfg.use_lora then
+    if cfg.lora_r < 1 then bad("lora_r must be >= 1") end
+    if not (cfg.lora_dropout >= 0 and cfg.lora_dropout < 1) then bad("lora_dropout must be in [0, 1)") end
+    require("remax.lora").targets(cfg.lora_target_modules, "config: lora_target_modules")
+  elseif cfg.save_merged then
+    bad("save_merged needs use_lora = true (without adapters, save_final_model writes the whole model)")
+  end
   if cfg.reward_weights and cfg.algo ~= "sft" and #cfg.reward_weights ~= #cfg.rewards then
     bad(("reward_weights has %d weights for %d reward functions (%s)"):format(#cfg.reward_weights, #cfg.rewards,
       show(cfg.rewards)))

@@ -109,7 +109,7 @@ end
 -- Sums a model's gradients over ranks: every rank then holds the whole batch's gradient.
 function World:allreduce_grads(model)
   if self.size == 1 then return end
-  self:allreduce_tensors(model_tensors(model, "rx_model_grad"))
+  self:allreduce_tensors(model:trainable_grads())
 end
 
 function World:barrier()

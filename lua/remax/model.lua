@@ -162,16 +162,29 @@ function M.new(cfg_table, opts)
   return self
 end
 
--- Loads config.json and model.safetensors (or a sharded index) from a Hugging Face folder.
-function M.load(dir, opts)
-  opts = opts or {}
+-- config.json of a Hugging Face folder as a table.
+function M.read_config(dir)
   local cfg_path = dir .. "/config.json"
   local text, err = read_file(cfg_path)
-  if not text then error(("model.load: cannot read %s (%s)"):format(cfg_path, tostring(err)), 2) end
+  if not text then error(("model.load: cannot read %s (%s)"):format(cfg_path, tostring(err)), 3) end
   local ok, cfg_table = pcall(cjson.decode, text)
   if not ok or type(cfg_table) ~= "table" then
-    error(("model.load: %s is not a JSON object (%s)"):format(cfg_path, tostring(cfg_table)), 2)
+    error(("model.load: %s is not a JSON object (%s)"):format(cfg_path, tostring(cfg_table)), 3)
   end
+  return cfg_table, cfg_path
+end
+
+-- Loads config.json and model.safetensors (or a sharded index) from a Hugging Face folder.
+-- opts.config: the config table to use instead of the folder's config.json (a caller that
+-- adapts it, e.g. a reward model's); opts.skip: tensor names of the checkpoint to leave unread.
+function M.load(dir, opts)
+  opts = opts or {}
+  if not opts.config and not fs.exists(dir .. "/config.json") and fs.exists(dir .. "/adapter_config.json") then
+    return require("remax.lora").load_with_base(dir, opts)   -- a PEFT adapter folder (a LoRA checkpoint)
+  end
+  local cfg_table, cfg_path
+  if opts.config then cfg_table, cfg_path = opts.config, dir .. "/config.json"
+  else cfg_table, cfg_path = M.read_config(dir) end
   local self = create(cfg_table, opts, cfg_path)
   self.source_dir = dir
   local st = require("remax.safetensors").open(dir)
@@ -194,6 +207,7 @@ function M.load(dir, opts)
   for name in pairs(in_file) do
     -- tied checkpoints sometimes keep a copy of the head; rotary caches are derived, not learned
     local harmless = name:match("rotary_emb%.inv_freq$") or (name == "lm_head.weight" and self:tied())
+      or (opts.skip and opts.skip[name])
     if not harmless then
       error(("model.load: %s: tensor '%s' is in the checkpoint but not in a %s model of this config"):format(
         dir, name, tostring(cfg_table.architectures and cfg_table.architectures[1] or "Qwen2ForCausalLM")), 2)
@@ -231,6 +245,30 @@ function Model:grad(name)
 end
 
 function Model:zero_grad() C.rx_model_zero_grad(self.handle) end
+
+-- What an optimizer updates: name -> tensor tables of parameters and gradients: the adapters
+-- when the model has LoRA adapters (the base is frozen), else every parameter.
+function Model:trainable()
+  if self.lora then return require("remax.lora").params(self) end
+  return self:params(), self:grads()
+end
+
+-- The gradients of the trained tensors as a list in a fixed order (the adapters' with LoRA, else
+-- every parameter's): what micro-batches accumulate and ranks all-reduce.
+function Model:trainable_grads()
+  local list = {}
+  if self.lora then
+    for i = 1, #self.lora.names do list[i] = C.rx_model_lora_grad(self.handle, i - 1) end
+  else
+    for i = 1, #self.names do list[i] = C.rx_model_grad(self.handle, i - 1) end
+  end
+  return list
+end
+
+function Model:num_trainable()
+  if self.lora then return require("remax.lora").num_parameters(self) end
+  return self:num_parameters()
+end
 
 function Model:num_parameters()
   local n = 0
@@ -459,15 +497,37 @@ end
 local tokenizer_files = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
   "generation_config.json", "vocab.json", "merges.txt" }
 
+local function copy_tokenizer_files(self, dir)
+  if self.source_dir and self.source_dir ~= dir then
+    for _, f in ipairs(tokenizer_files) do
+      local text = read_file(self.source_dir .. "/" .. f)
+      if text then write_atomic(dir .. "/" .. f, text) end
+    end
+  end
+end
+
 -- Writes a Hugging Face folder: config.json, model.safetensors, and the tokenizer files of the
 -- folder the model came from. opts.dtype: "f32" (default: the compute dtype) or "bf16".
+-- A model with LoRA adapters writes them as PEFT does (adapter_model.safetensors,
+-- adapter_config.json; the base stays where it is); remax.lora.save_merged writes it whole.
 function Model:save(dir, opts)
+  if self.lora then
+    require("remax.lora").save(self, dir, opts)
+    copy_tokenizer_files(self, dir)
+    return
+  end
+  self:save_full(dir, opts)
+end
+
+-- The whole model in Hugging Face layout; opts.replace: name -> tensor saved in place of a
+-- parameter (merged LoRA weights).
+function Model:save_full(dir, opts)
   opts = opts or {}
   fs.mkdir_p(dir)
   local save_dtype = opts.dtype and tensor.dtype(opts.dtype) or tonumber(self:cfg().dtype)
   local tensors = {}
   for i, name in ipairs(self.names) do
-    local p = C.rx_model_param(self.handle, i - 1)
+    local p = (opts.replace and opts.replace[name]) or C.rx_model_param(self.handle, i - 1)
     tensors[name] = (tonumber(p.dtype) == save_dtype) and p or p:to(save_dtype)
   end
   require("remax.safetensors").save(dir .. "/model.safetensors", tensors, { format = "pt" })
@@ -486,12 +546,7 @@ function Model:save(dir, opts)
   cfg.torch_dtype = ({ [tonumber(C.RX_F32)] = "float32", [tonumber(C.RX_BF16)] = "bfloat16",
     [tonumber(C.RX_F16)] = "float16", [tonumber(C.RX_F64)] = "float64" })[save_dtype]
   write_atomic(dir .. "/config.json", cjson.encode(cfg))
-  if self.source_dir and self.source_dir ~= dir then
-    for _, f in ipairs(tokenizer_files) do
-      local text = read_file(self.source_dir .. "/" .. f)
-      if text then write_atomic(dir .. "/" .. f, text) end
-    end
-  end
+  copy_tokenizer_files(self, dir)
   self.source_dir = self.source_dir or dir
 end
 

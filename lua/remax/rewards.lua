@@ -7,6 +7,8 @@
 --   local length = rewards.file("length").with({target = 200})      -- configure a built-in
 --
 -- A reward is {name=, fn=function(completions, batch) -> {number|nil, ...}}; nil = no score.
+-- A reward model is "model:path/to/rm" or {model = path, weight =, batch_size =, name =}
+-- (remax.reward_model). A reward's own weight applies when reward_weights is not given.
 local M = {}
 
 local function file_exists(path)
@@ -91,7 +93,10 @@ end
 function M.normalize(spec, index, opts)
   opts = opts or {}
   local r
-  if type(spec) == "string" then
+  local reward_model = require("remax.reward_model")
+  if reward_model.is_spec(spec) then
+    return reward_model.reward(spec, { dtype = opts.dtype })
+  elseif type(spec) == "string" then
     return M.load_file(M.find(spec, opts.base))
   elseif type(spec) == "function" then
     r = { fn = spec }
@@ -221,7 +226,7 @@ function M.score(list, weights, completions, batch, opts)
   for k, r in ipairs(list) do
     local scores = M.run_one(r, completions, batch, opts)
     per[r.name] = scores
-    local w = weights and weights[k] or 1
+    local w = weights and weights[k] or r.weight or 1
     for i = 1, #completions do
       if scores[i] ~= nil then
         total[i] = total[i] + w * scores[i]

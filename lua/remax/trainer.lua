@@ -52,10 +52,23 @@ local function peak_memory_mib(model)
   return (m.params + m.grads + m.activations + m.head) / 1048576
 end
 
+-- What the engine holds for training, in MiB: the policy (weights, gradients, activations, head
+-- chunk), AdamW's moments, and the reference model (none with LoRA: the adapters-off policy).
+local function train_memory_mib(self)
+  local m = self.model:memory()
+  local bytes = m.params + m.grads + m.activations + m.head
+  for _, t in pairs(self.opt and self.opt:state().tensors or {}) do bytes = bytes + tonumber(t.numel) * 4 end
+  if self.ref and self.ref.memory then
+    local r = self.ref:memory()
+    bytes = bytes + r.params + r.activations + r.head
+  end
+  return bytes / 1048576
+end
+
 local function mean(list) return algos.mean(list) end
 
 local function resolve_dir(path)
-  if file_exists(path .. "/config.json") then return path end
+  if file_exists(path .. "/config.json") or file_exists(path .. "/adapter_config.json") then return path end
   local home = os.getenv("REMAX_HOME")
   if home and path:sub(1, 1) ~= "/" and file_exists(home .. "/" .. path .. "/config.json") then
     return home .. "/" .. path
@@ -215,8 +228,10 @@ function Trainer:setup_model()
     end
   end
   self.model_source = source
+  -- with LoRA a checkpoint holds the adapters only: the base comes from where it always does
+  local resume_dir = not cfg.use_lora and self.resume_model_dir or nil
   if source then
-    self.model = remax.model.load(self.resume_model_dir or source, mopts)
+    self.model = remax.model.load(resume_dir or source, mopts)
     self.tok = remax.tokenizer.load(source)
   else
     -- a fresh random model with the byte-level tokenizer, kept in the run folder
@@ -236,17 +251,20 @@ function Trainer:setup_model()
     end
     mc.eos_token_id = mc.eos_token_id or self.tok.eos_id
     self.fresh_config = mc
-    if self.resume_model_dir then
-      self.model = remax.model.load(self.resume_model_dir, mopts)
+    if resume_dir then
+      self.model = remax.model.load(resume_dir, mopts)
     else
       self.model = remax.model.new(mc, mopts)
     end
     self.model.source_dir = tok_dir
   end
   self.stop = self:stop_ids()
-  -- the frozen reference: the starting weights, loaded only when the KL term is used
+  if cfg.use_lora then require("remax.lora").setup(self.model, cfg, self.resume_model_dir) end
+  -- the frozen reference: the starting weights, loaded only when the KL term is used (with
+  -- LoRA: the same model with its adapters off, no second copy)
   if cfg.beta > 0 and cfg.algo ~= "sft" then
-    self.ref = source and remax.model.load(source, mopts) or remax.model.new(self.fresh_config, mopts)
+    self.ref = cfg.use_lora and require("remax.lora").reference(self.model)
+      or source and remax.model.load(source, mopts) or remax.model.new(self.fresh_config, mopts)
   end
   self:resolve_template()
 end
@@ -341,7 +359,8 @@ end
 
 function Trainer:setup_optimizer()
   local cfg = self.cfg
-  self.opt = optim.adamw(self.model:params(), self.model:grads(), {
+  local params, grads = self.model:trainable()
+  self.opt = optim.adamw(params, grads, {
     lr = cfg.learning_rate, betas = { cfg.adam_beta1, cfg.adam_beta2 }, eps = cfg.adam_epsilon,
     weight_decay = cfg.weight_decay,
   })
@@ -553,10 +572,11 @@ function Trainer:micro_step(rows, totals)
     for i = 1, #row.completion do s[#row.prompt_ids + i] = row.completion[i] end
     seqs[n], starts[n] = s, #row.prompt_ids
   end
-  local logp, _, mask = self.model:logprobs(seqs, nil, { train = true, checkpoint = cfg.gradient_checkpointing })
-  local B, T = logp:size(1), logp:size(2)
+  -- the reference first: with LoRA it is the policy's own model, whose next forward must be the train one
   local use_ref = self.ref and cfg.kl_estimator == "k3" and cfg.algo ~= "sft"
   local ref = use_ref and self.ref:logprobs(seqs) or nil
+  local logp, _, mask = self.model:logprobs(seqs, nil, { train = true, checkpoint = cfg.gradient_checkpointing })
+  local B, T = logp:size(1), logp:size(2)
   local f32 = logp:dtype_name() == "f32"
   local lp_tab = not f32 and logp:totable() or nil
   local rf_tab = (ref and not f32) and ref:totable() or nil
@@ -601,25 +621,18 @@ end
 -- ranks with one each (summed by the all-reduce) give the same bits. hold_grads moves the sum so
 -- far aside (one gradient-sized buffer, made once) and zeroes the gradients.
 function Trainer:hold_grads()
-  local C = require("remax.ffi").C
-  local h = self.model.handle
+  local grads = self.model:trainable_grads()
   if not self.held then
     self.held = {}
-    for i = 1, #self.model.names do
-      local g = C.rx_model_grad(h, i - 1)
-      self.held[i] = tensor.new(g:size(), g:dtype_name())
-    end
+    for i, g in ipairs(grads) do self.held[i] = tensor.new(g:size(), g:dtype_name()) end
   end
-  for i = 1, #self.model.names do self.held[i]:copy_(C.rx_model_grad(h, i - 1)) end
+  for i, g in ipairs(grads) do self.held[i]:copy_(g) end
   self.model:zero_grad()
 end
 
 function Trainer:add_held_grads()
   local rx = require("remax.ffi")
-  for i = 1, #self.model.names do
-    local g = rx.C.rx_model_grad(self.model.handle, i - 1)
-    rx.check(rx.C.rx_add(g, g, self.held[i]))
-  end
+  for i, g in ipairs(self.model:trainable_grads()) do rx.check(rx.C.rx_add(g, g, self.held[i])) end
 end
 
 -- One optimizer update from a scored rollout (RL) or a list of SFT rows. Returns metrics.
@@ -659,7 +672,7 @@ function Trainer:update(ro)
   -- each rank's gradient is its share of the global loss: their sum is the whole batch's
   self.dist:allreduce_grads(self.model)
   loss, kl_sum, tokens, trained = self.dist:sum(loss, kl_sum, tokens, trained)
-  local grads = self.model:grads()
+  local _, grads = self.model:trainable()
   local norm = cfg.max_grad_norm > 0 and optim.clip_grad_norm(grads, cfg.max_grad_norm) or optim.grad_norm(grads)
   local step = ro.step or (self.step + 1)
   local lr = optim.schedule(cfg.lr_scheduler_type, cfg.learning_rate, step, cfg.max_steps, self.warmup_steps)
@@ -754,6 +767,7 @@ function Trainer:finish_step(m, ro)
   m.loss = m.loss
   m.bad_steps, m.reloads = self.bad_steps, self.reloads
   m.peak_memory_mib = peak_memory_mib(self.model)
+  m.train_memory_mib = train_memory_mib(self)
   if self.pending_reloads then m.reloaded = self.pending_reloads; self.pending_reloads = nil end
   if self.eval_ds and ((cfg.eval_steps > 0 and self.step % cfg.eval_steps == 0) or self.step == cfg.max_steps) then
     local e = self:evaluate()
@@ -1084,6 +1098,10 @@ function Trainer:train(loop)
   if cfg.save_final_model and self.dist.is_root then
     self.model:save(cfg.save_final_model)
     say(self, "final model saved to " .. cfg.save_final_model)
+  end
+  if cfg.save_merged then
+    require("remax.lora").save_merged(self.model, cfg.save_merged)
+    say(self, "merged model saved to " .. cfg.save_merged)
   end
   if self.progress then self.progress:finish() end
   pcall(function() self.run:plot() end)

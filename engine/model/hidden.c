@@ -1,0 +1,30 @@
+/* hidden.c: final-norm hidden states at chosen positions, for sequence-classification heads
+ * (reward models): one inference forward, then a copy of one row per sequence. */
+#include "internal.h"
+#include <string.h>
+
+#include "model/model_internal.h"
+
+int rx_model_hidden_at(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, const int64_t *index,
+                       rx_tensor *out) {
+  int64_t B = 0, T = 0;
+  char a[96];
+  int rc = rx_model_check_tokens(m, tokens, mask, &B, &T);
+  if (rc) return rc;
+  const rx_model_config *c = &m->cfg;
+  const int64_t C = c->hidden_size, es = rx_dtype_size(c->dtype);
+  if (rx_check_tensor(out, "hidden_at", "out", 2) || out->shape[0] != B || out->shape[1] != C || out->dtype != c->dtype)
+    return rx_fail(RX_EINVAL, "hidden_at: out must be %s [%lld,%lld], got %s %s", rx_dtype_name(c->dtype), (long long)B,
+                   (long long)C, rx_dtype_name(out->dtype), rx_shape_str(out, a, sizeof a));
+  for (int64_t b = 0; b < B; b++)
+    if (index[b] < 0 || index[b] >= T)
+      return rx_fail(RX_EINVAL, "hidden_at: index %lld of row %lld is outside [0, %lld)", (long long)index[b],
+                     (long long)b, (long long)T);
+  rx_forward_opts fo = {0, 0, 0};
+  if ((rc = rx_model_plan(m, B, T, &fo))) return rc;
+  rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL);
+  if ((rc = rx_model_forward_hidden(m, NULL, NULL))) return rc;
+  for (int64_t b = 0; b < B; b++)
+    memcpy((char *)out->data + b * C * es, (char *)m->plan.xf.data + (b * T + index[b]) * C * es, (size_t)(C * es));
+  return RX_OK;
+}

@@ -1,0 +1,238 @@
+-- LoRA from Lua: PEFT's file layout, save/load round trips, merged checkpoints, the reference
+-- model with adapters off, and LoRA training in the trainer (frozen base, exact resume).
+local remax = require("remax")
+local cjson = require("cjson")
+local ffi = require("ffi")
+local lora = require("remax.lora")
+local model_mod = remax.model
+local config = require("remax.config")
+local trainer = require("remax.trainer")
+
+local function tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  os.execute("mkdir -p " .. d)
+  return d
+end
+
+local function read(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function write(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
+-- the tiny Qwen2 of tests/fixtures/peft/README.md
+local TINY = { architectures = { "Qwen2ForCausalLM" }, vocab_size = 40, hidden_size = 16, intermediate_size = 24,
+  num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, rms_norm_eps = 1e-6,
+  rope_theta = 10000, tie_word_embeddings = false, max_position_embeddings = 128 }
+
+local rows = { { 1, 5, 9, 13, 2 }, { 7, 3 }, { 30, 31, 32, 33, 34, 35 } }
+
+local function bytes(t) return ffi.string(t.data, tonumber(t.numel) * tonumber(remax.ffi.C.rx_dtype_size(t.dtype))) end
+
+-- B is zero at init; give it values so the adapters change the model
+local function perturb(m, seed)
+  local p = lora.params(m)
+  for name, t in pairs(p) do
+    if name:match("lora_B") then t:normal_(seed, #name * 2 ^ 32, 0, 0.3) end
+  end
+end
+
+describe("lora", function()
+  it("writes PEFT's adapter files: tensor names, shapes and config keys as PEFT does", function()
+    local fixture = cjson.decode(read("tests/fixtures/peft/tiny_qwen2_all_linear_r4.json"))
+    local m = model_mod.new(TINY, { seed = 1 })
+    lora.apply(m, { r = 4, alpha = 8, dropout = 0.1, target_modules = "all-linear" })
+    local dir = tmpdir()
+    m:save(dir)
+    local st = remax.safetensors.open(dir .. "/adapter_model.safetensors")
+    local names = st:names()
+    local want = {}
+    for name in pairs(fixture.tensors) do want[#want + 1] = name end
+    table.sort(names)
+    table.sort(want)
+    assert.are.same(want, names)
+    for _, name in ipairs(names) do assert.are.same(fixture.tensors[name], st:info(name).shape, name) end
+    assert.are.equal("F32", st:info(names[1]).format)
+    st:close()
+    local cfg = cjson.decode(read(dir .. "/adapter_config.json"))
+    local keys, want_keys = {}, {}
+    for k in pairs(cfg) do keys[#keys + 1] = k end
+    for k in pairs(fixture.adapter_config) do want_keys[#want_keys + 1] = k end
+    table.sort(keys)
+    table.sort(want_keys)
+    assert.are.same(want_keys, keys)
+    for _, k in ipairs({ "r", "lora_alpha", "lora_dropout", "peft_type", "task_type", "bias", "target_modules" }) do
+      assert.are.same(fixture.adapter_config[k], cfg[k], k)
+    end
+    -- the base stays where it is: no model.safetensors next to the adapters
+    assert.is_nil(io.open(dir .. "/model.safetensors", "rb"))
+  end)
+
+  it("starts equal to the base, round-trips its adapters bit for bit, and refuses mismatched ones", function()
+    local base = model_mod.new(TINY, { seed = 3 })
+    local m = model_mod.new(TINY, { seed = 3 })
+    lora.apply(m, { r = 2, alpha = 4, target_modules = { "q_proj", "v_proj", "down_proj" } })
+    assert.are.equal(bytes(base:logprobs(rows)), bytes(m:logprobs(rows)))
+    perturb(m, 5)
+    local lp = m:logprobs(rows)
+    assert.are_not.equal(bytes(base:logprobs(rows)), bytes(lp))
+    local dir = tmpdir()
+    m:save(dir)
+    local again = model_mod.new(TINY, { seed = 3 })
+    lora.load(again, dir)
+    assert.are.equal(bytes(lp), bytes(again:logprobs(rows)))
+    assert.are.same({ "down_proj", "q_proj", "v_proj" }, again.lora.target_modules)
+    -- a PEFT folder loads whole (base from base_model_name_or_path) through model.load
+    local base_dir = tmpdir()
+    base:save(base_dir)
+    local from = model_mod.load(base_dir)
+    lora.apply(from, { r = 2, alpha = 4, target_modules = { "q_proj", "v_proj", "down_proj" } })
+    for name, t in pairs(lora.params(m)) do lora.params(from)[name]:copy_(t) end
+    local adir = tmpdir()
+    from:save(adir)
+    assert.are.equal(base_dir, cjson.decode(read(adir .. "/adapter_config.json")).base_model_name_or_path)
+    assert.are.equal(bytes(lp), bytes(model_mod.load(adir):logprobs(rows)))
+    local other = model_mod.new(TINY, { seed = 3 })
+    local ok, err = pcall(lora.load, other, dir, { r = 4, alpha = 4, target_modules = { "q_proj", "v_proj", "down_proj" } })
+    assert.is_false(ok)
+    assert.matches("adapter_config.json: r = 2", err)
+    assert.matches("lora_r = 4", err)
+    local ok2, err2 = pcall(lora.apply, model_mod.new(TINY), { target_modules = { "q_proj", "qkv" } })
+    assert.is_false(ok2)
+    assert.matches("'qkv' is not a linear layer of this model %(valid: q_proj", err2)
+  end)
+
+  it("saves a merged full model that a plain load reproduces", function()
+    local m = model_mod.new(TINY, { seed = 4, dtype = "f64" })
+    lora.apply(m, { r = 3, alpha = 5, target_modules = "all-linear" })
+    perturb(m, 6)
+    local dir = tmpdir()
+    lora.save_merged(m, dir)
+    local plain = model_mod.load(dir, { dtype = "f64" })
+    local a, b = m:logprobs(rows):totable(), plain:logprobs(rows):totable()
+    for i = 1, #a do
+      for t = 1, #a[i] do assert.is_true(math.abs(a[i][t] - b[i][t]) < 1e-12, ("row %d pos %d: %g vs %g"):format(i, t, a[i][t], b[i][t])) end
+    end
+    -- the merged weights differ from the base where adapters were
+    assert.are_not.equal(bytes(plain:param("model.layers.0.mlp.up_proj.weight")), bytes(m:param("model.layers.0.mlp.up_proj.weight")))
+    assert.are.equal(bytes(plain:param("model.norm.weight")), bytes(m:param("model.norm.weight")))
+  end)
+
+  it("gives the base model's log-probs as the reference, with no second copy, and keeps the adapters on", function()
+    local base = model_mod.new(TINY, { seed = 8 })
+    local m = model_mod.new(TINY, { seed = 8 })
+    lora.apply(m, { r = 2, alpha = 4, target_modules = "all-linear" })
+    perturb(m, 9)
+    local with = bytes(m:logprobs(rows))
+    local ref = lora.reference(m)
+    assert.are.equal(bytes(base:logprobs(rows)), bytes(ref:logprobs(rows)))
+    assert.are.equal(with, bytes(m:logprobs(rows)))
+    -- trainable: the adapters only; memory: gradients for them only
+    local params, grads = m:trainable()
+    local n = 0
+    for name, g in pairs(grads) do
+      n = n + 1
+      assert.is_truthy(name:match("%.lora_[AB]%.weight$"))
+      assert.is_not_nil(params[name])
+      assert.are.same(params[name]:size(), g:size())
+    end
+    assert.are.equal(2 * 2 * 7, n)
+    local dl = m:logprobs(rows):totable()
+    m:logprobs(rows, nil, { train = true })
+    m:backward(dl)
+    assert.is_true(m:memory().grads < m:memory().params / 4)
+  end)
+
+  describe("in the trainer", function()
+    local LOWER = [[
+return { name = "lower", fn = function(completions, batch)
+  local s = {}
+  for i, c in ipairs(completions) do
+    local ids, n = batch.completion_ids[i], 0
+    for _, id in ipairs(ids) do if id >= 97 and id <= 122 then n = n + 1 end end
+    s[i] = n / #ids
+  end
+  return s
+end }
+]]
+    local MODEL = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
+      num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
+      rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true }
+    local function setup()
+      local dir = tmpdir()
+      write(dir .. "/lower.lua", LOWER)
+      local lines = {}
+      for i = 1, 24 do lines[i] = ('{"prompt": "say something %d", "answer": "x%d"}'):format(i, i) end
+      write(dir .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+      return dir
+    end
+    local function new_trainer(dir, extra)
+      local s = { model_config = MODEL, data = dir .. "/p.jsonl", rewards = { dir .. "/lower.lua" }, chat_template = "plain",
+        num_generations = 4, max_completion_length = 10, per_device_train_batch_size = 4, gradient_accumulation_steps = 1,
+        learning_rate = 2e-2, max_steps = 4, eval_size = 0, output_dir = dir .. "/runs", save_steps = 0,
+        log_completions = 0, seed = 7, use_lora = true, lora_r = 4, lora_alpha = 8, lora_dropout = 0.1,
+        lora_target_modules = { "all-linear" }, beta = 0.05 }
+      for k, v in pairs(extra or {}) do s[k] = v end
+      return trainer.new(config.resolve(s), { quiet = true, signals = false })
+    end
+
+    it("trains adapters only, takes the reference from the adapters-off model, and resumes bit for bit", function()
+      local dir = setup()
+      local a = new_trainer(dir, { run_name = "straight", save_merged = dir .. "/merged" })
+      assert.is_true(a.ref.is_lora_reference)
+      local base_before = bytes(a.model:param("model.layers.0.self_attn.q_proj.weight"))
+      a:train()
+      assert.are.equal(base_before, bytes(a.model:param("model.layers.0.self_attn.q_proj.weight")))
+      local ma = a.run:metrics()
+      assert.is_true(ma[#ma].kl ~= 0, "the adapters moved the policy away from its reference")
+      -- checkpoint: PEFT files, no full model
+      local ckpt = a.run:latest_checkpoint()
+      assert.is_not_nil(io.open(ckpt .. "/adapter_model.safetensors", "rb"))
+      assert.is_nil(io.open(ckpt .. "/model.safetensors", "rb"))
+      assert.is_not_nil(io.open(dir .. "/merged/model.safetensors", "rb"))
+
+      local b = new_trainer(dir, { run_name = "split" })
+      for _ = 1, 2 do b:train_step() end
+      b:save_checkpoint()
+      local c = new_trainer(dir, { resume = dir .. "/runs/split" })
+      assert.are.equal(2, c.step)
+      c:train()
+      local pa, pc = lora.params(a.model), lora.params(c.model)
+      for name, t in pairs(pa) do assert.is_true(bytes(t) == bytes(pc[name]), name .. " differs after resume") end
+      local mc = c.run:metrics()
+      assert.are.equal(ma[4].loss, mc[4].loss)
+      assert.are.equal(ma[4].kl, mc[4].kl)
+    end)
+
+    it("holds less memory than full fine-tuning with its reference model (train_memory_mib)", function()
+      local dir = setup()
+      local full = new_trainer(dir, { run_name = "full", use_lora = false, max_steps = 1 })
+      full:train()
+      local lo = new_trainer(dir, { run_name = "lora", max_steps = 1 })
+      lo:train()
+      local mf, ml = full.run:metrics(), lo.run:metrics()
+      local f, l = mf[#mf].train_memory_mib, ml[#ml].train_memory_mib
+      assert.is_true(f > 0 and l > 0)
+      -- the weights (and activations) are the same; gradients, moments and the reference copy are not
+      local w = full.model:memory().params / 1048576
+      assert.is_true(f - l > 3 * w, ("full %.3f MiB, LoRA %.3f MiB, weights %.3f MiB"):format(f, l, w))
+    end)
+
+    it("refuses a LoRA resume of a run whose checkpoint has no adapters, and save_merged without LoRA", function()
+      local ok, err = pcall(config.resolve, { save_merged = "x" })
+      assert.is_false(ok)
+      assert.matches("save_merged needs use_lora = true", err)
+      local ok2, err2 = pcall(config.resolve, { use_lora = true, lora_target_modules = { "qkv_proj" } })
+      assert.is_false(ok2)
+      assert.matches("lora_target_modules: 'qkv_proj' is not a linear layer", err2)
+    end)
+  end)
+end)
