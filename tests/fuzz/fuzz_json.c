@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 
 typedef struct { char *p; size_t n, cap; } buf;
 
@@ -55,7 +56,9 @@ static void write_value(buf *b, const rx_json *v, size_t src_len) {
     case RX_JSON_NULL: put(b, "null", 4); break;
     case RX_JSON_BOOL: put(b, v->boolean ? "true" : "false", v->boolean ? 4 : 5); break;
     case RX_JSON_NUMBER:
-      if (v->is_integer) snprintf(num, sizeof num, "%lld", (long long)v->integer);
+      /* "-0" is the integer 0 with the double -0.0: keep the sign so a second pass writes the same */
+      if (v->is_integer && v->integer == 0 && signbit(v->number)) snprintf(num, sizeof num, "-0");
+      else if (v->is_integer) snprintf(num, sizeof num, "%lld", (long long)v->integer);
       else if (v->number != v->number) __builtin_trap();             /* JSON has no NaN */
       else if (v->number > 1.7976931348623157e308) snprintf(num, sizeof num, "1e999");
       else if (v->number < -1.7976931348623157e308) snprintf(num, sizeof num, "-1e999");
