@@ -423,12 +423,25 @@ function Trainer:score(ro)
   return ro
 end
 
--- The checkpoint a failing reward leaves behind (the state after the last finished step).
+-- The checkpoint a failing reward leaves behind (the state after the last finished step), and
+-- the plots of the steps so far.
 function Trainer:save_on_failure()
   if self.step > 0 and self.last_saved ~= self.step then
     local ok, err = pcall(self.save_checkpoint, self, "a reward failed")
     if not ok then io.stderr:write("remax: could not save a checkpoint: ", tostring(err), "\n") end
   end
+  if self.step > 0 then self:draw_plots() end
+end
+
+-- The charts and index.html of the run. A failure is reported on stderr and kept in
+-- self.plot_error (train() returns it); it never loses the run's other files.
+function Trainer:draw_plots()
+  local ok, err = pcall(self.run.plot, self.run)
+  if not ok then
+    self.plot_error = tostring(err)
+    io.stderr:write(("remax: drawing the plots of %s failed: %s\n"):format(self.run_dir, self.plot_error))
+  end
+  return ok
 end
 
 -- Policy (and reference) log-probabilities of the completion tokens of rows, without gradients.
@@ -850,6 +863,7 @@ function Trainer:finish_step(m, ro)
   end
   if self.bad_steps > cfg.max_bad_steps then
     self:save_checkpoint("too many bad steps")
+    self:draw_plots()
     error(("stopping: %d steps had a non-finite loss or gradient (max_bad_steps = %d); last checkpoint %s"):format(
       self.bad_steps, cfg.max_bad_steps, self.run_dir), 0)
   end
@@ -1017,10 +1031,34 @@ function Trainer:note_reload(path)
   say(self, ("hot reload: %s reloaded (reload %d)"):format(path, self.reloads))
 end
 
--- A reward must run on (a few of) the last completions and give finite numbers.
+-- Before the first step there are no completions yet: the trial runs on the first training
+-- rows, with their answers (or "0") standing in for completions, as the start-up probe does.
+function Trainer:probe_scored()
+  local n = math.min(#self.train_ds.rows, 4)
+  local rows, completions = {}, {}
+  for i = 1, n do
+    rows[i] = self.train_ds.rows[i]
+    local a = rows[i][self.cfg.answer_column or "answer"]
+    completions[i] = type(a) == "string" and a or "0"
+  end
+  local batch = data.collate(rows)
+  batch.prompt_ids, batch.completion_ids, batch.greedy, batch.finish = {}, {}, {}, {}
+  for i = 1, n do
+    batch.prompt_ids[i] = self:encode_prompt(rows[i].prompt)
+    batch.completion_ids[i] = self.tok:encode(completions[i], { add_special_tokens = false })
+    batch.greedy[i], batch.finish[i] = false, "stop"
+    if type(rows[i].prompt) == "table" then
+      batch.completion_messages = batch.completion_messages or {}
+      batch.completion_messages[i] = { { role = "assistant", content = completions[i] } }
+    end
+  end
+  return { completions = completions, batch = batch }
+end
+
+-- A reward must run on (a few of) the last completions (before the first step: the first
+-- training rows) and give finite numbers or nil.
 function Trainer:trial(r)
-  local ro = self.last_scored
-  if not ro then return end
+  local ro = self.last_scored or self:probe_scored()
   local n = math.min(#ro.completions, 4)
   local comps, batch = {}, {}
   for i = 1, n do comps[i] = ro.completions[i] end
@@ -1049,6 +1087,18 @@ function Trainer:reload_recipe()
     if k ~= "rewards" and not decl.hot and type(cfg[k]) ~= "function" and type(cfg[k]) ~= "table" and cfg[k] ~= self.cfg[k]
       and k ~= "resume" and k ~= "run_name" then
       ignored[#ignored + 1] = k
+    end
+  end
+  if cfg.beta > 0 and not self.ref and self.cfg.algo ~= "sft" then
+    -- the KL term needs the frozen reference model, which a run started with beta = 0 lacks
+    local ok, err = pcall(self.load_reference, self)
+    if ok then
+      say(self, ("hot reload: beta = %s: reference model loaded from %s"):format(tostring(cfg.beta),
+        self.model_source or "the fresh model's initial weights"))
+    else
+      say(self, ("hot reload: beta = %s needs the reference model, which failed to load (%s); keeping beta = %s")
+        :format(tostring(cfg.beta), tostring(err), tostring(self.cfg.beta)))
+      cfg.beta = self.cfg.beta
     end
   end
   for _, k in ipairs(config.order) do
@@ -1130,10 +1180,11 @@ function Trainer:train(loop)
   end
   if interrupted then
     self:save_checkpoint("interrupted")
+    self:draw_plots()
     if self.progress then self.progress:finish() end
     say(self, ("interrupted at step %d; resume with: --resume %s"):format(self.step, self.run_dir))
     pcall(function() require("remax.ffi").C.rx_signal_clear() end)
-    return { interrupted = true, step = self.step, run_dir = self.run_dir }
+    return { interrupted = true, step = self.step, run_dir = self.run_dir, plot_error = self.plot_error }
   end
   local after = self.last_eval
   if self.eval_ds and (not after or after.step ~= self.step) then
@@ -1147,14 +1198,15 @@ function Trainer:train(loop)
     say(self, "final model saved to " .. cfg.save_final_model)
   end
   if self.progress then self.progress:finish() end
-  pcall(function() self.run:plot() end)
+  self:draw_plots()
   if after and not self.quiet then
     local first = self.eval_history and self.eval_history[1]
     print(("held-out greedy accuracy: %.1f%% at step %d -> %.1f%% at step %d (%d prompts)"):format(
       100 * (first and first.accuracy or after.accuracy), first and first.step or self.step,
       100 * after.accuracy, self.step, after.n))
   end
-  return { before = before, after = after, step = self.step, run_dir = self.run_dir, history = self.history }
+  return { before = before, after = after, step = self.step, run_dir = self.run_dir, history = self.history,
+    plot_error = self.plot_error }
 end
 
 -- For recipe loops: run one standard step (with hot reload) and say whether to go on.
