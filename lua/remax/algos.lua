@@ -461,4 +461,37 @@ function M.entropy_masks(entropies, masked, q)
   return out
 end
 
+-- The entropy bonus (TRL's entropy_coef): the loss gains -coef * H, H the mean per-token
+-- entropy over the step, normalised as TRL normalises it: with agg = "token-mean" (dapo) each
+-- token's entropy is divided by the step's loss tokens num_tokens; otherwise by the tokens of its
+-- micro-batch (chunk_tokens) times the number of micro-batches. masks[r][t] (top entropy) and
+-- masked rows leave tokens out. Returns dH[r][t] = d loss / d entropy_t and the bonus's share of
+-- the loss.
+function M.entropy_bonus(entropies, opts)
+  local coef = opts.coef or 0
+  local masks, masked = opts.masks, opts.masked or {}
+  local function on(r, t) return not masked[r] and (not masks or masks[r][t] == 1) end
+  local scale
+  if opts.agg == "token-mean" then
+    scale = 1 / math.max(opts.num_tokens, 1)
+  else
+    local n = 0
+    for r, e in ipairs(entropies) do for t = 1, #e do if on(r, t) then n = n + 1 end end end
+    scale = 1 / (math.max(n, 1) * (opts.chunks or 1))
+  end
+  local d, loss = {}, 0
+  for r, e in ipairs(entropies) do
+    d[r] = {}
+    for t, v in ipairs(e) do
+      if on(r, t) then
+        d[r][t] = -coef * scale
+        loss = loss - coef * scale * v
+      else
+        d[r][t] = 0
+      end
+    end
+  end
+  return d, loss
+end
+
 return M

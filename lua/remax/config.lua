@@ -55,6 +55,7 @@ M.groups = {
     { "importance_sampling_level", "token", "enum:token|sequence", "token: one ratio per token (PPO); sequence: one ratio per row, exp of the mean log-ratio (GSPO)" },
     { "mask_truncated_completions", false, "boolean", "rows that hit max_completion_length get no loss (they still count in the advantages)", hot = true },
     { "top_entropy_quantile", 1.0, "number", "train only the tokens whose entropy is in this top fraction of each micro-batch (1: all)", hot = true },
+    { "entropy_coef", 0.0, "number", "entropy bonus: the loss subtracts entropy_coef * the mean per-token entropy (TRL's normalisation)", hot = true },
     { "skip_zero_advantage", true, "boolean", "with beta = 0, rows whose advantage is 0 skip the forward/backward (no gradient anyway)" },
   } },
   { "Rewards", {

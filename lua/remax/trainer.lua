@@ -628,24 +628,39 @@ function Trainer:micro_step(rows, totals, chunk)
     epsilon = cfg.epsilon, epsilon_high = cfg.epsilon_high, delta = cfg.delta, level = cfg.importance_sampling_level,
   })
   stats.entropy_sum, stats.entropy_n = ent_sum, ent_n
-  local dl
-  if logp:dtype_name() == "f32" then
-    dl = tensor.new({ B, T }, "f32")
-    local dp = ffi.cast("float*", dl.data)
-    for n = 1, B do
-      for t, w in ipairs(weights[n]) do dp[(n - 1) * T + starts[n] + t - 1] = w end
-    end
-  else
-    dl = {}
-    for n = 1, B do
-      local r = {}
-      for t = 1, T do r[t] = 0 end
-      for t, w in ipairs(weights[n]) do r[starts[n] + t] = w end
-      dl[n] = r
-    end
+  local dent
+  if cfg.entropy_coef ~= 0 and not sft then
+    local masked = {}
+    for n, row in ipairs(rows) do masked[n] = row.masked end
+    local bonus
+    dent, bonus = algos.entropy_bonus(ents, { coef = cfg.entropy_coef, masks = masks, masked = masked,
+      agg = self:aggregation(), num_tokens = totals.tokens, chunks = totals.chunks })
+    stats.loss = stats.loss + bonus
   end
-  self.model:backward(dl)
+  self.model:backward(M.completion_tensor(weights, starts, B, T, logp:dtype_name()),
+    dent and M.completion_tensor(dent, starts, B, T, logp:dtype_name()) or nil)
   return stats
+end
+
+-- Per-row completion values (weights) placed at their columns of a [B, T] tensor (zeros
+-- elsewhere), as model:backward takes them.
+function M.completion_tensor(values, starts, B, T, dtype)
+  if dtype == "f32" then
+    local x = tensor.new({ B, T }, "f32")
+    local p = ffi.cast("float*", x.data)
+    for n = 1, B do
+      for t, w in ipairs(values[n]) do p[(n - 1) * T + starts[n] + t - 1] = w end
+    end
+    return x
+  end
+  local x = {}
+  for n = 1, B do
+    local r = {}
+    for t = 1, T do r[t] = 0 end
+    for t, w in ipairs(values[n]) do r[starts[n] + t] = w end
+    x[n] = r
+  end
+  return x
 end
 
 -- Micro-batches of whole prompts, per_device_train_batch_size of them each: a prompt's rows
@@ -656,6 +671,7 @@ end
 function Trainer:micro_batches(rows)
   local cfg = self.cfg
   local skip = cfg.algo ~= "sft" and cfg.beta == 0 and cfg.skip_zero_advantage and cfg.top_entropy_quantile >= 1
+    and cfg.entropy_coef == 0
   local by_prompt, order = {}, {}
   for _, r in ipairs(rows) do
     if not by_prompt[r.prompt] then by_prompt[r.prompt] = {}; order[#order + 1] = r.prompt end

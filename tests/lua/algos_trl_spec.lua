@@ -255,6 +255,17 @@ describe("TRL loss types", function()
     assert.is_true(math.abs(w[1][2] + 0.5) < 1e-15)
   end)
 
+  it("normalises the entropy bonus as TRL does (dapo: step tokens; others: micro-batch mean / micro-batches)", function()
+    local ents = { { 1.0, 2.0 }, { 3.0 } }
+    local d, loss = algos.entropy_bonus(ents, { coef = 0.1, agg = "token-mean", num_tokens = 6 })
+    assert.are.same({ { -0.1 / 6, -0.1 / 6 }, { -0.1 / 6 } }, d)
+    assert.is_true(math.abs(loss - (-0.1 * 6 / 6)) < 1e-15)
+    d, loss = algos.entropy_bonus(ents, { coef = 0.1, agg = "seq-mean-token-mean", chunks = 2,
+      masks = { { 1, 0 }, { 1 } }, masked = {} })
+    assert.are.same({ { -0.1 / 4, 0 }, { -0.1 / 4 } }, d)
+    assert.is_true(math.abs(loss - (-0.1 * (1 + 3) / 4)) < 1e-15)
+  end)
+
   it("takes quantiles as torch.quantile does (linear interpolation)", function()
     assert.are.equal(2.5, algos.quantile({ 4, 1, 3, 2 }, 0.5))
     assert.are.equal(2.5, algos.quantile({ 0, 10 }, 0.25))

@@ -235,6 +235,38 @@ describe("trainer algorithms", function()
     assert.are.equal(m["clip_ratio/low_mean"] + m["clip_ratio/high_mean"], m["clip_ratio/region_mean"])
   end)
 
+  it("entropy_coef adds a gradient through the entropy that raises (or, negative, lowers) it", function()
+    local dir = setup()
+    local const = { { name = "const", fn = function(c) local s = {} for i = 1, #c do s[i] = 0.5 end return s end } }
+    local function grads(coef)
+      local t = new_trainer(dir, { entropy_coef = coef, learning_rate = 0, max_grad_norm = 0, rewards = const,
+        run_name = "g" .. coef })
+      step_pieces(t)
+      return grads_copy(t.model)
+    end
+    local g0, g1, g2 = grads(0), grads(1), grads(2)
+    local worst, size = 0, 0
+    for name, v0 in pairs(g0) do
+      for i = 1, #v0 do
+        size = math.max(size, math.abs(g1[name][i]))
+        worst = math.max(worst, math.abs((g2[name][i] - v0[i]) - 2 * (g1[name][i] - v0[i])))
+      end
+    end
+    assert.is_true(size > 0, "the bonus has a gradient when every advantage is 0")
+    assert.is_true(worst <= 1e-5 * size, "the bonus's gradient is linear in entropy_coef")
+    local function entropy_after(coef)
+      local t = new_trainer(dir, { entropy_coef = coef, learning_rate = 3e-2, max_steps = 6, rewards = const,
+        run_name = "e" .. coef })
+      local out = t:train()
+      return out.history[1].entropy, out.history[6].entropy
+    end
+    local up0, up1 = entropy_after(2)
+    local down0, down1 = entropy_after(-2)
+    assert.are.equal(up0, down0)
+    assert.is_true(down1 < down0 - 0.05, ("entropy %.3f -> %.3f with a negative bonus"):format(down0, down1))
+    assert.is_true(up1 > down1 + 0.05, ("entropy %.3f with the bonus, %.3f against it"):format(up1, down1))
+  end)
+
   it("logs the step's statistics: non-zero advantages, zero-spread groups, lengths, entropy", function()
     local dir = setup()
     local t = new_trainer(dir, { algo = "grpo", max_steps = 1, rewards = { { name = "half", fn = function(c, batch)
@@ -335,6 +367,7 @@ describe("trainer algorithms", function()
       { loss_type = "dapo" }, { loss_type = "bnpo" }, { loss_type = "dr_grpo" }, { loss_type = "grpo" },
       { num_iterations = 2, epsilon_high = 0.28 }, { num_iterations = 2, importance_sampling_level = "sequence" },
       { top_entropy_quantile = 0.2 }, { mask_truncated_completions = true }, { algo = "grpo", scale_rewards = "none" },
+      { entropy_coef = 0.01 }, { entropy_coef = 0.01, loss_type = "dapo", top_entropy_quantile = 0.5 },
     }) do
       extra.run_name, extra.max_steps = "s" .. i, 1
       local t = new_trainer(dir, extra)
