@@ -408,7 +408,7 @@ function Trainer:score(ro)
     step = ro.step, on_failure = function() self:save_on_failure() end,
   })
   ro.completions, ro.batch, ro.per, ro.total, ro.unscored, ro.none = completions, batch, per, total, unscored, none
-  if unscored > 0 and ro.G > 0 then
+  if unscored > 0 and ro.G > 0 and (ro.step or 0) > 0 then
     for k = 1, #rows do
       if none[k] then
         -- as TRL warns: such a row gets advantage 0 and stays out of the baselines
