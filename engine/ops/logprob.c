@@ -103,7 +103,7 @@ int rx_logprob_entropy_backward(rx_tensor *dlogits, const rx_tensor *dlogp, cons
   switch (logits->device) {
     case RX_CPU:
       if (logits->dtype != RX_F32 && logits->dtype != RX_F64) return rx_op_no_dtype(op, logits);
-      if (check_targets_cpu(op, targets, N, V, s)) return RX_EINVAL;
+      if (check_targets(op, targets, N, V, s)) return RX_EINVAL;
       if (logits->dtype == RX_F32)
         rx_cpu_logprob_entropy_backward_f32(dlogits->data, dlogp->data, dentropy->data, logits->data, targets->data,
                                             lse->data, N, V);
