@@ -4,7 +4,8 @@
 -- number in the last \boxed{...}, the number after the last "answer is" / "answer:" (any case,
 -- optional "final", "$", "**"), else the last number in the text.
 -- Numbers: "1,234" (comma groups of three), signs, decimals ("3.50" == "3.5"), fractions
--- ("3/4" == 0.75), "$5"; a percentage is its number ("50%" == 50). Values are equal within a
+-- ("3/4" == 0.75), "$5"; a percentage is its number ("50%" == 50). Two integer values ("12",
+-- "12.0", "24/2") are equal only when exactly equal; otherwise values are equal within a
 -- relative tolerance of 1e-6 (absolute below magnitude 1).
 -- The reference is batch.final_answer[i] when that column exists, else the answer extracted the
 -- same way from batch.answer[i] (GSM8K's "... #### 72").
@@ -166,6 +167,8 @@ end
 local function same_value(a, b, tolerance)
   local x, y = parse_number(a), parse_number(b)
   if x == nil or y == nil then return false end
+  -- two integers are equal only when they are the same integer (1450001 is not 1450000)
+  if x == math.floor(x) and y == math.floor(y) then return x == y end
   local tol = (tolerance or 1e-6) * math.max(1, math.abs(x), math.abs(y))
   return math.abs(x - y) <= tol
 end

@@ -115,5 +115,11 @@ void rx_cpu_logprob_backward_f32(float *dlogits, const float *dlogp, const float
                                  const float *lse, int64_t N, int64_t V);
 void rx_cpu_logprob_backward_f64(double *dlogits, const double *dlogp, const double *logits,
                                  const int32_t *targets, const double *lse, int64_t N, int64_t V);
+/* The same with an entropy gradient: adds dentropy[n] * d H_n / d logits[n,:]. */
+void rx_cpu_logprob_entropy_backward_f32(float *dlogits, const float *dlogp, const float *dentropy, const float *logits,
+                                         const int32_t *targets, const float *lse, int64_t N, int64_t V);
+void rx_cpu_logprob_entropy_backward_f64(double *dlogits, const double *dlogp, const double *dentropy,
+                                         const double *logits, const int32_t *targets, const double *lse, int64_t N,
+                                         int64_t V);
 
 #endif

@@ -140,6 +140,10 @@ int rx_logprob_forward(rx_tensor *logp, rx_tensor *lse, rx_tensor *entropy, cons
  * tensor as logits (in place), so the head needs one chunk buffer. */
 int rx_logprob_backward(rx_tensor *dlogits, const rx_tensor *dlogp, const rx_tensor *logits,
                         const rx_tensor *targets, const rx_tensor *lse);
+/* The head's backward with a gradient through the entropy too (an entropy bonus):
+ * dlogits[r,:] = dlogp[r] (onehot - p) - dentropy[r] p (log p + H[r]). In place allowed. */
+int rx_logprob_entropy_backward(rx_tensor *dlogits, const rx_tensor *dlogp, const rx_tensor *dentropy,
+                                const rx_tensor *logits, const rx_tensor *targets, const rx_tensor *lse);
 /* out = a + b elementwise (residual connections); out may alias a or b. */
 int rx_add(rx_tensor *out, const rx_tensor *a, const rx_tensor *b);
 
@@ -250,6 +254,9 @@ int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mas
                       rx_tensor *entropy, const rx_forward_opts *opts);
 /* Accumulates parameter gradients of sum(dlogp * logp) for the last train forward. */
 int rx_model_backward(rx_model *m, const rx_tensor *dlogp);
+/* The same for sum(dlogp * logp + dentropy * entropy): entropy as rx_model_logprobs returns it.
+ * dentropy NULL is rx_model_backward. */
+int rx_model_backward_entropy(rx_model *m, const rx_tensor *dlogp, const rx_tensor *dentropy);
 /* Bytes held by parameters, gradients, the activation plan of the last (B,T) shape, and the
  * head's logits chunk. */
 typedef struct rx_model_memory {

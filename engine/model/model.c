@@ -556,7 +556,9 @@ static int layer_backward(rx_model *m, int64_t l, layer_acts *a) {
   return RX_OK;
 }
 
-int rx_model_backward(rx_model *m, const rx_tensor *dlogp) {
+int rx_model_backward(rx_model *m, const rx_tensor *dlogp) { return rx_model_backward_entropy(m, dlogp, NULL); }
+
+int rx_model_backward_entropy(rx_model *m, const rx_tensor *dlogp, const rx_tensor *dentropy) {
   plan *p = &m->plan;
   char a[96];
   if (!p->valid) return rx_fail(RX_EINVAL, "backward: no train forward to differentiate (call logprobs with train = true first)");
@@ -566,12 +568,23 @@ int rx_model_backward(rx_model *m, const rx_tensor *dlogp) {
     return rx_fail(RX_EINVAL, "backward: dlogp must be %s [%lld,%lld] like the forward's logp, got %s %s",
                    rx_dtype_name(m->cfg.dtype), (long long)B, (long long)T, rx_dtype_name(dlogp->dtype),
                    rx_shape_str(dlogp, a, sizeof a));
-  /* dlogp[b,t] belongs to head row (b,t-1) */
+  if (dentropy && (rx_check_tensor(dentropy, "backward", "dentropy", 2) || dentropy->shape[0] != B ||
+                   dentropy->shape[1] != T || dentropy->dtype != m->cfg.dtype))
+    return rx_fail(RX_EINVAL, "backward: dentropy must be %s [%lld,%lld] like the forward's entropy, got %s %s",
+                   rx_dtype_name(m->cfg.dtype), (long long)B, (long long)T, rx_dtype_name(dentropy->dtype),
+                   rx_shape_str(dentropy, a, sizeof a));
+  /* dlogp[b,t] belongs to head row (b,t-1); so does dentropy[b,t] (kept in row_entropy, which
+   * the backward does not otherwise need) */
   const int32_t *tgt = p->targets.data;
   for (int64_t i = 0; i < N; i++) {
     int has = (i % T) + 1 < T && tgt[i] >= 0;
-    if (m->cfg.dtype == RX_F32) ((float *)p->row_dlogp.data)[i] = has ? ((const float *)dlogp->data)[i + 1] : 0.0f;
-    else ((double *)p->row_dlogp.data)[i] = has ? ((const double *)dlogp->data)[i + 1] : 0.0;
+    if (m->cfg.dtype == RX_F32) {
+      ((float *)p->row_dlogp.data)[i] = has ? ((const float *)dlogp->data)[i + 1] : 0.0f;
+      if (dentropy) ((float *)p->row_entropy.data)[i] = has ? ((const float *)dentropy->data)[i + 1] : 0.0f;
+    } else {
+      ((double *)p->row_dlogp.data)[i] = has ? ((const double *)dlogp->data)[i + 1] : 0.0;
+      if (dentropy) ((double *)p->row_entropy.data)[i] = has ? ((const double *)dentropy->data)[i + 1] : 0.0;
+    }
   }
   rx_tensor *W = &m->params[m->lm_head], *dW = G(m, m->lm_head);
   for (int64_t r0 = 0; r0 < N; r0 += p->head_rows) {
@@ -579,7 +592,8 @@ int rx_model_backward(rx_model *m, const rx_tensor *dlogp) {
     rx_tensor logits, xf, tg, lp, lse, ent, dlp, dxf;
     head_rows_view(m, r0, n, &logits, &xf, &tg, &lp, &lse, &ent, &dlp, &dxf);
     TRY(rx_matmul_forward(&logits, &xf, W, NULL));                       /* recompute */
-    TRY(rx_logprob_backward(&logits, &dlp, &logits, &tg, &lse));         /* in place */
+    if (dentropy) TRY(rx_logprob_entropy_backward(&logits, &dlp, &ent, &logits, &tg, &lse));   /* in place */
+    else TRY(rx_logprob_backward(&logits, &dlp, &logits, &tg, &lse));                         /* in place */
     TRY(rx_matmul_backward(&dxf, dW, NULL, &logits, &xf, W));
   }
   TRY(rx_rmsnorm_backward(&p->dx, G(m, m->final_norm), &p->dxf, &p->res[L], &m->params[m->final_norm], &p->rstdf));

@@ -87,3 +87,31 @@ int rx_logprob_backward(rx_tensor *dlogits, const rx_tensor *dlogp, const rx_ten
       return rx_op_no_kernel(op, logits);
   }
 }
+
+int rx_logprob_entropy_backward(rx_tensor *dlogits, const rx_tensor *dlogp, const rx_tensor *dentropy,
+                                const rx_tensor *logits, const rx_tensor *targets, const rx_tensor *lse) {
+  const char *op = "logprob_entropy_backward";
+  char why[160], s[96];
+  int64_t N, V;
+  if (check_inputs(op, logits, targets, &N, &V, s, sizeof s) || check_per_row(op, dlogp, "dlogp", logits, N, s) ||
+      check_per_row(op, dentropy, "dentropy", logits, N, s) || check_per_row(op, lse, "lse", logits, N, s))
+    return RX_EINVAL;
+  if (!dlogits) return RX_OK;
+  snprintf(why, sizeof why, "shape of logits %s", s);
+  if (rx_op_like(dlogits, logits, op, "dlogits", "logits") || rx_op_rows_cols(dlogits, N, V, op, "dlogits", why))
+    return RX_EINVAL;
+  switch (logits->device) {
+    case RX_CPU:
+      if (logits->dtype != RX_F32 && logits->dtype != RX_F64) return rx_op_no_dtype(op, logits);
+      if (check_targets(op, targets, N, V, s)) return RX_EINVAL;
+      if (logits->dtype == RX_F32)
+        rx_cpu_logprob_entropy_backward_f32(dlogits->data, dlogp->data, dentropy->data, logits->data, targets->data,
+                                            lse->data, N, V);
+      else
+        rx_cpu_logprob_entropy_backward_f64(dlogits->data, dlogp->data, dentropy->data, logits->data, targets->data,
+                                            lse->data, N, V);
+      return RX_OK;
+    default:
+      return rx_op_no_kernel(op, logits);
+  }
+}

@@ -40,12 +40,22 @@ M.groups = {
     { "num_generations", 4, "integer", "sampled completions per prompt (the greedy baseline row comes on top)" },
     { "generate_greedy", true, "boolean", "also generate one greedy completion per prompt (needed by remax; gives reward_greedy otherwise)" },
     { "advantage_clip", 0, "number", "clip advantages to [-c, c] (0: no clipping)", hot = true },
-    { "scale_rewards", true, "boolean", "grpo: divide by the group's standard deviation", hot = true },
+    { "scale_rewards", "group", "enum:group|batch|none", "grpo: divide by the group's standard deviation, the whole batch's, or not at all (true = group, false = none, as in TRL)", hot = true, aliases = { [true] = "group", [false] = "none", ["true"] = "group", ["false"] = "none" } },
+    { "multi_objective_aggregation", "sum_then_normalize", "enum:sum_then_normalize|normalize_then_sum", "grpo with several rewards: weighted sum then the group normalisation, or each reward normalised in its group, summed, then normalised over the batch (TRL's GDPO)", hot = true },
     { "reinforce_baseline", "mean", "enum:none|mean", "reinforce: no baseline, or a running mean of rewards" },
     { "baseline_momentum", 0.9, "number", "reinforce: momentum of the running mean", hot = true },
     { "beta", 0.0, "number", "KL coefficient to the frozen reference model (0: no reference model is loaded)", hot = true },
     { "kl_estimator", "k3", "enum:k3|k1", "k3: per-token KL estimate in the loss; k1: log-ratio folded into the reward" },
-    { "loss_agg_mode", "seq-mean-token-mean", "enum:seq-mean-token-mean|token-mean|seq-mean-token-sum", "how token losses are averaged" },
+    { "loss_agg_mode", "seq-mean-token-mean", "enum:seq-mean-token-mean|token-mean|seq-mean-token-sum|seq-mean-token-sum-norm", "how token losses are averaged (seq-mean-token-sum-norm: sum over tokens / max_completion_length, mean over rows)" },
+    { "loss_type", nil, "enum:grpo|bnpo|dr_grpo|dapo", "TRL's loss types, each with TRL's normalisation (overrides loss_agg_mode; see docs/trainer.md)" },
+    { "num_iterations", 1, "integer", "optimizer updates per rollout (TRL's mu); above 1 the ratio pi/pi_old is clipped to [1 - epsilon, 1 + epsilon_high]" },
+    { "epsilon", 0.2, "number", "lower clipping range of the importance ratio (1 - epsilon)", hot = true },
+    { "epsilon_high", nil, "number", "upper clipping range (1 + epsilon_high; default: epsilon)", hot = true },
+    { "delta", nil, "number", "two-sided clipping: cap the unclipped ratio at delta (> 1 + epsilon_high; default: none)", hot = true },
+    { "importance_sampling_level", "token", "enum:token|sequence", "token: one ratio per token (PPO); sequence: one ratio per row, exp of the mean log-ratio (GSPO)" },
+    { "mask_truncated_completions", false, "boolean", "rows that hit max_completion_length get no loss (they still count in the advantages)", hot = true },
+    { "top_entropy_quantile", 1.0, "number", "train only the tokens whose entropy is in this top fraction of each micro-batch (1: all)", hot = true },
+    { "entropy_coef", 0.0, "number", "entropy bonus: the loss subtracts entropy_coef * the mean per-token entropy (TRL's normalisation)", hot = true },
     { "skip_zero_advantage", true, "boolean", "with beta = 0, rows whose advantage is 0 skip the forward/backward (no gradient anyway)" },
   } },
   { "LoRA", {
@@ -105,7 +115,7 @@ M.keys, M.order = {}, {}
 for _, group in ipairs(M.groups) do
   for _, d in ipairs(group[2]) do
     local decl = { name = d[1], default = d[2], type = d[3], help = d[4], hot = d.hot, group = group[1],
-      unavailable = d.unavailable }
+      unavailable = d.unavailable, aliases = d.aliases }
     if decl.type:match("^enum:") then
       decl.choices = {}
       for c in decl.type:sub(6):gmatch("[^|]+") do decl.choices[#decl.choices + 1] = c end
@@ -173,6 +183,7 @@ M.show = show
 -- Check a value of a key (from a recipe or after parsing); returns the value or raises.
 local function check(decl, v, where)
   if v == nil then return nil end
+  if decl.aliases and decl.aliases[v] ~= nil then v = decl.aliases[v] end
   local t = decl.type
   local function bad(expected)
     error(("%s%s = %s: expected %s"):format(where and (where .. ": ") or "", decl.name,
@@ -356,6 +367,28 @@ function M.validate(cfg)
   if cfg.temperature < 0 then bad("temperature must be >= 0") end
   if cfg.top_p <= 0 or cfg.top_p > 1 then bad("top_p must be in (0, 1]") end
   if cfg.beta < 0 then bad("beta must be >= 0") end
+  if cfg.num_iterations < 1 then bad("num_iterations must be >= 1") end
+  if cfg.epsilon < 0 then bad("epsilon must be >= 0") end
+  if cfg.epsilon_high and cfg.epsilon_high < 0 then bad("epsilon_high must be >= 0") end
+  if cfg.delta and cfg.delta <= 1 + (cfg.epsilon_high or cfg.epsilon) then
+    bad(("delta = %s must be above 1 + epsilon_high = %s"):format(show(cfg.delta), show(1 + (cfg.epsilon_high or cfg.epsilon))))
+  end
+  if not (cfg.top_entropy_quantile > 0 and cfg.top_entropy_quantile <= 1) then bad("top_entropy_quantile must be in (0, 1]") end
+  if cfg.loss_type and cfg.loss_agg_mode ~= M.keys.loss_agg_mode.default then
+    local implied = require("remax.algos").loss_types[cfg.loss_type]
+    if implied ~= cfg.loss_agg_mode then
+      bad(("loss_type = %s implies its own aggregation; it cannot be combined with loss_agg_mode = %s (set one of them)")
+        :format(cfg.loss_type, cfg.loss_agg_mode))
+    end
+  end
+  if cfg.multi_objective_aggregation == "normalize_then_sum" then
+    if cfg.algo ~= "grpo" or cfg.advantage then
+      bad("multi_objective_aggregation = normalize_then_sum is GRPO's advantage (TRL's GDPO): it needs algo = grpo and no recipe advantage function")
+    end
+    if cfg.beta > 0 and cfg.kl_estimator == "k1" then
+      bad("multi_objective_aggregation = normalize_then_sum normalises each reward function; the k1 KL has no reward function to join: use kl_estimator = k3")
+    end
+  end
   if cfg.per_device_eval_batch_size < 1 then bad("per_device_eval_batch_size must be >= 1") end
   if cfg.seed >= 2 ^ 32 then bad("seed must be below 2^32") end
   if #cfg.synth_steps ~= 2 then bad("synth_steps must be two numbers: min,max") end

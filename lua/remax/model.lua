@@ -323,12 +323,17 @@ function Model:logprobs(tokens, mask, opts)
   return logp, ent, mask
 end
 
--- Accumulates d(sum(dlogp * logp))/d(params) for the last train forward.
-function Model:backward(dlogp)
-  if type(dlogp) == "table" and not ffi.istype("rx_tensor", dlogp) then
-    dlogp = tensor.from(dlogp, tonumber(self:cfg().dtype))
+-- Accumulates d(sum(dlogp * logp))/d(params) for the last train forward; with dentropy (same
+-- shape), d(sum(dlogp * logp + dentropy * entropy))/d(params) (an entropy bonus).
+function Model:backward(dlogp, dentropy)
+  local dt = tonumber(self:cfg().dtype)
+  if type(dlogp) == "table" and not ffi.istype("rx_tensor", dlogp) then dlogp = tensor.from(dlogp, dt) end
+  if dentropy == nil then
+    check(C.rx_model_backward(self.handle, dlogp), 2)
+    return
   end
-  check(C.rx_model_backward(self.handle, dlogp), 2)
+  if type(dentropy) == "table" and not ffi.istype("rx_tensor", dentropy) then dentropy = tensor.from(dentropy, dt) end
+  check(C.rx_model_backward_entropy(self.handle, dlogp, dentropy), 2)
 end
 
 function Model:memory()

@@ -118,12 +118,17 @@ function M.clip_grad_norm(grads, max_norm)
   return out[0]
 end
 
--- Learning rate at 1-based step `step` of `total`: warmup for warmup_steps, then constant,
--- linear decay to 0, or cosine decay to 0 (the names TRL uses: lr_scheduler_type).
+-- Learning rate of the step-th optimizer update (1-based) of total: a linear warmup over the
+-- first warmup_steps updates (base_lr * step / warmup_steps, so none runs at lr 0), then
+-- constant, linear or cosine decay counted as Hugging Face's schedulers count (0-based
+-- s = step - 1): linear base_lr * (total - s) / (total - warmup_steps), cosine
+-- base_lr * 0.5 * (1 + cos(pi * (s - warmup_steps) / (total - warmup_steps))). The first decay
+-- update runs at base_lr and the last one above 0, so no update is wasted at lr 0.
 function M.schedule(kind, base_lr, step, total, warmup_steps)
   warmup_steps = warmup_steps or 0
   if step <= warmup_steps and warmup_steps > 0 then return base_lr * step / warmup_steps end
-  local progress = total > warmup_steps and (step - warmup_steps) / (total - warmup_steps) or 1
+  local s = step - 1
+  local progress = total > warmup_steps and (s - warmup_steps) / (total - warmup_steps) or 1
   progress = math.min(math.max(progress, 0), 1)
   if kind == "constant" or kind == "constant_with_warmup" then return base_lr
   elseif kind == "linear" then return base_lr * (1 - progress)

@@ -218,7 +218,8 @@ function M.run_one(r, completions, batch, opts)
 end
 
 -- Score with every reward. Returns per[name] = scores, total[i] = sum_k w_k * s_k[i] over the
--- rewards that gave a score (0 when none did), and how many rows had no score at all.
+-- rewards that gave a score (0 when none did), how many rows had no score at all, and
+-- none[i] = true for those rows.
 function M.score(list, weights, completions, batch, opts)
   local per, total, unscored = {}, {}, 0
   for i = 1, #completions do total[i] = 0 end
@@ -234,8 +235,11 @@ function M.score(list, weights, completions, batch, opts)
       end
     end
   end
-  for i = 1, #completions do if not any[i] then unscored = unscored + 1 end end
-  return per, total, unscored
+  local none = {}
+  for i = 1, #completions do
+    if not any[i] then unscored, none[i] = unscored + 1, true end
+  end
+  return per, total, unscored, none
 end
 
 -- Check that each reward runs on the first rows of a dataset (catches missing columns before

@@ -516,10 +516,21 @@ M.charts = {
     series = { { key = "reward", name = "sampled" }, { key = "reward_greedy", name = "greedy" } } },
   { file = "kl.svg", title = "KL to the reference model", ylabel = "KL", series = { { key = "kl", name = "kl" } } },
   { file = "length.svg", title = "Completion length", ylabel = "tokens",
-    series = { { key = "completion_length_mean", name = "mean length" } } },
+    series = { { key = "completion_length_mean", name = "mean length" }, { key = "completion_length_max", name = "max" },
+      { key = "completion_length_min", name = "min" } } },
   { file = "eval.svg", title = "Eval accuracy", ylabel = "accuracy",
     series = { { key = "eval_accuracy", name = "eval accuracy" } } },
   { file = "loss.svg", title = "Loss", ylabel = "loss", series = { { key = "loss", name = "loss" } } },
+  { file = "entropy.svg", title = "Entropy of the policy", ylabel = "nats per token",
+    series = { { key = "entropy", name = "entropy" } } },
+  { file = "signal.svg", title = "Learning signal", ylabel = "fraction",
+    series = { { key = "frac_rows_nonzero_adv", name = "rows with advantage != 0" },
+      { key = "frac_prompts_nonzero_adv", name = "prompts with any" },
+      { key = "frac_reward_zero_std", name = "groups with zero reward spread" },
+      { key = "truncated_fraction", name = "truncated completions" } } },
+  { file = "clip.svg", title = "Clipped importance ratios", ylabel = "fraction of tokens",
+    series = { { key = "clip_ratio/low_mean", name = "low" }, { key = "clip_ratio/high_mean", name = "high" },
+      { key = "clip_ratio/region_mean", name = "region" } } },
 }
 
 local function html_escape(s)

@@ -260,13 +260,24 @@ function Trainer:setup_model()
   end
   self.stop = self:stop_ids()
   if cfg.use_lora then require("remax.lora").setup(self.model, cfg, self.resume_model_dir) end
+  self.model_opts = mopts
   -- the frozen reference: the starting weights, loaded only when the KL term is used (with
   -- LoRA: the same model with its adapters off, no second copy)
-  if cfg.beta > 0 and cfg.algo ~= "sft" then
-    self.ref = cfg.use_lora and require("remax.lora").reference(self.model)
-      or source and remax.model.load(source, mopts) or remax.model.new(self.fresh_config, mopts)
-  end
+  if cfg.beta > 0 and cfg.algo ~= "sft" then self:load_reference() end
   self:resolve_template()
+end
+
+-- The frozen reference model: the starting weights (the model folder, or the same fresh random
+-- init), also when a hot reload raises beta from 0.
+function Trainer:load_reference()
+  if self.ref then return self.ref end
+  if self.cfg.use_lora then
+    self.ref = require("remax.lora").reference(self.model)
+    return self.ref
+  end
+  local src = self.model_source
+  self.ref = src and remax.model.load(src, self.model_opts) or remax.model.new(self.fresh_config, self.model_opts)
+  return self.ref
 end
 
 function Trainer:resolve_template()
@@ -364,7 +375,9 @@ function Trainer:setup_optimizer()
     lr = cfg.learning_rate, betas = { cfg.adam_beta1, cfg.adam_beta2 }, eps = cfg.adam_epsilon,
     weight_decay = cfg.weight_decay,
   })
-  self.warmup_steps = math.ceil(cfg.warmup_ratio * cfg.max_steps)
+  -- the schedule counts optimizer updates: num_iterations of them per step
+  self.total_updates = cfg.max_steps * cfg.num_iterations
+  self.warmup_steps = math.ceil(cfg.warmup_ratio * self.total_updates)
 end
 
 -- Everything an exact resume needs: data position, optimizer, counters (RNG seeds derive
@@ -463,33 +476,56 @@ function Trainer:score(ro, opts)
       batch.completion_messages[k] = { { role = "assistant", content = r.text } }
     end
   end
-  local per, total, unscored
+  local per, total, unscored, none
   if self.dist.size == 1 or (opts and opts.alone) then
-    per, total, unscored = rewards.score(self.rewards, self.cfg.reward_weights, completions, batch, {
+    per, total, unscored, none = rewards.score(self.rewards, self.cfg.reward_weights, completions, batch, {
       step = ro.step, on_failure = function() self:save_on_failure() end,
     })
   else
-    local ok, a, b, c = pcall(rewards.score, self.rewards, self.cfg.reward_weights, completions, batch, { step = ro.step })
+    local ok, a, b, c, d = pcall(rewards.score, self.rewards, self.cfg.reward_weights, completions, batch, { step = ro.step })
     local all_ok, msg, rank = self.dist:agree(ok, a)
     if not all_ok then
       self:save_on_failure()
       self.dist:barrier()   -- the checkpoint is on disk before any rank exits
       error(("%s (on rank %d)"):format(msg, rank), 0)
     end
-    per, total, unscored = a, b, c
+    per, total, unscored, none = a, b, c, d
   end
-  ro.completions, ro.batch, ro.per, ro.total, ro.unscored = completions, batch, per, total, unscored
+  ro.completions, ro.batch, ro.per, ro.total, ro.unscored, ro.none = completions, batch, per, total, unscored, none
+  if unscored > 0 and ro.G > 0 and (ro.step or 0) > 0 then
+    for k = 1, #rows do
+      if none[k] then
+        -- as TRL warns: such a row gets advantage 0 and stays out of the baselines
+        say(self, ("step %d: no reward function scored %d of %d completions (they get advantage 0), e.g. completion %d: %q")
+          :format(ro.step, unscored, #rows, k, completions[k]:sub(1, 200)))
+        break
+      end
+    end
+  end
   ro.time_score = now() - t0
   self.last_scored = ro
   return ro
 end
 
--- The checkpoint a failing reward leaves behind (the state after the last finished step).
+-- The checkpoint a failing reward leaves behind (the state after the last finished step), and
+-- the plots of the steps so far.
 function Trainer:save_on_failure()
   if self.step > 0 and self.last_saved ~= self.step then
     local ok, err = pcall(self.save_checkpoint, self, "a reward failed")
     if not ok then io.stderr:write("remax: could not save a checkpoint: ", tostring(err), "\n") end
   end
+  if self.step > 0 then self:draw_plots() end
+end
+
+-- The charts and index.html of the run. A failure is reported on stderr and kept in
+-- self.plot_error (train() returns it); it never loses the run's other files.
+function Trainer:draw_plots()
+  local ok, err = pcall(self.run.plot, self.run)
+  if not ok then
+    self.plot_error = tostring(err)
+    io.stderr:write(("remax: drawing the plots of %s failed: %s\n"):format(self.run_dir, self.plot_error))
+  end
+  return ok
 end
 
 -- Policy (and reference) log-probabilities of the completion tokens of rows, without gradients.
@@ -513,17 +549,18 @@ function Trainer:row_logprobs(model, ro, which)
   return out
 end
 
--- Rewards -> advantages (and the k1 KL folded into rewards when kl_estimator = "k1").
+-- Rewards -> advantages (and the k1 KL folded into rewards when kl_estimator = "k1"). Rows that
+-- no reward scored enter as NaN: no baseline uses them and their advantage is 0 (as in TRL).
 function Trainer:advantage(ro)
   local cfg = self.cfg
   local S, G = ro.slots, ro.G
   local reward = {}
-  for k = 1, #ro.rows do reward[k] = ro.total[k] end
+  for k = 1, #ro.rows do reward[k] = (ro.none and ro.none[k]) and 0 / 0 or ro.total[k] end
   if cfg.beta > 0 and cfg.kl_estimator == "k1" then
     local all = {}
     for k = 1, #ro.rows do all[k] = k end
     local lp = self:row_logprobs(self.model, ro, all)
-    local ref = self:row_logprobs(self.ref, ro, all)
+    local ref = self:row_logprobs(self:load_reference(), ro, all)
     ro.kl_k1 = {}
     for k = 1, #ro.rows do
       local r, s = algos.fold_kl(reward[k], lp[k], ref[k], cfg.beta)
@@ -540,31 +577,59 @@ function Trainer:advantage(ro)
     groups[i] = g
   end
   local kind = self.advantage_fn or cfg.advantage or cfg.algo
-  local adv, state = algos.advantages(kind, groups, {
+  local aopts = {
     clip = cfg.advantage_clip, scale_rewards = cfg.scale_rewards, baseline = cfg.reinforce_baseline,
     momentum = cfg.baseline_momentum, step = ro.step, global_sum = function(...) return self.dist:sum(...) end,
-  }, self.baseline_state)
+  }
+  local adv, state
+  if cfg.multi_objective_aggregation == "normalize_then_sum" and kind == "grpo" then
+    local per = {}
+    for k, rw in ipairs(self.rewards) do
+      local scores = ro.per[rw.name]
+      per[k] = {}
+      for i = 1, #ro.prompts do
+        per[k][i] = {}
+        for s = 1, G do
+          local v = scores[(i - 1) * S + s]
+          per[k][i][s] = v == nil and 0 / 0 or v
+        end
+      end
+    end
+    adv = algos.normalize_then_sum(per, cfg.reward_weights)
+    local c = cfg.advantage_clip or 0
+    if c > 0 then
+      for _, a in ipairs(adv) do for j = 1, #a do a[j] = math.max(-c, math.min(c, a[j])) end end
+    end
+  else
+    adv, state = algos.advantages(kind, groups, aopts, self.baseline_state)
+  end
   ro.groups, ro.adv, ro.new_baseline_state = groups, adv, state
   return ro
 end
 
--- Training rows of a rollout: each sampled row as {prompt = i, tokens = prompt .. completion,
--- start = #prompt, n = #completion, adv = A}.
-local function train_rows(ro)
+-- Training rows of a rollout: each sampled row as {prompt = i, prompt_ids, completion, adv = A,
+-- masked = true when mask_truncated_completions leaves it out of the loss}.
+local function train_rows(ro, cfg)
   local list = {}
   for k, r in ipairs(ro.rows) do
     if not r.greedy then
       local p = ro.prompt_ids[r.prompt]
       list[#list + 1] = { prompt = r.prompt, prompt_ids = p, completion = r.tokens,
-        adv = ro.adv and ro.adv[r.prompt][r.slot] or 1, key = k }
+        adv = ro.adv and ro.adv[r.prompt][r.slot] or 1, key = k,
+        masked = (cfg.mask_truncated_completions and r.finish == "length") or nil }
     end
   end
   return list
 end
 
--- Forward, loss weights and backward for one micro-batch of rows; returns stats.
-function Trainer:micro_step(rows, totals)
-  local cfg = self.cfg
+-- The aggregation of token losses: loss_type's (TRL's names) or loss_agg_mode.
+function Trainer:aggregation()
+  local lt = self.cfg.loss_type
+  return lt and algos.loss_types[lt] or self.cfg.loss_agg_mode
+end
+
+-- prompt .. completion token lists of rows, and where each completion starts.
+local function row_seqs(rows)
   local seqs, starts = {}, {}
   for n, row in ipairs(rows) do
     local s = {}
@@ -572,47 +637,94 @@ function Trainer:micro_step(rows, totals)
     for i = 1, #row.completion do s[#row.prompt_ids + i] = row.completion[i] end
     seqs[n], starts[n] = s, #row.prompt_ids
   end
-  -- the reference first: with LoRA it is the policy's own model, whose next forward must be the train one
-  local use_ref = self.ref and cfg.kl_estimator == "k3" and cfg.algo ~= "sft"
-  local ref = use_ref and self.ref:logprobs(seqs) or nil
-  local logp, _, mask = self.model:logprobs(seqs, nil, { train = true, checkpoint = cfg.gradient_checkpointing })
-  local B, T = logp:size(1), logp:size(2)
-  local f32 = logp:dtype_name() == "f32"
-  local lp_tab = not f32 and logp:totable() or nil
-  local rf_tab = (ref and not f32) and ref:totable() or nil
-  local lpp = f32 and ffi.cast("float*", logp.data) or nil
-  local rfp = (ref and f32) and ffi.cast("float*", ref.data) or nil
-  local parts = {}
+  return seqs, starts
+end
+
+-- The completion part of each row of a [B, T] tensor (logprobs, entropies) as Lua lists.
+local function completion_values(x, rows, starts)
+  local T = x:size(2)
+  local f32 = x:dtype_name() == "f32"
+  local p = f32 and ffi.cast("float*", x.data) or nil
+  local tab = not f32 and x:totable() or nil
+  local out = {}
   for n, row in ipairs(rows) do
-    local v, rv = {}, ref and {} or nil
+    local v = {}
     for t = 1, #row.completion do
       local pos = starts[n] + t   -- 1-based column of completion token t
-      v[t] = f32 and lpp[(n - 1) * T + pos - 1] or lp_tab[n][pos]
-      if rv then rv[t] = f32 and rfp[(n - 1) * T + pos - 1] or rf_tab[n][pos] end
+      v[t] = f32 and p[(n - 1) * T + pos - 1] or tab[n][pos]
     end
-    parts[n] = { adv = row.adv, logp = v, ref = rv }
+    out[n] = v
+  end
+  return out
+end
+
+-- The log-probabilities of rows under the current weights, from a forward that computes what
+-- the training forward computes on the same micro-batch (same rows, same padding), so the
+-- first of num_iterations updates sees a ratio of exactly 1. Stored as row.old.
+function Trainer:set_old_logprobs(rows)
+  local seqs, starts = row_seqs(rows)
+  local logp = self.model:logprobs(seqs, nil, { train = true, checkpoint = self.cfg.gradient_checkpointing })
+  local old = completion_values(logp, rows, starts)
+  for n, row in ipairs(rows) do row.old = old[n] end
+end
+
+-- Forward, loss weights and backward for one micro-batch of rows; returns stats.
+-- chunk.tokens: the loss tokens of the micro-batch (bnpo's normaliser, skipped rows included).
+function Trainer:micro_step(rows, totals, chunk)
+  local cfg = self.cfg
+  chunk = chunk or {}
+  local seqs, starts = row_seqs(rows)
+  local sft = cfg.algo == "sft"
+  local use_ref = self.ref and cfg.kl_estimator == "k3" and not sft
+  -- the reference first: with LoRA it is the policy's own model, whose last forward before the
+  -- backward must be the training one
+  local refs
+  if use_ref then
+    if rows[1].ref_lp then
+      refs = {}
+      for n, row in ipairs(rows) do refs[n] = row.ref_lp end
+    else
+      refs = completion_values(self.ref:logprobs(seqs), rows, starts)
+      if cfg.num_iterations > 1 then for n, row in ipairs(rows) do row.ref_lp = refs[n] end end
+    end
+  end
+  local logp, ent = self.model:logprobs(seqs, nil, { train = true, checkpoint = cfg.gradient_checkpointing,
+    entropy = true })
+  local B, T = logp:size(1), logp:size(2)
+  local lps, ents = completion_values(logp, rows, starts), completion_values(ent, rows, starts)
+  local masks
+  if cfg.top_entropy_quantile < 1 and not sft then
+    local masked = {}
+    for n, row in ipairs(rows) do masked[n] = row.masked end
+    masks = algos.entropy_masks(ents, masked, cfg.top_entropy_quantile)
+  end
+  local parts = {}
+  local ent_sum, ent_n = 0, 0
+  for n, row in ipairs(rows) do
+    parts[n] = { adv = row.adv, logp = lps[n], ref = refs and refs[n], old = row.old, mask = masks and masks[n],
+      masked = row.masked }
+    if not row.masked then
+      for _, e in ipairs(ents[n]) do ent_sum, ent_n = ent_sum + e, ent_n + 1 end
+    end
   end
   local weights, stats = algos.token_weights(parts, {
-    beta = cfg.algo == "sft" and 0 or cfg.beta, kl = cfg.kl_estimator, agg = cfg.loss_agg_mode,
-    num_rows = totals.rows, num_tokens = totals.tokens,
+    beta = sft and 0 or cfg.beta, kl = cfg.kl_estimator, agg = self:aggregation(),
+    num_rows = totals.rows, num_tokens = totals.tokens, max_length = cfg.max_completion_length,
+    chunk_tokens = chunk.tokens, chunks = totals.chunks,
+    epsilon = cfg.epsilon, epsilon_high = cfg.epsilon_high, delta = cfg.delta, level = cfg.importance_sampling_level,
   })
-  local dl
-  if f32 then
-    dl = tensor.new({ B, T }, "f32")
-    local dp = ffi.cast("float*", dl.data)
-    for n = 1, B do
-      for t, w in ipairs(weights[n]) do dp[(n - 1) * T + starts[n] + t - 1] = w end
-    end
-  else
-    dl = {}
-    for n = 1, B do
-      local r = {}
-      for t = 1, T do r[t] = 0 end
-      for t, w in ipairs(weights[n]) do r[starts[n] + t] = w end
-      dl[n] = r
-    end
+  stats.entropy_sum, stats.entropy_n = ent_sum, ent_n
+  local dent
+  if cfg.entropy_coef ~= 0 and not sft then
+    local masked = {}
+    for n, row in ipairs(rows) do masked[n] = row.masked end
+    local bonus
+    dent, bonus = algos.entropy_bonus(ents, { coef = cfg.entropy_coef, masks = masks, masked = masked,
+      agg = self:aggregation(), num_tokens = totals.tokens, chunks = totals.chunks })
+    stats.loss = stats.loss + bonus
   end
-  self.model:backward(dl)
+  self.model:backward(M.completion_tensor(weights, starts, B, T, logp:dtype_name()),
+    dent and M.completion_tensor(dent, starts, B, T, logp:dtype_name()) or nil)
   return stats
 end
 
@@ -635,60 +747,120 @@ function Trainer:add_held_grads()
   for i, g in ipairs(self.model:trainable_grads()) do rx.check(rx.C.rx_add(g, g, self.held[i])) end
 end
 
--- One optimizer update from a scored rollout (RL) or a list of SFT rows. Returns metrics.
+-- Per-row completion values (weights) placed at their columns of a [B, T] tensor (zeros
+-- elsewhere), as model:backward takes them.
+function M.completion_tensor(values, starts, B, T, dtype)
+  if dtype == "f32" then
+    local x = tensor.new({ B, T }, "f32")
+    local p = ffi.cast("float*", x.data)
+    for n = 1, B do
+      for t, w in ipairs(values[n]) do p[(n - 1) * T + starts[n] + t - 1] = w end
+    end
+    return x
+  end
+  local x = {}
+  for n = 1, B do
+    local r = {}
+    for t = 1, T do r[t] = 0 end
+    for t, w in ipairs(values[n]) do r[starts[n] + t] = w end
+    x[n] = r
+  end
+  return x
+end
+
+-- Micro-batches of whole prompts, per_device_train_batch_size of them each: a prompt's rows
+-- never split, so every row's advantage sits with its own prompt's other rows. Returns
+-- chunks[c] = {rows = rows to train, tokens = loss tokens of all its rows}. Rows left out of
+-- the forward: masked rows (no loss), and with skip_zero_advantage (beta = 0, every token
+-- trains) rows whose advantage is exactly 0 (no gradient); both still count in the averages.
+function Trainer:micro_batches(rows)
+  local cfg = self.cfg
+  local skip = cfg.algo ~= "sft" and cfg.beta == 0 and cfg.skip_zero_advantage and cfg.top_entropy_quantile >= 1
+    and cfg.entropy_coef == 0
+  local by_prompt, order = {}, {}
+  for _, r in ipairs(rows) do
+    if not by_prompt[r.prompt] then by_prompt[r.prompt] = {}; order[#order + 1] = r.prompt end
+    table.insert(by_prompt[r.prompt], r)
+  end
+  local per, chunks = cfg.per_device_train_batch_size, {}
+  for i, p in ipairs(order) do
+    local c = math.floor((i - 1) / per) + 1
+    chunks[c] = chunks[c] or { rows = {}, tokens = 0 }
+    for _, r in ipairs(by_prompt[p]) do
+      if not r.masked then chunks[c].tokens = chunks[c].tokens + #r.completion end
+      if not (r.masked or (skip and r.adv == 0)) then table.insert(chunks[c].rows, r) end
+    end
+  end
+  return chunks
+end
+
+-- One optimizer update per iteration (num_iterations of them) from a scored rollout (RL), or one
+-- from a list of SFT rows. Returns metrics: loss and grad_norm are means over the iterations,
+-- kl and entropy those of the first (the policy that generated the rollout), clip counts sums.
 function Trainer:update(ro)
   local cfg = self.cfg
   local t0 = now()
-  local rows = ro.train_rows or train_rows(ro)
-  local totals = { rows = #rows, tokens = 0 }
-  for _, r in ipairs(rows) do totals.tokens = totals.tokens + #r.completion end
-  totals.rows, totals.tokens = self.dist:sum(totals.rows, totals.tokens)   -- the loss is over the global batch
-  -- micro-batches: whole prompts, per_device_train_batch_size of them each
-  local skip = cfg.algo ~= "sft" and cfg.beta == 0 and cfg.skip_zero_advantage
-  local chunks, by_prompt, order = {}, {}, {}
-  for _, r in ipairs(rows) do
-    if not by_prompt[r.prompt] then by_prompt[r.prompt] = {}; order[#order + 1] = r.prompt end
-    if not (skip and r.adv == 0) then table.insert(by_prompt[r.prompt], r) end
+  local rows = ro.train_rows or train_rows(ro, cfg)
+  local chunks = self:micro_batches(rows)
+  local totals = { rows = #rows, tokens = 0, chunks = #chunks }
+  for _, r in ipairs(rows) do if not r.masked then totals.tokens = totals.tokens + #r.completion end end
+  -- the loss is over the global batch
+  totals.rows, totals.tokens, totals.chunks = self.dist:sum(totals.rows, totals.tokens, totals.chunks)
+  local mu = (ro.train_rows or cfg.algo == "sft") and 1 or cfg.num_iterations
+  if mu > 1 then
+    for _, c in ipairs(chunks) do if #c.rows > 0 then self:set_old_logprobs(c.rows) end end
   end
-  local per = cfg.per_device_train_batch_size
-  for i, p in ipairs(order) do
-    local c = math.floor((i - 1) / per) + 1
-    chunks[c] = chunks[c] or {}
-    for _, r in ipairs(by_prompt[p]) do table.insert(chunks[c], r) end
-  end
-  self.model:zero_grad()
-  local loss, kl_sum, tokens, trained = 0, 0, 0, 0
-  local earlier = false
-  for c = 1, #chunks do
-    if #chunks[c] > 0 then
-      if earlier then self:hold_grads() end
-      local st = self:micro_step(chunks[c], totals)
-      if earlier then self:add_held_grads() end
-      earlier = true
-      loss, kl_sum, tokens = loss + st.loss, kl_sum + st.kl_sum, tokens + st.tokens
-      trained = trained + #chunks[c]
+  local step = ro.step or (self.step + 1)
+  local out = { loss = 0, grad_norm = 0, iterations = 0, clip_low = 0, clip_high = 0, clip_n = 0, finite = true,
+    rows_trained = 0, tokens_trained = 0, tokens_total = totals.tokens, rows_total = totals.rows }
+  for it = 1, mu do
+    self.model:zero_grad()
+    local loss, kl_sum, tokens, trained, ent_sum, ent_n = 0, 0, 0, 0, 0, 0
+    local earlier = false
+    for _, c in ipairs(chunks) do
+      if #c.rows > 0 then
+        if earlier then self:hold_grads() end
+        local st = self:micro_step(c.rows, totals, c)
+        if earlier then self:add_held_grads() end
+        earlier = true
+        loss, kl_sum, tokens = loss + st.loss, kl_sum + st.kl_sum, tokens + st.tokens
+        ent_sum, ent_n = ent_sum + st.entropy_sum, ent_n + st.entropy_n
+        out.clip_low, out.clip_high, out.clip_n = out.clip_low + st.clip_low, out.clip_high + st.clip_high,
+          out.clip_n + st.clip_n
+        trained = trained + #c.rows
+      end
+    end
+    -- each rank's gradient is its share of the global loss: their sum is the whole batch's
+    self.dist:allreduce_grads(self.model)
+    loss, kl_sum, tokens, trained, ent_sum, ent_n = self.dist:sum(loss, kl_sum, tokens, trained, ent_sum, ent_n)
+    local _, grads = self.model:trainable()
+    local norm = cfg.max_grad_norm > 0 and optim.clip_grad_norm(grads, cfg.max_grad_norm) or optim.grad_norm(grads)
+    local lr = optim.schedule(cfg.lr_scheduler_type, cfg.learning_rate, (step - 1) * mu + it, self.total_updates,
+      self.warmup_steps)
+    if it == 1 then
+      out.kl = tokens > 0 and kl_sum / tokens or 0
+      out.entropy = ent_n > 0 and ent_sum / ent_n or nil
+      out.rows_trained, out.tokens_trained = trained, tokens
+    end
+    out.lr, out.iterations = lr, it
+    out.loss, out.grad_norm = out.loss + loss, out.grad_norm + norm
+    local finite = loss == loss and math.abs(loss) ~= math.huge and norm == norm and norm ~= math.huge
+    if finite then
+      self.opt:step(lr)
+    else
+      out.finite = false
+      self.bad_steps = self.bad_steps + 1
+      self.model:zero_grad()
+      say(self, ("step %d: non-finite loss (%s) or gradient norm (%s): update skipped (%d of max_bad_steps = %d)"):format(
+        step, tostring(loss), tostring(norm), self.bad_steps, cfg.max_bad_steps))
+      break
     end
   end
-  -- each rank's gradient is its share of the global loss: their sum is the whole batch's
-  self.dist:allreduce_grads(self.model)
-  loss, kl_sum, tokens, trained = self.dist:sum(loss, kl_sum, tokens, trained)
-  local _, grads = self.model:trainable()
-  local norm = cfg.max_grad_norm > 0 and optim.clip_grad_norm(grads, cfg.max_grad_norm) or optim.grad_norm(grads)
-  local step = ro.step or (self.step + 1)
-  local lr = optim.schedule(cfg.lr_scheduler_type, cfg.learning_rate, step, cfg.max_steps, self.warmup_steps)
-  local finite = loss == loss and math.abs(loss) ~= math.huge and norm == norm and norm ~= math.huge
-  if finite then
-    self.opt:step(lr)
-    if ro.new_baseline_state ~= nil then self.baseline_state = ro.new_baseline_state end
-  else
-    self.bad_steps = self.bad_steps + 1
-    self.model:zero_grad()
-    say(self, ("step %d: non-finite loss (%s) or gradient norm (%s): update skipped (%d of max_bad_steps = %d)"):format(
-      step, tostring(loss), tostring(norm), self.bad_steps, cfg.max_bad_steps))
-  end
-  return { loss = loss, grad_norm = norm, lr = lr, kl = tokens > 0 and kl_sum / tokens or 0,
-    time_train = now() - t0, rows_trained = trained, tokens_trained = tokens, finite = finite,
-    tokens_total = totals.tokens, rows_total = totals.rows }
+  if out.finite and ro.new_baseline_state ~= nil then self.baseline_state = ro.new_baseline_state end
+  out.clip_low, out.clip_high, out.clip_n = self.dist:sum(out.clip_low, out.clip_high, out.clip_n)
+  out.loss, out.grad_norm = out.loss / out.iterations, out.grad_norm / out.iterations
+  out.time_train = now() - t0
+  return out
 end
 
 -- SFT rows for prompts: target = the answer column + EOS; only target tokens count.
@@ -719,18 +891,28 @@ end
 function Trainer:rl_metrics(ro, up)
   local m = {}
   local samples, greedy = {}, {}
-  local lens, truncated, maxlen = {}, 0, 0
+  local lens, truncated, maxlen, minlen, stopped = {}, 0, 0, math.huge, {}
+  local none = ro.none or {}
   for k, r in ipairs(ro.rows) do
-    if r.greedy then greedy[#greedy + 1] = ro.total[k]
+    if r.greedy then
+      if not none[k] then greedy[#greedy + 1] = ro.total[k] end
     else
-      samples[#samples + 1] = ro.total[k]
+      if not none[k] then samples[#samples + 1] = ro.total[k] end   -- unscored rows: no reward (TRL)
       lens[#lens + 1] = #r.tokens
-      maxlen = math.max(maxlen, #r.tokens)
-      if r.finish == "length" then truncated = truncated + 1 end
+      maxlen, minlen = math.max(maxlen, #r.tokens), math.min(minlen, #r.tokens)
+      if r.finish == "length" then truncated = truncated + 1 else stopped[#stopped + 1] = #r.tokens end
     end
   end
-  m.reward = mean(samples)
+  m.reward, m.reward_std = mean(samples), algos.std(samples)
   if #greedy > 0 then m.reward_greedy = mean(greedy) end
+  -- groups whose sampled rewards have no spread (GRPO and RLOO give them no signal)
+  local flat = 0
+  for _, g in ipairs(ro.groups or {}) do
+    local vals = {}
+    for _, v in ipairs(g.samples) do if v == v then vals[#vals + 1] = v end end
+    if math.abs(algos.std(vals)) <= 1e-8 then flat = flat + 1 end
+  end
+  if ro.groups and #ro.groups > 0 then m.frac_reward_zero_std = flat / #ro.groups end
   for _, rw in ipairs(self.rewards) do
     local s, g = {}, {}
     for k, r in ipairs(ro.rows) do
@@ -745,6 +927,15 @@ function Trainer:rl_metrics(ro, up)
   local advs = {}
   for _, a in ipairs(ro.adv) do for _, v in ipairs(a) do advs[#advs + 1] = v end end
   m.advantage_mean, m.advantage_std = mean(advs), algos.std(advs)
+  -- how much of the step can move the policy: rows with a non-zero advantage, prompts with any
+  local rows_nz, prompts_nz = 0, 0
+  for _, a in ipairs(ro.adv) do
+    local any = false
+    for _, v in ipairs(a) do if v ~= 0 then rows_nz, any = rows_nz + 1, true end end
+    if any then prompts_nz = prompts_nz + 1 end
+  end
+  m.frac_rows_nonzero_adv = #advs > 0 and rows_nz / #advs or 0
+  m.frac_prompts_nonzero_adv = #ro.adv > 0 and prompts_nz / #ro.adv or 0
   if ro.kl_k1 then
     local s, n = 0, 0
     for k, r in ipairs(ro.rows) do if not r.greedy then s = s + ro.kl_k1[k]; n = n + #r.tokens end end
@@ -753,7 +944,16 @@ function Trainer:rl_metrics(ro, up)
     m.kl = up.kl
   end
   m.completion_length_mean, m.completion_length_max = mean(lens), maxlen
+  m.completion_length_min = #lens > 0 and minlen or 0
+  if #stopped > 0 then m.completion_length_terminated_mean = mean(stopped) end
   m.truncated_fraction = #lens > 0 and truncated / #lens or 0
+  m.entropy = up.entropy
+  if up.clip_n and up.clip_n > 0 then
+    m["clip_ratio/low_mean"] = up.clip_low / up.clip_n
+    m["clip_ratio/high_mean"] = up.clip_high / up.clip_n
+    m["clip_ratio/region_mean"] = (up.clip_low + up.clip_high) / up.clip_n
+  end
+  if up.iterations and self.cfg.num_iterations > 1 then m.iterations = up.iterations end
   m.tokens_per_s = ro.time_generate > 0 and ro.tokens_generated / ro.time_generate or 0
   m.time_generate, m.time_score = ro.time_generate, ro.time_score
   if ro.unscored > 0 then m.unscored = ro.unscored end
@@ -795,6 +995,7 @@ function Trainer:finish_step(m, ro)
   end
   if self.bad_steps > cfg.max_bad_steps then
     self:save_checkpoint("too many bad steps")
+    self:draw_plots()
     error(("stopping: %d steps had a non-finite loss or gradient (max_bad_steps = %d); last checkpoint %s"):format(
       self.bad_steps, cfg.max_bad_steps, self.run_dir), 0)
   end
@@ -965,10 +1166,34 @@ function Trainer:note_reload(path)
   say(self, ("hot reload: %s reloaded (reload %d)"):format(path, self.reloads))
 end
 
--- A reward must run on (a few of) the last completions and give finite numbers.
+-- Before the first step there are no completions yet: the trial runs on the first training
+-- rows, with their answers (or "0") standing in for completions, as the start-up probe does.
+function Trainer:probe_scored()
+  local n = math.min(#self.train_ds.rows, 4)
+  local rows, completions = {}, {}
+  for i = 1, n do
+    rows[i] = self.train_ds.rows[i]
+    local a = rows[i][self.cfg.answer_column or "answer"]
+    completions[i] = type(a) == "string" and a or "0"
+  end
+  local batch = data.collate(rows)
+  batch.prompt_ids, batch.completion_ids, batch.greedy, batch.finish = {}, {}, {}, {}
+  for i = 1, n do
+    batch.prompt_ids[i] = self:encode_prompt(rows[i].prompt)
+    batch.completion_ids[i] = self.tok:encode(completions[i], { add_special_tokens = false })
+    batch.greedy[i], batch.finish[i] = false, "stop"
+    if type(rows[i].prompt) == "table" then
+      batch.completion_messages = batch.completion_messages or {}
+      batch.completion_messages[i] = { { role = "assistant", content = completions[i] } }
+    end
+  end
+  return { completions = completions, batch = batch }
+end
+
+-- A reward must run on (a few of) the last completions (before the first step: the first
+-- training rows) and give finite numbers or nil.
 function Trainer:trial(r)
-  local ro = self.last_scored
-  if not ro then return end
+  local ro = self.last_scored or self:probe_scored()
   local n = math.min(#ro.completions, 4)
   local comps, batch = {}, {}
   for i = 1, n do comps[i] = ro.completions[i] end
@@ -997,6 +1222,18 @@ function Trainer:reload_recipe()
     if k ~= "rewards" and not decl.hot and type(cfg[k]) ~= "function" and type(cfg[k]) ~= "table" and cfg[k] ~= self.cfg[k]
       and k ~= "resume" and k ~= "run_name" then
       ignored[#ignored + 1] = k
+    end
+  end
+  if cfg.beta > 0 and not self.ref and self.cfg.algo ~= "sft" then
+    -- the KL term needs the frozen reference model, which a run started with beta = 0 lacks
+    local ok, err = pcall(self.load_reference, self)
+    if ok then
+      say(self, ("hot reload: beta = %s: reference model loaded from %s"):format(tostring(cfg.beta),
+        self.model_source or "the fresh model's initial weights"))
+    else
+      say(self, ("hot reload: beta = %s needs the reference model, which failed to load (%s); keeping beta = %s")
+        :format(tostring(cfg.beta), tostring(err), tostring(self.cfg.beta)))
+      cfg.beta = self.cfg.beta
     end
   end
   for _, k in ipairs(config.order) do
@@ -1083,10 +1320,11 @@ function Trainer:train(loop)
   end
   if interrupted then
     self:save_checkpoint("interrupted")
+    self:draw_plots()
     if self.progress then self.progress:finish() end
     say(self, ("interrupted at step %d; resume with: --resume %s"):format(self.step, self.run_dir))
     pcall(function() require("remax.ffi").C.rx_signal_clear() end)
-    return { interrupted = true, step = self.step, run_dir = self.run_dir }
+    return { interrupted = true, step = self.step, run_dir = self.run_dir, plot_error = self.plot_error }
   end
   local after = self.last_eval
   if self.eval_ds and (not after or after.step ~= self.step) then
@@ -1104,14 +1342,15 @@ function Trainer:train(loop)
     say(self, "merged model saved to " .. cfg.save_merged)
   end
   if self.progress then self.progress:finish() end
-  pcall(function() self.run:plot() end)
+  self:draw_plots()
   if after and not self.quiet then
     local first = self.eval_history and self.eval_history[1]
     print(("held-out greedy accuracy: %.1f%% at step %d -> %.1f%% at step %d (%d prompts)"):format(
       100 * (first and first.accuracy or after.accuracy), first and first.step or self.step,
       100 * after.accuracy, self.step, after.n))
   end
-  return { before = before, after = after, step = self.step, run_dir = self.run_dir, history = self.history }
+  return { before = before, after = after, step = self.step, run_dir = self.run_dir, history = self.history,
+    plot_error = self.plot_error }
 end
 
 -- For recipe loops: run one standard step (with hot reload) and say whether to go on.

@@ -710,6 +710,47 @@ static void logprob_backward_matches_finite_differences(void) {
   release_all();
 }
 
+/* The entropy bonus's head backward: d/dlogits of sum(R * logp) + sum(E * entropy). */
+typedef struct { rx_tensor *logp, *ent, *logits, *targets; const double *R, *E; } logprob_ent_ctx;
+static double logprob_ent_loss(void *p) {
+  logprob_ent_ctx *c = p;
+  CHECK_OK(rx_logprob_forward(c->logp, NULL, c->ent, c->logits, c->targets));
+  double s = sum_prod(c->logp, c->R);
+  const double *h = c->ent->data;
+  for (int64_t n = 0; n < c->ent->numel; n++)
+    if (((const int32_t *)c->targets->data)[n] >= 0) s += c->E[n] * h[n];   /* padding rows carry no loss */
+  return s;
+}
+
+static void logprob_entropy_backward_matches_finite_differences(void) {
+  int64_t N = 13, V = 37, xs[2] = {N, V}, ts[1] = {N};
+  rx_tensor *tg = ints(1, ts, targets_13);
+  rx_tensor *x32 = randn(RX_F32, 2, xs, 5), *x = convert(x32, RX_F64);
+  rx_tensor *dlogp32 = randn(RX_F32, 1, ts, 6), *dlogp = convert(dlogp32, RX_F64);
+  rx_tensor *dent32 = randn(RX_F32, 1, ts, 7), *dent = convert(dent32, RX_F64);
+  logprob_ent_ctx ctx = {tensor(RX_F64, 1, ts), tensor(RX_F64, 1, ts), x, tg, vals(dlogp), vals(dent)};
+  double *fx = finite_diff(logprob_ent_loss, &ctx, x);
+  for (int d = 0; d < 2; d++) {
+    rx_tensor *X = d ? x : x32, *lse = tensor(dtypes[d], 1, ts);
+    CHECK_OK(rx_logprob_forward(tensor(dtypes[d], 1, ts), lse, NULL, X, tg));
+    guarded dx = out_like(dtypes[d], 2, xs, 7.0);
+    CHECK_OK(rx_logprob_entropy_backward(dx.t, d ? dlogp : dlogp32, d ? dent : dent32, X, tg, lse));
+    check_grad(dx.t, 0, fx, grad_tol[d], "logprob dlogits with entropy");
+    rx_tensor *inplace = convert(X, dtypes[d]);
+    CHECK_OK(rx_logprob_entropy_backward(inplace, d ? dlogp : dlogp32, d ? dent : dent32, inplace, tg, lse));
+    CHECK(memcmp(inplace->data, dx.t->data, (size_t)(N * V) * rx_dtype_size(dtypes[d])) == 0,
+          "logprob entropy backward in place differs from out of place (%s)", rx_dtype_name(dtypes[d]));
+    /* a zero entropy gradient is the plain backward */
+    rx_tensor *zero = tensor(dtypes[d], 1, ts), *plain = tensor(dtypes[d], 2, xs);
+    CHECK_OK(rx_tensor_fill(zero, 0.0));
+    CHECK_OK(rx_logprob_backward(plain, d ? dlogp : dlogp32, X, tg, lse));
+    CHECK_OK(rx_logprob_entropy_backward(inplace, d ? dlogp : dlogp32, zero, X, tg, lse));
+    check_close(inplace, vals(plain), d ? 1e-15 : 1e-7, "entropy backward with dentropy 0");
+    CHECK_GUARD_OK(dx, "logprob dlogits with entropy");
+  }
+  release_all();
+}
+
 /* ---- threading: the cases above are mostly below the OpenMP thresholds; these are above them */
 
 typedef void (*op_run)(rx_tensor **t);
@@ -861,6 +902,7 @@ int main(void) {
   RUN(logprob_forward_matches_reference);
   RUN(logprob_on_a_real_vocabulary);
   RUN(logprob_backward_matches_finite_differences);
+  RUN(logprob_entropy_backward_matches_finite_differences);
   RUN(threads_do_not_change_results);
   RUN(bad_arguments_name_the_problem);
   return check_summary("test_kernels");

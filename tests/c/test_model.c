@@ -197,6 +197,16 @@ static double loss_of(rx_model *m, rx_tensor *tok, rx_tensor *msk, rx_tensor *lp
   return s;
 }
 
+/* sum(R * logp + E * entropy): the loss of an entropy bonus */
+static double loss_ent_of(rx_model *m, rx_tensor *tok, rx_tensor *msk, rx_tensor *lp, rx_tensor *ent, const double *R,
+                          const double *E) {
+  rx_forward_opts fo = {0, 0, 5};
+  if (rx_model_logprobs(m, tok, msk, lp, ent, &fo)) return NAN;
+  double s = 0;
+  for (int64_t i = 0; i < B * T; i++) s += R[i] * ((double *)lp->data)[i] + E[i] * ((double *)ent->data)[i];
+  return s;
+}
+
 static void check_model(rx_model_config cfg, int qwen, int tied, int kv) {
   rx_model *m;
   CHECK_OK(rx_model_new(&m, &cfg));
@@ -240,6 +250,39 @@ static void check_model(rx_model_config cfg, int qwen, int tied, int kv) {
     }
   }
   CHECK(worst_rel < 1e-6, "qwen=%d tied=%d kv=%d: worst gradient error %g at %s", qwen, tied, kv, worst_rel, worst_name);
+
+  /* 2b. the same with a gradient through the entropy (rx_model_backward_entropy) */
+  {
+    double E[B * T];
+    rx_tensor *dent = f64_tensor();
+    for (int64_t i = 0; i < B * T; i++) E[i] = mask[i] ? cos(2.0 + i) : 0;
+    memcpy(dent->data, E, sizeof E);
+    rx_model_zero_grad(m);
+    CHECK_OK(rx_model_logprobs(m, tok, msk, lp, ent, &fo));
+    CHECK_OK(rx_model_backward_entropy(m, dlp, dent));
+    double worst_e = 0;
+    const char *worst_e_name = "";
+    for (int64_t i = 0; i < rx_model_param_count(m); i++) {
+      rx_tensor *p = rx_model_param(m, i), *g = rx_model_grad(m, i);
+      for (int s = 0; s < 3; s++) {
+        int64_t j = (int64_t)((i * 7919 + s * 104729) % p->numel);
+        double *x = (double *)p->data + j, keep = *x, h = 1e-4;
+        *x = keep + h;
+        double up = loss_ent_of(m, tok, msk, lp, ent, R, E);
+        *x = keep - h;
+        double down = loss_ent_of(m, tok, msk, lp, ent, R, E);
+        *x = keep;
+        double fd = (up - down) / (2 * h), an = ((double *)g->data)[j];
+        double rel = fabs(fd - an) / fmax(1e-6, fabs(fd) + fabs(an));
+        if (rel > worst_e) { worst_e = rel; worst_e_name = rx_model_param_name(m, i); }
+      }
+    }
+    /* the entropy is more curved than logp: central differences at h = 1e-4 carry ~1e-6 of truncation */
+    CHECK(worst_e < 1e-5, "qwen=%d tied=%d kv=%d: worst entropy-bonus gradient error %g at %s", qwen, tied, kv,
+          worst_e, worst_e_name);
+    rx_tensor_free(dent);
+    CHECK_OK(rx_model_logprobs(m, tok, msk, lp, NULL, &fo));   /* leave a train forward for what follows */
+  }
 
   /* 3. gradient checkpointing gives the same gradients with a smaller activation plan */
   int64_t n = rx_model_param_count(m), total = 0;

@@ -116,7 +116,7 @@ describe("KL and loss", function()
   it("gives weights equal to the loss gradient (central differences, every mode)", function()
     for _, agg in ipairs(algos.aggregations) do
       for _, kl in ipairs({ "k3", "k1" }) do
-        local opts = { beta = 0.3, kl = kl, agg = agg, num_rows = 2, num_tokens = 3 }
+        local opts = { beta = 0.3, kl = kl, agg = agg, num_rows = 2, num_tokens = 3, max_length = 4 }
         local w = algos.token_weights(rows(true), opts)
         for r = 1, 2 do
           for t = 1, #rows()[r].logp do
@@ -135,9 +135,9 @@ describe("KL and loss", function()
 
   it("splits into micro-batches without changing the step's loss or weights", function()
     for _, agg in ipairs(algos.aggregations) do
-      local whole_w, whole = algos.token_weights(rows(true), { beta = 0.1, agg = agg })
+      local whole_w, whole = algos.token_weights(rows(true), { beta = 0.1, agg = agg, max_length = 4 })
       local all = rows(true)
-      local opts = { beta = 0.1, agg = agg, num_rows = 2, num_tokens = 3 }
+      local opts = { beta = 0.1, agg = agg, num_rows = 2, num_tokens = 3, max_length = 4 }
       local w1, a = algos.token_weights({ all[1] }, opts)
       local w2, b = algos.token_weights({ all[2] }, opts)
       near(a.loss + b.loss, whole.loss, 1e-15, agg .. " loss")

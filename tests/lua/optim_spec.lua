@@ -55,9 +55,20 @@ describe("optim", function()
   it("computes warmup, linear and cosine schedules", function()
     assert.are.equal(0.5, optim.schedule("constant", 1, 5, 100, 10))
     assert.are.equal(1, optim.schedule("constant", 1, 50, 100, 10))
-    assert.are.equal(0.5, optim.schedule("linear", 1, 60, 110, 10))
-    assert.is_true(math.abs(optim.schedule("cosine", 1, 60, 110, 10) - 0.5) < 1e-12)
-    assert.are.equal(0, optim.schedule("cosine", 1, 110, 110, 10))
+    -- decay counted as Hugging Face counts (0-based s = step - 1): step 61 of 110 is half way
+    assert.are.equal(0.5, optim.schedule("linear", 1, 61, 110, 10))
+    assert.is_true(math.abs(optim.schedule("cosine", 1, 61, 110, 10) - 0.5) < 1e-12)
+    -- no step is wasted at lr 0: HF's get_linear_schedule_with_warmup(0, 5) gives 1, .8, .6, .4, .2
+    for step, want in ipairs({ 1, 0.8, 0.6, 0.4, 0.2 }) do
+      assert.is_true(math.abs(optim.schedule("linear", 1, step, 5, 0) - want) < 1e-15, "linear step " .. step)
+      local cos = 0.5 * (1 + math.cos(math.pi * (step - 1) / 5))   -- HF's cosine at s = step - 1
+      assert.is_true(math.abs(optim.schedule("cosine", 1, step, 5, 0) - cos) < 1e-15, "cosine step " .. step)
+    end
+    assert.is_true(optim.schedule("cosine", 1, 110, 110, 10) > 0, "the last cosine step trains")
+    assert.is_true(math.abs(optim.schedule("linear", 1, 110, 110, 10) - 0.01) < 1e-15)
+    -- warmup reaches the peak on its last step; the first decay step is still at the peak
+    assert.are.equal(1, optim.schedule("linear", 1, 10, 110, 10))
+    assert.are.equal(1, optim.schedule("linear", 1, 11, 110, 10))
     assert.has_error(function() optim.schedule("exp", 1, 1, 10) end,
       "unknown lr_scheduler_type 'exp' (valid: constant, linear, cosine)")
   end)

@@ -49,6 +49,14 @@ describe("gsm8k_accuracy", function()
     assert.is_true(gsm8k.same_value("-7", -7))
     assert.is_true(gsm8k.same_value("100000000", "100000000.00001"))   -- relative 1e-6
     assert.is_false(gsm8k.same_value("1234", "123"))
+    -- integers compare exactly: an answer off by one is wrong however large it is
+    assert.is_false(gsm8k.same_value("1450001", "1450000"))
+    assert.is_false(gsm8k.same_value("1,450,001", 1450000))
+    assert.is_false(gsm8k.same_value("-1000001", "-1000000"))
+    assert.is_true(gsm8k.same_value("12.0", "12"))
+    assert.is_true(gsm8k.same_value("24/2", "12"))
+    assert.is_true(gsm8k.same_value("0.1", 0.1 + 1e-12))   -- decimals keep the tolerance
+    assert.is_true(gsm8k.same_value("1/3", "0.3333333333"))
     assert.is_false(gsm8k.same_value("-5", "5"))
     assert.is_false(gsm8k.same_value("3.5", "3.51"))
     assert.is_false(gsm8k.same_value("1/0", "0"))
@@ -57,6 +65,8 @@ describe("gsm8k_accuracy", function()
   end)
 
   it("scores each answer form and near-miss", function()
+    assert.are.equal(0, score("so the total is\n#### 1450001", "1450000"))
+    assert.are.equal(1, score("so the total is\n#### 1,450,000", "1450000"))
     assert.are.equal(1, score("6 * 12 = 72\n#### 72", "72"))
     assert.are.equal(1, score("The answer is \\boxed{72}.", "72"))
     assert.are.equal(1, score("So the answer is $72.", "72"))

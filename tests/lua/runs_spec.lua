@@ -274,4 +274,20 @@ describe("runs", function()
     assert.truthy(html:find('src="reward.svg"', 1, true))
     assert.truthy(html:find("completion_length_mean", 1, true))   -- the last metrics row
   end)
+
+  it("plots entropy, the learning signal and clip ratios when a run logs them", function()
+    local run = runs.open(root .. "/r", { config = {} })
+    for s = 1, 4 do
+      run:log_metrics(s, { entropy = 2 - s / 10, frac_rows_nonzero_adv = s / 8, frac_prompts_nonzero_adv = s / 4,
+        frac_reward_zero_std = 1 - s / 4, truncated_fraction = 0.1, ["clip_ratio/low_mean"] = 0.01 * s,
+        ["clip_ratio/high_mean"] = 0.02 * s, ["clip_ratio/region_mean"] = 0.03 * s })
+    end
+    local files = run:plot()
+    table.sort(files)
+    assert.are.same({ "clip.svg", "entropy.svg", "index.html", "signal.svg" }, files)
+    local _, lines = read(root .. "/r/clip.svg"):gsub("<polyline", "")
+    assert.are.equal(3, lines)
+    _, lines = read(root .. "/r/signal.svg"):gsub("<polyline", "")
+    assert.are.equal(4, lines)
+  end)
 end)
