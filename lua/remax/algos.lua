@@ -61,9 +61,16 @@ function M.estimators.grpo(groups, opts)
   local kind = scale_kind(opts.scale_rewards)
   local batch_std
   if kind == "batch" then
-    local all = {}
-    for _, g in ipairs(groups) do for _, r in ipairs(g.samples) do all[#all + 1] = r end end
-    batch_std = std(all)
+    -- the step's samples on every rank (opts.global_sum under data parallel training): two
+    -- passes, as std() does, so one process gets the same bits either way
+    local gsum = opts.global_sum or function(...) return ... end
+    local sum, n = 0, 0
+    for _, g in ipairs(groups) do for _, r in ipairs(g.samples) do sum, n = sum + r, n + 1 end end
+    sum, n = gsum(sum, n)
+    local m, dev = n > 0 and sum / n or 0, 0
+    for _, g in ipairs(groups) do for _, r in ipairs(g.samples) do dev = dev + (r - m) ^ 2 end end
+    dev = gsum(dev)
+    batch_std = n >= 2 and math.sqrt(dev / (n - 1)) or 0
   end
   return each_group(groups, function(g)
     local m = mean(g.samples)

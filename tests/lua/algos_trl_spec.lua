@@ -285,6 +285,16 @@ describe("TRL reward handling", function()
     local adv = algos.advantages("grpo", groups, { scale_rewards = "batch" })
     near(adv[1][1], 0.5 / (bs + 1e-4), "batch std, group mean")
     near(adv[2][1], 1 / (bs + 1e-4), "batch std, group 2")
+    -- under data parallel training the batch is every rank's: a second rank holding the same
+    -- groups (global_sum doubles every sum) gives the std of the 16 rewards
+    local twice = {}
+    for i = 1, 2 do for _, v in ipairs(all) do twice[#twice + 1] = v end end
+    local dp = algos.advantages("grpo", groups, { scale_rewards = "batch", global_sum = function(...)
+      local out = { ... }
+      for i = 1, select("#", ...) do out[i] = 2 * out[i] end
+      return unpack(out, 1, select("#", ...))
+    end })
+    near(dp[2][1], 1 / (algos.std(twice) + 1e-4), "batch std over ranks")
     local none = algos.advantages("grpo", groups, { scale_rewards = "none" })
     near(none[2][1], 1, "none")
     assert.are.same(none, algos.advantages("grpo", groups, { scale_rewards = false }))
