@@ -5,18 +5,8 @@ local ffi = require("ffi")
 local dist = require("remax.dist")
 local cli = require("remax.cli")
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  os.execute("mkdir -p " .. d)
-  return d
-end
-
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
+local support = require("support")
+local tmpdir, write = support.tmpdir, support.write
 
 local function read(path)
   local f = io.open(path, "rb")

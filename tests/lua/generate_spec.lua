@@ -133,12 +133,8 @@ end)
 
 -- ---------------------------------------------------------------- remax generate
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  os.execute("mkdir -p " .. d)
-  return d
-end
+local support = require("support")
+local tmpdir, write = support.tmpdir, support.write
 
 local function binary() return require("remax.cli").build_dir() .. "/remax" end
 
@@ -153,12 +149,6 @@ local function run(args)
   if f then f:close() end
   local rc = tonumber(out:match("rc=(%d+)%s*$"))
   return out:gsub("rc=%d+%s*$", ""), err, rc
-end
-
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
 end
 
 describe("remax generate", function()

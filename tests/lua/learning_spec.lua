@@ -12,12 +12,8 @@ local TINY = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, interme
   num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 64,
   rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true }
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  os.execute("mkdir -p " .. d)
-  return d
-end
+local support = require("support")
+local tmpdir = support.tmpdir
 
 local function run(algo, G, advantage, extra)
   local dir = tmpdir()

@@ -8,24 +8,14 @@ local model_mod = remax.model
 local config = require("remax.config")
 local trainer = require("remax.trainer")
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  os.execute("mkdir -p " .. d)
-  return d
-end
+local support = require("support")
+local tmpdir, write = support.tmpdir, support.write
 
 local function read(path)
   local f = assert(io.open(path, "rb"))
   local s = f:read("*a")
   f:close()
   return s
-end
-
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
 end
 
 -- the tiny Qwen2 of tests/fixtures/peft/README.md

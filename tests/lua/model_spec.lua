@@ -2,12 +2,8 @@ local remax = require("remax")
 local cjson = require("cjson")
 local tensor, model_mod, optim = remax.tensor, remax.model, remax.optim
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  os.execute("mkdir -p " .. d)
-  return d
-end
+local support = require("support")
+local tmpdir, write = support.tmpdir, support.write
 
 local function tiny(extra)
   local cfg = {
@@ -17,12 +13,6 @@ local function tiny(extra)
   }
   for k, v in pairs(extra or {}) do cfg[k] = v end
   return cfg
-end
-
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
 end
 
 local rows = { { 1, 5, 9, 13, 2 }, { 7, 3 }, { 30, 31, 32, 33, 34, 35 } }

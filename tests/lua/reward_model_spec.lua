@@ -10,18 +10,8 @@ local reward_model = require("remax.reward_model")
 local rewards = require("remax.rewards")
 local tensor = remax.tensor
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  os.execute("mkdir -p " .. d)
-  return d
-end
-
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
+local support = require("support")
+local tmpdir, write = support.tmpdir, support.write
 
 local CHATML = [[{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}]]
 

@@ -7,18 +7,8 @@ local algos = require("remax.algos")
 local cli = require("remax.cli")
 local ffi = require("ffi")
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  os.execute("mkdir -p " .. d)
-  return d
-end
-
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
+local support = require("support")
+local tmpdir, write = support.tmpdir, support.write
 
 local function exists(path)
   local f = io.open(path, "rb")

@@ -4,18 +4,8 @@ local trainer = require("remax.trainer")
 local cli = require("remax.cli")
 local ffi = require("ffi")
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  os.execute("mkdir -p " .. d)
-  return d
-end
-
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
+local support = require("support")
+local tmpdir, write = support.tmpdir, support.write
 
 -- reward: the fraction of completion tokens that are lowercase ASCII letters (about 10% for a
 -- random byte-level model; easy to learn)
