@@ -45,6 +45,24 @@ static inline double rx_log_f64(double x) { return log(x); }
  * allow_negative (padding targets); -1 when all are valid. */
 int64_t rx_cpu_first_bad_index(const int32_t *idx, int64_t n, int64_t limit, int allow_negative);
 
+/* bf16 -> f32: the bf16 bits are the high half of the f32 (exact). */
+static inline float rx_cpu_bf16_to_f32(uint16_t h) {
+  union { uint32_t u; float f; } v;
+  v.u = (uint32_t)h << 16;
+  return v.f;
+}
+
+/* Weights stored in bf16, inputs and outputs f32 (matmul_bf16.c): out = inp W^T (+ bias), the
+ * f32 layer of the bf16 weights; dinp = dout W (backward through a frozen weight); an embedding
+ * gather. Up to RX_BF16_FEW_ROWS rows take the decode kernel, more widen blocks of W for sgemm.
+ * The matmuls return 0 when out of memory for their buffer (writing nothing), else 1. */
+enum { RX_BF16_FEW_ROWS = 48 };
+int rx_cpu_matmul_forward_f32_bf16(float *out, const float *inp, const uint16_t *weight, const float *bias, int64_t N,
+                                   int64_t C, int64_t OC);
+int rx_cpu_matmul_dinp_f32_bf16(float *dinp, const float *dout, const uint16_t *weight, int64_t N, int64_t C,
+                                int64_t OC);
+void rx_cpu_embedding_forward_f32_bf16(float *out, const int32_t *tokens, const uint16_t *weight, int64_t N, int64_t C);
+
 /* matmul: out[N,OC] = inp[N,C] W[OC,C]^T (+ bias[OC]); OpenBLAS GEMM, or for a few rows a
  * kernel that reads W in place (matmul_rows.c: out = inp W^T + bias; returns 0, writing nothing,
  * where it does not apply: no AVX-512, more than 48 rows, C = 0). */

@@ -216,6 +216,10 @@ typedef struct rx_model_config {
   double rope_low_freq_factor;
   double rope_high_freq_factor;
   int64_t rope_original_max_position_embeddings;
+  int32_t weight_dtype;          /* storage of the weight matrices (embeddings, projections, head):
+                                  * RX_BF16 on the CPU with f32 compute keeps them in bf16 (half the
+                                  * memory; frozen: no gradients unless LoRA adapters are trained);
+                                  * any other value: the compute dtype. Norms and biases stay in dtype. */
 } rx_model_config;
 
 /* inv_freq[0 .. head_dim/2) of a config: rope_theta^(-2i/head_dim), then its rope_scaling
@@ -229,6 +233,9 @@ typedef struct rx_model rx_model;
 int rx_model_new(rx_model **out, const rx_model_config *cfg);
 void rx_model_free(rx_model *m);
 const rx_model_config *rx_model_get_config(const rx_model *m);
+/* The dtype the weight matrices are stored in: RX_BF16 when the config asks for it, else the
+ * compute dtype. */
+int32_t rx_model_weight_dtype(const rx_model_config *c);
 int64_t rx_model_param_count(const rx_model *m);
 const char *rx_model_param_name(const rx_model *m, int64_t i);
 /* Borrowed views into the parameter / gradient arenas (valid while the model lives). */

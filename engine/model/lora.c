@@ -354,7 +354,10 @@ int rx_model_lora_merged(rx_model *m, int64_t param, rx_tensor *out) {
       const double *aq = ad + q * in;
       for (int64_t j = 0; j < in; j++) row[j] += bq * aq[j];
     }
-    if (out->dtype == RX_F32) {
+    if (out->dtype == RX_BF16) {   /* a base stored in bf16: the merged weight rounded once */
+      uint16_t *y = (uint16_t *)out->data + i * in;
+      for (int64_t j = 0; j < in; j++) y[j] = rx_f32_to_bf16((float)((double)rx_bf16_to_f32(y[j]) + s * row[j]));
+    } else if (out->dtype == RX_F32) {
       float *y = (float *)out->data + i * in;
       for (int64_t j = 0; j < in; j++) y[j] = (float)((double)y[j] + s * row[j]);
     } else {

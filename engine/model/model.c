@@ -24,6 +24,8 @@ static int64_t add_spec(param_spec *specs, int64_t *n, const char *name, int32_t
   return (*n)++;
 }
 
+int32_t rx_model_weight_dtype(const rx_model_config *c) { return c->weight_dtype == RX_BF16 ? RX_BF16 : c->dtype; }
+
 static int check_config(const rx_model_config *c) {
 #define POSITIVE(f) if (c->f <= 0) return rx_fail(RX_EINVAL, "model config: " #f " = %lld must be > 0", (long long)c->f)
   POSITIVE(vocab_size); POSITIVE(hidden_size); POSITIVE(intermediate_size); POSITIVE(num_hidden_layers);
@@ -35,6 +37,9 @@ static int check_config(const rx_model_config *c) {
   if (c->head_dim % 2) return rx_fail(RX_EINVAL, "model config: head_dim = %lld must be even for RoPE", (long long)c->head_dim);
   if (c->dtype != RX_F32 && c->dtype != RX_F64)
     return rx_fail(RX_EINVAL, "model config: compute dtype %s is not supported on this device (f32, f64)", rx_dtype_name(c->dtype));
+  if (c->weight_dtype == RX_BF16 && (c->dtype != RX_F32 || c->device != RX_CPU))
+    return rx_fail(RX_EINVAL, "model config: bf16 weight storage needs f32 compute on the cpu (compute dtype %s)",
+                   rx_dtype_name(c->dtype));
   if (c->device != RX_CPU) return rx_fail(RX_EDEVICE, "model config: device %d has no model backend in this build", c->device);
   if (!(c->rms_norm_eps > 0)) return rx_fail(RX_EINVAL, "model config: rms_norm_eps = %g must be > 0", c->rms_norm_eps);
   if (!(c->rope_theta > 0)) return rx_fail(RX_EINVAL, "model config: rope_theta = %g must be > 0", c->rope_theta);
@@ -49,9 +54,12 @@ static int check_config(const rx_model_config *c) {
   const double HD = (double)c->num_attention_heads * (double)c->head_dim, KD = (double)c->num_key_value_heads * (double)c->head_dim;
   const double per_layer = 2 * C + 2 * HD * C + 2 * KD * C + 3 * I * C + (c->attention_bias ? HD + 2 * KD : 0) +
                            (c->qk_norm ? 2 * (double)c->head_dim : 0);
+  const double matrices = (double)c->vocab_size * C * (c->tie_word_embeddings ? 1 : 2) +
+                          L * (2 * HD * C + 2 * KD * C + 3 * I * C);
   const double params = (double)c->vocab_size * C * (c->tie_word_embeddings ? 1 : 2) + L * per_layer + C;
   const double tensors = L * (9 + (c->attention_bias ? 3 : 0) + (c->qk_norm ? 2 : 0)) + 3;
-  const double bytes = params * (double)rx_dtype_size(c->dtype) + tensors * (64 + 512);
+  const double bytes = matrices * (double)rx_dtype_size(rx_model_weight_dtype(c)) +
+                       (params - matrices) * (double)rx_dtype_size(c->dtype) + tensors * (64 + 512);
   const double memory = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
   if (!(bytes < 9.2e18) || (memory > 0 && bytes > memory))
     return rx_fail(RX_ENOMEM, "model config: %.4g parameters in %.0f tensors need %.3g GB, more than this machine's %.3g GB of memory",
@@ -111,12 +119,13 @@ int rx_model_new(rx_model **out, const rx_model_config *cfg) {
   m->lm_head = cfg->tie_word_embeddings ? m->embed : add_spec(specs, &n, "lm_head.weight", 2, V, C);
 
   /* one arena for parameters, one for gradients, every tensor 64-byte aligned */
-  const int64_t esize = rx_dtype_size(cfg->dtype);
+  /* matrices in the weight dtype, vectors (norms, biases) in the compute dtype */
+  const int32_t wdt = rx_model_weight_dtype(cfg);
   int64_t *offsets = calloc((size_t)n, sizeof *offsets), total = 0;
-  for (int64_t i = 0; i < n; i++) {
+  for (int64_t i = 0; i < n && offsets; i++) {
     offsets[i] = total;
     int64_t numel = specs[i].shape[0] * (specs[i].ndim == 2 ? specs[i].shape[1] : 1);
-    total += (numel * esize + 63) & ~(int64_t)63;
+    total += (numel * rx_dtype_size(specs[i].ndim == 2 ? wdt : cfg->dtype) + 63) & ~(int64_t)63;
   }
   m->n_params = n;
   m->param_bytes = total;
@@ -133,7 +142,8 @@ int rx_model_new(rx_model **out, const rx_model_config *cfg) {
   memset(m->param_arena, 0, (size_t)total);
   for (int64_t i = 0; i < n; i++) {
     m->names[i] = strdup(specs[i].name);
-    rx_view_init(&m->params[i], (char *)m->param_arena + offsets[i], cfg->dtype, cfg->device, specs[i].ndim, specs[i].shape);
+    rx_view_init(&m->params[i], (char *)m->param_arena + offsets[i], specs[i].ndim == 2 ? wdt : cfg->dtype, cfg->device,
+                 specs[i].ndim, specs[i].shape);
     /* gradient views get their memory on first use: a model that only generates (or a frozen
      * reference model) never pays for a second copy of the weights */
     rx_view_init(&m->grads[i], NULL, cfg->dtype, cfg->device, specs[i].ndim, specs[i].shape);
@@ -171,6 +181,9 @@ void rx_model_free(rx_model *m) {
 static int ensure_grads(rx_model *m) {
   if (m->lora) return rx_lora_ensure_grads(m);   /* frozen base: adapter gradients only */
   if (m->grad_arena) return RX_OK;
+  if (rx_model_weight_dtype(&m->cfg) != m->cfg.dtype)
+    return rx_fail(RX_EINVAL, "model weights are stored in %s, which keeps them frozen: train a model loaded in %s "
+                   "(or train LoRA adapters on it)", rx_dtype_name(rx_model_weight_dtype(&m->cfg)), rx_dtype_name(m->cfg.dtype));
   m->grad_arena = rx_alloc((size_t)m->param_bytes, "model gradients");
   if (!m->grad_arena) return RX_ENOMEM;
   memset(m->grad_arena, 0, (size_t)m->param_bytes);

@@ -21,14 +21,22 @@ int rx_embedding_forward(rx_tensor *out, const rx_tensor *tokens, const rx_tenso
   if (!tokens) return rx_fail(RX_EINVAL, "%s: tokens is missing", op);
   int64_t N = tokens->numel;
   snprintf(why, sizeof why, "one row per token of tokens, channels of weight %s", rx_shape_str(weight, a, sizeof a));
-  if (rx_op_index(tokens, weight, N, op, "tokens", "") || rx_op_like(out, weight, op, "out", "weight") ||
-      rx_op_rows_cols(out, N, C, op, "out", why))
-    return RX_EINVAL;
+  /* a table stored in bf16 on the CPU (a frozen model's) is gathered into f32 rows */
+  const int widen = weight->dtype == RX_BF16 && weight->device == RX_CPU;
+  if (rx_op_index(tokens, weight, N, op, "tokens", "")) return RX_EINVAL;
+  if (widen) {
+    if (rx_op_float(out, op, "out")) return RX_EINVAL;
+    if (out->dtype != RX_F32 || out->device != RX_CPU)
+      return rx_fail(RX_EINVAL, "%s: out has dtype %s on %s, expected f32 on cpu (the rows of a bf16 weight are widened)",
+                     op, rx_dtype_name(out->dtype), rx_device_label(out->device));
+  } else if (rx_op_like(out, weight, op, "out", "weight")) return RX_EINVAL;
+  if (rx_op_rows_cols(out, N, C, op, "out", why)) return RX_EINVAL;
   switch (weight->device) {
     case RX_CPU:
-      if (weight->dtype != RX_F32 && weight->dtype != RX_F64) return rx_op_no_dtype(op, weight);
+      if (weight->dtype != RX_F32 && weight->dtype != RX_F64 && !widen) return rx_op_no_dtype(op, weight);
       if (check_tokens(op, tokens, weight, V)) return RX_EINVAL;
-      if (weight->dtype == RX_F32) rx_cpu_embedding_forward_f32(out->data, tokens->data, weight->data, N, C);
+      if (widen) rx_cpu_embedding_forward_f32_bf16(out->data, tokens->data, weight->data, N, C);
+      else if (weight->dtype == RX_F32) rx_cpu_embedding_forward_f32(out->data, tokens->data, weight->data, N, C);
       else rx_cpu_embedding_forward_f64(out->data, tokens->data, weight->data, N, C);
       return RX_OK;
     case RX_CUDA:

@@ -5,11 +5,24 @@
 #include <limits.h>
 #include <stdio.h>
 
+/* A weight stored in bf16 under f32 inputs, on the CPU (a frozen model's weights: matmul_bf16.c). */
+static int stored_bf16(const rx_tensor *inp, const rx_tensor *weight) {
+  return inp && weight && inp->dtype == RX_F32 && weight->dtype == RX_BF16 && inp->device == RX_CPU &&
+         weight->device == RX_CPU;
+}
+
+static int no_buffer(const char *op, int64_t C, int64_t OC) {
+  return rx_fail(RX_ENOMEM, "%s: out of memory for the f32 buffer of a bf16 weight [%lld,%lld]", op, (long long)OC,
+                 (long long)C);
+}
+
 /* inp [.., C] and weight [OC, C]; sets N (rows), C and OC. */
 static int check_inputs(const char *op, const rx_tensor *inp, const rx_tensor *weight, int64_t *N, int64_t *C,
                         int64_t *OC) {
   char a[96], b[96];
-  if (rx_op_float(inp, op, "inp") || rx_op_like(weight, inp, op, "weight", "inp")) return RX_EINVAL;
+  if (rx_op_float(inp, op, "inp") || (stored_bf16(inp, weight) ? rx_op_float(weight, op, "weight")
+                                                               : rx_op_like(weight, inp, op, "weight", "inp")))
+    return RX_EINVAL;
   *N = rx_rows(inp);
   *C = rx_last(inp);
   if (weight->ndim != 2 || weight->shape[1] != *C)
@@ -34,7 +47,10 @@ int rx_matmul_forward(rx_tensor *out, const rx_tensor *inp, const rx_tensor *wei
   if (bias && (rx_op_like(bias, inp, op, "bias", "inp") || rx_op_vector(bias, OC, op, "bias", why))) return RX_EINVAL;
   switch (inp->device) {
     case RX_CPU:
-      if (inp->dtype == RX_F32) rx_cpu_matmul_forward_f32(out->data, inp->data, weight->data, rx_data(bias), N, C, OC);
+      if (weight->dtype == RX_BF16) {
+        if (!rx_cpu_matmul_forward_f32_bf16(out->data, inp->data, weight->data, rx_data(bias), N, C, OC))
+          return no_buffer(op, C, OC);
+      } else if (inp->dtype == RX_F32) rx_cpu_matmul_forward_f32(out->data, inp->data, weight->data, rx_data(bias), N, C, OC);
       else if (inp->dtype == RX_F64) rx_cpu_matmul_forward_f64(out->data, inp->data, weight->data, rx_data(bias), N, C, OC);
       else return rx_op_no_dtype(op, inp);
       return RX_OK;
@@ -64,9 +80,16 @@ int rx_matmul_backward(rx_tensor *dinp, rx_tensor *dweight, rx_tensor *dbias, co
   snprintf(why, sizeof why, "out features of weight %s", b);
   if (dbias && (rx_op_acc_like(dbias, inp, op, "dbias", "inp") || rx_op_vector(dbias, OC, op, "dbias", why)))
     return RX_EINVAL;
+  if (dweight && stored_bf16(inp, weight))
+    return rx_fail(RX_EINVAL, "%s: weight %s is stored in bf16, which is for frozen weights: no dweight (train in f32)",
+                   op, b);
   switch (inp->device) {
     case RX_CPU:
-      if (inp->dtype == RX_F32)
+      if (weight->dtype == RX_BF16) {
+        if (dinp && !rx_cpu_matmul_dinp_f32_bf16(dinp->data, dout->data, weight->data, N, C, OC))
+          return no_buffer(op, C, OC);
+        if (dbias) rx_cpu_matmul_backward_f32(NULL, NULL, dbias->data, dout->data, inp->data, NULL, N, C, OC);
+      } else if (inp->dtype == RX_F32)
         rx_cpu_matmul_backward_f32(rx_data(dinp), rx_data(dweight), rx_data(dbias), dout->data, inp->data,
                                    weight->data, N, C, OC);
       else if (inp->dtype == RX_F64)

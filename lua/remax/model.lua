@@ -140,6 +140,15 @@ local function create(cfg_table, opts, where)
   opts = opts or {}
   local cfg = M.resolve_config(cfg_table, where)
   cfg.dtype = tensor.dtype(opts.dtype or "f32")
+  cfg.weight_dtype = cfg.dtype
+  if opts.weight_dtype ~= nil and opts.weight_dtype ~= "auto" then
+    local ok, wdt = pcall(tensor.dtype, opts.weight_dtype)
+    if not ok or (wdt ~= cfg.dtype and wdt ~= C.RX_BF16) then
+      error(("%s: weight_dtype '%s': expected f32 (the compute dtype) or bf16 (frozen weights, half the memory)"):format(
+        where, tostring(opts.weight_dtype)), 3)
+    end
+    cfg.weight_dtype = wdt
+  end
   cfg.device = opts.device == "cuda" and C.RX_CUDA or C.RX_CPU
   local out = ffi.new("rx_model*[1]")
   check(C.rx_model_new(out, cfg), 3)
@@ -185,9 +194,15 @@ function M.load(dir, opts)
   local cfg_table, cfg_path
   if opts.config then cfg_table, cfg_path = opts.config, dir .. "/config.json"
   else cfg_table, cfg_path = M.read_config(dir) end
+  local st = require("remax.safetensors").open(dir)
+  if opts.weight_dtype == "auto" then
+    local o = {}
+    for k, v in pairs(opts) do o[k] = v end
+    o.weight_dtype = tensor.dtype(opts.dtype or "f32") == C.RX_F32 and M.stored_weight_dtype(st) or nil
+    opts = o
+  end
   local self = create(cfg_table, opts, cfg_path)
   self.source_dir = dir
-  local st = require("remax.safetensors").open(dir)
   local in_file = {}
   for _, name in ipairs(st:names()) do in_file[name] = true end
   for i, name in ipairs(self.names) do
@@ -214,6 +229,25 @@ function M.load(dir, opts)
     end
   end
   return self
+end
+
+-- "bf16" when a checkpoint stores every weight matrix in bf16 (keeping them in bf16 then loses
+-- nothing: the "auto" storage of frozen copies), else "f32".
+function M.stored_weight_dtype(st)
+  local any = false
+  for _, name in ipairs(st:names()) do
+    local info = st:info(name)
+    if #info.shape == 2 and not name:match("rotary_emb") then
+      if info.format ~= "BF16" then return "f32" end
+      any = true
+    end
+  end
+  return any and "bf16" or "f32"
+end
+
+-- The dtype the weight matrices are kept in ("f32" or "bf16").
+function Model:weight_dtype()
+  return ffi.string(C.rx_dtype_name(C.rx_model_weight_dtype(C.rx_model_get_config(self.handle))))
 end
 
 function Model:tied() return C.rx_model_get_config(self.handle).tie_word_embeddings ~= 0 end

@@ -1,0 +1,235 @@
+/* test_bf16.c: weights stored in bf16 under f32 compute (engine/cpu/matmul_bf16.c): the linear
+ * layer, its input gradient and the embedding gather against double references on the widened
+ * weights, at every row count of the decode kernel and past it into the widened-block GEMM, with
+ * sentinels around outputs; a row's result independent of the rows beside it and of the thread
+ * count; and the refusals (no gradient for a bf16 weight, mismatched dtypes). */
+#include "check.h"
+#include "cpu/cpu.h"
+#include <omp.h>
+
+static uint64_t offset = 1;
+
+static rx_tensor *randn(int32_t dtype, int ndim, const int64_t *shape) {
+  rx_tensor *t = NULL;
+  CHECK_OK(rx_tensor_new(&t, dtype, RX_CPU, ndim, shape));
+  CHECK_OK(rx_tensor_normal(t, 77, offset, 0.0, 1.0));
+  offset += (uint64_t)t->numel;
+  return t;
+}
+
+static double *values(const rx_tensor *t) {
+  double *v = malloc((size_t)t->numel * sizeof(double) + 8);
+  CHECK_OK(rx_tensor_read_f64(t, v));
+  return v;
+}
+
+/* y[n,o] = sum_c x[n,c] w[o,c] + b[o] in double */
+static void ref_forward(double *y, const double *x, const double *w, const double *b, int64_t N, int64_t C, int64_t OC) {
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t o = 0; o < OC; o++) {
+      double s = b ? b[o] : 0;
+      for (int64_t c = 0; c < C; c++) s += x[n * C + c] * w[o * C + c];
+      y[n * OC + o] = s;
+    }
+}
+
+/* Largest |got - want| / (sum_c |x w| + |b|): the f32 rounding bound of each dot product. */
+static double worst_rel(const rx_tensor *got, const double *want, const double *x, const double *w, const double *b,
+                        int64_t N, int64_t C, int64_t OC) {
+  double worst = 0;
+  const float *g = got->data;
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t o = 0; o < OC; o++) {
+      double scale = b ? fabs(b[o]) : 0;
+      for (int64_t c = 0; c < C; c++) scale += fabs(x[n * C + c] * w[o * C + c]);
+      double e = fabs(g[n * OC + o] - want[n * OC + o]) / (scale > 0 ? scale : 1);
+      if (e > worst) worst = e;
+    }
+  return worst;
+}
+
+static void forward_matches_reference_at_every_row_count(void) {
+  /* {C, OC}: tails of the 8/16-lane loops, partial tiles, and one shape large enough to thread */
+  static const int64_t shapes[4][2] = {{37, 19}, {64, 131}, {300, 301}, {1, 5}};
+  for (int s = 0; s < 4; s++) {
+    const int64_t C = shapes[s][0], OC = shapes[s][1], NMAX = 70;
+    int64_t xs[2] = {NMAX, C}, ws[2] = {OC, C}, bs[1] = {OC};
+    rx_tensor *x = randn(RX_F32, 2, xs), *w32 = randn(RX_F32, 2, ws), *b = randn(RX_F32, 1, bs), *w = NULL;
+    CHECK_OK(rx_tensor_new(&w, RX_BF16, RX_CPU, 2, ws));
+    CHECK_OK(rx_tensor_copy(w, w32));   /* rounded to bf16 */
+    double *xv = values(x), *wv = values(w), *bv = values(b), *ref = malloc(sizeof(double) * (size_t)(NMAX * OC));
+    ref_forward(ref, xv, wv, bv, NMAX, C, OC);
+    for (int64_t n = 1; n <= NMAX; n++) {
+      for (int with_bias = 0; with_bias < 2; with_bias++) {
+        int64_t ys[2] = {n, OC};
+        guarded y = guarded_new(RX_F32, 2, ys);
+        rx_tensor *xn = NULL;
+        CHECK_OK(rx_tensor_narrow(&xn, x, 0, 0, n));
+        CHECK_OK(rx_matmul_forward(y.t, xn, w, with_bias ? b : NULL));
+        double *r = ref;
+        double *nob = NULL;
+        if (!with_bias) {
+          nob = malloc(sizeof(double) * (size_t)(n * OC));
+          ref_forward(nob, xv, wv, NULL, n, C, OC);
+          r = nob;
+        }
+        double e = worst_rel(y.t, r, xv, wv, with_bias ? bv : NULL, n, C, OC);
+        CHECK(e < 1e-6, "C=%lld OC=%lld rows=%lld bias=%d: error %.3g of the f32 bound", (long long)C, (long long)OC,
+              (long long)n, with_bias, e);
+        if (n <= RX_BF16_FEW_ROWS && with_bias) {   /* the last row alone gives the same bits */
+          rx_tensor *x1 = NULL, *y1 = NULL;
+          CHECK_OK(rx_tensor_narrow(&x1, x, 0, n - 1, 1));
+          CHECK_OK(rx_tensor_new(&y1, RX_F32, RX_CPU, 2, (int64_t[2]){1, OC}));
+          CHECK_OK(rx_matmul_forward(y1, x1, w, b));
+          CHECK(memcmp((float *)y.t->data + (n - 1) * OC, y1->data, (size_t)OC * sizeof(float)) == 0,
+                "C=%lld OC=%lld: row %lld of %lld rows differs from the same row alone", (long long)C, (long long)OC,
+                (long long)n, (long long)n);
+          rx_tensor_free(x1);
+          rx_tensor_free(y1);
+        }
+        CHECK(guarded_free(y), "rows=%lld: write outside the output", (long long)n);
+        rx_tensor_free(xn);
+        free(nob);
+      }
+    }
+    /* thread count: 1 and 2 threads give the same bits, for a decode batch and a GEMM batch */
+    const int threads = omp_get_max_threads();
+    for (int k = 0; k < 2; k++) {
+      const int64_t n = k ? NMAX : 11;
+      rx_tensor *xn = NULL, *y1 = NULL, *y2 = NULL;
+      CHECK_OK(rx_tensor_narrow(&xn, x, 0, 0, n));
+      CHECK_OK(rx_tensor_new(&y1, RX_F32, RX_CPU, 2, (int64_t[2]){n, OC}));
+      CHECK_OK(rx_tensor_new(&y2, RX_F32, RX_CPU, 2, (int64_t[2]){n, OC}));
+      omp_set_num_threads(1);
+      CHECK_OK(rx_matmul_forward(y1, xn, w, b));
+      omp_set_num_threads(2);
+      CHECK_OK(rx_matmul_forward(y2, xn, w, b));
+      omp_set_num_threads(threads);
+      if (k == 0)   /* the decode kernel promises it; sgemm's threading is OpenBLAS's */
+        CHECK(memcmp(y1->data, y2->data, (size_t)(n * OC) * sizeof(float)) == 0,
+              "C=%lld OC=%lld: %lld rows differ between 1 and 2 threads", (long long)C, (long long)OC, (long long)n);
+      rx_tensor_free(xn);
+      rx_tensor_free(y1);
+      rx_tensor_free(y2);
+    }
+    free(xv); free(wv); free(bv); free(ref);
+    rx_tensor_free(x); rx_tensor_free(w32); rx_tensor_free(b); rx_tensor_free(w);
+  }
+}
+
+/* dinp = dout W (overwritten) and dbias (accumulated) through a frozen bf16 weight. */
+static void backward_gives_input_and_bias_gradients(void) {
+  static const int64_t shapes[3][3] = {{5, 37, 19}, {60, 64, 131}, {9, 300, 2100}};   /* {N, C, OC} */
+  for (int s = 0; s < 3; s++) {
+    const int64_t N = shapes[s][0], C = shapes[s][1], OC = shapes[s][2];
+    int64_t xs[2] = {N, C}, ws[2] = {OC, C}, ds[2] = {N, OC}, bs[1] = {OC};
+    rx_tensor *x = randn(RX_F32, 2, xs), *w32 = randn(RX_F32, 2, ws), *dout = randn(RX_F32, 2, ds), *w = NULL;
+    CHECK_OK(rx_tensor_new(&w, RX_BF16, RX_CPU, 2, ws));
+    CHECK_OK(rx_tensor_copy(w, w32));
+    double *wv = values(w), *dv = values(dout);
+    guarded dx = guarded_new(RX_F32, 2, xs), db = guarded_new(RX_F32, 1, bs);
+    CHECK_OK(rx_tensor_fill(dx.t, 7.0));    /* overwritten */
+    CHECK_OK(rx_tensor_fill(db.t, 0.25));   /* accumulated */
+    CHECK_OK(rx_matmul_backward(dx.t, NULL, db.t, dout, x, w));
+    double worst = 0, worst_b = 0;
+    const float *g = dx.t->data, *gb = db.t->data;
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t c = 0; c < C; c++) {
+        double want = 0, scale = 0;
+        for (int64_t o = 0; o < OC; o++) { want += dv[n * OC + o] * wv[o * C + c]; scale += fabs(dv[n * OC + o] * wv[o * C + c]); }
+        worst = fmax(worst, fabs(g[n * C + c] - want) / scale);
+      }
+    for (int64_t o = 0; o < OC; o++) {
+      double want = 0.25, scale = 0.25;
+      for (int64_t n = 0; n < N; n++) { want += dv[n * OC + o]; scale += fabs(dv[n * OC + o]); }
+      worst_b = fmax(worst_b, fabs(gb[o] - want) / scale);
+    }
+    CHECK(worst < 1e-6, "N=%lld C=%lld OC=%lld: dinp error %.3g of the f32 bound", (long long)N, (long long)C,
+          (long long)OC, worst);
+    CHECK(worst_b < 1e-6, "dbias error %.3g", worst_b);
+    CHECK(guarded_free(dx) && guarded_free(db), "write outside dinp or dbias");
+    /* no gradient for the bf16 weight itself */
+    rx_tensor *dw = NULL;
+    CHECK_OK(rx_tensor_new(&dw, RX_F32, RX_CPU, 2, ws));
+    CHECK_FAILS(rx_matmul_backward(NULL, dw, NULL, dout, x, w), "stored in bf16");
+    free(wv); free(dv);
+    rx_tensor_free(dw); rx_tensor_free(x); rx_tensor_free(w32); rx_tensor_free(dout); rx_tensor_free(w);
+  }
+}
+
+static void embedding_widens_rows(void) {
+  const int64_t V = 50, C = 37, N = 300;
+  int64_t ws[2] = {V, C}, ts[1] = {N}, ys[2] = {N, C};
+  rx_tensor *w32 = randn(RX_F32, 2, ws), *w = NULL, *tok = NULL;
+  CHECK_OK(rx_tensor_new(&w, RX_BF16, RX_CPU, 2, ws));
+  CHECK_OK(rx_tensor_copy(w, w32));
+  CHECK_OK(rx_tensor_new(&tok, RX_I32, RX_CPU, 1, ts));
+  for (int64_t i = 0; i < N; i++) ((int32_t *)tok->data)[i] = (int32_t)((i * 17 + 3) % V);
+  guarded y = guarded_new(RX_F32, 2, ys);
+  CHECK_OK(rx_embedding_forward(y.t, tok, w));
+  double *wv = values(w);
+  int same = 1;
+  for (int64_t i = 0; i < N; i++)
+    for (int64_t c = 0; c < C; c++)
+      if (((float *)y.t->data)[i * C + c] != (float)wv[((i * 17 + 3) % V) * C + c]) same = 0;
+  CHECK(same, "embedding rows of a bf16 table are its values exactly");
+  CHECK(guarded_free(y), "write outside the embedding output");
+  /* a bf16 output is refused: the rows are widened into f32 */
+  rx_tensor *yb = NULL;
+  CHECK_OK(rx_tensor_new(&yb, RX_BF16, RX_CPU, 2, ys));
+  CHECK_FAILS(rx_embedding_forward(yb, tok, w), "expected f32");
+  ((int32_t *)tok->data)[7] = (int32_t)V;   /* out of range: named, nothing written */
+  guarded z = guarded_new(RX_F32, 2, ys);
+  CHECK_FAILS(rx_embedding_forward(z.t, tok, w), "token");
+  CHECK(guarded_free(z), "write outside the embedding output");
+  free(wv);
+  rx_tensor_free(yb); rx_tensor_free(w32); rx_tensor_free(w); rx_tensor_free(tok);
+}
+
+static void mismatched_dtypes_are_refused(void) {
+  int64_t xs[2] = {3, 8}, ws[2] = {4, 8}, ys[2] = {3, 4};
+  rx_tensor *x64 = randn(RX_F64, 2, xs), *w32 = randn(RX_F32, 2, ws), *w = NULL, *y = NULL;
+  CHECK_OK(rx_tensor_new(&w, RX_BF16, RX_CPU, 2, ws));
+  CHECK_OK(rx_tensor_copy(w, w32));
+  CHECK_OK(rx_tensor_new(&y, RX_F64, RX_CPU, 2, ys));
+  CHECK_FAILS(rx_matmul_forward(y, x64, w, NULL), "dtype");   /* f64 inputs against bf16 weights */
+  rx_tensor_free(x64); rx_tensor_free(w32); rx_tensor_free(w); rx_tensor_free(y);
+}
+
+/* A model config asking for bf16 weights: matrices in bf16, vectors in f32, about half the bytes. */
+static void model_keeps_matrices_in_bf16(void) {
+  rx_model_config c = {0};
+  c.vocab_size = 64; c.hidden_size = 32; c.intermediate_size = 48; c.num_hidden_layers = 2;
+  c.num_attention_heads = 4; c.num_key_value_heads = 2; c.head_dim = 8; c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-6; c.rope_theta = 10000; c.attention_bias = 1; c.dtype = RX_F32; c.device = RX_CPU;
+  rx_model *f = NULL, *h = NULL;
+  CHECK_OK(rx_model_new(&f, &c));
+  c.weight_dtype = RX_BF16;
+  CHECK_OK(rx_model_new(&h, &c));
+  CHECK(rx_model_weight_dtype(rx_model_get_config(h)) == RX_BF16, "weight dtype reported");
+  for (int64_t i = 0; i < rx_model_param_count(h); i++) {
+    const rx_tensor *p = rx_model_param(h, i);
+    CHECK(p->dtype == (p->ndim == 2 ? RX_BF16 : RX_F32), "%s has dtype %s", rx_model_param_name(h, i),
+          rx_dtype_name(p->dtype));
+  }
+  rx_model_memory mf, mh;
+  rx_model_memory_usage(f, &mf);
+  rx_model_memory_usage(h, &mh);
+  CHECK(mh.param_bytes < 0.6 * mf.param_bytes, "%lld vs %lld parameter bytes", (long long)mh.param_bytes,
+        (long long)mf.param_bytes);
+  CHECK(rx_model_grad(h, 0) == NULL, "no gradient buffers for bf16 weights");
+  CHECK(strstr(rx_last_error(), "stored in bf16") != NULL, "error: %s", rx_last_error());
+  rx_model_free(f);
+  rx_model_free(h);
+  c.dtype = RX_F64;
+  CHECK_FAILS(rx_model_new(&h, &c), "f32 compute");
+}
+
+int main(void) {
+  RUN(forward_matches_reference_at_every_row_count);
+  RUN(backward_gives_input_and_bias_gradients);
+  RUN(embedding_widens_rows);
+  RUN(mismatched_dtypes_are_refused);
+  RUN(model_keeps_matrices_in_bf16);
+  return check_summary("test_bf16");
+}

@@ -1,0 +1,154 @@
+-- bf16 weight storage with f32 compute: the frozen copies (KL reference, generation, evaluation).
+local remax = require("remax")
+local tensor, model_mod = remax.tensor, remax.model
+
+local support = require("support")
+local tmpdir = support.tmpdir
+
+local function tiny(extra)
+  local cfg = {
+    architectures = { "Qwen2ForCausalLM" }, vocab_size = 48, hidden_size = 40, intermediate_size = 72,
+    num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, rms_norm_eps = 1e-6,
+    rope_theta = 10000, tie_word_embeddings = false, max_position_embeddings = 256,
+  }
+  for k, v in pairs(extra or {}) do cfg[k] = v end
+  return cfg
+end
+
+-- rows long enough (> 48 tokens in all) that the widened-block GEMM path runs, and short ones
+local function batch(n, len, seed)
+  local out = {}
+  for b = 1, n do
+    local row = {}
+    for t = 1, len + b do row[t] = (seed * 7 + b * 13 + t * 5) % 48 end
+    out[b] = row
+  end
+  return out
+end
+
+local function max_diff(a, b)
+  local m = 0
+  for i, row in ipairs(a) do
+    for j, v in ipairs(row) do m = math.max(m, math.abs(v - b[i][j])) end
+  end
+  return m
+end
+
+-- A random model saved with bf16 weights (a checkpoint as the hub ships them).
+local function bf16_checkpoint(extra)
+  local dir = tmpdir()
+  local m = model_mod.new(tiny(extra), { seed = 5, init_std = 0.2 })
+  m:save_full(dir, { dtype = "bf16" })
+  return dir
+end
+
+describe("bf16 weight storage", function()
+  for _, arch in ipairs({ { "Qwen2ForCausalLM", {} }, { "LlamaForCausalLM", { tie_word_embeddings = true } } }) do
+    it(("keeps a bf16 checkpoint's %s weights in bf16 and computes what f32 storage computes"):format(arch[1]), function()
+      local extra = { architectures = { arch[1] } }
+      for k, v in pairs(arch[2]) do extra[k] = v end
+      local dir = bf16_checkpoint(extra)
+      local f = model_mod.load(dir)
+      local h = model_mod.load(dir, { weight_dtype = "bf16" })
+      local auto = model_mod.load(dir, { weight_dtype = "auto" })
+      assert.are.equal("f32", f:weight_dtype())
+      assert.are.equal("bf16", h:weight_dtype())
+      assert.are.equal("bf16", auto:weight_dtype())
+      assert.are.equal("bf16", h:param("model.layers.0.mlp.down_proj.weight"):dtype_name())
+      assert.are.equal("f32", h:param("model.layers.0.input_layernorm.weight"):dtype_name())
+      -- half the bytes for the matrices
+      local mf, mh = f:memory(), h:memory()
+      assert.is_true(mh.params < 0.6 * mf.params, ("%d vs %d bytes"):format(mh.params, mf.params))
+      -- long rows (the widened GEMM path) and a short batch (the decode kernel)
+      for _, rows in ipairs({ batch(3, 40, 1), batch(2, 3, 2) }) do
+        local d = max_diff(f:logprobs(rows):totable(), h:logprobs(rows):totable())
+        assert.is_true(d < 2e-5, ("log-probs differ by %g"):format(d))
+      end
+      -- generation: greedy tokens equal, and the logits of every step close
+      local prompts = { { 1, 2, 3, 4 }, { 9, 8 }, { 20, 21, 22 } }
+      local gf = f:generate(prompts, { temperature = 0, max_new_tokens = 12 })
+      local gh = h:generate(prompts, { temperature = 0, max_new_tokens = 12 })
+      for i = 1, #prompts do assert.are.same(gf.rows[i].tokens, gh.rows[i].tokens) end
+      local nf = f:next_logits(batch(3, 40, 3)):totable()
+      local nh = h:next_logits(batch(3, 40, 3)):totable()
+      assert.is_true(max_diff(nf, nh) < 1e-4)
+    end)
+  end
+
+  it("matches the f32 model of the rounded weights when the checkpoint is f32", function()
+    local dir = tmpdir()
+    local m = model_mod.new(tiny(), { seed = 6, init_std = 0.2 })
+    m:save_full(dir)
+    local h = model_mod.load(dir, { weight_dtype = "bf16" })
+    local auto = model_mod.load(dir, { weight_dtype = "auto" })
+    assert.are.equal("f32", auto:weight_dtype())   -- auto never rounds an f32 checkpoint
+    -- the same weights rounded to bf16 and kept in f32
+    local rdir = tmpdir()
+    m:save_full(rdir, { dtype = "bf16" })
+    local r = model_mod.load(rdir)
+    local rows = batch(4, 30, 4)
+    assert.is_true(max_diff(r:logprobs(rows):totable(), h:logprobs(rows):totable()) < 2e-5)
+    -- and the rounding is visible against the f32 weights (so the check above can fail)
+    assert.is_true(max_diff(m:logprobs(rows):totable(), h:logprobs(rows):totable()) > 1e-4)
+  end)
+
+  it("decodes the same tokens with 1 to 48 rows (the few-rows kernel at every row count)", function()
+    local dir = bf16_checkpoint()
+    local f, h = model_mod.load(dir), model_mod.load(dir, { weight_dtype = "bf16" })
+    for _, R in ipairs({ 1, 3, 4, 5, 9, 17, 33 }) do
+      local prompts = {}
+      for i = 1, R do prompts[i] = { (i * 3) % 48, (i * 7 + 1) % 48 } end
+      local gf = f:generate(prompts, { temperature = 0, max_new_tokens = 4 })
+      local gh = h:generate(prompts, { temperature = 0, max_new_tokens = 4 })
+      for i = 1, R do assert.are.same(gf.rows[i].tokens, gh.rows[i].tokens, ("rows %d, row %d"):format(R, i)) end
+    end
+  end)
+
+  it("is frozen: backward names the storage, and LoRA trains on a bf16 base like on an f32 one", function()
+    local dir = bf16_checkpoint()
+    local h = model_mod.load(dir, { weight_dtype = "bf16" })
+    local rows = batch(2, 20, 5)
+    local lp = h:logprobs(rows, nil, { train = true })
+    local ok, err = pcall(h.backward, h, tensor.new(lp:size(), "f32"):fill_(1))
+    assert.is_false(ok)
+    assert.matches("stored in bf16", tostring(err))
+    -- LoRA over each storage: the same adapter gradients
+    local lora = require("remax.lora")
+    local grads = {}
+    for _, wdt in ipairs({ "f32", "bf16" }) do
+      local m = model_mod.load(dir, { weight_dtype = wdt })
+      lora.apply(m, { r = 4, alpha = 8, dropout = 0, target_modules = "all-linear", seed = 3 })
+      local p, g = lora.params(m)
+      -- B starts at 0: give it values so that gradients reach A too
+      for name, t in pairs(p) do if name:match("lora_B") then t:normal_(1, 7, 0, 0.1) end end
+      local l = m:logprobs(rows, nil, { train = true })
+      m:backward(tensor.new(l:size(), "f32"):fill_(-1))
+      grads[wdt] = {}
+      for name, t in pairs(g) do grads[wdt][name] = t:totable() end
+    end
+    local n = 0
+    for name, gf in pairs(grads.f32) do
+      local gh = grads.bf16[name]
+      local num, den = 0, 0
+      local function walk(a, b)
+        if type(a) == "table" then for i = 1, #a do walk(a[i], b[i]) end
+        else num, den = num + (a - b) ^ 2, den + a * a end
+      end
+      walk(gf, gh)
+      assert.is_true(den > 0, name)
+      assert.is_true(math.sqrt(num / den) < 1e-4, ("%s: relative difference %g"):format(name, math.sqrt(num / den)))
+      n = n + 1
+    end
+    assert.is_true(n >= 14)
+  end)
+
+  it("refuses a weight dtype it cannot keep, naming the value", function()
+    local dir = bf16_checkpoint()
+    local ok, err = pcall(model_mod.load, dir, { weight_dtype = "f16" })
+    assert.is_false(ok)
+    assert.matches("weight_dtype 'f16'", tostring(err))
+    ok, err = pcall(model_mod.load, dir, { weight_dtype = "bf16", dtype = "f64" })
+    assert.is_false(ok)
+    assert.matches("f32 compute", tostring(err))
+  end)
+end)
