@@ -2,14 +2,14 @@
 -- `rows` random prompts of `prompt` tokens, `new` tokens each, on a random model of a
 -- bench/train_step.lua shape. Prints one JSON line. Run through bench/generate.sh, which runs
 -- the PyTorch peer (bench/torch_peer.py generate) in the same session and prints the ratio.
---   ./remax run bench/generate.lua --shape small --rows 8 --prompt 64 --new 128
+--   ./remax run bench/generate.lua --shape small --rows 8 --prompt 64 --new 128 [--dtype bf16]
 local cjson = require("cjson")
 local now = require("remax.progress").now   -- wall clock
 
 local common = dofile(arg[0]:match("^(.-)[^/]*$") .. "common.lua")
 
-local opts = common.options({ shape = "small", rows = 8, prompt = 64, new = 128, warmup = 1 }, arg)
-local model, cfg = common.model(opts.shape)
+local opts = common.options({ shape = "small", rows = 8, prompt = 64, new = 128, warmup = 1, dtype = "f32" }, arg)
+local model, cfg = common.model(opts.shape, opts.dtype)
 local prompts = common.prompts(cfg, opts.rows, opts.prompt)
 -- one greedy row per prompt, no stop ids: every row decodes exactly `new` tokens, as the peer
 local gen = { temperature = 0, max_new_tokens = opts.new }
@@ -25,6 +25,6 @@ for line in io.lines("/proc/self/status") do
   local kb = line:match("^VmHWM:%s+(%d+)")
   if kb then peak = tonumber(kb) / 1024 end
 end
-print(cjson.encode({ engine = "remax", mode = "generate", shape = opts.shape, rows = opts.rows, prompt = opts.prompt,
+print(cjson.encode({ engine = "remax", mode = "generate", dtype = opts.dtype, shape = opts.shape, rows = opts.rows, prompt = opts.prompt,
   new = opts.new, seconds = seconds, tokens_per_s = out.tokens_generated / seconds, decode_steps = out.decode_steps,
   cache_mib = out.cache_bytes / 2 ^ 20, peak_rss_mib = peak }))

@@ -15,10 +15,11 @@ M.groups = {
   { "Model and data", {
     { "model", nil, "string", "model folder (Hugging Face layout); default: models/tiny-gsm8k, the built-in base model" },
     { "model_config", nil, "table", "recipe only: Hugging Face config table of a fresh random model, used when no model is given (with the byte-level tokenizer)" },
-    { "dtype", "f32", "enum:f32", "compute dtype of the model on this device (the CPU computes in f32; bf16 checkpoints load converted to f32)",
-      unavailable = { bf16 = "bf16 compute needs the CUDA backend; the CPU computes in f32 (bf16 checkpoints load converted to f32, so leave --dtype at f32)",
+    { "dtype", "f32", "enum:f32", "compute dtype of the trained model on this device (the CPU trains in f32; bf16 checkpoints load converted to f32)",
+      unavailable = { bf16 = "the CPU trains in f32: bf16 compute needs the CUDA backend (bf16 checkpoints load converted to f32, so leave --dtype at f32; frozen copies, such as the KL reference, keep bf16 weights with --frozen_dtype bf16 or auto)",
         f16 = "f16 compute is not supported; the CPU computes in f32",
         f64 = "f64 is for the engine's gradient checks, not training; use f32" } },
+    { "frozen_dtype", "auto", "enum:auto|f32|bf16", "storage of the weights of frozen copies: the KL reference model, the base under LoRA adapters, the model of remax eval; bf16 halves their memory (compute stays f32); auto = bf16 when the checkpoint stores its weight matrices in bf16 (nothing lost), else f32" },
     { "data", nil, "string", "training data, JSONL or JSON array; default: fresh synthetic GSM8K-style problems" },
     { "eval_data", nil, "string", "held-out data; default: the synthetic test split (or none with --data)" },
     { "prompt_column", nil, "string", "dataset column holding the prompt (default: prompt, else question)" },

@@ -216,6 +216,8 @@ end
 function Trainer:setup_model()
   local cfg = self.cfg
   local mopts = { dtype = cfg.dtype, seed = cfg.seed }
+  -- a model that is not trained (remax eval) or whose base is frozen (LoRA) may keep bf16 weights
+  if self.opts.eval_only or cfg.use_lora then mopts.weight_dtype = cfg.frozen_dtype end
   local source
   if cfg.model then
     source = resolve_dir(cfg.model)
@@ -276,7 +278,9 @@ function Trainer:load_reference()
     return self.ref
   end
   local src = self.model_source
-  self.ref = src and remax.model.load(src, self.model_opts) or remax.model.new(self.fresh_config, self.model_opts)
+  local ropts = { weight_dtype = self.cfg.frozen_dtype }
+  for k, v in pairs(self.model_opts) do if k ~= "weight_dtype" then ropts[k] = v end end
+  self.ref = src and remax.model.load(src, ropts) or remax.model.new(self.fresh_config, ropts)
   return self.ref
 end
 
