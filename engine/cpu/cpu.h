@@ -61,6 +61,10 @@ int rx_cpu_matmul_forward_f32_bf16(float *out, const float *inp, const uint16_t 
                                    int64_t C, int64_t OC);
 int rx_cpu_matmul_dinp_f32_bf16(float *dinp, const float *dout, const uint16_t *weight, int64_t N, int64_t C,
                                 int64_t OC);
+/* The same few-rows kernel on f32 weights (the decode path of builds without AVX-512): returns 0,
+ * writing nothing, for more than RX_BF16_FEW_ROWS rows or C = 0. */
+int rx_cpu_matmul_rows_any_f32(float *out, const float *inp, const float *weight, const float *bias, int64_t N,
+                               int64_t C, int64_t OC);
 void rx_cpu_embedding_forward_f32_bf16(float *out, const int32_t *tokens, const uint16_t *weight, int64_t N, int64_t C);
 
 /* matmul: out[N,OC] = inp[N,C] W[OC,C]^T (+ bias[OC]); OpenBLAS GEMM, or for a few rows a

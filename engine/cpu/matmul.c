@@ -14,11 +14,12 @@ static void rx_gemm_f64(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int64_
 }
 
 /* A few rows read W in place: the register-tiled f32 kernel where the build has AVX-512 (it
- * takes up to 48 rows, see matmul_rows.c), else one dot product per output up to this many. */
+ * takes up to 48 rows, see matmul_rows.c), else the AVX2 / portable register tiles of
+ * matmul_bf16.c (also up to 48 rows); the plain dot product per output below is left for f64. */
 enum { RX_MATMUL_FEW_ROWS = 8 };
 static int matmul_rows_f32(float *out, const float *inp, const float *w, const float *b, int64_t N, int64_t C,
                            int64_t OC) {
-  return rx_cpu_matmul_rows_f32(out, inp, w, b, N, C, OC);
+  return rx_cpu_matmul_rows_f32(out, inp, w, b, N, C, OC) || rx_cpu_matmul_rows_any_f32(out, inp, w, b, N, C, OC);
 }
 static int matmul_rows_f64(double *out, const double *inp, const double *w, const double *b, int64_t N, int64_t C,
                            int64_t OC) {

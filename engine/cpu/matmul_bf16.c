@@ -26,7 +26,8 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 typedef __m512 vf;
-enum { VW = 16, RB = 4, NW = 6 };
+/* 32 zmm: up to 4 rows x 6 outputs = 24 accumulators + 6 weight vectors + 1 input vector */
+enum { VW = 16, RB_MAX = 4, NW_MAX = 6, NW1 = 6, NW2 = 6, NW3 = 6, NW4 = 6 };
 static inline vf vzero(void) { return _mm512_setzero_ps(); }
 static inline vf vload(const float *p) { return _mm512_loadu_ps(p); }
 static inline vf vload_bf16(const uint16_t *p) {
@@ -43,7 +44,8 @@ static inline float vsum(vf v) {   /* halves, then quarters, ...: a fixed order 
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 typedef __m256 vf;
-enum { VW = 8, RB = 4, NW = 3 };   /* 12 accumulators + 3 weight vectors + 1 input vector = 16 ymm */
+/* 16 ymm: rows x outputs accumulators + outputs weight vectors + 1 input vector: 1x6, 2x4, 3x3, 4x3 */
+enum { VW = 8, RB_MAX = 4, NW_MAX = 6, NW1 = 6, NW2 = 4, NW3 = 3, NW4 = 3 };
 static inline vf vzero(void) { return _mm256_setzero_ps(); }
 static inline vf vload(const float *p) { return _mm256_loadu_ps(p); }
 static inline vf vload_bf16(const uint16_t *p) {
@@ -58,7 +60,7 @@ static inline float vsum(vf v) {
 }
 #else
 typedef float vf;   /* portable: one lane */
-enum { VW = 1, RB = 2, NW = 4 };
+enum { VW = 1, RB_MAX = 4, NW_MAX = 4, NW1 = 4, NW2 = 4, NW3 = 4, NW4 = 4 };
 static inline vf vzero(void) { return 0.0f; }
 static inline vf vload(const float *p) { return *p; }
 static inline vf vload_bf16(const uint16_t *p) { return rx_cpu_bf16_to_f32(*p); }
@@ -82,9 +84,8 @@ static float *scratch_get(size_t n) {
   return p;
 }
 
-/* dst[r*C + k] = widened src rows [0, rows), in parallel when large. */
-static void widen_rows(float *dst, const uint16_t *src, int64_t rows, int64_t C, int parallel) {
-  #pragma omp parallel for schedule(static) if (parallel && rows * C > 65536)
+/* dst[r*C + k] = widened src rows [0, rows). */
+static void widen_rows(float *restrict dst, const uint16_t *restrict src, int64_t rows, int64_t C) {
   for (int64_t r = 0; r < rows; r++) {
     const uint16_t *s = src + r * C;
     float *d = dst + r * C;
@@ -93,78 +94,102 @@ static void widen_rows(float *dst, const uint16_t *src, int64_t rows, int64_t C,
   }
 }
 
+/* The same over threads (a block for sgemm; outside any parallel region). */
+static void widen_rows_parallel(float *dst, const uint16_t *src, int64_t rows, int64_t C) {
+  #pragma omp parallel for schedule(static) if (rows * C > 65536)
+  for (int64_t r = 0; r < rows; r++) widen_rows(dst + r * C, src + r * C, 1, C);
+}
+
 /* ------------------------------------------------------------------ a few rows */
 
-/* Rows [0, rb) of x against weight rows [0, nw): from bf16 (wb, widened in registers) or from
- * widened f32 rows (wf). y[i*ldy + j] = dot + bias[j]. */
+/* Rows [0, rb) of x against weight rows [0, nw), each C apart: bf16 widened in registers (wb)
+ * or f32 (wf). y[i*ldy + j] = dot + bias[j]. rb, nw and the source are constants at every call
+ * site (the switches below), so each shape is its own unrolled loop. */
 static inline __attribute__((always_inline)) void tile(float *restrict y, int64_t ldy, const float *restrict x,
                                                         const uint16_t *restrict wb, const float *restrict wf,
-                                                        const float *bias, int64_t C, int rb, int nw) {
-  vf acc[RB][NW];
-  for (int i = 0; i < rb; i++)
-    for (int j = 0; j < nw; j++) acc[i][j] = vzero();
+                                                        const float *bias, int64_t C, const int rb, const int nw,
+                                                        const int from_bf16) {
+  vf acc[RB_MAX][NW_MAX];
+  _Pragma("GCC unroll 8") for (int i = 0; i < rb; i++)
+    _Pragma("GCC unroll 8") for (int j = 0; j < nw; j++) acc[i][j] = vzero();
   const int64_t Cv = C - C % VW;
   for (int64_t k = 0; k < Cv; k += VW) {
-    vf w[NW];
-    for (int j = 0; j < nw; j++) w[j] = wb ? vload_bf16(wb + j * C + k) : vload(wf + j * C + k);
-    for (int i = 0; i < rb; i++) {
+    vf w[NW_MAX];
+    _Pragma("GCC unroll 8") for (int j = 0; j < nw; j++) w[j] = from_bf16 ? vload_bf16(wb + j * C + k) : vload(wf + j * C + k);
+    _Pragma("GCC unroll 8") for (int i = 0; i < rb; i++) {
       const vf xv = vload(x + i * C + k);
-      for (int j = 0; j < nw; j++) acc[i][j] = vfma(xv, w[j], acc[i][j]);
+      _Pragma("GCC unroll 8") for (int j = 0; j < nw; j++) acc[i][j] = vfma(xv, w[j], acc[i][j]);
     }
   }
-  for (int i = 0; i < rb; i++)
-    for (int j = 0; j < nw; j++) {
+  _Pragma("GCC unroll 8") for (int i = 0; i < rb; i++)
+    _Pragma("GCC unroll 8") for (int j = 0; j < nw; j++) {
       float s = vsum(acc[i][j]);
-      for (int64_t k = Cv; k < C; k++) {
-        const float wk = wb ? rx_cpu_bf16_to_f32(wb[j * C + k]) : wf[j * C + k];
-        s += x[i * C + k] * wk;
-      }
+      for (int64_t k = Cv; k < C; k++) s += x[i * C + k] * (from_bf16 ? rx_cpu_bf16_to_f32(wb[j * C + k]) : wf[j * C + k]);
       y[i * ldy + j] = bias ? s + bias[j] : s;
     }
 }
 
-/* The switch gives each (rows, width) its own unrolled copy of tile: rb and nw are constants. */
-#define TILE_ROWS(R, W) case R: tile(y, ldy, x, wb, wf, bias, C, R, W); break;
-static inline __attribute__((always_inline)) void tile_w(float *y, int64_t ldy, const float *x, const uint16_t *wb,
-                                                          const float *wf, const float *bias, int64_t C, int rb,
-                                                          int nw) {
-  if (nw == NW) {
-    switch (rb) { TILE_ROWS(1, NW) TILE_ROWS(2, NW) TILE_ROWS(3, NW) TILE_ROWS(4, NW) default: break; }
-  } else {
-    switch (rb) { TILE_ROWS(1, 1) TILE_ROWS(2, 1) TILE_ROWS(3, 1) TILE_ROWS(4, 1) default: break; }
-  }
-}
-#undef TILE_ROWS
+/* The tile widths: with few rows more weight rows per tile keep enough accumulators in flight
+ * (FMA latency), always within the register file. An output's sum does not depend on the tile. */
+static int tile_width(int64_t N) { return N >= 4 ? NW4 : N == 3 ? NW3 : N == 2 ? NW2 : NW1; }
 
-/* Weight rows [o0, o0 + nw) against every input row. */
-static void column(float *out, const float *inp, const uint16_t *w, const float *bias, float *buf, int64_t N, int64_t C,
-                   int64_t OC, int64_t o0, int nw) {
-  const uint16_t *wb = w + o0 * C;
+#define T(R, W, B) tile(y, ldy, x, wb, wf, bias, C, R, W, B)
+#define ROWS(W, B) switch (rb) { case 1: T(1, W, B); break; case 2: T(2, W, B); break; case 3: T(3, W, B); break; default: T(4, W, B); }
+#define WIDTHS(B)                                             \
+  if (nw == 1) { ROWS(1, B) }                                 \
+  else if (nw == NW4) { ROWS(NW4, B) }                        \
+  else if (rb == 1) T(1, NW1, B);                             \
+  else if (rb == 2) T(2, NW2, B);                             \
+  else T(3, NW3, B);
+/* rb rows x nw outputs: nw is 1 (the remainder), NW4 (any rb), or tile_width(rb) */
+static void tile_any(float *y, int64_t ldy, const float *x, const uint16_t *wb, const float *wf, const float *bias,
+                     int64_t C, int rb, int nw, int from_bf16) {
+  if (from_bf16) { WIDTHS(1) } else { WIDTHS(0) }
+}
+#undef WIDTHS
+#undef ROWS
+#undef T
+
+/* Weight rows [o0, o0 + nw) against every input row: f32 weights in place; bf16 ones widened in
+ * registers when one pass covers every row, else widened once into buf for the row blocks. */
+static void column(float *out, const float *inp, const void *w, int from_bf16, const float *bias, float *buf, int64_t N,
+                   int64_t C, int64_t OC, int64_t o0, int nw) {
+  const uint16_t *wb = from_bf16 ? (const uint16_t *)w + o0 * C : NULL;
+  const float *wf = from_bf16 ? NULL : (const float *)w + o0 * C;
   const float *b = bias ? bias + o0 : NULL;
-  if (N <= RB) { tile_w(out + o0, OC, inp, wb, NULL, b, C, (int)N, nw); return; }
-  widen_rows(buf, wb, nw, C, 0);
-  for (int64_t n = 0; n < N; n += RB) {
-    const int rb = N - n < RB ? (int)(N - n) : RB;
-    tile_w(out + n * OC + o0, OC, inp + n * C, NULL, buf, b, C, rb, nw);
+  if (N <= RB_MAX) { tile_any(out + o0, OC, inp, wb, wf, b, C, (int)N, nw, from_bf16); return; }
+  if (from_bf16) { widen_rows(buf, wb, nw, C); wf = buf; }
+  for (int64_t n = 0; n < N; n += RB_MAX) {
+    const int rb = N - n < RB_MAX ? (int)(N - n) : RB_MAX;
+    /* a partial last block keeps the width of the full ones: tiles of one shape per pass */
+    tile_any(out + n * OC + o0, OC, inp + n * C, NULL, wf, b, C, rb, nw == 1 ? 1 : NW4, 0);
   }
 }
 
-static int matmul_rows(float *out, const float *inp, const uint16_t *w, const float *bias, int64_t N, int64_t C,
-                       int64_t OC) {
-  const int64_t tiles = OC / NW;
+static int matmul_rows(float *out, const float *inp, const void *w, int from_bf16, const float *bias, int64_t N,
+                       int64_t C, int64_t OC) {
+  const int nw = N > RB_MAX ? NW4 : tile_width(N);
+  const int64_t tiles = OC / nw;
   const int nt = OC * C > 65536 ? omp_get_max_threads() : 1;
-  float *buf = N > RB ? scratch_get((size_t)nt * NW * (size_t)C) : NULL;
-  if (N > RB && !buf) return 0;
+  const int need = from_bf16 && N > RB_MAX;
+  float *buf = need ? scratch_get((size_t)nt * NW_MAX * (size_t)C) : NULL;
+  if (need && !buf) return 0;
   /* threads take contiguous runs of tiles: each streams its own part of W */
   #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     const int64_t T = omp_get_num_threads(), id = omp_get_thread_num();
-    float *mine = buf ? buf + id * NW * C : NULL;
+    float *mine = buf ? buf + id * NW_MAX * C : NULL;
     const int64_t t0 = tiles * id / T, t1 = tiles * (id + 1) / T;
-    for (int64_t t = t0; t < t1; t++) column(out, inp, w, bias, mine, N, C, OC, t * NW, NW);
+    for (int64_t t = t0; t < t1; t++) column(out, inp, w, from_bf16, bias, mine, N, C, OC, t * nw, nw);
   }
-  for (int64_t o = tiles * NW; o < OC; o++) column(out, inp, w, bias, buf, N, C, OC, o, 1);
+  for (int64_t o = tiles * nw; o < OC; o++) column(out, inp, w, from_bf16, bias, buf, N, C, OC, o, 1);
   return 1;
+}
+
+int rx_cpu_matmul_rows_any_f32(float *out, const float *inp, const float *weight, const float *bias, int64_t N,
+                               int64_t C, int64_t OC) {
+  if (N > RX_BF16_FEW_ROWS || C == 0) return 0;
+  return matmul_rows(out, inp, weight, 0, bias, N, C, OC);
 }
 
 /* ------------------------------------------------------------------ many rows */
@@ -184,7 +209,7 @@ int rx_cpu_matmul_forward_f32_bf16(float *out, const float *inp, const uint16_t 
       for (int64_t o = 0; o < OC; o++) out[n * OC + o] = bias ? bias[o] : 0.0f;
     return 1;
   }
-  if (N <= RX_BF16_FEW_ROWS) return matmul_rows(out, inp, weight, bias, N, C, OC);
+  if (N <= RX_BF16_FEW_ROWS) return matmul_rows(out, inp, weight, 1, bias, N, C, OC);
   const int64_t OB = block_rows(C, OC);
   float *buf = scratch_get((size_t)(OB * C));
   if (!buf) return 0;
@@ -195,7 +220,7 @@ int rx_cpu_matmul_forward_f32_bf16(float *out, const float *inp, const uint16_t 
   }
   for (int64_t o0 = 0; o0 < OC; o0 += OB) {
     const int64_t ob = OC - o0 < OB ? OC - o0 : OB;
-    widen_rows(buf, weight + o0 * C, ob, C, 1);
+    widen_rows_parallel(buf, weight + o0 * C, ob, C);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)ob, (int)C, 1.0f, inp, (int)C, buf, (int)C, 1.0f,
                 out + o0, (int)OC);
   }
@@ -211,7 +236,7 @@ int rx_cpu_matmul_dinp_f32_bf16(float *dinp, const float *dout, const uint16_t *
   if (!buf) return 0;
   for (int64_t o0 = 0; o0 < OC; o0 += OB) {
     const int64_t ob = OC - o0 < OB ? OC - o0 : OB;
-    widen_rows(buf, weight + o0 * C, ob, C, 1);
+    widen_rows_parallel(buf, weight + o0 * C, ob, C);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)C, (int)ob, 1.0f, dout + o0, (int)OC, buf,
                 (int)C, o0 == 0 ? 0.0f : 1.0f, dinp, (int)C);
   }

@@ -48,15 +48,18 @@ static double worst_rel(const rx_tensor *got, const double *want, const double *
   return worst;
 }
 
+/* For bf16 weights and for f32 ones (whose decode path is the same kernel where the build has no
+ * AVX-512, and matmul_rows.c's where it has). */
 static void forward_matches_reference_at_every_row_count(void) {
   /* {C, OC}: tails of the 8/16-lane loops, partial tiles, and one shape large enough to thread */
   static const int64_t shapes[4][2] = {{37, 19}, {64, 131}, {300, 301}, {1, 5}};
-  for (int s = 0; s < 4; s++) {
-    const int64_t C = shapes[s][0], OC = shapes[s][1], NMAX = 70;
+  for (int s = 0; s < 8; s++) {
+    const int32_t wdt = s < 4 ? RX_BF16 : RX_F32;
+    const int64_t C = shapes[s % 4][0], OC = shapes[s % 4][1], NMAX = 70;
     int64_t xs[2] = {NMAX, C}, ws[2] = {OC, C}, bs[1] = {OC};
     rx_tensor *x = randn(RX_F32, 2, xs), *w32 = randn(RX_F32, 2, ws), *b = randn(RX_F32, 1, bs), *w = NULL;
-    CHECK_OK(rx_tensor_new(&w, RX_BF16, RX_CPU, 2, ws));
-    CHECK_OK(rx_tensor_copy(w, w32));   /* rounded to bf16 */
+    CHECK_OK(rx_tensor_new(&w, wdt, RX_CPU, 2, ws));
+    CHECK_OK(rx_tensor_copy(w, w32));   /* rounded to bf16, or the same */
     double *xv = values(x), *wv = values(w), *bv = values(b), *ref = malloc(sizeof(double) * (size_t)(NMAX * OC));
     ref_forward(ref, xv, wv, bv, NMAX, C, OC);
     for (int64_t n = 1; n <= NMAX; n++) {
@@ -74,16 +77,16 @@ static void forward_matches_reference_at_every_row_count(void) {
           r = nob;
         }
         double e = worst_rel(y.t, r, xv, wv, with_bias ? bv : NULL, n, C, OC);
-        CHECK(e < 1e-6, "C=%lld OC=%lld rows=%lld bias=%d: error %.3g of the f32 bound", (long long)C, (long long)OC,
-              (long long)n, with_bias, e);
+        CHECK(e < 1e-6, "%s C=%lld OC=%lld rows=%lld bias=%d: error %.3g of the f32 bound", rx_dtype_name(wdt),
+              (long long)C, (long long)OC, (long long)n, with_bias, e);
         if (n <= RX_BF16_FEW_ROWS && with_bias) {   /* the last row alone gives the same bits */
           rx_tensor *x1 = NULL, *y1 = NULL;
           CHECK_OK(rx_tensor_narrow(&x1, x, 0, n - 1, 1));
           CHECK_OK(rx_tensor_new(&y1, RX_F32, RX_CPU, 2, (int64_t[2]){1, OC}));
           CHECK_OK(rx_matmul_forward(y1, x1, w, b));
           CHECK(memcmp((float *)y.t->data + (n - 1) * OC, y1->data, (size_t)OC * sizeof(float)) == 0,
-                "C=%lld OC=%lld: row %lld of %lld rows differs from the same row alone", (long long)C, (long long)OC,
-                (long long)n, (long long)n);
+                "%s C=%lld OC=%lld: row %lld of %lld rows differs from the same row alone", rx_dtype_name(wdt),
+                (long long)C, (long long)OC, (long long)n, (long long)n);
           rx_tensor_free(x1);
           rx_tensor_free(y1);
         }
