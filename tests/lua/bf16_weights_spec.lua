@@ -152,3 +152,60 @@ describe("bf16 weight storage", function()
     assert.matches("f32 compute", tostring(err))
   end)
 end)
+
+describe("frozen copies in training", function()
+  local config = require("remax.config")
+  local trainer = require("remax.trainer")
+  local write = support.write
+
+  -- a bf16 checkpoint with the byte-level tokenizer, a reward and a dataset
+  local function setup()
+    local dir = tmpdir()
+    require("remax.fs").mkdir_p(dir .. "/m")
+    remax.tokenizer.write_byte_level(dir .. "/m")
+    local tok = remax.tokenizer.load(dir .. "/m")
+    local m = model_mod.new(tiny({ vocab_size = tok.vocab_size, eos_token_id = tok.eos_id, tie_word_embeddings = true }),
+      { seed = 9 })
+    m:save_full(dir .. "/m", { dtype = "bf16" })
+    remax.tokenizer.write_byte_level(dir .. "/m")
+    write(dir .. "/r.lua", [[return { name = "len", fn = function(c) local s = {}
+      for i, x in ipairs(c) do s[i] = #x / 10 end return s end }]])
+    local lines = {}
+    for i = 1, 8 do lines[i] = ('{"prompt": "p %d"}'):format(i) end
+    write(dir .. "/d.jsonl", table.concat(lines, "\n") .. "\n")
+    return dir
+  end
+
+  local function run(dir, extra)
+    local s = { model = dir .. "/m", data = dir .. "/d.jsonl", rewards = { dir .. "/r.lua" }, chat_template = "plain",
+      num_generations = 2, max_completion_length = 6, per_device_train_batch_size = 4, learning_rate = 1e-3,
+      max_steps = 2, eval_size = 0, output_dir = dir .. "/runs", save_steps = 0, log_completions = 0, seed = 3,
+      beta = 0.1 }
+    for k, v in pairs(extra or {}) do s[k] = v end
+    local t = trainer.new(config.resolve(s), { quiet = true, signals = false })
+    t:train()
+    return t
+  end
+
+  it("keeps the KL reference of a bf16 checkpoint in bf16 (auto) with the same KL as f32 storage", function()
+    local dir = setup()
+    local a = run(dir, { run_name = "auto" })
+    local f = run(dir, { run_name = "f32", frozen_dtype = "f32" })
+    assert.are.equal("f32", a.model:weight_dtype())   -- the trained policy stays f32
+    assert.are.equal("bf16", a.ref:weight_dtype())
+    assert.are.equal("f32", f.ref:weight_dtype())
+    assert.is_true(a.ref:memory().params < 0.6 * f.ref:memory().params)
+    local ma, mf = a.run:metrics(), f.run:metrics()
+    for step = 1, 2 do
+      assert.is_true(math.abs(ma[step].kl - mf[step].kl) < 1e-6 + 1e-4 * math.abs(mf[step].kl),
+        ("step %d: kl %g vs %g"):format(step, ma[step].kl, mf[step].kl))
+    end
+  end)
+
+  it("trains LoRA adapters on a base kept in bf16", function()
+    local dir = setup()
+    local t = run(dir, { run_name = "lora", use_lora = true, lora_r = 4, lora_alpha = 8 })
+    assert.are.equal("bf16", t.model:weight_dtype())
+    assert.are.equal(2, t.step)
+  end)
+end)
