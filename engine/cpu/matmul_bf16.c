@@ -6,18 +6,17 @@
  * shift), and sums are f32, so the result is the f32 layer applied to the bf16-rounded weights;
  * for a checkpoint stored in bf16 (as the hub ships them) nothing is lost at all.
  *
- *  - A few rows (decoding, N <= RX_BF16_FEW_ROWS): a register tile of RB input rows x NW weight
- *    rows. With at most RB rows the weights are widened in registers as they stream in; with
- *    more, each tile of NW weight rows is widened once into a per-thread buffer (it stays in L2)
- *    and every block of RB rows reads it from there. Every output is one accumulator vector over
- *    k, reduced in a fixed order, plus a scalar tail: the same bits whatever the tile, block or
- *    thread count.
+ *  - A few rows (decoding, N <= RX_BF16_FEW_ROWS): register tiles of up to 4 input rows x a few
+ *    weight rows, the weights widened in registers as they stream in (in blocks of 4 rows when
+ *    there are more; the tile is in L1 after the first block). Every output is one accumulator
+ *    vector over k, reduced in a fixed order, plus a scalar tail: the same bits whatever the
+ *    tile, block or thread count.
  *  - Many rows (prefill, training forwards of a frozen model): blocks of weight rows are widened
  *    into an f32 buffer and multiplied by OpenBLAS's sgemm; the widening costs OC*C per call
  *    against 2*N*OC*C flops. dinp = dout W (backward through a frozen weight, e.g. LoRA on a bf16
  *    base) walks the same blocks.
- * The buffers are the calling thread's, grown to the largest shape seen and kept (allocated
- * once per shape, not per call). */
+ * The many-rows buffer is the calling thread's, grown to the largest shape seen and kept
+ * (allocated once per shape, not per call). */
 #include "cpu.h"
 #include <cblas.h>
 #include <omp.h>
@@ -150,46 +149,41 @@ static void tile_any(float *y, int64_t ldy, const float *x, const uint16_t *wb, 
 #undef ROWS
 #undef T
 
-/* Weight rows [o0, o0 + nw) against every input row: f32 weights in place; bf16 ones widened in
- * registers when one pass covers every row, else widened once into buf for the row blocks. */
-static void column(float *out, const float *inp, const void *w, int from_bf16, const float *bias, float *buf, int64_t N,
-                   int64_t C, int64_t OC, int64_t o0, int nw) {
+/* Weight rows [o0, o0 + nw) against every input row, in blocks of RB_MAX rows: f32 weights in
+ * place, bf16 ones widened in registers in every block (the tile is in L1 after the first; this
+ * measured faster than widening it once into a buffer for the other blocks). */
+static void column(float *out, const float *inp, const void *w, int from_bf16, const float *bias, int64_t N, int64_t C,
+                   int64_t OC, int64_t o0, int nw) {
   const uint16_t *wb = from_bf16 ? (const uint16_t *)w + o0 * C : NULL;
   const float *wf = from_bf16 ? NULL : (const float *)w + o0 * C;
   const float *b = bias ? bias + o0 : NULL;
   if (N <= RB_MAX) { tile_any(out + o0, OC, inp, wb, wf, b, C, (int)N, nw, from_bf16); return; }
-  if (from_bf16) { widen_rows(buf, wb, nw, C); wf = buf; }
   for (int64_t n = 0; n < N; n += RB_MAX) {
     const int rb = N - n < RB_MAX ? (int)(N - n) : RB_MAX;
     /* a partial last block keeps the width of the full ones: tiles of one shape per pass */
-    tile_any(out + n * OC + o0, OC, inp + n * C, NULL, wf, b, C, rb, nw == 1 ? 1 : NW4, 0);
+    tile_any(out + n * OC + o0, OC, inp + n * C, wb, wf, b, C, rb, nw == 1 ? 1 : NW4, from_bf16);
   }
 }
 
-static int matmul_rows(float *out, const float *inp, const void *w, int from_bf16, const float *bias, int64_t N,
-                       int64_t C, int64_t OC) {
+static void matmul_rows(float *out, const float *inp, const void *w, int from_bf16, const float *bias, int64_t N,
+                        int64_t C, int64_t OC) {
   const int nw = N > RB_MAX ? NW4 : tile_width(N);
   const int64_t tiles = OC / nw;
-  const int nt = OC * C > 65536 ? omp_get_max_threads() : 1;
-  const int need = from_bf16 && N > RB_MAX;
-  float *buf = need ? scratch_get((size_t)nt * NW_MAX * (size_t)C) : NULL;
-  if (need && !buf) return 0;
   /* threads take contiguous runs of tiles: each streams its own part of W */
-  #pragma omp parallel num_threads(nt) if (nt > 1)
+  #pragma omp parallel if (OC * C > 65536)
   {
     const int64_t T = omp_get_num_threads(), id = omp_get_thread_num();
-    float *mine = buf ? buf + id * NW_MAX * C : NULL;
     const int64_t t0 = tiles * id / T, t1 = tiles * (id + 1) / T;
-    for (int64_t t = t0; t < t1; t++) column(out, inp, w, from_bf16, bias, mine, N, C, OC, t * nw, nw);
+    for (int64_t t = t0; t < t1; t++) column(out, inp, w, from_bf16, bias, N, C, OC, t * nw, nw);
   }
-  for (int64_t o = tiles * nw; o < OC; o++) column(out, inp, w, from_bf16, bias, buf, N, C, OC, o, 1);
-  return 1;
+  for (int64_t o = tiles * nw; o < OC; o++) column(out, inp, w, from_bf16, bias, N, C, OC, o, 1);
 }
 
 int rx_cpu_matmul_rows_any_f32(float *out, const float *inp, const float *weight, const float *bias, int64_t N,
                                int64_t C, int64_t OC) {
   if (N > RX_BF16_FEW_ROWS || C == 0) return 0;
-  return matmul_rows(out, inp, weight, 0, bias, N, C, OC);
+  matmul_rows(out, inp, weight, 0, bias, N, C, OC);
+  return 1;
 }
 
 /* ------------------------------------------------------------------ many rows */
@@ -209,7 +203,7 @@ int rx_cpu_matmul_forward_f32_bf16(float *out, const float *inp, const uint16_t 
       for (int64_t o = 0; o < OC; o++) out[n * OC + o] = bias ? bias[o] : 0.0f;
     return 1;
   }
-  if (N <= RX_BF16_FEW_ROWS) return matmul_rows(out, inp, weight, 1, bias, N, C, OC);
+  if (N <= RX_BF16_FEW_ROWS) { matmul_rows(out, inp, weight, 1, bias, N, C, OC); return 1; }
   const int64_t OB = block_rows(C, OC);
   float *buf = scratch_get((size_t)(OB * C));
   if (!buf) return 0;
