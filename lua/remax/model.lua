@@ -198,7 +198,7 @@ function M.load(dir, opts)
   if opts.weight_dtype == "auto" then
     local o = {}
     for k, v in pairs(opts) do o[k] = v end
-    o.weight_dtype = tensor.dtype(opts.dtype or "f32") == C.RX_F32 and M.stored_weight_dtype(st) or nil
+    o.weight_dtype = tensor.dtype(opts.dtype or "f32") == C.RX_F32 and M.stored_weight_dtype(st, opts.skip) or nil
     opts = o
   end
   local self = create(cfg_table, opts, cfg_path)
@@ -232,12 +232,12 @@ function M.load(dir, opts)
 end
 
 -- "bf16" when a checkpoint stores every weight matrix in bf16 (keeping them in bf16 then loses
--- nothing: the "auto" storage of frozen copies), else "f32".
-function M.stored_weight_dtype(st)
+-- nothing: the "auto" storage of frozen copies), else "f32". skip: names not to look at.
+function M.stored_weight_dtype(st, skip)
   local any = false
   for _, name in ipairs(st:names()) do
     local info = st:info(name)
-    if #info.shape == 2 and not name:match("rotary_emb") then
+    if #info.shape == 2 and not name:match("rotary_emb") and not (skip and skip[name]) then
       if info.format ~= "BF16" then return "f32" end
       any = true
     end

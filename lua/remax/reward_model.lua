@@ -26,7 +26,9 @@ M.DEFAULT_BATCH_SIZE = 16
 
 local function json_value(v) if v == cjson.null then return nil end return v end
 
--- Loads a reward model folder. opts: dtype ("f32"), device. Errors name the folder.
+-- Loads a reward model folder. opts: dtype ("f32"), device, weight_dtype ("auto": the decoder's
+-- weights stay bf16 when the checkpoint stores them in bf16, halving its memory; "f32", "bf16").
+-- Errors name the folder.
 function M.load(dir, opts)
   opts = opts or {}
   if type(dir) ~= "string" or dir == "" then error("reward model: expected a folder path", 2) end
@@ -60,6 +62,7 @@ function M.load(dir, opts)
   dcfg.architectures = { decoder }
   dcfg.tie_word_embeddings = true
   local okm, model = pcall(model_mod.load, dir, { config = dcfg, dtype = opts.dtype, device = opts.device,
+    weight_dtype = opts.weight_dtype or "auto",
     skip = { ["score.weight"] = true, ["lm_head.weight"] = true } })
   if not okm then error(("reward model %s: %s"):format(dir, tostring(model)), 0) end
   local st = require("remax.safetensors").open(dir)

@@ -33,7 +33,7 @@ local function make_rm(opts)
   local w = tensor.new({ 1, 16 }, "f64"):normal_(opts.seed + 1, 0, 0, 0.5)
   local tensors = { ["score.weight"] = w }
   for name, p in pairs(m:params()) do
-    if name ~= "lm_head.weight" then tensors[name] = p end
+    if name ~= "lm_head.weight" then tensors[name] = opts.bf16 and p:to("bf16") or p end
   end
   remax.safetensors.save(dir .. "/model.safetensors", tensors, { format = "pt" })
   local cfg = {}
@@ -120,6 +120,21 @@ describe("reward model", function()
     -- a recipe's rewards list accepts it
     local cfg = require("remax.config").resolve({ rewards = { "gsm8k", { model = dir } } })
     assert.are.equal(dir, cfg.rewards[2].model)
+  end)
+
+  it("keeps a bf16 checkpoint's decoder in bf16 and scores as with f32 weights", function()
+    local dir = make_rm({ seed = 21, bf16 = true })
+    local auto = reward_model.load(dir)
+    local f32 = reward_model.load(dir, { weight_dtype = "f32" })
+    assert.are.equal("bf16", auto.model:weight_dtype())
+    assert.are.equal("f32", f32.model:weight_dtype())
+    local prompts, texts = { "p", "q", "r" }, { "a short one", "a somewhat longer text to score", "x" }
+    local sa, sf = auto:score(prompts, texts), f32:score(prompts, texts)
+    for i = 1, #texts do
+      assert.is_true(math.abs(sa[i] - sf[i]) < 1e-5 * (1 + math.abs(sf[i])), ("%g vs %g"):format(sa[i], sf[i]))
+    end
+    -- an f32 checkpoint stays f32 under auto
+    assert.are.equal("f32", reward_model.load(make_rm({ seed = 22 })).model:weight_dtype())
   end)
 
   it("names the folder in its errors", function()
