@@ -92,6 +92,21 @@ describe("bf16 weight storage", function()
     assert.is_true(max_diff(m:logprobs(rows):totable(), h:logprobs(rows):totable()) > 1e-4)
   end)
 
+  it("stays within bf16's precision of the float64 model of an f32 checkpoint (log-probs 3e-2)", function()
+    for _, arch in ipairs({ "Qwen2ForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM" }) do
+      local dir = tmpdir()
+      local extra = { architectures = { arch } }
+      if arch == "Qwen3ForCausalLM" then extra.head_dim = 12 end
+      model_mod.new(tiny(extra), { seed = 8 }):save_full(dir)
+      local ref = model_mod.load(dir, { dtype = "f64" })
+      local h = model_mod.load(dir, { weight_dtype = "bf16" })
+      local rows = batch(3, 40, 6)
+      local d = max_diff(ref:logprobs(rows):totable(), h:logprobs(rows):totable())
+      assert.is_true(d <= 3e-2, ("%s: log-probs differ from float64 by %g"):format(arch, d))
+      assert.is_true(d > 0, arch)
+    end
+  end)
+
   it("decodes the same tokens with 1 to 48 rows (the few-rows kernel at every row count)", function()
     local dir = bf16_checkpoint()
     local f, h = model_mod.load(dir), model_mod.load(dir, { weight_dtype = "bf16" })

@@ -198,6 +198,20 @@ describe("remax generate", function()
     assert.are.equal(tok:decode(greedy.rows[1].tokens, { skip_special_tokens = true }) .. "\n", chat_out)
   end)
 
+  it("keeps weights in bf16 with --dtype bf16: the greedy tokens of the bf16-rounded model", function()
+    local out, err, rc = run(("--model %s --prompt-ids 104,105 --temperature 0 --max-new-tokens 8 --dtype bf16"):format(q(dir)))
+    assert.are.equal(0, rc, err)
+    local bdir = tmpdir()
+    m:save(bdir, { dtype = "bf16" })
+    local rounded = remax.model.load(bdir)   -- the same weights rounded to bf16, kept in f32
+    local want = rounded:generate({ { 104, 105 } }, { temperature = 0, max_new_tokens = 8, stop = { 256, 258 } })
+    assert.are.equal(tok:decode(want.rows[1].tokens, { skip_special_tokens = true }) .. "\n", out)
+    local _
+    _, err, rc = run(("--model %s --prompt-ids 1,2 --dtype f16"):format(q(dir)))
+    assert.are_not.equal(0, rc)
+    assert.is_truthy(err:find("--dtype f16: the CPU keeps weights in auto, f32 or bf16", 1, true), err)
+  end)
+
   it("fails clearly on a missing --model, a bad flag or a bad value", function()
     local _, err, rc = run("--prompt hi")
     assert.are_not.equal(0, rc)
