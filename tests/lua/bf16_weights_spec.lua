@@ -217,6 +217,20 @@ describe("frozen copies in training", function()
     end
   end)
 
+  it("evaluates (remax eval) a bf16 checkpoint with its weights in bf16 and the f32 results", function()
+    local dir = setup()
+    local results = {}
+    for _, fd in ipairs({ "auto", "f32" }) do
+      local s = { model = dir .. "/m", data = dir .. "/d.jsonl", eval_data = dir .. "/d.jsonl", eval_size = 8,
+        rewards = { dir .. "/r.lua" }, chat_template = "plain", max_completion_length = 6, frozen_dtype = fd, seed = 3 }
+      local t = trainer.new(config.resolve(s), { quiet = true, signals = false, eval_only = true })
+      assert.are.equal(fd == "auto" and "bf16" or "f32", t.model:weight_dtype())
+      results[fd] = t:evaluate({})
+    end
+    assert.are.equal(8, results.auto.n)
+    assert.is_true(math.abs(results.auto.reward - results.f32.reward) < 1e-9)
+  end)
+
   it("trains LoRA adapters on a base kept in bf16", function()
     local dir = setup()
     local t = run(dir, { run_name = "lora", use_lora = true, lora_r = 4, lora_alpha = 8 })
