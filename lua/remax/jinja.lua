@@ -45,6 +45,66 @@ function M.dict(pairs_)
   return d
 end
 
+---------------------------------------------------------------------------- errors
+
+local function fail(line, msg, ...)
+  error({ jinja = true, line = line, msg = select("#", ...) > 0 and msg:format(...) or msg }, 0)
+end
+
+---------------------------------------------------------------------------- limits
+
+-- What one rendering may use, so that a template (a file a user hands remax) cannot hang the
+-- run or exhaust its memory: it fails instead, naming the limit. A real chat template stays far
+-- below each (a 1000-message conversation with tools takes a few thousand steps).
+--   steps   loop iterations, macro calls and items walked, per rendering
+--   bytes   the longest string an operation may build (the rendered text included)
+--   memory  bytes of Lua heap a rendering may add
+--   range   the longest range() (jinja2's sandbox, which transformers uses, has the same limit)
+--   depth   nesting of statements, of macro calls and of values; expressions nest up to 3 x depth
+M.limits = { steps = 1000000, bytes = 16 * 2 ^ 20, memory = 1024 * 2 ^ 20, range = 100000, depth = 100 }
+
+local budget   -- the rendering in progress: { steps =, ctx =, mem0 =, next_mem = }
+
+local function tick(n)
+  local b = budget
+  if not b then return end
+  b.steps = b.steps + (n or 1)
+  local lim = M.limits
+  if b.steps > lim.steps then
+    fail(b.ctx.line, "the rendering takes over %d steps (loop iterations, macro calls, items walked): a runaway loop? " ..
+      "(remax.jinja.limits.steps)", lim.steps)
+  end
+  if b.steps >= b.next_mem then
+    b.next_mem = b.steps + 1024
+    if (collectgarbage("count") - b.mem0) * 1024 > lim.memory then
+      collectgarbage()
+      if (collectgarbage("count") - b.mem0) * 1024 > lim.memory then
+        fail(b.ctx.line, "the rendering uses over %d MB (remax.jinja.limits.memory)", lim.memory / 2 ^ 20)
+      end
+    end
+  end
+end
+
+-- A string of n bytes is about to be built.
+local function sized(n, line)
+  if n > M.limits.bytes then
+    fail(line or (budget and budget.ctx.line), "a string of %.0f bytes is over the limit of %d (remax.jinja.limits.bytes)",
+      n, M.limits.bytes)
+  end
+end
+
+local function too_deep(line, what)
+  fail(line or (budget and budget.ctx.line), "%s nested over %d deep (remax.jinja.limits.depth)", what, M.limits.depth)
+end
+
+-- table.concat of a buffer, its total size checked first.
+local function joined(buf, sep, line)
+  local n = sep and #sep * math.max(0, #buf - 1) or 0
+  for i = 1, #buf do n = n + #buf[i] end
+  sized(n, line)
+  return table.concat(buf, sep)
+end
+
 local function kind(v)
   local tv = type(v)
   if tv == "string" then return "str" end
@@ -63,7 +123,9 @@ local function kind(v)
 end
 
 -- Lua values (recipe arguments, messages) -> template values.
-function M.from_lua(v)
+function M.from_lua(v, depth)
+  depth = depth or 0
+  if depth > M.limits.depth then too_deep(nil, "a value") end
   local tv = type(v)
   if tv == "nil" then return NONE end
   if tv ~= "table" then
@@ -77,21 +139,15 @@ function M.from_lua(v)
   local n = #v
   if n > 0 or next(v) == nil then
     local out = {}
-    for i = 1, n do out[i] = M.from_lua(v[i]) end
+    for i = 1, n do out[i] = M.from_lua(v[i], depth + 1) end
     return list(out, n)
   end
   local keys = {}
   for k in pairs(v) do keys[#keys + 1] = k end
   table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
   local d = new_dict()
-  for _, k in ipairs(keys) do dict_set(d, k, M.from_lua(v[k])) end
+  for _, k in ipairs(keys) do dict_set(d, k, M.from_lua(v[k], depth + 1)) end
   return d
-end
-
----------------------------------------------------------------------------- errors
-
-local function fail(line, msg, ...)
-  error({ jinja = true, line = line, msg = select("#", ...) > 0 and msg:format(...) or msg }, 0)
 end
 
 ---------------------------------------------------------------------------- UTF-8 and Python str
@@ -208,7 +264,7 @@ local function py_replace(s, old, new, count)
       if count < 0 or done < count then out[#out + 1] = new; done = done + 1 end
       if cps[i] then out[#out + 1] = cps[i] end
     end
-    return table.concat(out)
+    return joined(out)
   end
   local out, start, done = {}, 1, 0
   while count < 0 or done < count do
@@ -220,7 +276,7 @@ local function py_replace(s, old, new, count)
     done = done + 1
   end
   out[#out + 1] = s:sub(start)
-  return table.concat(out)
+  return joined(out)
 end
 
 ---------------------------------------------------------------------------- str(), repr(), json
@@ -274,25 +330,23 @@ local function str_repr(s)
   return q .. out .. q
 end
 
-repr = function(v)
+repr = function(v, depth)
+  depth = depth or 0
+  if depth > M.limits.depth then too_deep(nil, "a value") end
   local k = kind(v)
   if k == "str" then return str_repr(v) end
   if k == "list" then
     local parts = {}
-    for i = 1, v.n do parts[i] = repr(v[i]) end
-    if v.tuple then return "(" .. table.concat(parts, ", ") .. (v.n == 1 and ",)" or ")") end
-    return "[" .. table.concat(parts, ", ") .. "]"
+    for i = 1, v.n do parts[i] = repr(v[i], depth + 1) end
+    if v.tuple then return "(" .. joined(parts, ", ") .. (v.n == 1 and ",)" or ")") end
+    return "[" .. joined(parts, ", ") .. "]"
   end
   if k == "dict" or k == "namespace" then
     local d = k == "namespace" and v.d or v
     local parts = {}
-    for _, key in ipairs(d.keys) do parts[#parts + 1] = repr(key) .. ": " .. repr(d.map[key]) end
-    if k == "namespace" then
-      local kv = {}
-      for _, key in ipairs(d.keys) do kv[#kv + 1] = tostring(key) .. "=" .. repr(d.map[key]) end
-      return "<Namespace {" .. table.concat(parts, ", ") .. "}>"
-    end
-    return "{" .. table.concat(parts, ", ") .. "}"
+    for _, key in ipairs(d.keys) do parts[#parts + 1] = repr(key, depth + 1) .. ": " .. repr(d.map[key], depth + 1) end
+    if k == "namespace" then return "<Namespace {" .. joined(parts, ", ") .. "}>" end
+    return "{" .. joined(parts, ", ") .. "}"
   end
   if k == "callable" then return "<function>" end
   return str(v)
@@ -310,6 +364,7 @@ end
 -- json.dumps(v, ensure_ascii=False, indent=indent, separators=..., sort_keys=...)
 local function tojson(v, indent, item_sep, key_sep, sort_keys, line, level)
   level = level or 0
+  if level > M.limits.depth then too_deep(line, "tojson: a value") end
   local k = kind(v)
   if k == "str" then return json_string(v) end
   if k == "int" then return int_str(v) end
@@ -326,6 +381,7 @@ local function tojson(v, indent, item_sep, key_sep, sort_keys, line, level)
   local nl, pad, pad_in = "", "", ""
   if indent then
     nl = "\n"
+    sized(indent * (level + 1), line)
     pad = (" "):rep(indent * level)
     pad_in = (" "):rep(indent * (level + 1))
   end
@@ -333,7 +389,7 @@ local function tojson(v, indent, item_sep, key_sep, sort_keys, line, level)
     if v.n == 0 then return "[]" end
     local parts = {}
     for i = 1, v.n do parts[i] = pad_in .. tojson(v[i], indent, item_sep, key_sep, sort_keys, line, level + 1) end
-    return "[" .. nl .. table.concat(parts, item_sep .. nl) .. nl .. pad .. "]"
+    return "[" .. nl .. joined(parts, item_sep .. nl, line) .. nl .. pad .. "]"
   end
   if k == "dict" or k == "namespace" then
     local d = k == "namespace" and v.d or v
@@ -346,7 +402,7 @@ local function tojson(v, indent, item_sep, key_sep, sort_keys, line, level)
       local ks = type(key) == "string" and json_string(key) or json_string(str(key))
       parts[i] = pad_in .. ks .. key_sep .. tojson(d.map[key], indent, item_sep, key_sep, sort_keys, line, level + 1)
     end
-    return "{" .. nl .. table.concat(parts, item_sep .. nl) .. nl .. pad .. "}"
+    return "{" .. nl .. joined(parts, item_sep .. nl, line) .. nl .. pad .. "}"
   end
   fail(line, "tojson: cannot serialise a %s", k)
 end
@@ -374,7 +430,9 @@ local function num(v)
   return nil
 end
 
-local function equal(a, b)
+local function equal(a, b, depth)
+  depth = depth or 0
+  if depth > M.limits.depth then too_deep(nil, "a value") end
   local ka, kb = kind(a), kind(b)
   local na, fa = num(a)
   local nb = num(b)
@@ -383,13 +441,13 @@ local function equal(a, b)
   if ka == "str" then return a == b end
   if ka == "list" then
     if a.n ~= b.n then return false end
-    for i = 1, a.n do if not equal(a[i], b[i]) then return false end end
+    for i = 1, a.n do if not equal(a[i], b[i], depth + 1) then return false end end
     return true
   end
   if ka == "dict" then
     if #a.keys ~= #b.keys then return false end
     for _, key in ipairs(a.keys) do
-      if b.map[key] == nil or not equal(a.map[key], b.map[key]) then return false end
+      if b.map[key] == nil or not equal(a.map[key], b.map[key], depth + 1) then return false end
     end
     return true
   end
@@ -420,12 +478,14 @@ end
 local function iterate(v, line)
   local k = kind(v)
   if k == "list" then
+    tick(math.floor(v.n / 16))
     local out = {}
     for i = 1, v.n do out[i] = v[i] end
     return out
   end
-  if k == "str" then return codepoints(v) end
+  if k == "str" then tick(math.floor(#v / 16)); return codepoints(v) end
   if k == "dict" then
+    tick(math.floor(#v.keys / 16))
     local out = {}
     for i, key in ipairs(v.keys) do out[i] = key end
     return out
@@ -636,8 +696,19 @@ function Parser:expect(t, v)
 end
 function Parser:done() return self:is("eof") end
 
+local function deeper(p, by)
+  p.depth = (p.depth or 0) + by
+  if p.depth > 3 * M.limits.depth then too_deep(p.line, "expressions") end
+end
+
 -- expression := ternary
 function Parser:expr(no_ternary)
+  deeper(self, 1)
+  local e = self:expr_(no_ternary)
+  deeper(self, -1)
+  return e
+end
+function Parser:expr_(no_ternary)
   local e = self:or_expr()
   if not no_ternary and self:is("name", "if") then
     self:next()
@@ -662,7 +733,12 @@ function Parser:and_expr()
 end
 
 function Parser:not_expr()
-  if self:accept("name", "not") then return { k = "not", a = self:not_expr() } end
+  if self:accept("name", "not") then
+    deeper(self, 1)
+    local e = { k = "not", a = self:not_expr() }
+    deeper(self, -1)
+    return e
+  end
   return self:compare()
 end
 
@@ -720,9 +796,11 @@ end
 
 function Parser:unary(with_filter)
   local e
+  deeper(self, 1)
   if self:accept("op", "-") then e = { k = "neg", a = self:unary(false) }
   elseif self:accept("op", "+") then e = self:unary(false)
   else e = self:primary() end
+  deeper(self, -1)
   e = self:postfix(e)
   if with_filter then e = self:filters(e) end
   return e
@@ -875,7 +953,10 @@ local function parse(toks)
   local function block_name(tok) return tok.v:match("^%s*([%w_]+)") end
 
   local parse_body
+  local nesting = 0
   parse_body = function(stop)
+    nesting = nesting + 1
+    if nesting > M.limits.depth then too_deep(toks[i] and toks[i].line, "statements") end
     local nodes = {}
     while i <= #toks do
       local tok = toks[i]
@@ -889,7 +970,7 @@ local function parse(toks)
       else
         local name = block_name(tok)
         if not name then fail(tok.line, "empty block tag") end
-        if stop and stop[name] then return nodes, name, tok end
+        if stop and stop[name] then nesting = nesting - 1; return nodes, name, tok end
         i = i + 1
         local rest = tok.v:gsub("^%s*[%w_]+", "", 1)
         local p = parser(rest, tok.line)
@@ -1005,6 +1086,7 @@ local function parse(toks)
         end
       end
     end
+    nesting = nesting - 1
     return nodes
   end
   local nodes, ended, tok = parse_body(nil)
@@ -1036,11 +1118,32 @@ local function kw(kwargs, name, default)
   return default
 end
 
+-- A built-in filter, test, method or global raised a Lua error (arguments of kinds it cannot
+-- take, as Python would raise a TypeError): the template's error, naming it and the arguments.
+-- Errors of the template itself (tables) pass through.
+local function kinds(v, args)
+  local out = {}
+  if v ~= nil then out[1] = kind(v) end
+  for i = 1, #(args or {}) do out[#out + 1] = kind(args[i]) end
+  return table.concat(out, ", ")
+end
+local function builtin_failed(what, line, err, v, args)
+  if type(err) == "table" then error(err, 0) end
+  if tostring(err):find("not enough memory", 1, true) then fail(line, "%s: out of memory", what) end
+  fail(line, "%s cannot take (%s)", what, kinds(v, args))
+end
+
 local function call_value(f, args, kwargs, line, ctx)
   local mt = getmetatable(f)
-  if mt == FUNC then return f.fn(args, kwargs, line) end
   if mt == MACRO then return f.call(args, kwargs, line) end
-  if type(f) == "function" then return M.from_lua(f(unpack(args))) end
+  if mt == FUNC or type(f) == "function" then
+    local ok, r = pcall(function()
+      if mt == FUNC then return f.fn(args, kwargs, line) end
+      return M.from_lua(f(unpack(args)))
+    end)
+    if ok then return r end
+    builtin_failed(f.what or "the function", line, r, nil, args)
+  end
   fail(line, "%s is not callable", kind(f))
 end
 
@@ -1054,7 +1157,8 @@ local function getattr(obj, name, line)
   end
   local m = methods[k] and methods[k][name]
   if m then
-    return setmetatable({ fn = function(args, kwargs, l) return m(obj, args, kwargs, l or line) end }, FUNC)
+    return setmetatable({ fn = function(args, kwargs, l) return m(obj, args, kwargs, l or line) end,
+      what = ("method '%s' of %s"):format(name, k) }, FUNC)
   end
   if k == "dict" then
     local v = obj.map[name]
@@ -1126,15 +1230,20 @@ local function arith(op, a, b, line)
   end
   local ka, kb = kind(a), kind(b)
   if ka == "undefined" or kb == "undefined" then fail(line, "'%s' with an undefined value", op) end
-  if op == "+" and ka == "str" and kb == "str" then return a .. b end
+  if op == "+" and ka == "str" and kb == "str" then sized(#a + #b, line); return a .. b end
   if op == "+" and ka == "list" and kb == "list" then
+    tick(math.floor((a.n + b.n) / 16))
     local out = {}
     for i = 1, a.n do out[i] = a[i] end
     for i = 1, b.n do out[a.n + i] = b[i] end
     return list(out, a.n + b.n)
   end
-  if op == "*" and ka == "str" and kb == "int" then return b > 0 and a:rep(b) or "" end
-  if op == "*" and ka == "int" and kb == "str" then return a > 0 and b:rep(a) or "" end
+  if op == "*" and ka == "int" and kb == "str" then a, b, ka, kb = b, a, kb, ka end
+  if op == "*" and ka == "str" and kb == "int" then
+    if b <= 0 then return "" end
+    sized(#a * b, line)
+    return a:rep(b)
+  end
   if op == "%" and ka == "str" then fail(line, "string formatting with '%%' is not supported") end
   fail(line, "unsupported operand types for %s: %s and %s", op, ka, kb)
 end
@@ -1157,7 +1266,17 @@ local function assign(sc, targets, value, line)
   end
 end
 
+local eval_node
 eval = function(e, sc, ctx)
+  local d = ctx.edepth + 1
+  if d > 3 * M.limits.depth then too_deep(ctx.line, "expressions") end
+  ctx.edepth = d
+  local v = eval_node(e, sc, ctx)
+  ctx.edepth = d - 1
+  return v
+end
+
+eval_node = function(e, sc, ctx)
   local k = e.k
   if k == "lit" then return e.v end
   if k == "name" then
@@ -1228,7 +1347,11 @@ eval = function(e, sc, ctx)
     if op == "<=" then return less(a, b, ctx.line) or equal(a, b) end
     if op == ">=" then return less(b, a, ctx.line) or equal(a, b) end
   end
-  if k == "concat" then return str(eval(e.a, sc, ctx)) .. str(eval(e.b, sc, ctx)) end
+  if k == "concat" then
+    local a, b = str(eval(e.a, sc, ctx)), str(eval(e.b, sc, ctx))
+    sized(#a + #b, ctx.line)
+    return a .. b
+  end
   if k == "arith" then return arith(e.op, eval(e.a, sc, ctx), eval(e.b, sc, ctx), ctx.line) end
   if k == "neg" then
     local v = eval(e.a, sc, ctx)
@@ -1242,14 +1365,19 @@ eval = function(e, sc, ctx)
     local args, kwargs = {}, {}
     for j, x in ipairs(e.args) do args[j] = eval(x, sc, ctx) end
     for _, kv in ipairs(e.kwargs) do kwargs[kv[1]] = eval(kv[2], sc, ctx) end
-    return f(eval(e.a, sc, ctx), args, kwargs, ctx.line, ctx)
+    local v = eval(e.a, sc, ctx)
+    local ok, r = pcall(f, v, args, kwargs, ctx.line, ctx)
+    if ok then return r end
+    builtin_failed("filter '" .. e.name .. "'", ctx.line, r, v, args)
   end
   if k == "test" then
     local t = tests[e.name]
     if not t then fail(ctx.line, "test '%s' is not supported", e.name) end
     local args = {}
     for j, x in ipairs(e.args) do args[j] = eval(x, sc, ctx) end
-    local r = t(eval(e.a, sc, ctx), args, ctx.line, ctx)
+    local v = eval(e.a, sc, ctx)
+    local ok, r = pcall(t, v, args, ctx.line, ctx)
+    if not ok then builtin_failed("test '" .. e.name .. "'", ctx.line, r, v, args) end
     if e.negate then return not r end
     return r
   end
@@ -1303,6 +1431,7 @@ exec_body = function(nodes, sc, ctx, out)
       if node.filter then
         local kept = {}
         for _, item in ipairs(items) do
+          tick()
           local fs = scope(sc)
           assign(fs, node.targets, item, node.line)
           if truthy(eval(node.filter, fs, ctx)) then kept[#kept + 1] = item end
@@ -1317,6 +1446,7 @@ exec_body = function(nodes, sc, ctx, out)
         end
       else
         for j, item in ipairs(items) do
+          tick()
           local ls = scope(sc)
           local loop = new_dict()
           dict_set(loop, "index", j)
@@ -1346,17 +1476,22 @@ exec_body = function(nodes, sc, ctx, out)
     elseif k == "setblock" then
       local buf = {}
       exec_body(node.body, scope(sc), ctx, buf)
-      local v = table.concat(buf)
+      local v = joined(buf, nil, node.line)
       for _, fname in ipairs(node.filters) do
         local f = filters[fname]
         if not f then fail(node.line, "filter '%s' is not supported", fname) end
-        v = f(v, {}, {}, node.line, ctx)
+        local ok, r = pcall(f, v, {}, {}, node.line, ctx)
+        if not ok then builtin_failed("filter '" .. fname .. "'", node.line, r, v, {}) end
+        v = r
       end
       assign(sc, { node.target }, v, node.line)
     elseif k == "macro" then
       local defining = sc
       local m = setmetatable({}, MACRO)
       m.call = function(args, kwargs, line)
+        tick()
+        if ctx.depth >= M.limits.depth then too_deep(line, "macro calls") end
+        ctx.depth = ctx.depth + 1
         local ms = scope(defining)
         for j, pdef in ipairs(node.params) do
           local v = args[j]
@@ -1370,17 +1505,22 @@ exec_body = function(nodes, sc, ctx, out)
         local saved = ctx.line
         exec_body(node.body, ms, ctx, buf)
         ctx.line = saved
-        return table.concat(buf)
+        ctx.depth = ctx.depth - 1
+        return joined(buf, nil, line)
       end
       sc:set(node.name, m)
     elseif k == "callblock" then
       local caller_scope = sc
       local saved = ctx.caller
       ctx.caller = setmetatable({ fn = function()
+        tick()
+        if ctx.depth >= M.limits.depth then too_deep(node.line, "macro calls") end
+        ctx.depth = ctx.depth + 1
         local buf = {}
         exec_body(node.body, scope(caller_scope), ctx, buf)
-        return table.concat(buf)
-      end }, FUNC)
+        ctx.depth = ctx.depth - 1
+        return joined(buf, nil, node.line)
+      end, what = "caller()" }, FUNC)
       out[#out + 1] = str(eval(node.e, sc, ctx))
       ctx.caller = saved
     elseif k == "filterblock" then
@@ -1391,7 +1531,10 @@ exec_body = function(nodes, sc, ctx, out)
       local args, kwargs = {}, {}
       for j, x in ipairs(node.args) do args[j] = eval(x, sc, ctx) end
       for _, kv in ipairs(node.kwargs) do kwargs[kv[1]] = eval(kv[2], sc, ctx) end
-      out[#out + 1] = str(f(table.concat(buf), args, kwargs, node.line, ctx))
+      local v = joined(buf, nil, node.line)
+      local ok, r = pcall(f, v, args, kwargs, node.line, ctx)
+      if not ok then builtin_failed("filter '" .. node.name .. "'", node.line, r, v, args) end
+      out[#out + 1] = str(r)
     elseif k == "group" then
       local sig = exec_body(node.body, sc, ctx, out)
       if sig then return sig end
@@ -1482,7 +1625,7 @@ filters.join = function(v, args, kwargs, line)
     if attribute and attribute ~= NONE then item = attr_path(item, attribute, line) end
     parts[j] = str(item)
   end
-  return table.concat(parts, str(sep))
+  return joined(parts, str(sep), line)
 end
 filters.default = function(v, args, kwargs)
   local dv = kw(kwargs, "default_value", args[1])
@@ -1573,6 +1716,7 @@ filters.unique = function(v, args, kwargs, line)
   local out = {}
   local attribute = kw(kwargs, "attribute", nil)
   for _, item in ipairs(iterate(v, line)) do
+    tick(math.floor(#out / 16))
     local key = attribute and attr_path(item, attribute, line) or item
     if kind(key) == "str" and not truthy(kw(kwargs, "case_sensitive", false)) then key = key:lower() end
     local seen = false
@@ -1652,14 +1796,18 @@ filters.selectattr = function(v, args, _, line, ctx) return select_items(v, args
 filters.rejectattr = function(v, args, _, line, ctx) return select_items(v, args, line, ctx, true, false) end
 filters.select = function(v, args, _, line, ctx) return select_items(v, args, line, ctx, false, true) end
 filters.reject = function(v, args, _, line, ctx) return select_items(v, args, line, ctx, false, false) end
-filters.indent = function(v, args, kwargs)
+filters.indent = function(v, args, kwargs, line)
   local width = kw(kwargs, "width", args[1]) or 4
   local first = truthy(kw(kwargs, "first", args[2] or false))
   local blank = truthy(kw(kwargs, "blank", args[3] or false))
+  if type(width) ~= "string" and kind(width) ~= "int" then fail(line, "indent: width must be an integer or a string") end
+  if type(width) ~= "string" then sized(width, line) end
   local pad = type(width) == "string" and width or (" "):rep(width)
   local s = need_str(v)
   local lines_ = {}
   for l in (s .. "\n"):gmatch("(.-)\n") do lines_[#lines_ + 1] = l end
+  tick(math.floor(#lines_ / 16))
+  sized(#s + #pad * (#lines_ + 1), line)
   for j = 2, #lines_ do
     if blank or lines_[j] ~= "" then lines_[j] = pad .. lines_[j] end
   end
@@ -1674,6 +1822,7 @@ filters.wordcount = function(v)
 end
 filters.batch = function(v, args, _, line)
   local size, fill = args[1], args[2]
+  if kind(size) ~= "int" or size < 1 then fail(line, "batch: the size must be a positive integer") end
   local out, cur = {}, {}
   for _, item in ipairs(iterate(v, line)) do
     cur[#cur + 1] = item
@@ -1766,7 +1915,7 @@ methods.str = {
       if kind(x) ~= "str" then fail(line, "join: sequence item %d is a %s, expected str", j - 1, kind(x)) end
       parts[j] = x
     end
-    return table.concat(parts, s)
+    return joined(parts, s, line)
   end,
   splitlines = function(s)
     local out = {}
@@ -1826,13 +1975,20 @@ local function globals(ctx)
   g.range = setmetatable({ fn = function(args, _, line)
     local a, b, st = args[1], args[2], args[3] or 1
     if b == nil then a, b = 0, a end
+    for _, x in ipairs({ a, b, st }) do
+      if kind(x) ~= "int" and kind(x) ~= "bool" then fail(line, "range: expected integers, got a %s", kind(x)) end
+    end
+    a, b, st = num(a), num(b), num(st)
     if st == 0 then fail(line, "range: step cannot be zero") end
+    if (b - a) / st > M.limits.range then
+      fail(line, "range: over %d items (the limit of jinja2's sandbox, remax.jinja.limits.range)", M.limits.range)
+    end
     local out = {}
     local i = a
     if st > 0 then while i < b do out[#out + 1] = i; i = i + st end
     else while i > b do out[#out + 1] = i; i = i + st end end
     return list(out)
-  end }, FUNC)
+  end, what = "range()" }, FUNC)
   g.dict = setmetatable({ fn = function(args, kwargs)
     local d = new_dict()
     local names = {}
@@ -1853,29 +2009,39 @@ local function located(name, err)
     if err.raised then return ("%s%s: raise_exception: %s"):format(name, where, err.msg) end
     return ("%s%s: %s"):format(name, where, err.msg)
   end
-  return tostring(err)
+  return ("%s: %s"):format(name, tostring(err))   -- a fault of the interpreter itself
 end
 
 -- Parses a template; errors name `name` and the line.
 function M.compile(source, name)
   name = name or "template"
   if type(source) ~= "string" then error(("%s: template is a %s, expected a string"):format(name, type(source)), 2) end
+  if #source > M.limits.bytes then
+    error(("%s: the template is %d bytes, over the limit of %d (remax.jinja.limits.bytes)"):format(name, #source, M.limits.bytes), 2)
+  end
   local ok, nodes = pcall(function() return parse(lex(source)) end)
   if not ok then error(located(name, nodes), 2) end
   return setmetatable({ nodes = nodes, name = name, source = source }, Template)
 end
 
 -- Renders with vars (a Lua table: values converted by from_lua; nil-valued keys are undefined).
+-- Within M.limits: a rendering past one fails naming it.
 function Template:render(vars)
-  local ctx = { line = 1 }
-  local root = scope(nil)
-  for k, v in pairs(globals(ctx)) do root:set(k, v) end
-  local top = scope(root)
-  for k, v in pairs(vars or {}) do top:set(k, M.from_lua(v)) end
-  local out = {}
-  local ok, err = pcall(exec_body, self.nodes, scope(top), ctx, out)
-  if not ok then error(located(self.name, err), 2) end
-  return table.concat(out)
+  local ctx = { line = 1, depth = 0, edepth = 0 }
+  local outer = budget
+  budget = { steps = 0, ctx = ctx, mem0 = collectgarbage("count"), next_mem = 1024 }
+  local ok, text = pcall(function()
+    local root = scope(nil)
+    for k, v in pairs(globals(ctx)) do root:set(k, v) end
+    local top = scope(root)
+    for k, v in pairs(vars or {}) do top:set(k, M.from_lua(v)) end
+    local out = {}
+    exec_body(self.nodes, scope(top), ctx, out)
+    return joined(out)
+  end)
+  budget = outer
+  if not ok then error(located(self.name, text), 2) end
+  return text
 end
 
 function M.render(source, vars, name) return M.compile(source, name):render(vars) end
