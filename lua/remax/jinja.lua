@@ -1407,10 +1407,17 @@ exec_body = function(nodes, sc, ctx, out)
   for _, node in ipairs(nodes) do
     local k = node.k
     if node.line then ctx.line = node.line end
-    if k == "text" then out[#out + 1] = node.v
+    if k == "text" then
+      ctx.produced = ctx.produced + #node.v
+      if ctx.produced > M.limits.bytes then fail(ctx.line, "the rendering writes over %d bytes (remax.jinja.limits.bytes)", M.limits.bytes) end
+      out[#out + 1] = node.v
     elseif k == "out" then
-      local v = eval(node.e, sc, ctx)
-      out[#out + 1] = str(v)
+      local v = str(eval(node.e, sc, ctx))
+      -- all the text written, in macros and set blocks too: a loop writing a long string
+      -- stops at the limit, not when the output is joined
+      ctx.produced = ctx.produced + #v
+      if ctx.produced > M.limits.bytes then fail(ctx.line, "the rendering writes over %d bytes (remax.jinja.limits.bytes)", M.limits.bytes) end
+      out[#out + 1] = v
     elseif k == "if" then
       local done = false
       for _, br in ipairs(node.branches) do
@@ -1829,7 +1836,10 @@ filters.batch = function(v, args, _, line)
     if #cur == size then out[#out + 1] = list(cur); cur = {} end
   end
   if #cur > 0 then
-    if fill ~= nil then while #cur < size do cur[#cur + 1] = fill end end
+    if fill ~= nil then
+      tick(size - #cur)
+      while #cur < size do cur[#cur + 1] = fill end
+    end
     out[#out + 1] = list(cur)
   end
   return list(out)
@@ -2009,7 +2019,7 @@ local function located(name, err)
     if err.raised then return ("%s%s: raise_exception: %s"):format(name, where, err.msg) end
     return ("%s%s: %s"):format(name, where, err.msg)
   end
-  return ("%s: %s"):format(name, tostring(err))   -- a fault of the interpreter itself
+  return ("%s: internal error: %s"):format(name, tostring(err))   -- a fault of the interpreter itself
 end
 
 -- Parses a template; errors name `name` and the line.
@@ -2020,14 +2030,14 @@ function M.compile(source, name)
     error(("%s: the template is %d bytes, over the limit of %d (remax.jinja.limits.bytes)"):format(name, #source, M.limits.bytes), 2)
   end
   local ok, nodes = pcall(function() return parse(lex(source)) end)
-  if not ok then error(located(name, nodes), 2) end
+  if not ok then error(located(name, nodes), 0) end
   return setmetatable({ nodes = nodes, name = name, source = source }, Template)
 end
 
 -- Renders with vars (a Lua table: values converted by from_lua; nil-valued keys are undefined).
 -- Within M.limits: a rendering past one fails naming it.
 function Template:render(vars)
-  local ctx = { line = 1, depth = 0, edepth = 0 }
+  local ctx = { line = 1, depth = 0, edepth = 0, produced = 0 }
   local outer = budget
   budget = { steps = 0, ctx = ctx, mem0 = collectgarbage("count"), next_mem = 1024 }
   local ok, text = pcall(function()
@@ -2040,7 +2050,7 @@ function Template:render(vars)
     return joined(out)
   end)
   budget = outer
-  if not ok then error(located(self.name, text), 2) end
+  if not ok then error(located(self.name, text), 0) end
   return text
 end
 

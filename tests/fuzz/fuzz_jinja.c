@@ -5,7 +5,8 @@
  * bos_token, ...); without the separator, or when that part is not JSON, a fixed conversation
  * is used. Any input either renders to a string, or fails with one message naming the template
  * (its line where there is one) -- never a Lua error from inside remax ("attempt to ...", a
- * stack overflow, "not enough memory"), never a crash, a hang or a leak. A conversation that is
+ * stack overflow, "not enough memory": remax.jinja reports those as "NAME: internal error"),
+ * never a crash, a hang or a leak. A conversation that is
  * valid for remax.chat also renders through remax.chat with the template as the tokenizer's
  * chat_template, to the same text.
  * Built by tests/fuzz/run.sh:
@@ -19,13 +20,19 @@
 
 static const char CHECK[] =
     "local jinja, chat, cjson = require('remax.jinja'), require('remax.chat'), require('cjson')\n"
+    /* the limits scaled down with the machine: interpreted (the line hook keeps the JIT off)
+     * under ASan, a rendering at the default limits takes seconds; these keep one under 1 s */
+    "jinja.limits.steps, jinja.limits.bytes, jinja.limits.memory = 20000, 2 ^ 20, 64 * 2 ^ 20\n"
     "local DEFAULT = { { role = 'system', content = 'Be brief.' }, { role = 'user', content = 'Hi \\226\\128\\148 there' },\n"
     "  { role = 'assistant', content = '<think>\\nhm\\n</think>\\n\\nHello.' }, { role = 'user', content = 'Again?' } }\n"
     "local function bad(what, err, name)\n"
     "  if type(err) ~= 'string' then return what .. ': the error is a ' .. type(err) end\n"
     "  if err:sub(1, #name) ~= name then return what .. ': error without the template name: ' .. err end\n"
-    "  for _, s in ipairs({ 'attempt to', 'lua/remax/', 'stack overflow', 'not enough memory', 'bad argument' }) do\n"
-    "    if err:find(s, 1, true) then return what .. ': internal error: ' .. err end\n"
+    /* the interpreter's own faults (a Lua error, a stack overflow, memory) say so after the name;
+     * a template's error may quote its source, which may hold any text */
+    "  if err:sub(#name + 1, #name + 16) == ': internal error' then return what .. ': ' .. err end\n"
+    "  if not err:find('^' .. name:gsub('%.', '%%.') .. ' line %d+: ') and not err:find('^' .. name:gsub('%.', '%%.') .. ': ') then\n"
+    "    return what .. ': an error of another form: ' .. err\n"
     "  end\n"
     "end\n"
     "return function(path)\n"
