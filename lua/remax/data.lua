@@ -108,7 +108,7 @@ end
 
 local function read_all(path)
   local f, err = io.open(path, "rb")
-  if not f then error("remax.data: cannot open " .. tostring(err), 3) end
+  if not f then error("remax.data: cannot open " .. tostring(err), 0) end
   local text = f:read("*a")
   f:close()
   return text
@@ -219,6 +219,43 @@ local function is_object(v)
   return next(v) == nil or #v == 0
 end
 
+-- The byte offset of the first byte that is not valid UTF-8 (overlong forms, surrogates and
+-- code points past U+10FFFF included), or nil when s is valid.
+function M.utf8_error(s)
+  if not s:find("[\128-\255]") then return nil end
+  local i, n, byte = 1, #s, string.byte
+  while i <= n do
+    local c = byte(s, i)
+    if c < 0x80 then i = i + 1
+    else
+      local len, lo, hi = 0, 0x80, 0xBF
+      if c >= 0xC2 and c <= 0xDF then len = 2
+      elseif c >= 0xE0 and c <= 0xEF then
+        len = 3
+        if c == 0xE0 then lo = 0xA0 elseif c == 0xED then hi = 0x9F end
+      elseif c >= 0xF0 and c <= 0xF4 then
+        len = 4
+        if c == 0xF0 then lo = 0x90 elseif c == 0xF4 then hi = 0x8F end
+      else return i end
+      for k = 1, len - 1 do
+        local d = byte(s, i + k)
+        if not d or d < (k == 1 and lo or 0x80) or d > (k == 1 and hi or 0xBF) then return i end
+      end
+      i = i + len
+    end
+  end
+  return nil
+end
+
+local function check_utf8(text, where, what)
+  if type(text) ~= "string" then return end
+  local at = M.utf8_error(text)
+  if at then
+    error(("%s: %s is not valid UTF-8: byte %d of the text is 0x%02X (remax reads text as UTF-8; convert the file, " ..
+      "e.g. iconv -f latin1 -t utf-8)"):format(where, what, at, text:byte(at)), 0)
+  end
+end
+
 local function describe(v)
   if v == cjson.null then return "null" end
   if type(v) == "table" then return #v > 0 and "array" or "object" end
@@ -282,6 +319,11 @@ local function build(records, opts, source)
           prompt == cjson.null and "is null, expected a string or a list of messages" or err), 0)
       end
     end
+    if type(prompt) == "string" then check_utf8(prompt, where, ("prompt column '%s'"):format(prompt_col))
+    else
+      for m, msg in ipairs(prompt) do check_utf8(msg.content, where, ("prompt column '%s', message %d"):format(prompt_col, m)) end
+    end
+    if answer_col then check_utf8(raw[answer_col], where, ("answer column '%s'"):format(answer_col)) end
     row.prompt = prompt
     if answer_col and row.final_answer == nil then
       row.final_answer = M.final_answer(raw[answer_col])

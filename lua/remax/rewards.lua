@@ -174,6 +174,60 @@ local function step_text(opts)
   return opts and opts.step and (" at step " .. opts.step) or ""
 end
 
+---------------------------------------------------------------------------- reward_timeout
+
+local ffi = require("ffi")
+pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } rx_rewards_timespec;" ..
+  "int clock_gettime(int clk_id, rx_rewards_timespec *tp);")
+local ts = ffi.new("rx_rewards_timespec")
+-- Monotonic seconds (CLOCK_MONOTONIC), else os.time.
+function M.clock()
+  if pcall(ffi.C.clock_gettime, 1, ts) then return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end
+  return os.time()
+end
+
+local TIMEOUT = setmetatable({}, { __tostring = function() return "reward_timeout" end })
+M.TIMEOUT = TIMEOUT
+M.HOOK_COUNT = 10000   -- VM instructions between two looks at the clock
+
+-- pcall(fn, ...) stopped after `limit` seconds of wall time (nil or 0: no limit). Returns what
+-- pcall returns, or false, M.TIMEOUT, seconds. A Lua function past the limit is interrupted by
+-- a count hook that looks at the clock every HOOK_COUNT VM instructions; LuaJIT's compiled code
+-- does not call hooks, so the JIT is flushed and off while fn runs (on again after, when it was
+-- on). Limits: a C function that blocks or loops (a socket read, os.execute, a reward model's
+-- forward pass, a long string.rep) cannot be interrupted -- the overrun is reported when it
+-- returns; a coroutine fn starts has no hook; a pcall fn kept from before the call (a local
+-- pcall = pcall in its file) can swallow the timeout (the global pcall and xpcall pass it on).
+function M.call_with_timeout(limit, fn, ...)
+  if not limit or limit <= 0 then return pcall(fn, ...) end
+  local clock = M.clock
+  local t0 = clock()
+  local jit_was_on = jit.status()
+  jit.flush()
+  jit.off()
+  local old_hook, old_mask, old_count = debug.gethook()
+  local expired = false
+  debug.sethook(function()
+    if expired or clock() - t0 > limit then expired = true; error(TIMEOUT, 0) end
+  end, "", M.HOOK_COUNT)
+  -- a reward that wraps its work in pcall would swallow the timeout and go on: while fn runs,
+  -- the global pcall and xpcall hand it on once the time is up
+  local g_pcall, g_xpcall = _G.pcall, _G.xpcall
+  local function pass(ok_, ...)
+    if expired then error(TIMEOUT, 0) end
+    return ok_, ...
+  end
+  _G.pcall = function(f, ...) return pass(g_pcall(f, ...)) end
+  _G.xpcall = function(f, h, ...) return pass(g_xpcall(f, h, ...)) end
+  local ok, value = g_pcall(fn, ...)
+  _G.pcall, _G.xpcall = g_pcall, g_xpcall
+  if old_hook then debug.sethook(old_hook, old_mask, old_count) else debug.sethook() end
+  if jit_was_on then jit.on() end
+  local seconds = clock() - t0
+  if (not ok and value == TIMEOUT) or seconds > limit then return false, TIMEOUT, seconds end
+  return ok, value
+end
+
 -- Raise the error message for a reward failure; opts.on_failure() runs first (a checkpoint).
 local function fail(r, msg, opts)
   if opts and opts.on_failure then opts.on_failure(msg) end
@@ -182,14 +236,22 @@ end
 
 -- Run one reward on all completions, checking what it returns. Returns the scores list.
 function M.run_one(r, completions, batch, opts)
-  local ok, scores = pcall(r.fn, completions, batch)
+  local limit = opts and opts.timeout
+  local ok, scores, seconds = M.call_with_timeout(limit, r.fn, completions, batch)
   local n = #completions
+  if not ok and scores == TIMEOUT then
+    fail(r, ("reward '%s' (%s) took over reward_timeout = %g s%s (stopped at %.1f s, scoring %d completions); " ..
+      "make it faster, or raise reward_timeout (0: no limit)"):format(r.name, r.where, limit, step_text(opts), seconds, n), opts)
+  end
   if not ok then
     -- find the first completion that makes it throw, to show it
     local bad_i, bad_err
     for i = 1, n do
-      local ok1, e = pcall(r.fn, { completions[i] }, slice(batch, i))
-      if not ok1 then bad_i, bad_err = i, e break end
+      local ok1, e = M.call_with_timeout(limit, r.fn, { completions[i] }, slice(batch, i))
+      if not ok1 then
+        if e ~= TIMEOUT then bad_i, bad_err = i, e end
+        break
+      end
     end
     local err = bad_err or scores
     fail(r, ("reward '%s' (%s) failed%s%s: %s%s"):format(r.name, r.where, step_text(opts),
@@ -244,7 +306,7 @@ end
 
 -- Check that each reward runs on the first rows of a dataset (catches missing columns before
 -- any generation). completion: a stand-in text (the row's answer when it has one).
-function M.probe(list, rows, source, collate)
+function M.probe(list, rows, source, collate, timeout)
   local n = math.min(#rows, 2)
   if n == 0 then return end
   local sample = {}
@@ -261,7 +323,11 @@ function M.probe(list, rows, source, collate)
   for k in pairs(rows[1]) do cols[#cols + 1] = k end
   table.sort(cols)
   for _, r in ipairs(list) do
-    local ok, err = pcall(r.fn, completions, batch)
+    local ok, err, seconds = M.call_with_timeout(timeout, r.fn, completions, batch)
+    if not ok and err == TIMEOUT then
+      error(("reward '%s' (%s) took over reward_timeout = %g s on the first %d rows of %s (stopped at %.1f s)")
+        :format(r.name, r.where, timeout, n, source, seconds), 0)
+    end
     if not ok then
       error(("reward '%s' (%s) fails on the first rows of %s (columns: %s): %s"):format(r.name, r.where,
         source, table.concat(cols, ", "), tostring(err)), 0)

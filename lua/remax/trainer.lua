@@ -21,6 +21,7 @@ local chat = require("remax.chat")
 local tensor = require("remax.tensor")
 local optim = require("remax.optim")
 local dist = require("remax.dist")
+local fit = require("remax.fit")
 
 local M = {}
 local Trainer = {}
@@ -297,16 +298,24 @@ function Trainer:resolve_template()
   for k, v in pairs(extra) do self.template[k] = v end
 end
 
--- A prompt (string or messages) -> token ids, truncated to its last max_prompt_length tokens.
+-- A prompt (string or messages) -> token ids, truncated to its last max_prompt_length tokens
+-- (then also its length before, as a third value; the first one is announced once per run).
 function Trainer:encode_prompt(prompt)
   local ids, text = chat.encode(self.tok, prompt, self.template)
   local max = self.cfg.max_prompt_length
+  local before
   if #ids > max then
+    before = #ids
     local cut = {}
     for i = #ids - max + 1, #ids do cut[#cut + 1] = ids[i] end
     ids = cut
+    if not self.said_prompt_truncated then
+      self.said_prompt_truncated = true
+      say(self, ("a prompt of %d tokens is longer than max_prompt_length = %d: it keeps its last %d tokens " ..
+        "(every step counts such prompts in the prompts_truncated and frac_prompts_truncated metrics)"):format(before, max, max))
+    end
   end
-  return ids, text
+  return ids, text, before
 end
 
 function Trainer:setup_data()
@@ -363,8 +372,8 @@ end
 
 function Trainer:setup_rewards()
   self.rewards = rewards.load_all(self.cfg.rewards, { base = self.recipe_dir })
-  rewards.probe(self.rewards, self.train_ds.rows, self.train_ds.source, data.collate)
-  if self.eval_ds then rewards.probe(self.rewards, self.eval_ds.rows, self.eval_ds.source, data.collate) end
+  rewards.probe(self.rewards, self.train_ds.rows, self.train_ds.source, data.collate, self.cfg.reward_timeout)
+  if self.eval_ds then rewards.probe(self.rewards, self.eval_ds.rows, self.eval_ds.source, data.collate, self.cfg.reward_timeout) end
   self.accuracy_name = self.rewards[1] and self.rewards[1].name
   for _, r in ipairs(self.rewards) do
     if r.name == "gsm8k_accuracy" then self.accuracy_name = r.name end
@@ -437,8 +446,12 @@ function Trainer:rollout(prompt_rows, opts)
   opts = opts or {}
   local cfg = self.cfg
   local step = opts.step or (self.step + 1)
-  local prompt_ids = {}
-  for i, row in ipairs(prompt_rows) do prompt_ids[i] = self:encode_prompt(row.prompt) end
+  local prompt_ids, prompts_truncated = {}, 0
+  for i, row in ipairs(prompt_rows) do
+    local ids, _, before = self:encode_prompt(row.prompt)
+    prompt_ids[i] = ids
+    if before then prompts_truncated = prompts_truncated + 1 end
+  end
   local G = opts.greedy_only and 0 or (opts.num_generations or cfg.num_generations)
   local temps = {}
   for s = 1, G do temps[s] = cfg.temperature end
@@ -454,7 +467,7 @@ function Trainer:rollout(prompt_rows, opts)
     r.text = self.tok:decode(r.tokens, { skip_special_tokens = true })
     r.greedy = greedy and r.slot == #temps
   end
-  return { prompts = prompt_rows, prompt_ids = prompt_ids, rows = out.rows, slots = #temps, G = G,
+  return { prompts = prompt_rows, prompt_ids = prompt_ids, prompts_truncated = prompts_truncated, rows = out.rows, slots = #temps, G = G,
     greedy = greedy, tokens_generated = out.tokens_generated, time_generate = seconds, step = step }
 end
 
@@ -483,10 +496,11 @@ function Trainer:score(ro, opts)
   local per, total, unscored, none
   if self.dist.size == 1 or (opts and opts.alone) then
     per, total, unscored, none = rewards.score(self.rewards, self.cfg.reward_weights, completions, batch, {
-      step = ro.step, on_failure = function() self:save_on_failure() end,
+      step = ro.step, timeout = self.cfg.reward_timeout, on_failure = function() self:save_on_failure() end,
     })
   else
-    local ok, a, b, c, d = pcall(rewards.score, self.rewards, self.cfg.reward_weights, completions, batch, { step = ro.step })
+    local ok, a, b, c, d = pcall(rewards.score, self.rewards, self.cfg.reward_weights, completions, batch,
+      { step = ro.step, timeout = self.cfg.reward_timeout })
     local all_ok, msg, rank = self.dist:agree(ok, a)
     if not all_ok then
       self:save_on_failure()
@@ -692,6 +706,9 @@ function Trainer:micro_step(rows, totals, chunk)
       if cfg.num_iterations > 1 then for n, row in ipairs(rows) do row.ref_lp = refs[n] end end
     end
   end
+  local T = 0
+  for _, s in ipairs(seqs) do if #s > T then T = #s end end
+  fit.check_train(self.model, #seqs, T, { checkpoint = cfg.gradient_checkpointing, what = ("step %d"):format(self.step + 1) })
   local logp, ent = self.model:logprobs(seqs, nil, { train = true, checkpoint = cfg.gradient_checkpointing,
     entropy = true })
   local B, T = logp:size(1), logp:size(2)
@@ -951,6 +968,9 @@ function Trainer:rl_metrics(ro, up)
   m.completion_length_min = #lens > 0 and minlen or 0
   if #stopped > 0 then m.completion_length_terminated_mean = mean(stopped) end
   m.truncated_fraction = #lens > 0 and truncated / #lens or 0
+  -- prompts over max_prompt_length, kept by their last tokens (this rank's prompts)
+  m.prompts_truncated = ro.prompts_truncated or 0
+  m.frac_prompts_truncated = #ro.prompts > 0 and m.prompts_truncated / #ro.prompts or 0
   m.entropy = up.entropy
   if up.clip_n and up.clip_n > 0 then
     m["clip_ratio/low_mean"] = up.clip_low / up.clip_n
