@@ -1,5 +1,5 @@
--- Regression tests for what the Lua-side fuzz targets (tests/fuzz/fuzz_config.c, fuzz_data.c)
--- found; docs/reliability.md lists the findings.
+-- Regression tests for what the Lua-side fuzz targets (tests/fuzz/fuzz_config.c, fuzz_data.c,
+-- fuzz_jinja.c) found; docs/reliability.md lists the findings.
 local model = require("remax.model")
 local cjson = require("cjson")
 
@@ -41,5 +41,82 @@ describe("config.json resolution (fuzz_config)", function()
     local msg = err_of(model.new, cfg)
     assert.matches("parameters in", msg, 1, true)
     assert.matches("more than this machine's", msg, 1, true)
+  end)
+end)
+
+-- What fuzz_jinja (and writing it) found in remax.jinja: templates a user hands remax that hung
+-- the run, exhausted memory, overflowed the Lua stack, or raised Lua errors from inside the
+-- interpreter. Each is now an error naming the template, its line and the limit.
+describe("chat templates (fuzz_jinja)", function()
+  local jinja = require("remax.jinja")
+  local chat = require("remax.chat")
+
+  local function render_err(src, vars)
+    local ok, err = pcall(function() return jinja.compile(src, "t.jinja"):render(vars or {}) end)
+    assert.is_false(ok, "expected an error for " .. src:sub(1, 80))
+    return tostring(err)
+  end
+
+  it("stops runaway loops, huge strings and huge ranges at the limits, quickly", function()
+    local cases = {
+      { "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "takes over 1000000 steps" },
+      { "{{ range(10**9)|length }}", "range: over 100000 items" },
+      { "{{ 'a' * 10**12 }}", "a string of 1000000000000 bytes is over the limit" },
+      { "{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", "is over the limit of 16777216" },
+      { "{% set ns = namespace(s=[1]) %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}", "steps" },
+      { "{{ range(100000)|unique|length }}", "steps" },
+      { "{{ [1]|batch(10**12, 0)|length }}", "steps" },
+      { "{{ [1, 2]|batch(0) }}", "batch: the size must be a positive integer" },
+      { "{% for i in range(100000) %}{{ 'x' * 1000000 }}{% endfor %}", "the rendering writes over 16777216 bytes" },
+      { "{{ ('x' * 1000)|replace('', 'y' * 100000) }}", "over the limit" },
+      { "{{ 'a\\nb'|indent(10**10) }}", "over the limit" },
+      { "{{ [[1]]|tojson(indent=10**9) }}", "over the limit" },
+    }
+    for _, c in ipairs(cases) do
+      local t0 = os.clock()
+      local msg = render_err(c[1])
+      assert.matches("^t%.jinja line 1: ", msg)
+      assert.matches(c[2], msg, 1, true)
+      assert.is_true(os.clock() - t0 < 20, c[1] .. " took " .. (os.clock() - t0) .. " s")
+    end
+  end)
+
+  it("refuses nesting past limits.depth instead of overflowing the Lua stack", function()
+    for _, c in ipairs({
+      { "{{ " .. ("("):rep(5000) .. "1" .. (")"):rep(5000) .. " }}", "expressions nested over" },
+      { "{{ " .. ("-"):rep(5000) .. "1 }}", "expressions nested over" },
+      { "{{ " .. ("not "):rep(5000) .. "1 }}", "expressions nested over" },
+      { "{{ 1" .. ("+1"):rep(20000) .. " }}", "expressions nested over" },
+      { "{{ x" .. (".a"):rep(20000) .. " }}", "expressions nested over" },
+      { "{{ x" .. ("|string"):rep(20000) .. " }}", "expressions nested over" },
+      { ("{% if 1 %}"):rep(3000) .. ("{% endif %}"):rep(3000), "statements nested over" },
+      { "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "macro calls nested over" },
+      { "{% macro f() %}{% call f() %}x{% endcall %}{% endmacro %}{{ f() }}", "macro calls nested over" },
+      { "{% set ns = namespace(l=[]) %}{% for i in range(5000) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l|tojson }}", "tojson: a value nested over" },
+      { "{% set ns = namespace(l=[]) %}{% for i in range(5000) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l == ns.l }}", "a value nested over" },
+      { "{% set ns = namespace(l=[]) %}{% for i in range(5000) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l }}", "a value nested over" },
+    }) do
+      local msg = render_err(c[1])
+      assert.matches("^t%.jinja line %d+: ", msg)
+      assert.matches(c[2] .. " 100 deep (remax.jinja.limits.depth)", msg, 1, true)
+    end
+    local cyclic = {}
+    cyclic.self = cyclic
+    assert.matches("a value nested over 100 deep", render_err("{{ x }}", { x = cyclic }), 1, true)
+  end)
+
+  it("reports a built-in given arguments it cannot take as the template's error, not a Lua one", function()
+    -- was: "lua/remax/jinja.lua:1719: attempt to perform arithmetic on a nil value"
+    assert.are.equal("t.jinja line 1: test 'divisibleby' cannot take (int, undefined)", render_err("{{ 4 is divisibleby string }}"))
+    assert.are.equal("t.jinja line 2: method 'count' of str cannot take ()", render_err("\n{{ 'abc'.count() }}"))
+    assert.matches("range: expected integers, got a str", render_err("{{ range('a') }}"), 1, true)
+  end)
+
+  it("names the template without a Lua position when the error comes through remax.chat", function()
+    -- was: "lua/remax/chat.lua:175: chat_template.jinja line 1: subscript of an undefined value"
+    local tok = { chat_template = "{{ nope[0] }}", chat_template_path = "dir/chat_template.jinja" }
+    local ok, err = pcall(chat.render, { { role = "user", content = "hi" } }, { tokenizer = tok })
+    assert.is_false(ok)
+    assert.are.equal("dir/chat_template.jinja line 1: subscript of an undefined value", err)
   end)
 end)
