@@ -48,7 +48,7 @@ local function gib(b) return b / 2 ^ 30 end
 
 -- Refuses a training forward of B rows x T tokens whose activations cannot fit in the memory
 -- available (plus what the model's current plan holds, which the engine frees first), saying
--- how many rows of T tokens would fit. opts.available overrides MemAvailable (tests).
+-- how many rows of T tokens would fit. opts.available overrides MemAvailable (tests). CPU only.
 function M.check_train(model, B, T, opts)
   opts = opts or {}
   local c = model:cfg()
@@ -58,24 +58,24 @@ function M.check_train(model, B, T, opts)
   if not avail then return end
   local held = model:memory()
   local usable = avail + (held.activations or 0) + (held.head or 0)
-  local grads = (held.grads or 0) > 0 and 0 or (held.params or 0)   -- the first backward allocates them
-  if acts + head + grads <= usable then return end
+  -- only the activations are counted: gradients and AdamW's moments (allocated at the first
+  -- backward and update; LoRA's are the adapters' alone) come on top, so a refusal is certain
+  if acts + head <= usable then return end
   local rows = 0
   while rows < B do
     local a, h = M.activation_bytes(c, rows + 1, T, { train = true, checkpoint = opts.checkpoint })
-    if a + h + grads > usable then break end
+    if a + h > usable then break end
     rows = rows + 1
   end
   local hint = ""
   if not opts.checkpoint then
     local a, h = M.activation_bytes(c, B, T, { train = true, checkpoint = true })
-    if a + h + grads <= usable then hint = "; gradient_checkpointing = true fits it (activations recomputed in the backward)" end
+    if a + h <= usable then hint = "; gradient_checkpointing = true fits it (activations recomputed in the backward)" end
   end
-  error(("%s: a training micro-batch of %d rows x %d tokens needs %.2f GiB of activations%s, but %.2f GiB of memory " ..
+  error(("%s: a training micro-batch of %d rows x %d tokens needs %.2f GiB of activations, but %.2f GiB of memory " ..
     "is available; %d rows of %d tokens would fit (per_device_train_batch_size sets the prompts per micro-batch, " ..
     "each with num_generations rows and the greedy one; max_prompt_length + max_completion_length bounds the tokens)%s")
-    :format(opts.what or "out of memory", B, T, gib(acts + head), grads > 0 and (" and %.2f GiB of gradients"):format(gib(grads)) or "",
-      gib(avail), rows, T, hint), 0)
+    :format(opts.what or "out of memory", B, T, gib(acts + head), gib(avail), rows, T, hint), 0)
 end
 
 return M

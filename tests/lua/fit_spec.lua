@@ -44,7 +44,7 @@ describe("remax.fit", function()
     local m = remax.model.new(config(), { seed = 1 })
     local c = m:cfg()
     local one, h1 = fit.activation_bytes(c, 1, 64, { train = true })
-    local grads = m:memory().params
+    local grads = 0   -- check_train counts the activations alone
     local ten, h10 = fit.activation_bytes(c, 10, 64, { train = true })
     -- room for 3 rows of 64 tokens and not 4, nothing held yet
     local three, h3 = fit.activation_bytes(c, 3, 64, { train = true })
