@@ -44,7 +44,10 @@ function M.available_bytes()
   return kb and tonumber(kb) * 1024 or nil
 end
 
-local function gib(b) return b / 2 ^ 30 end
+local function size(b)
+  if b >= 2 ^ 30 then return ("%.2f GiB"):format(b / 2 ^ 30) end
+  return ("%.1f MiB"):format(b / 2 ^ 20)
+end
 
 -- Refuses a training forward of B rows x T tokens whose activations cannot fit in the memory
 -- available (plus what the model's current plan holds, which the engine frees first), saying
@@ -72,10 +75,10 @@ function M.check_train(model, B, T, opts)
     local a, h = M.activation_bytes(c, B, T, { train = true, checkpoint = true })
     if a + h <= usable then hint = "; gradient_checkpointing = true fits it (activations recomputed in the backward)" end
   end
-  error(("%s: a training micro-batch of %d rows x %d tokens needs %.2f GiB of activations, but %.2f GiB of memory " ..
+  error(("%s: a training micro-batch of %d rows x %d tokens needs %s of activations, but %s of memory " ..
     "is available; %d rows of %d tokens would fit (per_device_train_batch_size sets the prompts per micro-batch, " ..
     "each with num_generations rows and the greedy one; max_prompt_length + max_completion_length bounds the tokens)%s")
-    :format(opts.what or "out of memory", B, T, gib(acts + head), gib(avail), rows, T, hint), 0)
+    :format(opts.what or "out of memory", B, T, size(acts + head), size(avail), rows, T, hint), 0)
 end
 
 return M

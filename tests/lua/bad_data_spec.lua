@@ -174,6 +174,21 @@ end }
     assert.are.equal(1, step)
   end)
 
+  it("refuses a training micro-batch whose activations cannot fit, before the engine allocates them", function()
+    local fit = require("remax.fit")
+    local dir = setup("return { name = 'z', fn = function(c) local s = {} for i = 1, #c do s[i] = i % 2 end return s end }")
+    local t = new_trainer(dir)
+    local real = fit.available_bytes
+    fit.available_bytes = function() return 4096 end   -- a machine with 4 KiB free
+    local ok, msg = pcall(t.train_step, t)
+    fit.available_bytes = real
+    assert.is_false(ok)
+    local B = tonumber(msg:match("^step 1: a training micro%-batch of (%d+) rows x %d+ tokens needs [%d.]+ [MG]iB of activations, but 0%.0 MiB"))
+    assert.is_not_nil(B, msg)
+    local fits = tonumber(msg:match("(%d+) rows of %d+ tokens would fit"))
+    assert.is_true(fits < B, msg)
+  end)
+
   it("keeps a long prompt's last tokens and counts such prompts in the step's metrics", function()
     local dir = setup([[
 return { name = "len", fn = function(completions, batch)
