@@ -176,15 +176,9 @@ end
 
 ---------------------------------------------------------------------------- reward_timeout
 
-local ffi = require("ffi")
-pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } rx_rewards_timespec;" ..
-  "int clock_gettime(int clk_id, rx_rewards_timespec *tp);")
-local ts = ffi.new("rx_rewards_timespec")
--- Monotonic seconds (CLOCK_MONOTONIC), else os.time.
-function M.clock()
-  if pcall(ffi.C.clock_gettime, 1, ts) then return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end
-  return os.time()
-end
+-- Monotonic seconds (remax.progress declares clock_gettime with a void* argument, so that the
+-- other modules' declarations of it keep working).
+M.clock = require("remax.progress").now
 
 local TIMEOUT = setmetatable({}, { __tostring = function() return "reward_timeout" end })
 M.TIMEOUT = TIMEOUT
