@@ -364,10 +364,15 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   const int64_t prefill = P * Pmax * ((L + 4) * C + 2 * HD + 2 * KD + 3 * I + H + 8) * es + (32ll << 20);
   const int64_t need = cache + decode + prefill, avail = available_memory();
   res->cache_bytes = cache;
-  if (need > avail)
+  if (need > avail) {
+    /* what would fit: the KV cache and decode buffers grow with the rows, the rest does not */
+    const int64_t per_row = (cache + decode - sampler) / (R > 0 ? R : 1), room = avail - sampler - prefill;
+    const int64_t fit = per_row > 0 && room > 0 ? room / per_row : 0;
     return rx_fail(RX_ENOMEM, "generate: %lld rows x %lld positions need a %.2f GiB KV cache plus %.2f GiB of activations, "
-                   "but only %.2f GiB of memory is available", (long long)R, (long long)S, gib(cache),
-                   gib(decode + prefill), gib(avail));
+                   "but only %.2f GiB of memory is available: %lld rows of these prompts would fit at %lld positions "
+                   "(fewer rows or generations per prompt, or a smaller max_new_tokens)", (long long)R, (long long)S,
+                   gib(cache), gib(decode + prefill), gib(avail), (long long)fit, (long long)S);
+  }
 
   rx_generator *g = calloc(1, sizeof *g);
   if (!g) return rx_fail(RX_ENOMEM, "generate: out of memory");

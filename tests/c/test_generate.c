@@ -604,6 +604,7 @@ static void test_bad_requests(void) {
   req = request(&q);
   CHECK_FAILS(rx_generate_begin(&g, big, &req, &b.res), "3 rows x 8589934599 positions need a");
   CHECK(strstr(rx_last_error(), "GiB KV cache") && strstr(rx_last_error(), "available"), "message: %s", rx_last_error());
+  CHECK(strstr(rx_last_error(), ": 0 rows of these prompts would fit at 8589934599 positions"), "message: %s", rx_last_error());
   const int64_t want = 2 * c.num_hidden_layers * 3 * (7 + q.max_new) * c.num_key_value_heads * c.head_dim * 8;
   CHECK(b.res.cache_bytes == want, "reported cache %lld, want %lld", (long long)b.res.cache_bytes, (long long)want);
   CHECK(g == NULL, "generator left");
