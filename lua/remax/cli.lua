@@ -13,6 +13,8 @@ commands:
                            --samples K also sampled accuracy, pass@1..K and the headroom
   generate --model DIR --prompt TEXT [options]
                            sample completions of a prompt (remax generate --help)
+  export --model DIR --gguf OUT.gguf [--type f32|bf16|f16|q8_0]
+                           write a model as GGUF for llama.cpp and Ollama (remax export --help)
   test                     run every test: C unit tests (ctest) and Lua specs (busted)
   version                  print the version
   help                     this text
@@ -183,6 +185,8 @@ function M.main(cmd, ...)
     return M.eval(...)
   elseif cmd == "generate" then
     return require("remax.generate_cli").main(...)
+  elseif cmd == "export" then
+    return require("remax.gguf").main(...)
   elseif cmd == "test" then
     return M.test(...)
   elseif cmd == "version" or cmd == "--version" then
