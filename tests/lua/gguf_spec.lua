@@ -338,6 +338,26 @@ describe("gguf export", function()
     os.execute("rm -rf " .. dir .. " " .. ldir)
   end)
 
+  it("writes a model with LoRA adapters merged: W + (alpha/r) B A", function()
+    local dir, m, tok = folder(tiny("Qwen2ForCausalLM"), 12)
+    local lora = require("remax.lora")
+    lora.apply(m, { r = 2, alpha = 4, target_modules = { "v_proj" } })
+    for name, t in pairs(lora.params(m)) do
+      if name:match("lora_B") then t:normal_(3, #name, 0, 0.3) end
+    end
+    export(m, tok, dir .. "/l.gguf", "f32")
+    local t = by_name(gguf.read(dir .. "/l.gguf"))
+    local i = m.index["model.layers.1.self_attn.v_proj.weight"]
+    local merged = remax.tensor.new(m:param("model.layers.1.self_attn.v_proj.weight"):size(), "f32")
+    remax.ffi.check(remax.ffi.C.rx_model_lora_merged(m.handle, i, merged))
+    local file = gguf.read_tensor(dir .. "/l.gguf", t["blk.1.attn_v.weight"]):values()
+    assert.are.same(merged:values(), file)
+    assert.are_not.same(m:param("model.layers.1.self_attn.v_proj.weight"):values(), file)
+    assert.are.same(m:param("model.layers.1.self_attn.q_proj.weight"):values(),
+      gguf.read_tensor(dir .. "/l.gguf", t["blk.1.attn_q.weight"]):values())
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("writes through a temporary file: a failed write names the file and errno and leaves the old file", function()
     local dir, m, tok = folder(tiny("Qwen2ForCausalLM"), 7)
     local path = dir .. "/model.gguf"
