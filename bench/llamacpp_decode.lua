@@ -82,6 +82,14 @@ local function llamacpp_decode(path, prompts)
   return r
 end
 
+-- the widest vector extension llama.cpp's CPU build reports using
+local function simd(info)
+  for _, f in ipairs({ "AVX512_BF16", "AVX512", "AVX2", "AVX", "SSE3" }) do
+    if info:find(f .. " = 1", 1, true) then return f end
+  end
+  return "?"
+end
+
 for _, dtype in ipairs(list(opts.dtypes)) do
   local m, why = remax_model(dtype)
   if not m then
@@ -96,9 +104,9 @@ for _, dtype in ipairs(list(opts.dtypes)) do
       local r_tps = remax_decode(m, prompts)
       local l = llamacpp_decode(path, prompts)
       assert(l.tokens == rows * opts.new, "llama.cpp decoded " .. tostring(l.tokens) .. " tokens")
-      print(("%-9s %-5s rows=%-3d remax %8.1f tok/s   llama.cpp %8.1f tok/s   ratio %.2fx   (llama.cpp: %d threads, flash attention %s, %s)")
+      print(("%-9s %-5s rows=%-3d remax %8.1f tok/s   llama.cpp %8.1f tok/s   ratio %.2fx   (llama.cpp: %d threads, flash attention %s, %s kernels)")
         :format(opts.shape, dtype, rows, r_tps, l.tokens_per_s, r_tps / l.tokens_per_s, l.threads,
-          tostring(l.flash_attention), l.cpu:match("^CPU : ([%w_ =|]-) |") or ""))
+          tostring(l.flash_attention), simd(l.cpu)))
       io.stdout:flush()
     end
     if not opts.keep then os.remove(path) end
