@@ -5,8 +5,8 @@
 -- after one warm-up run, prefill included; tokens/s = rows * new / seconds. Not a test.
 --   bench/llamacpp_decode.sh                       # the wrapper: threads, OpenBLAS kernels
 --   ./remax run bench/llamacpp_decode.lua --shape qwen0.5b --rows 1,8,16,32 --dtypes f32,bf16
--- A dtype remax cannot load weights in (bf16 until the model takes dtype = "bf16") is skipped,
--- saying why: llama.cpp alone at that dtype is no comparison.
+-- remax's weights at a dtype are its weight_dtype (f32, bf16); a dtype remax cannot keep
+-- weights in (f16, q8_0) is skipped, saying why: llama.cpp alone at it is no comparison.
 local cjson = require("cjson")
 local remax = require("remax")
 local gguf = require("remax.gguf")
@@ -48,16 +48,14 @@ print(("remax %s (OpenBLAS kernels: %s), %s, %d threads each; shape %s, prompt %
   require("ffi").string(remax.ffi.C.rx_blas_core()), sh("lscpu | sed -n 's/^Model name: *//p'"), opts.threads,
   opts.shape, opts.prompt, opts.new))
 
--- The remax model that decodes at a weight dtype, or nil and why not.
+-- The remax model that decodes with weights stored in a dtype (its weight_dtype: f32, or bf16
+-- since remax keeps frozen weights in bf16), holding the f32 model's weights rounded, or nil and
+-- why not. The GGUF of that dtype is exported from it: both sides hold the same bits.
 local function remax_model(dtype)
   if dtype == "f32" then return model end
-  local dir = work .. "/" .. opts.shape .. "-" .. dtype
-  local ok, m = pcall(function()
-    model:save(dir, { dtype = dtype })
-    return remax.model.load(dir, { dtype = dtype })
-  end)
-  fs.remove_tree(dir)
+  local ok, m = pcall(common.model, opts.shape, dtype)
   if not ok then return nil, tostring(m) end
+  for _, name in ipairs(model.names) do m:param(name):copy_(model:param(name)) end
   return m
 end
 
@@ -93,11 +91,11 @@ end
 for _, dtype in ipairs(list(opts.dtypes)) do
   local m, why = remax_model(dtype)
   if not m then
-    print(("%s: skipped: remax does not decode with %s weights yet (%s)"):format(dtype, dtype, why:gsub("\n.*", "")))
+    print(("%s: skipped: remax does not keep weights in %s (%s)"):format(dtype, dtype, (why:gsub("\n.*", ""))))
   else
     local path = ("%s/%s-%s.gguf"):format(work, opts.shape, dtype)
     local t0 = now()
-    local ex = gguf.export(model, path, { type = dtype, tokenizer = tok, name = opts.shape .. " random" })
+    local ex = gguf.export(m, path, { type = dtype, tokenizer = tok, name = opts.shape .. " random" })
     print(("%s: exported %s (%.0f MiB) in %.1f s"):format(dtype, path, ex.bytes / 2 ^ 20, now() - t0))
     for _, rows in ipairs(list(opts.rows)) do
       local prompts = common.prompts(cfg, rows, opts.prompt)

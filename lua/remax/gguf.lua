@@ -764,7 +764,9 @@ function M.main(...)
   local remax = require("remax")
   local now = require("remax.progress").now
   local t0 = now()
-  local model = remax.model.load(o.model)
+  -- weights stay as the checkpoint stores them (bf16 or f32): half the memory for a bf16 one,
+  -- and any --type is made from the stored values
+  local model = remax.model.load(o.model, { weight_dtype = "auto" })
   local tok_dir = fs.exists(o.model .. "/tokenizer.json") and o.model or model.source_dir
   if not tok_dir or not fs.exists(tok_dir .. "/tokenizer.json") then
     error(("export: %s has no tokenizer.json (nor has the base model); llama.cpp needs the vocabulary"):format(o.model), 0)

@@ -280,6 +280,22 @@ describe("gguf export", function()
       assert.is_true(ffi.string(want.data, n) == read_bytes(p2, i2.offset, n), wtype .. " bytes differ")
       assert.are.equal("f32", by_name(g2)["blk.1.ffn_norm.weight"].type)
     end
+    -- a model keeping its weights in bf16 (weight_dtype) writes the same bf16 file, and widens exactly to f32
+    local m16 = remax.model.load(dir, { weight_dtype = "bf16" })
+    assert.are.equal("bf16", m16:weight_dtype())
+    export(m16, tok, dir .. "/w16.gguf", "bf16")
+    local a, b = by_name(gguf.read(dir .. "/bf16.gguf")), by_name(gguf.read(dir .. "/w16.gguf"))
+    for name, info in pairs(a) do
+      local n = 1
+      for _, dim in ipairs(info.dims) do n = n * dim end
+      n = n * (info.type == "f32" and 4 or 2)
+      assert.is_true(read_bytes(dir .. "/bf16.gguf", info.offset, n) == read_bytes(dir .. "/w16.gguf", b[name].offset, n), name)
+    end
+    export(m16, tok, dir .. "/w32.gguf", "f32")
+    local i32 = by_name(gguf.read(dir .. "/w32.gguf"))["blk.0.attn_k.weight"]
+    assert.are.equal("f32", i32.type)
+    assert.are.same(m:param("model.layers.0.self_attn.k_proj.weight"):to("bf16"):to("f32"):values(),
+      gguf.read_tensor(dir .. "/w32.gguf", i32):values())
     os.execute("rm -rf " .. dir)
   end)
 
