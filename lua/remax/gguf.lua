@@ -517,7 +517,8 @@ function M.write(path, plan, extra_kv, opts)
   header = header .. string.rep("\0", pad_to(#header))
 
   local tmp = ("%s.tmp.%d"):format(path, libc.getpid())
-  local fd = libc.open(tmp, 0x241, 420)   -- O_WRONLY | O_CREAT | O_TRUNC, 0644
+  -- O_WRONLY | O_CREAT | O_TRUNC; the mode goes through the varargs as an int (a Lua number would be a double)
+  local fd = libc.open(tmp, 0x241, ffi.new("int", 420))   -- 0644, less the umask
   if fd < 0 then error(("cannot create %s (%s)"):format(tmp, errno_text(ffi.errno())), 0) end
   local installed = pcall(function() return C.rx_signal_install() end)
   local ok, err = pcall(function()

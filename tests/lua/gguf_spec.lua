@@ -6,6 +6,7 @@
 local remax = require("remax")
 local cjson = require("cjson")
 local ffi = require("ffi")
+local bit = require("bit")
 local gguf = require("remax.gguf")
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
@@ -156,6 +157,10 @@ describe("gguf export", function()
       assert.are.same(p:values(), gguf.read_tensor(path, t[gguf.tensor_name(hf)]):values(), hf)
     end
     assert.are.equal(out.bytes, io.open(path, "rb"):seek("end"))
+    -- an ordinary file: 0644 less the umask, as any other file a user writes
+    local umask = tonumber(io.popen("sh -c umask"):read("*a"), 8)
+    local mode = tonumber(io.popen("stat -c %a " .. path):read("*a"), 8)
+    assert.are.equal(bit.band(tonumber("644", 8), bit.bnot(umask)), mode)
     os.execute("rm -rf " .. dir)
   end)
 
