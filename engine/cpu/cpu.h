@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "profile.h"
 
 /* exp(x) for float that GCC vectorises inside `omp simd` loops (glibc's expf does not without
  * -ffast-math). Cephes-style: n = round(x / ln2), r = x - n ln2 split in two constants, a degree-6

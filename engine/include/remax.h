@@ -41,6 +41,15 @@ void rx_signal_clear(void);
  * With REMAX_CRASH_AT=N in the environment the Nth call raises SIGKILL; with REMAX_CRASH_LIST=1
  * each call prints "remax-crash-point N: event" to stderr. Otherwise it does nothing. */
 void rx_crash_point(const char *event);
+/* Per-phase timer of the CPU engine, off by default (REMAX_PROFILE=1 in the environment when the
+ * library loads, or rx_profile_enable(1)): wall time and calls of each phase (the kernels,
+ * linear layers, head, AdamW, zero_grad; an inner phase's time is taken out of the outer one's)
+ * since the last reset. rx_profile_read gives phase i's name (NULL outside [0, phases)). */
+void rx_profile_enable(int32_t on);
+int32_t rx_profile_enabled(void);
+void rx_profile_reset(void);
+int32_t rx_profile_phases(void);
+const char *rx_profile_read(int32_t i, double *seconds, int64_t *calls);
 
 /* ---------------------------------------------------------------- core: tensors */
 

@@ -208,8 +208,10 @@ int64_t rx_model_find_param(const rx_model *m, const char *name) {
 }
 
 void rx_model_zero_grad(rx_model *m) {
+  const int prof = rx_prof_begin(RX_PROF_ZERO_GRAD);
   if (m->grad_arena) memset(m->grad_arena, 0, (size_t)m->param_bytes);
   rx_lora_zero_grad(m);
+  rx_prof_end(prof);
 }
 
 void rx_model_memory_usage(const rx_model *m, rx_model_memory *out) {
@@ -489,6 +491,13 @@ static int head_rows_view(rx_model *m, int64_t r0, int64_t n, rx_tensor *logits,
   return RX_OK;
 }
 
+static int head_logits(rx_tensor *logits, const rx_tensor *xf, const rx_tensor *W) {
+  const int prof = rx_prof_begin(RX_PROF_HEAD_GEMM_FWD);
+  const int rc = rx_matmul_forward(logits, xf, W, NULL);
+  rx_prof_end(prof);
+  return rc;
+}
+
 int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, rx_tensor *logp,
                       rx_tensor *entropy, const rx_forward_opts *opts) {
   int64_t B = 0, T = 0;
@@ -513,7 +522,7 @@ int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mas
     int64_t n = N - r0 < p->head_rows ? N - r0 : p->head_rows;
     rx_tensor logits, xf, tg, lp, lse, ent;
     head_rows_view(m, r0, n, &logits, &xf, &tg, &lp, &lse, &ent, NULL, NULL);
-    TRY(rx_matmul_forward(&logits, &xf, W, NULL));
+    TRY(head_logits(&logits, &xf, W));
     TRY(rx_logprob_forward(&lp, &lse, entropy ? &ent : NULL, &logits, &tg));
   }
   /* row (b,t) predicts token (b,t+1) */
@@ -604,10 +613,13 @@ int rx_model_backward_entropy(rx_model *m, const rx_tensor *dlogp, const rx_tens
     int64_t n = N - r0 < p->head_rows ? N - r0 : p->head_rows;
     rx_tensor logits, xf, tg, lp, lse, ent, dlp, dxf;
     head_rows_view(m, r0, n, &logits, &xf, &tg, &lp, &lse, &ent, &dlp, &dxf);
-    TRY(rx_matmul_forward(&logits, &xf, W, NULL));                       /* recompute */
+    TRY(head_logits(&logits, &xf, W));                                   /* recompute */
     if (dentropy) TRY(rx_logprob_entropy_backward(&logits, &dlp, &ent, &logits, &tg, &lse));   /* in place */
     else TRY(rx_logprob_backward(&logits, &dlp, &logits, &tg, &lse));                         /* in place */
-    TRY(rx_matmul_backward(&dxf, dW, NULL, &logits, &xf, W));
+    const int prof = rx_prof_begin(RX_PROF_HEAD_GEMM_BWD);
+    const int rc = rx_matmul_backward(&dxf, dW, NULL, &logits, &xf, W);
+    rx_prof_end(prof);
+    TRY(rc);
   }
   TRY(rx_rmsnorm_backward(&p->dx, G(m, m->final_norm), &p->dxf, &p->res[L], &m->params[m->final_norm], &p->rstdf));
   for (int64_t l = L - 1; l >= 0; l--) {
