@@ -258,14 +258,15 @@ void rx_model_zero_grad(rx_model *m);
 typedef struct rx_forward_opts {
   int32_t train;             /* keep what backward needs (1) or only what the forward needs (0) */
   int32_t checkpoint;        /* with train: keep layer inputs only, recompute layers in backward */
-  int64_t head_chunk_rows;   /* rows of [rows, vocab] logits computed at once; 0 = automatic */
+  int64_t head_chunk_rows;   /* rows of the head's logits computed at once; 0 = automatic */
+  int64_t head_chunk_vocab;  /* ... by this many vocabulary entries at once; 0 = automatic */
 } rx_forward_opts;
 
 /* logp[b,t] = log p(tokens[b,t] | tokens[b,<t]) for t whose token and previous token are both
  * real (mask 1); 0 elsewhere (the first real token of a row, padding). tokens, mask: i32 [B,T]
  * (mask NULL = all real); left or right padding; positions count real tokens. logp (and
  * entropy of the predicting distribution, optional) are [B,T] in the compute dtype. The full
- * [B,T,vocab] logits never exist: the head works in chunks of rows. */
+ * [B,T,vocab] logits never exist: the head works on tiles of rows by slices of the vocabulary. */
 int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, rx_tensor *logp,
                       rx_tensor *entropy, const rx_forward_opts *opts);
 /* Accumulates parameter gradients of sum(dlogp * logp) for the last train forward. */
