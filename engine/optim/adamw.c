@@ -28,7 +28,7 @@ static int check_like(const rx_tensor *p, const rx_tensor *t, const char *what) 
 }
 
 #define ADAMW_LOOP(P, G, M, V)                                                   \
-  _Pragma("omp parallel for schedule(static) if (n > 32768)")                    \
+  _Pragma("omp parallel for simd schedule(static) if (n > 32768)")               \
   for (int64_t i = 0; i < n; i++) {                                              \
     double g = G[i];                                                             \
     double m = beta1 * M[i] + (1 - beta1) * g, v = beta2 * V[i] + (1 - beta2) * g * g; \

@@ -367,6 +367,19 @@ static void rmsnorm_backward_matches_finite_differences(void) {
   CHECK_OK(rx_rmsnorm_backward(NULL, g2, bd, bx, bwt, br_t));
   omp_set_num_threads(threads);
   CHECK(memcmp(g1->data, g2->data, 256 * sizeof(float)) == 0, "rmsnorm dweight differs with the thread count");
+  /* both gradients in one call (one parallel region) give the bits of separate calls, also in
+   * place (dinp == dout), where dweight must read dout before it is overwritten */
+  rx_tensor *dx1 = tensor(RX_F32, 2, bs), *both = tensor(RX_F32, 2, bs), *gb = tensor(RX_F32, 1, bw);
+  rx_tensor *inplace = convert(bd, RX_F32), *gi = tensor(RX_F32, 1, bw);
+  omp_set_num_threads(2);
+  CHECK_OK(rx_rmsnorm_backward(dx1, NULL, bd, bx, bwt, br_t));
+  CHECK_OK(rx_rmsnorm_backward(both, gb, bd, bx, bwt, br_t));
+  CHECK_OK(rx_rmsnorm_backward(inplace, gi, inplace, bx, bwt, br_t));
+  omp_set_num_threads(threads);
+  CHECK(memcmp(dx1->data, both->data, 300 * 256 * sizeof(float)) == 0, "rmsnorm dinp differs when dweight is taken too");
+  CHECK(memcmp(g2->data, gb->data, 256 * sizeof(float)) == 0, "rmsnorm dweight differs when dinp is taken too");
+  CHECK(memcmp(dx1->data, inplace->data, 300 * 256 * sizeof(float)) == 0, "rmsnorm dinp in place differs");
+  CHECK(memcmp(g2->data, gi->data, 256 * sizeof(float)) == 0, "rmsnorm dweight in place differs");
   release_all();
 }
 
