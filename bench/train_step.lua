@@ -62,6 +62,29 @@ if opts.profile then   -- per step: each phase's ms, its share of the step, and 
   profile[#profile + 1] = { phase = "untimed (Lua, FFI, glue)", ms = rest * 1e3 }
   io.stderr:write(("%-28s %10.1f %6.1f%%\n%-28s %10.1f\n"):format("untimed (Lua, FFI, glue)", rest * 1e3,
     100 * rest / per_step, "step", per_step * 1e3))
+  -- The step's share of this machine's FP32 peak, as sgemm measures it here now (a 2048^3 product
+  -- through remax's matmul, best of 5): the model's FLOPs are 6 per weight per token for the
+  -- linear layers and the head (forward, and backward's two products; the head's recomputed
+  -- logits not counted), and 3x the causal attention forward's 2 B H T^2 D.
+  local n = 2048
+  local a, w, y = remax.tensor.new({ n, n }, "f32"), remax.tensor.new({ n, n }, "f32"), remax.tensor.new({ n, n }, "f32")
+  a:normal_(1, 0, 0, 1); w:normal_(2, 0, 0, 1)
+  local best = math.huge
+  for _ = 1, 6 do
+    local t0 = now()
+    assert(C.rx_matmul_forward(y, a, w, nil) == 0)
+    best = math.min(best, now() - t0)
+  end
+  local peak = 2 * n ^ 3 / best
+  local Cn, I, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
+  local H, KV = cfg.num_attention_heads, cfg.num_key_value_heads
+  local D = Cn / H
+  local linear = L * (2 * Cn * H * D + 2 * Cn * KV * D + 3 * Cn * I)
+  local flops = 6 * B * T * (linear + Cn * V) + 3 * 2 * B * H * T * T * D * L
+  io.stderr:write(("sgemm peak %.1f GFLOP/s; step %.1f GFLOP of model FLOPs at %.1f GFLOP/s = %.1f%% of it\n"):format(
+    peak / 1e9, flops / 1e9, flops / per_step / 1e9, 100 * flops / per_step / peak))
+  profile[#profile + 1] = { phase = "sgemm peak GFLOP/s", value = peak / 1e9 }
+  profile[#profile + 1] = { phase = "model GFLOP per step", value = flops / 1e9 }
 end
 local mem = model:memory()
 print(cjson.encode({ engine = "remax", mode = "train", shape = opts.shape, batch = B, seq = T,
