@@ -134,6 +134,7 @@ def train(args, shape):
     print(json.dumps(dict(peer="pytorch " + torch.__version__ + (" bf16 autocast" if args.autocast == "bf16" else " fp32"),
                           mode="train", shape=args.shape, batch=args.batch,
                           seq=args.seq, seconds_per_step=per_step, tokens_per_s=args.batch * args.seq / per_step,
+                          best_tokens_per_s=args.batch * args.seq / min(times),
                           peak_rss_mib=peak_rss_mib(), threads=torch.get_num_threads())))
 
 
