@@ -120,7 +120,9 @@ def train(args, shape):
     times = []
     for step in range(args.warmup + args.steps):
         t0 = time.perf_counter()
-        logp = torch.log_softmax(model.logits(model.hidden_states(tokens, pos)[:, :-1]), -1)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast == "bf16"):
+            logits = model.logits(model.hidden_states(tokens, pos)[:, :-1])
+        logp = torch.log_softmax(logits.float(), -1)
         lp = logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
         loss = -lp.mean()
         opt.zero_grad(set_to_none=False)
@@ -129,8 +131,10 @@ def train(args, shape):
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
     per_step = sum(times) / len(times)
-    print(json.dumps(dict(peer="pytorch " + torch.__version__, mode="train", shape=args.shape, batch=args.batch,
+    print(json.dumps(dict(peer="pytorch " + torch.__version__ + (" bf16 autocast" if args.autocast == "bf16" else " fp32"),
+                          mode="train", shape=args.shape, batch=args.batch,
                           seq=args.seq, seconds_per_step=per_step, tokens_per_s=args.batch * args.seq / per_step,
+                          best_tokens_per_s=args.batch * args.seq / min(times),
                           peak_rss_mib=peak_rss_mib(), threads=torch.get_num_threads())))
 
 
@@ -180,5 +184,7 @@ if __name__ == "__main__":
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", default="static", choices=["static", "cat"])
+    ap.add_argument("--autocast", default="none", choices=["none", "bf16"],
+                    help="train: forward under torch.autocast(cpu, bfloat16); log-softmax and loss in fp32")
     a = ap.parse_args()
     (train if a.mode == "train" else generate)(a, SHAPES[a.shape])

@@ -1,14 +1,18 @@
 -- bench/train_step.lua: remax's side of the training-step benchmark (forward + backward +
 -- AdamW on random tokens). Prints one JSON line. Run through bench/train_step.sh, which runs
 -- the PyTorch peer in the same session and prints the ratio.
---   ./remax run bench/train_step.lua --shape small --batch 8 --seq 256 --steps 3 [--checkpoint]
+--   ./remax run bench/train_step.lua --shape small --batch 8 --seq 256 --steps 3 [--checkpoint] [--profile]
+-- --profile: the engine's per-phase timer over the timed steps (engine/core/profile.c), a table
+-- per step on stderr and the phases in the JSON line.
 local remax = require("remax")
 local cjson = require("cjson")
 local ffi = require("ffi")
 local now = require("remax.progress").now   -- wall clock
 local common = dofile(arg[0]:match("^(.-)[^/]*$") .. "common.lua")
 
-local opts = common.options({ shape = "small", batch = 8, seq = 256, steps = 3, warmup = 1, checkpoint = false }, arg)
+local opts = common.options({ shape = "small", batch = 8, seq = 256, steps = 3, warmup = 1, checkpoint = false,
+  profile = false }, arg)
+local C = require("remax.ffi").C
 local model, cfg = common.model(opts.shape)
 local opt = remax.optim.adamw(model:params(), model:grads(), { lr = 1e-5, weight_decay = 0.0 })
 
@@ -22,6 +26,7 @@ for b = 1, B do for t = 2, T do dlogp:set(b, t, -1 / (B * (T - 1))) end end
 
 local times = {}
 for step = 1, opts.warmup + opts.steps do
+  if opts.profile and step == opts.warmup + 1 then C.rx_profile_enable(1); C.rx_profile_reset() end
   local t0 = now()
   model:zero_grad()
   model:logprobs(tokens, nil, { train = true, checkpoint = opts.checkpoint })
@@ -29,8 +34,8 @@ for step = 1, opts.warmup + opts.steps do
   opt:step()
   if step > opts.warmup then times[#times + 1] = now() - t0 end
 end
-local sum = 0
-for _, t in ipairs(times) do sum = sum + t end
+local sum, best = 0, math.huge
+for _, t in ipairs(times) do sum, best = sum + t, math.min(best, t) end
 local per_step = sum / #times
 
 local peak = 0
@@ -38,7 +43,52 @@ for line in io.lines("/proc/self/status") do
   local kb = line:match("^VmHWM:%s+(%d+)")
   if kb then peak = tonumber(kb) / 1024 end
 end
+local profile
+if opts.profile then   -- per step: each phase's ms, its share of the step, and what no phase timed
+  C.rx_profile_enable(0)
+  profile = {}
+  local secs, calls, timed = ffi.new("double[1]"), ffi.new("int64_t[1]"), 0
+  io.stderr:write(("%-28s %10s %7s %7s\n"):format("phase", "ms/step", "%", "calls"))
+  for i = 0, C.rx_profile_phases() - 1 do
+    local name = ffi.string(C.rx_profile_read(i, secs, calls))
+    local s = secs[0] / #times
+    timed = timed + s
+    if calls[0] > 0 then
+      profile[#profile + 1] = { phase = name, ms = s * 1e3, calls = tonumber(calls[0]) / #times }
+      io.stderr:write(("%-28s %10.1f %6.1f%% %7d\n"):format(name, s * 1e3, 100 * s / per_step, tonumber(calls[0]) / #times))
+    end
+  end
+  local rest = per_step - timed
+  profile[#profile + 1] = { phase = "untimed (Lua, FFI, glue)", ms = rest * 1e3 }
+  io.stderr:write(("%-28s %10.1f %6.1f%%\n%-28s %10.1f\n"):format("untimed (Lua, FFI, glue)", rest * 1e3,
+    100 * rest / per_step, "step", per_step * 1e3))
+  -- The step's share of this machine's FP32 peak, as sgemm measures it here now (a 2048^3 product
+  -- through remax's matmul, best of 5): the model's FLOPs are 6 per weight per token for the
+  -- linear layers and the head (forward, and backward's two products; the head's recomputed
+  -- logits not counted), and 3x the causal attention forward's 2 B H T^2 D.
+  local n = 2048
+  local a, w, y = remax.tensor.new({ n, n }, "f32"), remax.tensor.new({ n, n }, "f32"), remax.tensor.new({ n, n }, "f32")
+  a:normal_(1, 0, 0, 1); w:normal_(2, 0, 0, 1)
+  local fastest = math.huge
+  for _ = 1, 6 do
+    local t0 = now()
+    assert(C.rx_matmul_forward(y, a, w, nil) == 0)
+    fastest = math.min(fastest, now() - t0)
+  end
+  local peak = 2 * n ^ 3 / fastest
+  local Cn, I, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
+  local H, KV = cfg.num_attention_heads, cfg.num_key_value_heads
+  local D = Cn / H
+  local linear = L * (2 * Cn * H * D + 2 * Cn * KV * D + 3 * Cn * I)
+  local flops = 6 * B * T * (linear + Cn * V) + 3 * 2 * B * H * T * T * D * L
+  io.stderr:write(("sgemm peak %.1f GFLOP/s; step %.1f GFLOP of model FLOPs at %.1f GFLOP/s = %.1f%% of it\n"):format(
+    peak / 1e9, flops / 1e9, flops / per_step / 1e9, 100 * flops / per_step / peak))
+  profile[#profile + 1] = { phase = "sgemm peak GFLOP/s", value = peak / 1e9 }
+  profile[#profile + 1] = { phase = "model GFLOP per step", value = flops / 1e9 }
+end
 local mem = model:memory()
 print(cjson.encode({ engine = "remax", mode = "train", shape = opts.shape, batch = B, seq = T,
   checkpoint = opts.checkpoint, seconds_per_step = per_step, tokens_per_s = B * T / per_step,
-  peak_rss_mib = peak, activation_mib = mem.activations / 2 ^ 20, params = model:num_parameters() }))
+  best_seconds_per_step = best, best_tokens_per_s = B * T / best,
+  peak_rss_mib = peak, activation_mib = mem.activations / 2 ^ 20, params = model:num_parameters(),
+  profile = profile }))

@@ -2,6 +2,13 @@
 # bench/train_step.sh: training-step throughput and peak memory, remax beside PyTorch, same
 # threads, same batch, measured in one session. Not a test.
 #   bench/train_step.sh [shape] [batch] [seq] [steps]      e.g. bench/train_step.sh qwen0.5b 4 256 2
+# Environment:
+#   TORCH_RUNS="fp32:2 bf16:2"  the PyTorch configurations, precision:threads (fp32, or bf16 for
+#                               torch.autocast(cpu, bfloat16)); the ratio is against the fastest
+#   BEFORE=DIR                  also time the remax of another checkout (built there), e.g. the
+#                               commit before a change, in the same session
+#   CHECKPOINT=0                skip the gradient-checkpointing run
+#   PROFILE=1                   remax's run with --profile: its per-phase table on stderr
 # Both sides run at their best: OPENBLAS_L2_SIZE unset, the same OPENBLAS_CORETYPE for both (the
 # kernels remax picks, see bench/blas_core.sh: OpenBLAS 0.3.21 does not know every AVX-512 CPU
 # and would fall back to SSE3 ones), and PyTorch with OMP_WAIT_POLICY=PASSIVE (its threads
@@ -10,16 +17,36 @@ set -eu
 cd "$(dirname "$0")/.."
 shape=${1:-small}; batch=${2:-8}; seq=${3:-256}; steps=${4:-3}
 . bench/blas_core.sh   # builds first, outside the timing
-run_remax() { env -u OPENBLAS_L2_SIZE OMP_NUM_THREADS=2 ./remax run bench/train_step.lua \
-  --shape "$shape" --batch "$batch" --seq "$seq" --steps "$steps" "$@"; }
-r=$(run_remax)
-c=$(run_remax --checkpoint)
-p=$(env -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 bench/torch_peer.py train \
-  --shape "$shape" --batch "$batch" --seq "$seq" --steps "$steps" --threads 2)
-echo "$r"; echo "$c"; echo "$p"
-R="$r" C="$c" P="$p" luajit -e '
+args="--shape $shape --batch $batch --seq $seq --steps $steps"
+run_remax() { env -u OPENBLAS_L2_SIZE OMP_NUM_THREADS=2 "$@"; }
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+if [ -n "${BEFORE:-}" ]; then
+  (cd "$BEFORE" && run_remax ./remax run bench/train_step.lua $args) | sed 's/^{/{"label":"remax before",/' >> "$out"
+fi
+prof=; [ "${PROFILE:-0}" != 0 ] && prof=--profile
+run_remax ./remax run bench/train_step.lua $args $prof | sed 's/^{/{"label":"remax",/' >> "$out"
+if [ "${CHECKPOINT:-1}" != 0 ]; then
+  run_remax ./remax run bench/train_step.lua $args --checkpoint | sed 's/^{/{"label":"remax, checkpointing",/' >> "$out"
+fi
+for run in ${TORCH_RUNS:-fp32:2 bf16:2}; do
+  prec=${run%%:*}; threads=${run##*:}
+  ac=none; [ "$prec" = bf16 ] && ac=bf16
+  env -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 bench/torch_peer.py train $args --threads "$threads" \
+    --autocast "$ac" | sed "s/^{/{\"label\":\"pytorch $prec, $threads threads\",/" >> "$out"
+done
+cat "$out"
+OUT="$out" luajit -e '
 local cjson = require("cjson")
-local r, c, p = cjson.decode(os.getenv("R")), cjson.decode(os.getenv("C")), cjson.decode(os.getenv("P"))
-print(("%-10s B=%d T=%d  remax %.1f tok/s (%.0f MiB peak; checkpointing %.1f tok/s, %.0f MiB)  %s %.1f tok/s (%.0f MiB)  ratio %.2fx, memory %.2fx"):format(
-  r.shape, r.batch, r.seq, r.tokens_per_s, r.peak_rss_mib, c.tokens_per_s, c.peak_rss_mib, p.peer, p.tokens_per_s,
-  p.peak_rss_mib, r.tokens_per_s / p.tokens_per_s, r.peak_rss_mib / p.peak_rss_mib))'
+local rows, best = {}, nil
+for line in io.lines(os.getenv("OUT")) do
+  local r = cjson.decode(line)
+  rows[#rows + 1] = r
+  if r.peer and (not best or r.tokens_per_s > best.tokens_per_s) then best = r end
+end
+for _, r in ipairs(rows) do
+  local vs = best and r.engine and ("  %.2fx the fastest PyTorch (%s), memory %.2fx"):format(r.tokens_per_s / best.tokens_per_s,
+    best.label, r.peak_rss_mib / best.peak_rss_mib) or ""
+  print(("%-10s B=%d T=%d  %-26s %8.1f tok/s  %6.0f MiB%s"):format(r.shape, r.batch, r.seq, r.label, r.tokens_per_s,
+    r.peak_rss_mib, vs))
+end'

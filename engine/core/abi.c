@@ -25,7 +25,7 @@ static const struct { const char *name; size_t value; } layout[] = {
   FIELD(rx_model_config, rope_low_freq_factor), FIELD(rx_model_config, rope_high_freq_factor),
   FIELD(rx_model_config, rope_original_max_position_embeddings), FIELD(rx_model_config, weight_dtype),
   SIZE(rx_forward_opts), FIELD(rx_forward_opts, train), FIELD(rx_forward_opts, checkpoint),
-  FIELD(rx_forward_opts, head_chunk_rows),
+  FIELD(rx_forward_opts, head_chunk_rows), FIELD(rx_forward_opts, head_chunk_vocab),
   SIZE(rx_model_memory), FIELD(rx_model_memory, param_bytes), FIELD(rx_model_memory, grad_bytes),
   FIELD(rx_model_memory, activation_bytes), FIELD(rx_model_memory, head_bytes),
   SIZE(rx_lora_config), FIELD(rx_lora_config, r), FIELD(rx_lora_config, alpha), FIELD(rx_lora_config, dropout),

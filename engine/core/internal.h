@@ -37,4 +37,6 @@ void rx_view_init(rx_tensor *t, void *data, int32_t dtype, int32_t device, int32
 int rx_check_tensor(const rx_tensor *t, const char *op, const char *what, int32_t ndim);
 int rx_check_same(const rx_tensor *a, const rx_tensor *b, const char *op, const char *what);
 
+#include "profile.h"
+
 #endif

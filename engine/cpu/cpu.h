@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "profile.h"
 
 /* exp(x) for float that GCC vectorises inside `omp simd` loops (glibc's expf does not without
  * -ffast-math). Cephes-style: n = round(x / ln2), r = x - n ln2 split in two constants, a degree-6
@@ -143,5 +144,21 @@ void rx_cpu_logprob_entropy_backward_f32(float *dlogits, const float *dlogp, con
 void rx_cpu_logprob_entropy_backward_f64(double *dlogits, const double *dlogp, const double *dentropy,
                                          const double *logits, const int32_t *targets, const double *lse, int64_t N,
                                          int64_t V);
+
+/* The head over vocabulary slices [v0, v0 + Vs) of N rows (engine/model/head.c); logprob.inc. */
+void rx_cpu_logprob_slice_forward_f32(float *rmax, double *rsum, double *rsz, float *xt, const float *logits,
+                                      const int32_t *targets, int64_t N, int64_t Vs, int64_t v0, int first);
+void rx_cpu_logprob_slice_forward_f64(double *rmax, double *rsum, double *rsz, double *xt, const double *logits,
+                                      const int32_t *targets, int64_t N, int64_t Vs, int64_t v0, int first);
+void rx_cpu_logprob_slice_finish_f32(float *logp, float *lse, float *entropy, const float *rmax, const double *rsum,
+                                     double *rsz, const int32_t *targets, int64_t N);
+void rx_cpu_logprob_slice_finish_f64(double *logp, double *lse, double *entropy, const double *rmax,
+                                     const double *rsum, double *rsz, const int32_t *targets, int64_t N);
+void rx_cpu_logprob_slice_backward_f32(float *dlogits, const float *dlogp, const float *dentropy, const double *entropy,
+                                       const float *logits, const int32_t *targets, const float *lse, int64_t N,
+                                       int64_t Vs, int64_t v0);
+void rx_cpu_logprob_slice_backward_f64(double *dlogits, const double *dlogp, const double *dentropy,
+                                       const double *entropy, const double *logits, const int32_t *targets,
+                                       const double *lse, int64_t N, int64_t Vs, int64_t v0);
 
 #endif

@@ -428,7 +428,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   }
 
   /* prefill: each prompt once, left-padded to Pmax */
-  rx_forward_opts fo = {0, 0, 0};
+  rx_forward_opts fo = {0, 0, 0, 0};
   int rc = rx_model_plan(m, P, Pmax, &fo);
   int32_t *ptok = calloc((size_t)(P * Pmax), sizeof(int32_t)), *pmask = calloc((size_t)(P * Pmax), sizeof(int32_t));
   if (!rc && (!ptok || !pmask)) rc = rx_fail(RX_ENOMEM, "generate: out of memory for prompts");
@@ -605,7 +605,7 @@ int rx_model_next_logits(rx_model *m, const rx_tensor *tokens, const rx_tensor *
   if (rx_check_tensor(out, "next_logits", "out", 2) || out->shape[0] != B || out->shape[1] != c->vocab_size || out->dtype != c->dtype)
     return rx_fail(RX_EINVAL, "next_logits: out must be %s [%lld,%lld], got %s", rx_dtype_name(c->dtype), (long long)B,
                    (long long)c->vocab_size, rx_shape_str(out, a, sizeof a));
-  rx_forward_opts fo = {0, 0, 0};
+  rx_forward_opts fo = {0, 0, 0, 0};
   TRY(rx_model_plan(m, B, T, &fo));
   rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL);
   TRY(rx_model_forward_hidden(m, NULL, NULL));

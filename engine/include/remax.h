@@ -41,6 +41,15 @@ void rx_signal_clear(void);
  * With REMAX_CRASH_AT=N in the environment the Nth call raises SIGKILL; with REMAX_CRASH_LIST=1
  * each call prints "remax-crash-point N: event" to stderr. Otherwise it does nothing. */
 void rx_crash_point(const char *event);
+/* Per-phase timer of the CPU engine, off by default (REMAX_PROFILE=1 in the environment when the
+ * library loads, or rx_profile_enable(1)): wall time and calls of each phase (the kernels,
+ * linear layers, head, AdamW, zero_grad; an inner phase's time is taken out of the outer one's)
+ * since the last reset. rx_profile_read gives phase i's name (NULL outside [0, phases)). */
+void rx_profile_enable(int32_t on);
+int32_t rx_profile_enabled(void);
+void rx_profile_reset(void);
+int32_t rx_profile_phases(void);
+const char *rx_profile_read(int32_t i, double *seconds, int64_t *calls);
 
 /* ---------------------------------------------------------------- core: tensors */
 
@@ -249,14 +258,15 @@ void rx_model_zero_grad(rx_model *m);
 typedef struct rx_forward_opts {
   int32_t train;             /* keep what backward needs (1) or only what the forward needs (0) */
   int32_t checkpoint;        /* with train: keep layer inputs only, recompute layers in backward */
-  int64_t head_chunk_rows;   /* rows of [rows, vocab] logits computed at once; 0 = automatic */
+  int64_t head_chunk_rows;   /* rows of the head's logits computed at once; 0 = automatic */
+  int64_t head_chunk_vocab;  /* ... by this many vocabulary entries at once; 0 = automatic */
 } rx_forward_opts;
 
 /* logp[b,t] = log p(tokens[b,t] | tokens[b,<t]) for t whose token and previous token are both
  * real (mask 1); 0 elsewhere (the first real token of a row, padding). tokens, mask: i32 [B,T]
  * (mask NULL = all real); left or right padding; positions count real tokens. logp (and
  * entropy of the predicting distribution, optional) are [B,T] in the compute dtype. The full
- * [B,T,vocab] logits never exist: the head works in chunks of rows. */
+ * [B,T,vocab] logits never exist: the head works on tiles of rows by slices of the vocabulary. */
 int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, rx_tensor *logp,
                       rx_tensor *entropy, const rx_forward_opts *opts);
 /* Accumulates parameter gradients of sum(dlogp * logp) for the last train forward. */

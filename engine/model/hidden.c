@@ -20,7 +20,7 @@ int rx_model_hidden_at(rx_model *m, const rx_tensor *tokens, const rx_tensor *ma
     if (index[b] < 0 || index[b] >= T)
       return rx_fail(RX_EINVAL, "hidden_at: index %lld of row %lld is outside [0, %lld)", (long long)index[b],
                      (long long)b, (long long)T);
-  rx_forward_opts fo = {0, 0, 0};
+  rx_forward_opts fo = {0, 0, 0, 0};
   if ((rc = rx_model_plan(m, B, T, &fo))) return rc;
   rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL);
   if ((rc = rx_model_forward_hidden(m, NULL, NULL))) return rc;

@@ -275,7 +275,7 @@ static int64_t adapter_of(const rx_model *m, int64_t l, int32_t proj) {
   return m->lora && m->lora->enabled ? m->lora->index[l][proj] : -1;
 }
 
-int rx_model_linear_forward(rx_model *m, int64_t l, int32_t proj, rx_tensor *out, const rx_tensor *inp) {
+static int linear_forward(rx_model *m, int64_t l, int32_t proj, rx_tensor *out, const rx_tensor *inp) {
   int64_t w, b;
   proj_param(m, l, proj, &w, &b);
   const rx_tensor *W = &m->params[w];
@@ -298,8 +298,8 @@ int rx_model_linear_forward(rx_model *m, int64_t l, int32_t proj, rx_tensor *out
   return RX_OK;
 }
 
-int rx_model_linear_backward(rx_model *m, int64_t l, int32_t proj, rx_tensor *dinp, const rx_tensor *dout,
-                             const rx_tensor *inp) {
+static int linear_backward(rx_model *m, int64_t l, int32_t proj, rx_tensor *dinp, const rx_tensor *dout,
+                           const rx_tensor *inp) {
   int64_t w, b;
   proj_param(m, l, proj, &w, &b);
   const rx_tensor *W = &m->params[w];
@@ -326,6 +326,22 @@ int rx_model_linear_backward(rx_model *m, int64_t l, int32_t proj, rx_tensor *di
     TRY(rx_add(&dx, &dx, &ch.wide));
   }
   return RX_OK;
+}
+
+/* The two above under the per-phase timer (engine/core/profile.c). */
+int rx_model_linear_forward(rx_model *m, int64_t l, int32_t proj, rx_tensor *out, const rx_tensor *inp) {
+  const int prof = rx_prof_begin(RX_PROF_LINEAR_FWD);
+  const int rc = linear_forward(m, l, proj, out, inp);
+  rx_prof_end(prof);
+  return rc;
+}
+
+int rx_model_linear_backward(rx_model *m, int64_t l, int32_t proj, rx_tensor *dinp, const rx_tensor *dout,
+                             const rx_tensor *inp) {
+  const int prof = rx_prof_begin(RX_PROF_LINEAR_BWD);
+  const int rc = linear_backward(m, l, proj, dinp, dout, inp);
+  rx_prof_end(prof);
+  return rc;
 }
 
 int rx_model_lora_merged(rx_model *m, int64_t param, rx_tensor *out) {

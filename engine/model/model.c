@@ -208,8 +208,10 @@ int64_t rx_model_find_param(const rx_model *m, const char *name) {
 }
 
 void rx_model_zero_grad(rx_model *m) {
+  const int prof = rx_prof_begin(RX_PROF_ZERO_GRAD);
   if (m->grad_arena) memset(m->grad_arena, 0, (size_t)m->param_bytes);
   rx_lora_zero_grad(m);
+  rx_prof_end(prof);
 }
 
 void rx_model_memory_usage(const rx_model *m, rx_model_memory *out) {
@@ -283,6 +285,10 @@ static void carve_plan(rx_model *m, plan *p, carver *c) {
   carve(c, &p->row_lse, dt, 1, N, 0, 0, 0);
   carve(c, &p->row_entropy, dt, 1, N, 0, 0, 0);
   carve(c, &p->row_dlogp, dt, 1, N, 0, 0, 0);
+  carve(c, &p->row_dentropy, dt, 1, N, 0, 0, 0);
+  carve(c, &p->head_max, dt, 1, N, 0, 0, 0);
+  carve(c, &p->head_sum, RX_F64, 1, N, 0, 0, 0);
+  carve(c, &p->head_sz, RX_F64, 1, N, 0, 0, 0);
   if (p->train) {
     carve(c, &p->dx, dt, 2, N, C, 0, 0);
     carve(c, &p->dxn, dt, 2, N, C, 0, 0);
@@ -310,15 +316,23 @@ int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts
   plan *p = &m->plan;
   const int32_t train = opts && opts->train, checkpoint = train && opts->checkpoint;
   const int64_t L = m->cfg.num_hidden_layers, V = m->cfg.vocab_size;
-  int64_t chunk = opts && opts->head_chunk_rows > 0 ? opts->head_chunk_rows : 0;
-  if (!chunk) { /* ~32 MB of logits at once: big enough for an efficient GEMM, small next to the model */
-    chunk = (32ll << 20) / (V * rx_dtype_size(m->cfg.dtype));
-    if (chunk < 16) chunk = 16;
+  /* The head's logits, ~32 MB at once (big enough for efficient GEMMs, small next to the
+   * model): tiles of up to 1024 rows (more when the whole vocabulary of that many fits) by
+   * vocabulary slices of what the budget leaves (head.c). */
+  const int64_t budget = 32ll << 20, es = rx_dtype_size(m->cfg.dtype);
+  int64_t chunk = opts && opts->head_chunk_rows > 0 ? opts->head_chunk_rows : 0, cols;
+  if (!chunk) {
+    chunk = budget / (V * es);
+    if (chunk < 1024) chunk = 1024;
   }
   if (chunk > B * T) chunk = B * T;
+  cols = opts && opts->head_chunk_vocab > 0 ? opts->head_chunk_vocab : budget / (chunk * es) / 16 * 16;
+  if (cols < 16) cols = 16;
+  if (cols > V) cols = V;
   const int64_t sets = train && !checkpoint ? L : 1;
   if (train) rx_lora_begin_train_forward(m);   /* a new dropout mask per train forward */
-  if (p->arena && p->B == B && p->T == T && p->train == train && p->checkpoint == checkpoint && p->head_rows == chunk) {
+  if (p->arena && p->B == B && p->T == T && p->train == train && p->checkpoint == checkpoint && p->head_rows == chunk &&
+      p->head_cols == cols) {
     p->valid = 0;
     return RX_OK;
   }
@@ -349,7 +363,7 @@ int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts
   p->bytes = sizing.used;
   carver real = {p->arena, 0, m->cfg.dtype, m->cfg.device};
   carve_plan(m, p, &real);
-  const int64_t head_bytes = chunk * V * rx_dtype_size(m->cfg.dtype);
+  const int64_t head_bytes = chunk * cols * es;
   if (head_bytes > head_cap) {
     rx_free(old_head);
     old_head = rx_alloc((size_t)head_bytes, "head logits chunk");
@@ -359,6 +373,7 @@ int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts
   p->head = old_head;
   p->head_bytes = head_cap;
   p->head_rows = chunk;
+  p->head_cols = cols;
   return RX_OK;
 }
 
@@ -472,23 +487,6 @@ int rx_model_check_tokens(rx_model *m, const rx_tensor *tokens, const rx_tensor 
   return RX_OK;
 }
 
-/* Head over rows [r0, r0+n): logits chunk -> log p(target), lse, entropy. */
-static int head_rows_view(rx_model *m, int64_t r0, int64_t n, rx_tensor *logits, rx_tensor *xf, rx_tensor *tg,
-                          rx_tensor *lp, rx_tensor *lse, rx_tensor *ent, rx_tensor *dlp, rx_tensor *dxf) {
-  plan *p = &m->plan;
-  const int64_t C = m->cfg.hidden_size, V = m->cfg.vocab_size, es = rx_dtype_size(m->cfg.dtype);
-  int64_t s2[2] = {n, V}, sc[2] = {n, C}, s1[1] = {n};
-  rx_view_init(logits, p->head, m->cfg.dtype, m->cfg.device, 2, s2);
-  rx_view_init(xf, (char *)p->xf.data + r0 * C * es, m->cfg.dtype, m->cfg.device, 2, sc);
-  rx_view_init(tg, (int32_t *)p->targets.data + r0, RX_I32, m->cfg.device, 1, s1);
-  rx_view_init(lp, (char *)p->row_logp.data + r0 * es, m->cfg.dtype, m->cfg.device, 1, s1);
-  rx_view_init(lse, (char *)p->row_lse.data + r0 * es, m->cfg.dtype, m->cfg.device, 1, s1);
-  rx_view_init(ent, (char *)p->row_entropy.data + r0 * es, m->cfg.dtype, m->cfg.device, 1, s1);
-  if (dlp) rx_view_init(dlp, (char *)p->row_dlogp.data + r0 * es, m->cfg.dtype, m->cfg.device, 1, s1);
-  if (dxf) rx_view_init(dxf, (char *)p->dxf.data + r0 * C * es, m->cfg.dtype, m->cfg.device, 2, sc);
-  return RX_OK;
-}
-
 int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, rx_tensor *logp,
                       rx_tensor *entropy, const rx_forward_opts *opts) {
   int64_t B = 0, T = 0;
@@ -501,21 +499,13 @@ int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mas
     return rx_fail(RX_EINVAL, "logprobs: entropy must be %s [%lld,%lld]", rx_dtype_name(m->cfg.dtype), (long long)B, (long long)T);
   TRY(rx_model_plan(m, B, T, opts));
   plan *p = &m->plan;
-  const int64_t N = B * T;
   const int es = (int)rx_dtype_size(m->cfg.dtype);
 
   rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL);
   TRY(rx_model_forward_hidden(m, NULL, NULL));
   const int32_t *tgt = p->targets.data;
 
-  rx_tensor *W = &m->params[m->lm_head];
-  for (int64_t r0 = 0; r0 < N; r0 += p->head_rows) {
-    int64_t n = N - r0 < p->head_rows ? N - r0 : p->head_rows;
-    rx_tensor logits, xf, tg, lp, lse, ent;
-    head_rows_view(m, r0, n, &logits, &xf, &tg, &lp, &lse, &ent, NULL, NULL);
-    TRY(rx_matmul_forward(&logits, &xf, W, NULL));
-    TRY(rx_logprob_forward(&lp, &lse, entropy ? &ent : NULL, &logits, &tg));
-  }
+  TRY(rx_model_head_forward(m));
   /* row (b,t) predicts token (b,t+1) */
   for (int64_t b = 0; b < B; b++)
     for (int64_t t = 0; t < T; t++) {
@@ -586,29 +576,19 @@ int rx_model_backward_entropy(rx_model *m, const rx_tensor *dlogp, const rx_tens
     return rx_fail(RX_EINVAL, "backward: dentropy must be %s [%lld,%lld] like the forward's entropy, got %s %s",
                    rx_dtype_name(m->cfg.dtype), (long long)B, (long long)T, rx_dtype_name(dentropy->dtype),
                    rx_shape_str(dentropy, a, sizeof a));
-  /* dlogp[b,t] belongs to head row (b,t-1); so does dentropy[b,t] (kept in row_entropy, which
-   * the backward does not otherwise need) */
+  /* dlogp[b,t] belongs to head row (b,t-1); so does dentropy[b,t] */
   const int32_t *tgt = p->targets.data;
   for (int64_t i = 0; i < N; i++) {
     int has = (i % T) + 1 < T && tgt[i] >= 0;
     if (m->cfg.dtype == RX_F32) {
       ((float *)p->row_dlogp.data)[i] = has ? ((const float *)dlogp->data)[i + 1] : 0.0f;
-      if (dentropy) ((float *)p->row_entropy.data)[i] = has ? ((const float *)dentropy->data)[i + 1] : 0.0f;
+      if (dentropy) ((float *)p->row_dentropy.data)[i] = has ? ((const float *)dentropy->data)[i + 1] : 0.0f;
     } else {
       ((double *)p->row_dlogp.data)[i] = has ? ((const double *)dlogp->data)[i + 1] : 0.0;
-      if (dentropy) ((double *)p->row_entropy.data)[i] = has ? ((const double *)dentropy->data)[i + 1] : 0.0;
+      if (dentropy) ((double *)p->row_dentropy.data)[i] = has ? ((const double *)dentropy->data)[i + 1] : 0.0;
     }
   }
-  rx_tensor *W = &m->params[m->lm_head], *dW = G(m, m->lm_head);
-  for (int64_t r0 = 0; r0 < N; r0 += p->head_rows) {
-    int64_t n = N - r0 < p->head_rows ? N - r0 : p->head_rows;
-    rx_tensor logits, xf, tg, lp, lse, ent, dlp, dxf;
-    head_rows_view(m, r0, n, &logits, &xf, &tg, &lp, &lse, &ent, &dlp, &dxf);
-    TRY(rx_matmul_forward(&logits, &xf, W, NULL));                       /* recompute */
-    if (dentropy) TRY(rx_logprob_entropy_backward(&logits, &dlp, &ent, &logits, &tg, &lse));   /* in place */
-    else TRY(rx_logprob_backward(&logits, &dlp, &logits, &tg, &lse));                         /* in place */
-    TRY(rx_matmul_backward(&dxf, dW, NULL, &logits, &xf, W));
-  }
+  TRY(rx_model_head_backward(m, dentropy != NULL));
   TRY(rx_rmsnorm_backward(&p->dx, G(m, m->final_norm), &p->dxf, &p->res[L], &m->params[m->final_norm], &p->rstdf));
   for (int64_t l = L - 1; l >= 0; l--) {
     layer_acts *acts = &p->acts[p->layer_sets == L ? l : 0];

@@ -24,11 +24,12 @@ typedef struct plan {
   rx_tensor *res;            /* L+1 residual streams [B*T, C]: res[l] is the input of layer l */
   layer_acts *acts;          /* layer_sets of them */
   rx_tensor xf, rstdf;       /* final norm output and its rstd */
-  rx_tensor tokens, mask, positions, targets, row_logp, row_lse, row_entropy, row_dlogp;
+  rx_tensor tokens, mask, positions, targets, row_logp, row_lse, row_entropy, row_dlogp, row_dentropy;
+  rx_tensor head_max, head_sum, head_sz;   /* the head's running max and sums per row (head.c) */
   /* backward scratch */
   rx_tensor dx, dxn, dtmp, dh, dgate, dup, datt, datt4, dq, dk, dv, dq4, dk4, dv4, dxf, dq_rows, dk_rows;
-  void *head;                /* [chunk_rows, V] logits / dlogits */
-  int64_t head_rows, head_bytes;
+  void *head;                /* [head_rows, head_cols] logits / dlogits: a tile of rows by a vocabulary slice */
+  int64_t head_rows, head_cols, head_bytes;
   int valid;                 /* a train forward ran and backward may use it */
 } plan;
 
@@ -68,6 +69,12 @@ void rx_lora_zero_grad(rx_model *m);
 void rx_lora_begin_train_forward(rx_model *m);
 int64_t rx_lora_param_bytes(const rx_model *m);
 int64_t rx_lora_grad_bytes(const rx_model *m);
+
+/* The head on xf (engine/model/head.c): forward fills row_logp (log p of each row's target, 0
+ * for padding), row_lse and row_entropy; backward, given row_dlogp (and row_dentropy when
+ * with_entropy), accumulates the head weight's gradient and writes dxf. */
+int rx_model_head_forward(rx_model *m);
+int rx_model_head_backward(rx_model *m, int with_entropy);
 
 int rx_model_check_tokens(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, int64_t *B, int64_t *T);
 

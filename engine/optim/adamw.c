@@ -28,7 +28,7 @@ static int check_like(const rx_tensor *p, const rx_tensor *t, const char *what) 
 }
 
 #define ADAMW_LOOP(P, G, M, V)                                                   \
-  _Pragma("omp parallel for schedule(static) if (n > 32768)")                    \
+  _Pragma("omp parallel for simd schedule(static) if (n > 32768)")               \
   for (int64_t i = 0; i < n; i++) {                                              \
     double g = G[i];                                                             \
     double m = beta1 * M[i] + (1 - beta1) * g, v = beta2 * V[i] + (1 - beta2) * g * g; \
@@ -53,9 +53,11 @@ int rx_adamw_step(rx_tensor *param, const rx_tensor *grad, rx_tensor *m, rx_tens
   const double bc1 = 1 - pow(beta1, (double)cfg->step), sqrt_bc2 = sqrt(1 - pow(beta2, (double)cfg->step));
   const double step_size = cfg->lr / bc1, shrink = decay ? 1 - cfg->lr * cfg->weight_decay : 1;
   const int64_t n = param->numel;
-  if (param->device == RX_CUDA)
-    return rx_cuda_adamw(param->data, grad->data, m->data, v->data, n, cfg->lr, beta1, beta2, eps, shrink, bc1, sqrt_bc2);
-  if (param->dtype == RX_F32 && m->dtype == RX_F32) {
+  const int prof = rx_prof_begin(RX_PROF_ADAMW);
+  int rc = RX_OK;
+  if (param->device == RX_CUDA) {
+    rc = rx_cuda_adamw(param->data, grad->data, m->data, v->data, n, cfg->lr, beta1, beta2, eps, shrink, bc1, sqrt_bc2);
+  } else if (param->dtype == RX_F32 && m->dtype == RX_F32) {
     float *P = param->data, *M = m->data, *V = v->data;
     const float *G = grad->data;
     ADAMW_LOOP(P, G, M, V)
@@ -69,10 +71,11 @@ int rx_adamw_step(rx_tensor *param, const rx_tensor *grad, rx_tensor *m, rx_tens
     const double *G = grad->data;
     ADAMW_LOOP(P, G, M, V)
   } else {
-    return rx_fail(RX_EINVAL, "adamw: moments of dtype %s for a param of dtype %s are not supported",
-                   rx_dtype_name(m->dtype), rx_dtype_name(param->dtype));
+    rc = rx_fail(RX_EINVAL, "adamw: moments of dtype %s for a param of dtype %s are not supported",
+                 rx_dtype_name(m->dtype), rx_dtype_name(param->dtype));
   }
-  return RX_OK;
+  rx_prof_end(prof);
+  return rc;
 }
 
 static double sum_squares(const rx_tensor *t) {

@@ -8,7 +8,7 @@
 local M = {}
 
 -- Bytes of the activation plan rx_model_plan (engine/model/model.c, carve_plan) carves for a
--- (B, T) forward, plus the head's logits chunk. Every buffer is linear in N = B * T; each is
+-- (B, T) forward, plus the head's logits tile. Every buffer is linear in N = B * T; each is
 -- rounded up to 64 bytes as the engine does. tests/lua/fit_spec.lua checks this against the
 -- engine's own count after real forwards, so a change to the plan shows up there.
 function M.activation_bytes(c, B, T, opts)
@@ -27,11 +27,16 @@ function M.activation_bytes(c, B, T, opts)
     + buf(N) + buf(N * C) + 3 * buf(N * I)
   if tonumber(c.qk_norm) ~= 0 then per_set = per_set + buf(N * HD) + buf(N * KD) + buf(N * H) + buf(N * KV) end
   bytes = bytes + sets * per_set
-  bytes = bytes + buf(N * C) + buf(N) + 4 * buf(N, 4) + 4 * buf(N)
+  -- xf, rstdf; tokens, mask, positions, targets (i32); the head's rows: logp, lse, entropy, dlogp,
+  -- dentropy, running max (compute dtype) and its two running sums (f64, engine/model/head.c)
+  bytes = bytes + buf(N * C) + buf(N) + 4 * buf(N, 4) + 6 * buf(N) + 2 * buf(N, 8)
   if train then bytes = bytes + 4 * buf(N * C) + 3 * buf(N * I) + 2 * buf(N * HD) + 2 * buf(N * KD) end
-  local chunk = math.max(16, math.floor(32 * 2 ^ 20 / (V * es)))
-  if chunk > N then chunk = N end
-  return bytes, chunk * V * es
+  -- the head's logits: tiles of rows by vocabulary slices of ~32 MB (rx_model_plan)
+  local budget = 32 * 2 ^ 20
+  local rows = math.max(1024, math.floor(budget / (V * es)))
+  if rows > N then rows = N end
+  local cols = math.min(V, math.max(16, math.floor(math.floor(budget / (rows * es)) / 16) * 16))
+  return bytes, rows * cols * es
 end
 
 -- Bytes of memory available to this process now (MemAvailable), or nil when unknown.

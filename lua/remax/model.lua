@@ -338,7 +338,7 @@ end
 -- log p(token_t | tokens_<t) as a [B, T] tensor (0 at each row's first token and at padding).
 -- tokens: list of rows, or an i32 [B, T] tensor with a mask tensor (nil: no padding).
 -- opts: train (keep activations for backward), checkpoint (recompute layers in backward),
--- entropy (also return per-token entropy), head_chunk_rows.
+-- entropy (also return per-token entropy), head_chunk_rows, head_chunk_vocab.
 function Model:logprobs(tokens, mask, opts)
   opts = opts or {}
   if type(tokens) == "table" and not ffi.istype("rx_tensor", tokens) then
@@ -352,6 +352,7 @@ function Model:logprobs(tokens, mask, opts)
   fo.train = opts.train and 1 or 0
   fo.checkpoint = opts.checkpoint and 1 or 0
   fo.head_chunk_rows = opts.head_chunk_rows or 0
+  fo.head_chunk_vocab = opts.head_chunk_vocab or 0
   check(C.rx_model_logprobs(self.handle, tokens, mask, logp, ent, fo), 2)
   self.last_shape = { B, T }
   return logp, ent, mask

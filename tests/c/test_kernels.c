@@ -367,6 +367,19 @@ static void rmsnorm_backward_matches_finite_differences(void) {
   CHECK_OK(rx_rmsnorm_backward(NULL, g2, bd, bx, bwt, br_t));
   omp_set_num_threads(threads);
   CHECK(memcmp(g1->data, g2->data, 256 * sizeof(float)) == 0, "rmsnorm dweight differs with the thread count");
+  /* both gradients in one call (one parallel region) give the bits of separate calls, also in
+   * place (dinp == dout), where dweight must read dout before it is overwritten */
+  rx_tensor *dx1 = tensor(RX_F32, 2, bs), *both = tensor(RX_F32, 2, bs), *gb = tensor(RX_F32, 1, bw);
+  rx_tensor *inplace = convert(bd, RX_F32), *gi = tensor(RX_F32, 1, bw);
+  omp_set_num_threads(2);
+  CHECK_OK(rx_rmsnorm_backward(dx1, NULL, bd, bx, bwt, br_t));
+  CHECK_OK(rx_rmsnorm_backward(both, gb, bd, bx, bwt, br_t));
+  CHECK_OK(rx_rmsnorm_backward(inplace, gi, inplace, bx, bwt, br_t));
+  omp_set_num_threads(threads);
+  CHECK(memcmp(dx1->data, both->data, 300 * 256 * sizeof(float)) == 0, "rmsnorm dinp differs when dweight is taken too");
+  CHECK(memcmp(g2->data, gb->data, 256 * sizeof(float)) == 0, "rmsnorm dweight differs when dinp is taken too");
+  CHECK(memcmp(dx1->data, inplace->data, 300 * 256 * sizeof(float)) == 0, "rmsnorm dinp in place differs");
+  CHECK(memcmp(g2->data, gi->data, 256 * sizeof(float)) == 0, "rmsnorm dweight in place differs");
   release_all();
 }
 
@@ -676,6 +689,75 @@ static void logprob_on_a_real_vocabulary(void) {
   release_all();
 }
 
+/* The head on vocabulary slices (engine/model/head.c): folding slices of width 8 (and one slice
+ * of the whole row) gives the reference logp, lse and entropy, and each slice's backward equals
+ * the columns of the whole-row backward (itself checked against finite differences below). */
+#define SLICE_CASE(REAL, SFX)                                                                         \
+  static void logprob_slices_##SFX(const double *xv, const int32_t *tv, int64_t N, int64_t V, int64_t W, \
+                                   const double *logp, const double *lse, const double *ent, double tol) { \
+    REAL *x = keep(malloc(sizeof(REAL) * (size_t)(N * V))), *tile = keep(malloc(sizeof(REAL) * (size_t)(N * W)));  \
+    REAL *rmax = keep(calloc((size_t)N, sizeof(REAL))), *lp = keep(calloc((size_t)N, sizeof(REAL)));     \
+    REAL *ls = keep(calloc((size_t)N, sizeof(REAL))), *en = keep(calloc((size_t)N, sizeof(REAL)));       \
+    REAL *dl = keep(malloc(sizeof(REAL) * (size_t)N)), *de = keep(malloc(sizeof(REAL) * (size_t)N));     \
+    REAL *whole = keep(malloc(sizeof(REAL) * (size_t)(N * V)));                                         \
+    double *rsum = buffer(N), *rsz = buffer(N);                                                         \
+    for (int64_t i = 0; i < N * V; i++) x[i] = (REAL)xv[i];                                              \
+    for (int64_t v0 = 0; v0 < V; v0 += W) {                                                             \
+      const int64_t vs = V - v0 < W ? V - v0 : W;                                                       \
+      for (int64_t n = 0; n < N; n++) memcpy(tile + n * vs, x + n * V + v0, sizeof(REAL) * (size_t)vs); \
+      rx_cpu_logprob_slice_forward_##SFX(rmax, rsum, rsz, lp, tile, tv, N, vs, v0, v0 == 0);            \
+    }                                                                                                   \
+    rx_cpu_logprob_slice_finish_##SFX(lp, ls, en, rmax, rsum, rsz, tv, N);                              \
+    double worst = 0;                                                                                   \
+    for (int64_t n = 0; n < N; n++) {                                                                   \
+      worst = fmax(worst, fabs(lp[n] - logp[n]) / (1 + fabs(logp[n])));                                 \
+      worst = fmax(worst, fabs(ls[n] - lse[n]) / (1 + fabs(lse[n])));                                   \
+      worst = fmax(worst, fabs(en[n] - ent[n]) / (1 + fabs(ent[n])));                                   \
+      CHECK(fabs(rsz[n] - en[n]) <= tol * (1 + fabs(en[n])), "slice finish keeps H %g for %g", rsz[n], (double)en[n]); \
+    }                                                                                                   \
+    CHECK(worst < tol, #SFX " head on slices of %lld: forward off the reference by %g", (long long)W, worst); \
+    for (int64_t n = 0; n < N; n++) { dl[n] = (REAL)sin(1.0 + n); de[n] = (REAL)cos(2.0 + n); }         \
+    for (int with_e = 0; with_e < 2; with_e++) {                                                        \
+      if (with_e) rx_cpu_logprob_entropy_backward_##SFX(whole, dl, de, x, tv, ls, N, V);                \
+      else rx_cpu_logprob_backward_##SFX(whole, dl, x, tv, ls, N, V);                                   \
+      double bad = 0;                                                                                   \
+      for (int64_t v0 = 0; v0 < V; v0 += W) {                                                           \
+        const int64_t vs = V - v0 < W ? V - v0 : W;                                                     \
+        for (int64_t n = 0; n < N; n++) memcpy(tile + n * vs, x + n * V + v0, sizeof(REAL) * (size_t)vs); \
+        rx_cpu_logprob_slice_backward_##SFX(tile, dl, with_e ? de : NULL, rsz, tile, tv, ls, N, vs, v0); \
+        for (int64_t n = 0; n < N; n++)                                                                 \
+          for (int64_t v = 0; v < vs; v++) bad = fmax(bad, fabs(tile[n * vs + v] - whole[n * V + v0 + v])); \
+      }                                                                                                 \
+      CHECK(bad < tol, #SFX " head backward on slices of %lld (entropy %d) differs by %g", (long long)W, with_e, bad); \
+    }                                                                                                   \
+  }
+SLICE_CASE(float, f32)
+SLICE_CASE(double, f64)
+
+static void logprob_on_vocabulary_slices(void) {
+  int64_t N = 13, V = 37, xs[2] = {N, V};
+  int32_t tv[13];
+  memcpy(tv, targets_13, sizeof tv);
+  rx_tensor *x = awkward_logits(RX_F64, 2, xs);
+  double *xv = vals(x);
+  for (int64_t n = 0; n < N; n++)
+    if (tv[n] >= 0 && isinf(xv[n * V + tv[n]])) xv[n * V + tv[n]] = 1.5;
+  for (int64_t v = 0; v < 8; v++) xv[2 * V + v] = -INFINITY;   /* a first slice of -inf only */
+  double *lsm = buffer(N * V), *lse = buffer(N), *logp = buffer(N), *ent = buffer(N);
+  logsoftmax_ref(lsm, lse, xv, N, V);
+  for (int64_t n = 0; n < N; n++) {
+    logp[n] = tv[n] < 0 ? 0 : lsm[n * V + tv[n]];
+    for (int64_t v = 0; v < V; v++)
+      if (!isinf(lsm[n * V + v])) ent[n] -= exp(lsm[n * V + v]) * lsm[n * V + v];
+  }
+  const int64_t widths[3] = {8, 16, 37};
+  for (int w = 0; w < 3; w++) {
+    logprob_slices_f32(xv, tv, N, V, widths[w], logp, lse, ent, 1e-5);   /* inputs rounded to f32 near 500 */
+    logprob_slices_f64(xv, tv, N, V, widths[w], logp, lse, ent, 1e-12);
+  }
+  release_all();
+}
+
 typedef struct { rx_tensor *logp, *logits, *targets; const double *R; } logprob_ctx;
 static double logprob_loss(void *p) {
   logprob_ctx *c = p;
@@ -901,6 +983,7 @@ int main(void) {
   RUN(logsoftmax_backward_matches_finite_differences);
   RUN(logprob_forward_matches_reference);
   RUN(logprob_on_a_real_vocabulary);
+  RUN(logprob_on_vocabulary_slices);
   RUN(logprob_backward_matches_finite_differences);
   RUN(logprob_entropy_backward_matches_finite_differences);
   RUN(threads_do_not_change_results);

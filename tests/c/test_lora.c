@@ -72,7 +72,7 @@ static void fixture_free(fixture *f) {
 
 /* sum R * logp; train forwards redraw the dropout masks of train forward number `count`. */
 static double loss_of(rx_model *m, fixture *f, int train, uint64_t count) {
-  rx_forward_opts fo = {train, 0, 5};
+  rx_forward_opts fo = {train, 0, 5, 0};
   rx_model_lora_set_forward_count(m, count - 1);
   if (rx_model_logprobs(m, f->tok, f->msk, f->lp, NULL, &fo)) return NAN;
   double s = 0;
@@ -116,7 +116,7 @@ static void check_fd(int qwen, int64_t r, uint32_t targets, double dropout, int 
   fixture f;
   fixture_init(&f);
   const int train_fd = dropout > 0;   /* with dropout the masks of one train forward are held fixed */
-  rx_forward_opts fo = {1, checkpoint, 5};
+  rx_forward_opts fo = {1, checkpoint, 5, 0};
   rx_model_zero_grad(m);
   rx_model_lora_set_forward_count(m, 41);
   CHECK_OK(rx_model_logprobs(m, f.tok, f.msk, f.lp, NULL, &fo));
@@ -162,7 +162,7 @@ static void projection_of_full_gradient(void) {
     rx_model *full = merged_copy(m);
     fixture f;
     fixture_init(&f);
-    rx_forward_opts fo = {1, 0, 5};
+    rx_forward_opts fo = {1, 0, 5, 0};
     rx_model_zero_grad(m);
     CHECK_OK(rx_model_logprobs(m, f.tok, f.msk, f.lp, NULL, &fo));
     CHECK_OK(rx_model_backward(m, f.dlp));
@@ -216,7 +216,7 @@ static void forward_merged_and_disabled(void) {
   fixture f;
   fixture_init(&f);
   rx_tensor *lp2 = new2(RX_F64, NULL);
-  rx_forward_opts fo = {0, 0, 0};
+  rx_forward_opts fo = {0, 0, 0, 0};
   CHECK_OK(rx_model_logprobs(m, f.tok, f.msk, f.lp, NULL, &fo));
   CHECK_OK(rx_model_logprobs(full, f.tok, f.msk, lp2, NULL, &fo));
   double worst = 0, moved = 0;
@@ -283,7 +283,7 @@ static void frozen_base_has_no_gradients(void) {
   if (!m) return;
   fixture f;
   fixture_init(&f);
-  rx_forward_opts fo = {1, 0, 0};
+  rx_forward_opts fo = {1, 0, 0, 0};
   CHECK_OK(rx_model_logprobs(m, f.tok, f.msk, f.lp, NULL, &fo));
   CHECK_OK(rx_model_backward(m, f.dlp));
   rx_model_memory mem;
