@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 . bench/blas_core.sh   # builds first
 build=${REMAX_BUILD:-build}
 inc=$(sed -n 's/^CBLAS_INCLUDE_DIR:PATH=//p' "$build/CMakeCache.txt")
-cc -O2 -o "$build/decode_bf16" bench/decode_bf16.c -I"$inc" -Iengine/cpu -L"$build" -lremax -Wl,-rpath,"$(pwd)/$build"
+cc -O2 -o "$build/decode_bf16" bench/decode_bf16.c -I"$inc" -Iengine/cpu -Iengine/core -L"$build" -lremax -Wl,-rpath,"$(pwd)/$build"
 for rows in ${*:-1 8 16 32}; do
   OMP_NUM_THREADS=${THREADS:-2} "$build/decode_bf16" "$rows"
 done
