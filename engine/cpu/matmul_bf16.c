@@ -83,20 +83,16 @@ static float *scratch_get(size_t n) {
   return p;
 }
 
-/* dst[r*C + k] = widened src rows [0, rows). */
-static void widen_rows(float *restrict dst, const uint16_t *restrict src, int64_t rows, int64_t C) {
-  for (int64_t r = 0; r < rows; r++) {
-    const uint16_t *s = src + r * C;
-    float *d = dst + r * C;
-    #pragma omp simd
-    for (int64_t k = 0; k < C; k++) d[k] = rx_cpu_bf16_to_f32(s[k]);
-  }
+/* dst[k] = the bf16 row src[k], widened. */
+static inline void widen_row(float *restrict dst, const uint16_t *restrict src, int64_t C) {
+  #pragma omp simd
+  for (int64_t k = 0; k < C; k++) dst[k] = rx_cpu_bf16_to_f32(src[k]);
 }
 
-/* The same over threads (a block for sgemm; outside any parallel region). */
-static void widen_rows_parallel(float *dst, const uint16_t *src, int64_t rows, int64_t C) {
+/* Rows [0, rows) of a block for sgemm, over threads (called outside any parallel region). */
+static void widen_rows(float *dst, const uint16_t *src, int64_t rows, int64_t C) {
   #pragma omp parallel for schedule(static) if (rows * C > 65536)
-  for (int64_t r = 0; r < rows; r++) widen_rows(dst + r * C, src + r * C, 1, C);
+  for (int64_t r = 0; r < rows; r++) widen_row(dst + r * C, src + r * C, C);
 }
 
 /* ------------------------------------------------------------------ a few rows */
@@ -214,7 +210,7 @@ int rx_cpu_matmul_forward_f32_bf16(float *out, const float *inp, const uint16_t 
   }
   for (int64_t o0 = 0; o0 < OC; o0 += OB) {
     const int64_t ob = OC - o0 < OB ? OC - o0 : OB;
-    widen_rows_parallel(buf, weight + o0 * C, ob, C);
+    widen_rows(buf, weight + o0 * C, ob, C);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)ob, (int)C, 1.0f, inp, (int)C, buf, (int)C, 1.0f,
                 out + o0, (int)OC);
   }
@@ -230,7 +226,7 @@ int rx_cpu_matmul_dinp_f32_bf16(float *dinp, const float *dout, const uint16_t *
   if (!buf) return 0;
   for (int64_t o0 = 0; o0 < OC; o0 += OB) {
     const int64_t ob = OC - o0 < OB ? OC - o0 : OB;
-    widen_rows_parallel(buf, weight + o0 * C, ob, C);
+    widen_rows(buf, weight + o0 * C, ob, C);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)C, (int)ob, 1.0f, dout + o0, (int)OC, buf,
                 (int)C, o0 == 0 ? 0.0f : 1.0f, dinp, (int)C);
   }
@@ -239,10 +235,5 @@ int rx_cpu_matmul_dinp_f32_bf16(float *dinp, const float *dout, const uint16_t *
 
 void rx_cpu_embedding_forward_f32_bf16(float *out, const int32_t *tokens, const uint16_t *weight, int64_t N, int64_t C) {
   #pragma omp parallel for schedule(static) if (N * C > 65536)
-  for (int64_t n = 0; n < N; n++) {
-    const uint16_t *s = weight + (int64_t)tokens[n] * C;
-    float *d = out + n * C;
-    #pragma omp simd
-    for (int64_t k = 0; k < C; k++) d[k] = rx_cpu_bf16_to_f32(s[k]);
-  }
+  for (int64_t n = 0; n < N; n++) widen_row(out + n * C, weight + (int64_t)tokens[n] * C, C);
 }
