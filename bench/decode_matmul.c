@@ -1,14 +1,17 @@
 /* bench/decode_matmul.c: the matmuls of one decode step at the Qwen2.5-0.5B shape (24 layers of
- * q|k|v, o, gate|up and down, then the tied head: 2 GB of f32 weights, more than any cache),
- * remax's decode kernel beside OpenBLAS sgemm in the same run, for a given number of rows.
- * Not a test. Build and run with bench/decode_matmul.sh. Prints the best of 6 steps each. */
+ * q|k|v, o, gate|up and down, then the tied head: 2 GB of f32 weights, more than any cache) for
+ * a given number of rows, in the same run: remax's f32 decode kernel (matmul_rows.c with
+ * AVX-512, else the register tiles of matmul_bf16.c), remax with the same weights stored in bf16
+ * (1 GB; matmul_bf16.c), and OpenBLAS sgemm on the f32 weights. The weights are bf16 values, so
+ * all three multiply the same numbers. Not a test. Build and run with bench/decode_matmul.sh.
+ * Prints the best of 6 steps each. */
 #include <cblas.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include "cpu.h"   /* rx_cpu_matmul_rows_f32 (AVX-512 builds), rx_cpu_matmul_rows_any_f32 (others) */
+#include "cpu.h"   /* the kernels, exported by libremax */
 
 static double now(void) {
   struct timespec t;
@@ -16,22 +19,25 @@ static double now(void) {
   return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 
-enum { LAYERS = 24, KINDS = 4 };
+enum { LAYERS = 24, KINDS = 4, F32 = 0, BF16 = 1, SGEMM = 2 };
 static const int64_t shape[KINDS + 1][2] = {{896, 1152}, {896, 896}, {896, 9728}, {4864, 896}, {896, 151936}};
 
-static float *weights[LAYERS * KINDS + 1];
+static float *w32[LAYERS * KINDS + 1];
+static uint16_t *w16[LAYERS * KINDS + 1];
 
-static double step(int64_t N, const float *x, float *y, int blas) {
+static double step(int64_t N, const float *x, float *y, int how) {
   double t0 = now();
   for (int l = 0; l <= LAYERS * KINDS; l++) {
     const int k = l == LAYERS * KINDS ? KINDS : l % KINDS;
     const int64_t C = shape[k][0], OC = shape[k][1];
-    if (blas)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OC, (int)C, 1, x, (int)C, weights[l], (int)C, 0,
+    int ok = 1;
+    if (how == SGEMM)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OC, (int)C, 1, x, (int)C, w32[l], (int)C, 0,
                   y, (int)OC);
-    else if (!rx_cpu_matmul_rows_f32(y, x, weights[l], NULL, N, C, OC) &&
-             !rx_cpu_matmul_rows_any_f32(y, x, weights[l], NULL, N, C, OC)) {
-      fprintf(stderr, "decode_matmul: the kernels do not take %lld rows (more than 48)\n", (long long)N);
+    else if (how == BF16) ok = rx_cpu_matmul_forward_f32_bf16(y, x, w16[l], NULL, N, C, OC);
+    else ok = rx_cpu_matmul_rows_f32(y, x, w32[l], NULL, N, C, OC) || rx_cpu_matmul_rows_any_f32(y, x, w32[l], NULL, N, C, OC);
+    if (!ok) {
+      fprintf(stderr, "decode_matmul: %lld rows: more than the decode kernels take (48), or out of memory\n", (long long)N);
       exit(1);
     }
   }
@@ -40,25 +46,33 @@ static double step(int64_t N, const float *x, float *y, int blas) {
 
 int main(int argc, char **argv) {
   const int64_t N = argc > 1 ? atoll(argv[1]) : 8;
-  int64_t bytes = 0, params = 0;
+  int64_t params = 0;
   for (int l = 0; l <= LAYERS * KINDS; l++) {
     const int k = l == LAYERS * KINDS ? KINDS : l % KINDS;
     const int64_t n = shape[k][0] * shape[k][1];
-    weights[l] = aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
-    if (!weights[l]) { fprintf(stderr, "decode_matmul: out of memory\n"); return 1; }
-    for (int64_t i = 0; i < n; i++) weights[l][i] = (float)((i * 7919) % 1000) / 1000 - 0.5f;
-    bytes += n * 4;
+    w32[l] = aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
+    w16[l] = aligned_alloc(64, (size_t)((n * 2 + 63) / 64 * 64));
+    if (!w32[l] || !w16[l]) { fprintf(stderr, "decode_matmul: out of memory\n"); return 1; }
+    for (int64_t i = 0; i < n; i++) {
+      const float v = (float)((i * 7919) % 1000) / 1000 - 0.5f;
+      uint32_t u;
+      memcpy(&u, &v, 4);
+      w16[l][i] = (uint16_t)(u >> 16);             /* truncated to bf16 */
+      w32[l][i] = rx_cpu_bf16_to_f32(w16[l][i]);   /* the same values in f32 */
+    }
     params += n;
   }
   float *x = aligned_alloc(64, (size_t)(N * 9728 * 4)), *y = aligned_alloc(64, (size_t)(N * 151936 * 4));
   for (int64_t i = 0; i < N * 9728; i++) x[i] = 0.01f * (float)(i % 13);
-  double best[2] = {1e30, 1e30};
+  double best[3] = {1e30, 1e30, 1e30};
   for (int rep = 0; rep < 6; rep++)
-    for (int blas = 0; blas < 2; blas++) {
-      double t = step(N, x, y, blas);
-      if (t < best[blas]) best[blas] = t;
+    for (int how = 0; how < 3; how++) {
+      double t = step(N, x, y, how);
+      if (t < best[how]) best[how] = t;
     }
-  printf("rows=%lld  remax %.1f ms/step (%.1f GB/s, %.0f GFLOP/s)  sgemm %.1f ms/step  ratio %.2fx\n", (long long)N,
-         best[0] * 1e3, bytes / best[0] / 1e9, 2.0 * N * params / best[0] / 1e9, best[1] * 1e3, best[1] / best[0]);
+  printf("rows=%-3lld f32 %6.1f ms (%4.1f GB/s)  bf16 %6.1f ms (%4.1f GB/s, %3.0f GFLOP/s)  sgemm %6.1f ms  "
+         "bf16/f32 %.2fx  f32/sgemm %.2fx\n", (long long)N, best[F32] * 1e3, params * 4.0 / best[F32] / 1e9,
+         best[BF16] * 1e3, params * 2.0 / best[BF16] / 1e9, 2.0 * N * params / best[BF16] / 1e9, best[SGEMM] * 1e3,
+         best[F32] / best[BF16], best[SGEMM] / best[F32]);
   return 0;
 }
