@@ -139,6 +139,6 @@ end
 
 M.is_dir, M.list_dir, M.mkdir_p, M.remove_tree = is_dir, list_dir, mkdir_p, remove_tree
 M.write_atomic, M.read_text, M.exists, M.fsync_path, M.dirname = write_atomic, read_text, file_exists, fsync_path, dirname
-M.crash_point = crash_point
+M.crash_point, M.errno_text = crash_point, errno_text
 
 return M

@@ -15,15 +15,10 @@ local fs = require("remax.fs")
 local tensor = require("remax.tensor")
 local C = rx.C
 
-for _, decl in ipairs({
-  "int open(const char *path, int flags, ...);",
-  "int close(int fd);",
-  "int fsync(int fd);",
-  "int unlink(const char *path);",
-  "int64_t write(int fd, const void *buf, size_t n);",
-  "char *strerror(int errnum);",
-  "int getpid(void);",
-}) do pcall(ffi.cdef, decl) end
+-- remax.fs declares open, close, fsync, unlink and strerror
+for _, decl in ipairs({ "int64_t write(int fd, const void *buf, size_t n);", "int getpid(void);" }) do
+  pcall(ffi.cdef, decl)
+end
 local libc = ffi.C
 
 local M = {}
@@ -461,7 +456,7 @@ end
 
 -- ---------------------------------------------------------------- writing
 
-local function errno_text(code) return ("errno %d, %s"):format(code, ffi.string(libc.strerror(code))) end
+local errno_text = fs.errno_text
 
 -- Writes n bytes at ptr to fd, or raises an error naming path and the errno.
 local function write_all(fd, ptr, n, path)
