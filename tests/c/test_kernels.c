@@ -552,6 +552,20 @@ static void logsoftmax_ref(double *y, double *lse, const double *x, int64_t N, i
   }
 }
 
+/* log p(target) (0 where the target is negative), the log-sum-exp and the entropy of each row of
+ * logits x [N, V], in double, into buffers of N. */
+static void logprob_ref(double *logp, double *lse, double *ent, const double *x, const int32_t *tv, int64_t N,
+                        int64_t V) {
+  double *lsm = buffer(N * V);
+  logsoftmax_ref(lsm, lse, x, N, V);
+  for (int64_t n = 0; n < N; n++) {
+    logp[n] = tv[n] < 0 ? 0 : lsm[n * V + tv[n]];
+    ent[n] = 0;
+    for (int64_t v = 0; v < V; v++)
+      if (!isinf(lsm[n * V + v])) ent[n] -= exp(lsm[n * V + v]) * lsm[n * V + v];
+  }
+}
+
 /* Logits with a few -inf entries (never all of a row) and one row shifted by +500. */
 static rx_tensor *awkward_logits(int32_t dtype, int ndim, const int64_t *shape) {
   rx_tensor *x = randn(dtype, ndim, shape, 3);
@@ -643,13 +657,8 @@ static void logprob_forward_matches_reference(void) {
       double *xv = vals(x);
       for (int64_t n = 0; n < N; n++)   /* no -inf at a target */
         if (tv[n] >= 0 && isinf(xv[n * V + tv[n]])) { xv[n * V + tv[n]] = 1.5; CHECK_OK(rx_tensor_set(x, n * V + tv[n], 1.5)); }
-      double *lsm = buffer(N * V), *lse = buffer(N), *logp = buffer(N), *ent = buffer(N);
-      logsoftmax_ref(lsm, lse, xv, N, V);
-      for (int64_t n = 0; n < N; n++) {
-        logp[n] = tv[n] < 0 ? 0 : lsm[n * V + tv[n]];
-        for (int64_t v = 0; v < V; v++)
-          if (!isinf(lsm[n * V + v])) ent[n] -= exp(lsm[n * V + v]) * lsm[n * V + v];
-      }
+      double *lse = buffer(N), *logp = buffer(N), *ent = buffer(N);
+      logprob_ref(logp, lse, ent, xv, tv, N, V);
       guarded lp = out_like(dtypes[d], 2, ts, 5.0), ls = out_like(dtypes[d], 1, &N, 5.0), en = out_like(dtypes[d], 2, ts, 5.0);
       CHECK_OK(rx_logprob_forward(lp.t, ls.t, en.t, x, tg));
       check_close(lp.t, logp, fwd_tol[d], "logprob logp");
@@ -675,12 +684,8 @@ static void logprob_on_a_real_vocabulary(void) {
   int64_t N = 3, V = 151936, xs[2] = {N, V}, ts[1] = {N};
   const int32_t tv[3] = {0, 151935, 77777};
   rx_tensor *x = randn(RX_F32, 2, xs, 4), *tg = ints(1, ts, tv);
-  double *xv = vals(x), *lsm = buffer(N * V), *lse = buffer(N), *logp = buffer(N), *ent = buffer(N);
-  logsoftmax_ref(lsm, lse, xv, N, V);
-  for (int64_t n = 0; n < N; n++) {
-    logp[n] = lsm[n * V + tv[n]];
-    for (int64_t v = 0; v < V; v++) ent[n] -= exp(lsm[n * V + v]) * lsm[n * V + v];
-  }
+  double *xv = vals(x), *lse = buffer(N), *logp = buffer(N), *ent = buffer(N);
+  logprob_ref(logp, lse, ent, xv, tv, N, V);
   rx_tensor *lp = tensor(RX_F32, 1, ts), *ls = tensor(RX_F32, 1, ts), *en = tensor(RX_F32, 1, ts);
   CHECK_OK(rx_logprob_forward(lp, ls, en, x, tg));
   check_close(lp, logp, 2e-6, "logprob logp, V=151936");
@@ -743,13 +748,8 @@ static void logprob_on_vocabulary_slices(void) {
   for (int64_t n = 0; n < N; n++)
     if (tv[n] >= 0 && isinf(xv[n * V + tv[n]])) xv[n * V + tv[n]] = 1.5;
   for (int64_t v = 0; v < 8; v++) xv[2 * V + v] = -INFINITY;   /* a first slice of -inf only */
-  double *lsm = buffer(N * V), *lse = buffer(N), *logp = buffer(N), *ent = buffer(N);
-  logsoftmax_ref(lsm, lse, xv, N, V);
-  for (int64_t n = 0; n < N; n++) {
-    logp[n] = tv[n] < 0 ? 0 : lsm[n * V + tv[n]];
-    for (int64_t v = 0; v < V; v++)
-      if (!isinf(lsm[n * V + v])) ent[n] -= exp(lsm[n * V + v]) * lsm[n * V + v];
-  }
+  double *lse = buffer(N), *logp = buffer(N), *ent = buffer(N);
+  logprob_ref(logp, lse, ent, xv, tv, N, V);
   const int64_t widths[3] = {8, 16, 37};
   for (int w = 0; w < 3; w++) {
     logprob_slices_f32(xv, tv, N, V, widths[w], logp, lse, ent, 1e-5);   /* inputs rounded to f32 near 500 */
