@@ -28,7 +28,7 @@ static const char CHECK[] =
     "  local ok2, cfg = pcall(model.resolve_config, t, path)\n"
     "  if not ok2 then\n"
     "    if type(cfg) ~= 'string' or not cfg:find(path, 1, true) then return 'error without the file name: ' .. tostring(cfg) end\n"
-    "    if cfg:find('attempt to', 1, true) then return 'internal error: ' .. cfg end\n"
+    "    if fuzz_lua_error(cfg) then return 'internal error: ' .. cfg end\n"
     "    return\n"
     "  end\n"
     "  local V, H, I, L = tonumber(cfg.vocab_size), tonumber(cfg.hidden_size), tonumber(cfg.intermediate_size), tonumber(cfg.num_hidden_layers)\n"

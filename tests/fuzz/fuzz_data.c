@@ -21,7 +21,7 @@ static const char CHECK[] =
     "  if not ok then\n"
     "    if type(ds) ~= 'string' then return 'error value is a ' .. type(ds) end\n"
     "    if not ds:find(path, 1, true) then return 'error without the file name: ' .. ds end\n"
-    "    if ds:find('lua/remax/', 1, true) or ds:find('attempt to', 1, true) then return 'internal error: ' .. ds end\n"
+    "    if fuzz_lua_error(ds) then return 'internal error: ' .. ds end\n"
     "    return\n"
     "  end\n"
     "  if ds:size() < 1 then return 'a dataset without rows' end\n"

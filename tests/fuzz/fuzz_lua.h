@@ -80,7 +80,13 @@ static void fuzz_lua_init(const char *chunk) {
   if (system(cmd) != 0) exit(1);
   fuzz_L = luaL_newstate();
   luaL_openlibs(fuzz_L);
-  if (luaL_dostring(fuzz_L, "package.path = 'lua/?.lua;lua/?/init.lua;' .. package.path") ||
+  /* fuzz_lua_error(msg): whether an error message is a Lua fault inside remax rather than a
+   * message for the user: a position in remax's Lua sources starts it, as in
+   * "lua/remax/x.lua:12: attempt to index a nil value" (a user error carries no position, or the
+   * caller's: the harness's). Text of the input that a message quotes ("architecture
+   * 'Llamattempt toLM'", "lua/remax/") does not count. */
+  if (luaL_dostring(fuzz_L, "package.path = 'lua/?.lua;lua/?/init.lua;' .. package.path\n"
+                            "function fuzz_lua_error(msg) return msg:match('^[^%s:]*remax/[^%s:]+%.lua:%d+: ') ~= nil end") ||
       luaL_loadstring(fuzz_L, chunk) || lua_pcall(fuzz_L, 0, 1, 0) || !lua_isfunction(fuzz_L, -1)) {
     fprintf(stderr, "fuzz: the Lua harness does not start (run from the repository root): %s\n", lua_tostring(fuzz_L, -1));
     exit(1);
