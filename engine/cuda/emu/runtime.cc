@@ -140,8 +140,10 @@ extern "C" cudaError_t cudaGetDevice(int *device) {
   *device = 0;
   return cudaSuccess;
 }
+static void check_guards(const char *when);
 extern "C" cudaError_t cudaDeviceSynchronize(void) {
   std::lock_guard<std::recursive_mutex> g(emu_lock);
+  check_guards("after the work queued on the device");
   return take_fault();
 }
 extern "C" cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
