@@ -443,7 +443,37 @@ static void test_graph_replays_launches(void) {
   cudaFree(y);
 }
 
+// ---------------------------------------------------------------- a failed GEMM names its op
+// A GEMM whose weight is shorter than OC x C: cuBLAS's execution fails (an operand outside its
+// allocation). With REMAX_CUDA_SYNC=1 (set in main) matmul itself must report it, not the next op.
+
+static void test_gemm_failure_is_blamed_on_matmul(void) {
+  enum { N = 4, C = 8, OC = 6 };
+  void *x, *w, *y, *a, *hx, *hw, *hy, *ha;
+  if (rx_cuda_malloc(&x, &hx, N * C * sizeof(float), "x") || rx_cuda_malloc(&w, &hw, (OC * C - 1) * sizeof(float), "w") ||
+      rx_cuda_malloc(&y, &hy, N * OC * sizeof(float), "y") || rx_cuda_malloc(&a, &ha, 64 * sizeof(float), "a")) {
+    CHECK(0, "allocations: %s", rx_last_error());
+    return;
+  }
+  rx_cuda_memset0(x, N * C * sizeof(float));
+  rx_cuda_memset0(w, (OC * C - 1) * sizeof(float));
+  rx_cuda_memset0(a, 64 * sizeof(float));
+  int rc = rx_cuda_matmul_forward(y, x, w, NULL, N, C, OC, RX_F32);
+  CHECK(rc != 0 && strstr(rx_last_error(), "matmul") && strstr(rx_last_error(), "cudaErrorIllegalAddress"),
+        "a GEMM over a short weight: rc %d, '%s'", rc, rx_last_error());
+  rc = rx_cuda_add(a, a, a, 64, RX_F32);
+  CHECK(rc == 0, "the op after the failed GEMM was blamed for it: %s", rx_last_error());
+  rx_cuda_release(hx);
+  rx_cuda_release(hw);
+  rx_cuda_release(hy);
+  rx_cuda_release(ha);
+}
+
 int main(void) {
+  // read once, on first use: every allocation its own (so the short weight is its own
+  // allocation), and a synchronisation after every launch
+  setenv("REMAX_CUDA_ALLOC", "plain", 1);
+  setenv("REMAX_CUDA_SYNC", "1", 1);
   RUN(test_missing_syncthreads);
   RUN(test_barrier_not_reached);
   RUN(test_wrong_shuffle_mask);
@@ -454,5 +484,6 @@ int main(void) {
   RUN(test_warp_operations);
   RUN(test_bf16_rounds_to_nearest_even);
   RUN(test_graph_replays_launches);
+  RUN(test_gemm_failure_is_blamed_on_matmul);
   return check_summary("gpu_test_emulator");
 }
