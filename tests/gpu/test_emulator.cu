@@ -6,6 +6,7 @@
 // (AddressSanitizer) run in a child. Built and run only with -DRX_CUDA=emulate.
 #include "common.cuh"
 #include <cublas_v2.h>
+#include <nccl.h>
 #include <sys/wait.h>
 #include <cmath>
 #include <unistd.h>
@@ -469,6 +470,29 @@ static void test_gemm_failure_is_blamed_on_matmul(void) {
   rx_cuda_release(ha);
 }
 
+// ---------------------------------------------------------------- NCCL with one rank
+
+static void test_nccl_one_rank(void) {
+  ncclUniqueId id;
+  ncclComm_t comm = nullptr, two = nullptr;
+  CHECK(ncclGetUniqueId(&id) == ncclSuccess && ncclCommInitRank(&comm, 1, id, 0) == ncclSuccess, "a one-rank communicator");
+  ncclResult_t r = ncclCommInitRank(&two, 2, id, 0);
+  CHECK(r == ncclInvalidUsage && strstr(ncclGetErrorString(r), "one rank"), "two ranks: %s", ncclGetErrorString(r));
+  std::vector<float> h = random_values(100, 31);
+  float *a = dev_upload(h), *b = dev_upload(std::vector<float>(100, 0.0f));
+  CHECK(ncclAllReduce(a, a, 100, ncclFloat32, ncclSum, comm, 0) == ncclSuccess && dev_download(a, 100) == h,
+        "all-reduce in place over one rank changed the values");
+  CHECK(ncclAllReduce(a, b, 100, ncclFloat32, ncclSum, comm, 0) == ncclSuccess && dev_download(b, 100) == h,
+        "all-reduce over one rank: the output is not the input");
+  r = ncclAllReduce(h.data(), b, 100, ncclFloat32, ncclSum, comm, 0);
+  CHECK(r == ncclInvalidArgument, "all-reduce from host memory accepted");
+  r = ncclAllReduce(a, b, 101, ncclFloat32, ncclSum, comm, 0);
+  CHECK(r == ncclInvalidArgument, "all-reduce past the end of the buffers accepted");
+  ncclCommDestroy(comm);
+  cudaFree(a);
+  cudaFree(b);
+}
+
 int main(void) {
   // read once, on first use: every allocation its own (so the short weight is its own
   // allocation), and a synchronisation after every launch
@@ -485,5 +509,6 @@ int main(void) {
   RUN(test_bf16_rounds_to_nearest_even);
   RUN(test_graph_replays_launches);
   RUN(test_gemm_failure_is_blamed_on_matmul);
+  RUN(test_nccl_one_rank);
   return check_summary("gpu_test_emulator");
 }
