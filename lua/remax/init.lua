@@ -2,15 +2,15 @@
 local M = {}
 
 local lazy = {
-  ffi = "remax.ffi",
-  tensor = "remax.tensor",
-  optim = "remax.optim",
-  model = "remax.model",
-  safetensors = "remax.safetensors",
-  tokenizer = "remax.tokenizer",
-  chat = "remax.chat", data = "remax.data",
-  runs = "remax.runs", progress = "remax.progress", plot = "remax.plot",
-  config = "remax.config", algos = "remax.algos", trainer = "remax.trainer", recipe = "remax.recipe", rewards = "remax.rewards",
+  ffi = "remax.bind.ffi",
+  tensor = "remax.bind.tensor",
+  optim = "remax.bind.optim",
+  model = "remax.bind.model",
+  safetensors = "remax.bind.safetensors",
+  tokenizer = "remax.bind.tokenizer",
+  chat = "remax.text.chat", data = "remax.train.data",
+  runs = "remax.train.runs", progress = "remax.train.progress", plot = "remax.train.plot",
+  config = "remax.train.config", algos = "remax.train.algos", trainer = "remax.train.trainer", recipe = "remax.train.recipe", rewards = "remax.train.rewards",
 }
 
 -- Submodules load on first use, so `require("remax")` stays cheap.
@@ -26,7 +26,7 @@ setmetatable(M, {
 
 function M.version()
   local ffi = require("ffi")
-  return ffi.string(require("remax.ffi").C.rx_version())
+  return ffi.string(require("remax.bind.ffi").C.rx_version())
 end
 
 return M

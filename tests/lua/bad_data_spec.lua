@@ -1,10 +1,10 @@
 -- Bad data and settings (issue 15, part 4): each gives one clear message naming the file, line,
 -- key or reward, and no lost work -- the dataset loader, reward results, reward_timeout, prompts
 -- over max_prompt_length (kept by their last tokens, counted in the metrics).
-local data = require("remax.data")
-local rewards = require("remax.rewards")
-local config = require("remax.config")
-local trainer = require("remax.trainer")
+local data = require("remax.train.data")
+local rewards = require("remax.train.rewards")
+local config = require("remax.train.config")
+local trainer = require("remax.train.trainer")
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 
@@ -175,7 +175,7 @@ end }
   end)
 
   it("refuses a training micro-batch whose activations cannot fit, before the engine allocates them", function()
-    local fit = require("remax.fit")
+    local fit = require("remax.train.fit")
     local dir = setup("return { name = 'z', fn = function(c) local s = {} for i = 1, #c do s[i] = i % 2 end return s end }")
     local t = new_trainer(dir)
     local real = fit.available_bytes

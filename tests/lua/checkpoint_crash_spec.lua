@@ -6,12 +6,12 @@
 -- lists every write event of a run, REMAX_CRASH_AT=N kills the run at the Nth.
 -- Also: write failures (a full disk through RLIMIT_FSIZE, a read-only run folder) stop the run
 -- with the path and the errno, and the checkpoint before stays intact.
-local runs = require("remax.runs")
-local fs = require("remax.fs")
+local runs = require("remax.train.runs")
+local fs = require("remax.bind.fs")
 
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 local function binary()
-  local b = require("remax.cli").build_dir() .. "/remax"
+  local b = require("remax.cli.main").build_dir() .. "/remax"
   return b:sub(1, 1) == "/" and b or (os.getenv("PWD") .. "/" .. b)   -- the runs cd to their folder
 end
 

@@ -1,4 +1,4 @@
-local config = require("remax.config")
+local config = require("remax.train.config")
 
 local function err_of(f, ...)
   local ok, err = pcall(f, ...)

@@ -1,9 +1,9 @@
--- Data parallel training (remax.dist, engine/dist/). In-process checks run in a world of one;
+-- Data parallel training (remax.bind.dist, engine/dist/). In-process checks run in a world of one;
 -- the rest start `mpirun -np 2` on the CPU and compare with one process on the same global batch.
 -- They skip, saying why, when mpirun or the MPI backend (libremax_mpi.so) is not there.
 local ffi = require("ffi")
-local dist = require("remax.dist")
-local cli = require("remax.cli")
+local dist = require("remax.bind.dist")
+local cli = require("remax.cli.main")
 
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
@@ -108,7 +108,7 @@ describe("dist in a world of one", function()
 
   it("rejects a REMAX_DIST value it does not know, naming it", function()
     local dir = tmpdir()
-    write(dir .. "/probe.lua", 'local w = require("remax.dist").world() print("world", w.rank, w.size, w.backend)')
+    write(dir .. "/probe.lua", 'local w = require("remax.bind.dist").world() print("world", w.rank, w.size, w.backend)')
     local p = assert(io.popen(("REMAX_DIST=bogus %s/remax run %s/probe.lua 2>&1; echo rc=$?"):format(cli.build_dir(), dir)))
     local out = p:read("*a")
     p:close()
@@ -203,7 +203,7 @@ end
 
 -- Largest |a - b| / max(|a|, |b|, 1e-3) over every weight of two checkpoints; and whether all bits agree.
 local function compare_weights(dir_a, dir_b)
-  local st = require("remax.safetensors")
+  local st = require("remax.bind.safetensors")
   local a, b = st.open(dir_a), st.open(dir_b)
   local worst, same = 0, true
   for _, name in ipairs(a:names()) do
@@ -249,7 +249,7 @@ describe_mpi("mpirun -np 2 on the CPU", function()
   end)
 
   it("is a world of one over MPI with REMAX_DIST=mpi and no launcher", function()
-    write(dir .. "/probe.lua", 'local w = require("remax.dist").world() print("world", w.rank, w.size, w.backend)')
+    write(dir .. "/probe.lua", 'local w = require("remax.bind.dist").world() print("world", w.rank, w.size, w.backend)')
     local out, rc = remax(1, ("run %s/probe.lua"):format(dir), "REMAX_DIST=mpi")
     assert.are.equal(0, rc, out)
     assert.is_truthy(out:find("world\t0\t1\tmpi %("), out)

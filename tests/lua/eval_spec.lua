@@ -1,7 +1,7 @@
 -- Evaluation diagnostics: `remax eval --samples K` (greedy and sampled accuracy, pass@k, headroom).
-local config = require("remax.config")
-local trainer = require("remax.trainer")
-local cli = require("remax.cli")
+local config = require("remax.train.config")
+local trainer = require("remax.train.trainer")
+local cli = require("remax.cli.main")
 
 local TINY = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
   num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 64,

@@ -136,7 +136,7 @@ end)
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 
-local function binary() return require("remax.cli").build_dir() .. "/remax" end
+local function binary() return require("remax.cli.main").build_dir() .. "/remax" end
 
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 

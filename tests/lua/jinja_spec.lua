@@ -1,9 +1,9 @@
--- jinja_spec.lua: remax.jinja against Python's jinja2 set up as transformers sets it up
+-- jinja_spec.lua: remax.text.jinja against Python's jinja2 set up as transformers sets it up
 -- (tests/lua/jinja_ref.py, Debian's python3-jinja2): constructs one by one, then the real chat
 -- templates of Qwen2.5, Qwen3, Llama 3.1/3.2 and SmolLM2 over a corpus of conversations,
 -- character for character; then the token ids of those renderings against the reference
 -- tokenizer (tokenizer_ref.js).
-local jinja = require("remax.jinja")
+local jinja = require("remax.text.jinja")
 
 local REF = "tests/lua/jinja_ref.py"
 
@@ -26,7 +26,7 @@ local function read(path)
   return s
 end
 
--- JSON with object keys sorted (remax.jinja orders plain Lua tables' keys the same way).
+-- JSON with object keys sorted (remax.text.jinja orders plain Lua tables' keys the same way).
 local function json(v)
   if v == jinja.none then return "null" end
   local t = type(v)

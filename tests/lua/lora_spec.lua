@@ -3,10 +3,10 @@
 local remax = require("remax")
 local cjson = require("cjson")
 local ffi = require("ffi")
-local lora = require("remax.lora")
+local lora = require("remax.bind.lora")
 local model_mod = remax.model
-local config = require("remax.config")
-local trainer = require("remax.trainer")
+local config = require("remax.train.config")
+local trainer = require("remax.train.trainer")
 
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write

@@ -1,10 +1,10 @@
 -- The algorithm settings through the trainer, on a tiny random model with short completions:
 -- estimators, loss aggregations and TRL's loss types, k1, num_iterations, reward handling,
 -- micro-batches of whole prompts, evaluation, `remax eval`, hot reload of beta, plots.
-local config = require("remax.config")
-local trainer = require("remax.trainer")
-local algos = require("remax.algos")
-local cli = require("remax.cli")
+local config = require("remax.train.config")
+local trainer = require("remax.train.trainer")
+local algos = require("remax.train.algos")
+local cli = require("remax.cli.main")
 local ffi = require("ffi")
 
 local support = require("support")
@@ -457,7 +457,7 @@ end }
   for _, kl in ipairs({ "k3", "k1" }) do
     it(("loads the reference model when a hot reload raises beta from 0 (%s)"):format(kl), function()
       local dir = setup()
-      local recipe_mod = require("remax.recipe")
+      local recipe_mod = require("remax.train.recipe")
       local path = dir .. "/recipe.lua"
       -- a reward with a spread in every group, so the first step moves the policy
       write(dir .. "/vary.lua", [[return { name = "vary", fn = function(c, batch)

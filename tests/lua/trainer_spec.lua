@@ -1,7 +1,7 @@
 -- End-to-end trainer checks on a tiny random model (byte-level tokenizer, real model:generate).
-local config = require("remax.config")
-local trainer = require("remax.trainer")
-local cli = require("remax.cli")
+local config = require("remax.train.config")
+local trainer = require("remax.train.trainer")
+local cli = require("remax.cli.main")
 local ffi = require("ffi")
 
 local support = require("support")
@@ -188,7 +188,7 @@ end }
 
   it("hot-reloads a changed recipe (hot settings and rewards) and keeps it when the new one fails", function()
     local dir = setup()
-    local recipe_mod = require("remax.recipe")
+    local recipe_mod = require("remax.train.recipe")
     local function recipe_text(lr, value)
       return ([[
 local s = dofile(%q)

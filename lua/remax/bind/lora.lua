@@ -1,8 +1,8 @@
--- remax.lora: LoRA adapters on a model (the engine does the math: engine/model/lora.c), saved
+-- remax.bind.lora: LoRA adapters on a model (the engine does the math: engine/model/lora.c), saved
 -- and loaded in PEFT's format, merged into a full Hugging Face model, and the reference model
 -- of a KL penalty as the same model with its adapters off. See docs/lora.md.
 --
---   local lora = require("remax.lora")
+--   local lora = require("remax.bind.lora")
 --   lora.apply(model, { r = 16, alpha = 32, dropout = 0.05, target_modules = "all-linear" })
 --   local params, grads = model:trainable()       -- the adapters only
 --   local ref = lora.reference(model)              -- ref:logprobs(...) = the base model's
@@ -10,9 +10,9 @@
 --   lora.save_merged(model, "merged")              -- config.json + model.safetensors, W + (alpha/r) B A
 local ffi = require("ffi")
 local cjson = require("cjson")
-local rx = require("remax.ffi")
-local tensor = require("remax.tensor")
-local fs = require("remax.fs")
+local rx = require("remax.bind.ffi")
+local tensor = require("remax.bind.tensor")
+local fs = require("remax.bind.fs")
 local bit = require("bit")
 local C, check = rx.C, rx.check
 
@@ -184,7 +184,7 @@ function M.save(model, dir, opts)
     local p = C.rx_model_lora_param(model.handle, i - 1)
     tensors[M.PREFIX .. name] = (save_dtype and tonumber(p.dtype) ~= save_dtype) and p:to(save_dtype) or p
   end
-  require("remax.safetensors").save(dir .. "/" .. M.WEIGHTS_FILE, tensors, {
+  require("remax.bind.safetensors").save(dir .. "/" .. M.WEIGHTS_FILE, tensors, {
     format = "pt", remax_lora_forward_count = (tostring(C.rx_model_lora_forward_count(model.handle)):gsub("ULL$", "")),
   })
   fs.write_atomic(dir .. "/" .. M.CONFIG_FILE, encode_config(M.peft_config(model, opts.base_model or model.lora.base)))
@@ -215,7 +215,7 @@ end
 function M.load_weights(model, dir)
   local path = dir .. "/" .. M.WEIGHTS_FILE
   if not fs.exists(path) then error(("%s: no such file"):format(path), 0) end
-  local st = require("remax.safetensors").open(path)
+  local st = require("remax.bind.safetensors").open(path)
   local in_file = {}
   for _, name in ipairs(st:names()) do in_file[name] = true end
   for i, name in ipairs(model.lora.names) do
@@ -290,7 +290,7 @@ function M.load_with_base(dir, opts)
     error(("%s: base_model_name_or_path = %s is not a local model folder (no config.json there)"):format(cfg.path,
       type(base) == "string" and ("'" .. base .. "'") or "null"), 0)
   end
-  local model = require("remax.model").load(base, opts)
+  local model = require("remax.bind.model").load(base, opts)
   M.load(model, dir)
   return model
 end

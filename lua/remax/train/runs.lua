@@ -1,7 +1,7 @@
--- remax.runs: the folder a training run writes (runs/<name>/): resolved config, metrics and
+-- remax.train.runs: the folder a training run writes (runs/<name>/): resolved config, metrics and
 -- completions as JSON lines, crash-safe checkpoints for exact resume, plots. See docs/runs.md.
 --
---   local run = require("remax.runs").open("runs/gsm8k", { config = cfg, resume = true })
+--   local run = require("remax.train.runs").open("runs/gsm8k", { config = cfg, resume = true })
 --   local dir, step = run:latest_checkpoint()
 --   if dir then local state, tensors, model_dir = run:load_checkpoint(dir) end
 --   run:log_metrics(step, { reward = 0.4, kl = 0.01 })
@@ -22,7 +22,7 @@ M.Run = Run
 ---------------------------------------------------------------------------------------------
 -- POSIX through the FFI (Linux layouts). Each declaration on its own so that one already made
 -- by another module does not stop the rest.
-local fs = require("remax.fs")
+local fs = require("remax.bind.fs")
 local is_dir, file_exists, list_dir, mkdir_p, remove_tree = fs.is_dir, fs.exists, fs.list_dir, fs.mkdir_p, fs.remove_tree
 local fsync_path, dirname, write_atomic, read_text = fs.fsync_path, fs.dirname, fs.write_atomic, fs.read_text
 M.fs = fs
@@ -427,7 +427,7 @@ function Run:save_checkpoint(step, model, state)
       model:save(tmp)
       model.source_dir = source   -- model:save adopts a first save folder; this one is renamed away
     end
-    require("remax.safetensors").save(tmp .. "/trainer_state.safetensors", state.tensors or {},
+    require("remax.bind.safetensors").save(tmp .. "/trainer_state.safetensors", state.tensors or {},
       { format = "pt", step = tostring(step) })
     write_atomic(tmp .. "/trainer_state.json", json .. "\n")
     for _, name in ipairs(list_dir(tmp)) do fsync_path(tmp .. "/" .. name) end
@@ -499,7 +499,7 @@ function Run:load_checkpoint(dir)
   local tensors = {}
   local st_path = dir .. "/trainer_state.safetensors"
   if file_exists(st_path) then
-    local st = require("remax.safetensors").open(st_path)
+    local st = require("remax.bind.safetensors").open(st_path)
     for _, name in ipairs(st:names()) do tensors[name] = st:read(name) end
     st:close()
   end
@@ -552,7 +552,7 @@ end
 -- Writes the SVG charts and index.html from metrics.jsonl and config.json; returns the list of
 -- files written (names relative to the run folder).
 function Run:plot()
-  local plot = require("remax.plot")
+  local plot = require("remax.train.plot")
   local rows = self:metrics()
   local written, charts = {}, {}
   for _, chart in ipairs(M.charts) do

@@ -1,7 +1,7 @@
--- remax.progress: training progress. On a terminal one live line, redrawn in place; otherwise
+-- remax.train.progress: training progress. On a terminal one live line, redrawn in place; otherwise
 -- (a log file, a pipe, a batch job) one plain line per update.
 --
---   local progress = require("remax.progress").new({ total = 200, label = "gsm8k" })
+--   local progress = require("remax.train.progress").new({ total = 200, label = "gsm8k" })
 --   progress:update(step, { reward = 0.41, kl = 0.002, tokens_per_s = 5300 })
 --   progress:log("saved checkpoints/step-50")     -- printed above the live line
 --   progress:finish()

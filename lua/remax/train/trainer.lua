@@ -1,4 +1,4 @@
--- remax.trainer: the training loop. One ReMax step:
+-- remax.train.trainer: the training loop. One ReMax step:
 --
 --   prompts -> render + tokenize -> generate (num_generations sampled rows + 1 greedy row per
 --   prompt, one call) -> decode -> rewards -> advantage = r(sample) - r(greedy) -> per-token
@@ -12,16 +12,16 @@
 --   local adv = t:advantage(sc); local m = t:update(adv); t:finish_step(m)
 local ffi = require("ffi")
 local remax = require("remax")
-local config = require("remax.config")
-local algos = require("remax.algos")
-local rewards = require("remax.rewards")
-local recipe_mod = require("remax.recipe")
-local data = require("remax.data")
-local chat = require("remax.chat")
-local tensor = require("remax.tensor")
-local optim = require("remax.optim")
-local dist = require("remax.dist")
-local fit = require("remax.fit")
+local config = require("remax.train.config")
+local algos = require("remax.train.algos")
+local rewards = require("remax.train.rewards")
+local recipe_mod = require("remax.train.recipe")
+local data = require("remax.train.data")
+local chat = require("remax.text.chat")
+local tensor = require("remax.bind.tensor")
+local optim = require("remax.bind.optim")
+local dist = require("remax.bind.dist")
+local fit = require("remax.train.fit")
 
 local M = {}
 local Trainer = {}
@@ -41,7 +41,7 @@ local function now()
 end
 M.now = now
 
-local fs = require("remax.fs")
+local fs = require("remax.bind.fs")
 local file_exists, read_file, mkdir = fs.exists, fs.read_text, fs.mkdir_p
 
 -- Peak resident memory of this process in MiB (Linux), else the model's own accounting.
@@ -164,7 +164,7 @@ end
 
 function Trainer:open_run()
   local cfg = self.cfg
-  local runs = require("remax.runs")
+  local runs = require("remax.train.runs")
   local dir
   if cfg.resume then
     dir = cfg.resume:gsub("/+$", "")
@@ -204,7 +204,7 @@ function Trainer:stop_ids()
   for _, s in ipairs({ "<|im_end|>", "<|endoftext|>", "<|eot_id|>" }) do add(self.tok:token_to_id(s)) end
   -- generation_config.json's eos_token_id (Llama 3.2 Instruct also stops on <|eom_id|>)
   if self.model_source then
-    for _, id in ipairs(require("remax.generate_cli").stop_ids(self.model_source, nil)) do add(id) end
+    for _, id in ipairs(require("remax.cli.generate").stop_ids(self.model_source, nil)) do add(id) end
   end
   for _, s in ipairs(self.cfg.stop or {}) do
     local id = self.tok:token_to_id(s)
@@ -262,7 +262,7 @@ function Trainer:setup_model()
     self.model.source_dir = tok_dir
   end
   self.stop = self:stop_ids()
-  if cfg.use_lora then require("remax.lora").setup(self.model, cfg, self.resume_model_dir) end
+  if cfg.use_lora then require("remax.bind.lora").setup(self.model, cfg, self.resume_model_dir) end
   self.model_opts = mopts
   -- the frozen reference: the starting weights, loaded only when the KL term is used (with
   -- LoRA: the same model with its adapters off, no second copy)
@@ -275,7 +275,7 @@ end
 function Trainer:load_reference()
   if self.ref then return self.ref end
   if self.cfg.use_lora then
-    self.ref = require("remax.lora").reference(self.model)
+    self.ref = require("remax.bind.lora").reference(self.model)
     return self.ref
   end
   local src = self.model_source
@@ -764,7 +764,7 @@ function Trainer:hold_grads()
 end
 
 function Trainer:add_held_grads()
-  local rx = require("remax.ffi")
+  local rx = require("remax.bind.ffi")
   for i, g in ipairs(self.model:trainable_grads()) do rx.check(rx.C.rx_add(g, g, self.held[i])) end
 end
 
@@ -1305,15 +1305,15 @@ function Trainer:train_step()
 end
 
 local function signal_pending()
-  local ok, v = pcall(function() return require("remax.ffi").C.rx_signal_pending() end)
+  local ok, v = pcall(function() return require("remax.bind.ffi").C.rx_signal_pending() end)
   return ok and v ~= 0
 end
 
 -- The whole run: evaluation before, steps (or the recipe's loop), evaluation after, checkpoint.
 function Trainer:train(loop)
   local cfg = self.cfg
-  if self.opts.signals ~= false then pcall(function() require("remax.ffi").C.rx_signal_install() end) end
-  local okp, progress_mod = pcall(require, "remax.progress")
+  if self.opts.signals ~= false then pcall(function() require("remax.bind.ffi").C.rx_signal_install() end) end
+  local okp, progress_mod = pcall(require, "remax.train.progress")
   if okp and not self.quiet then
     self.progress = progress_mod.new({ total = cfg.max_steps, label = self.run_name })
   end
@@ -1347,7 +1347,7 @@ function Trainer:train(loop)
     self:draw_plots()
     if self.progress then self.progress:finish() end
     say(self, ("interrupted at step %d; resume with: --resume %s"):format(self.step, self.run_dir))
-    pcall(function() require("remax.ffi").C.rx_signal_clear() end)
+    pcall(function() require("remax.bind.ffi").C.rx_signal_clear() end)
     return { interrupted = true, step = self.step, run_dir = self.run_dir, plot_error = self.plot_error }
   end
   local after = self.last_eval
@@ -1362,7 +1362,7 @@ function Trainer:train(loop)
     say(self, "final model saved to " .. cfg.save_final_model)
   end
   if cfg.save_merged then
-    require("remax.lora").save_merged(self.model, cfg.save_merged)
+    require("remax.bind.lora").save_merged(self.model, cfg.save_merged)
     say(self, "merged model saved to " .. cfg.save_merged)
   end
   if self.progress then self.progress:finish() end

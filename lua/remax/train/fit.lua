@@ -1,4 +1,4 @@
--- remax.fit: whether a training micro-batch fits in memory, asked before the engine allocates
+-- remax.train.fit: whether a training micro-batch fits in memory, asked before the engine allocates
 -- its activations, so a batch that cannot fit stops the run with what would fit instead of
 -- the machine swapping or the kernel killing the process. (Generation has the same check in
 -- rx_generate_begin: the KV cache and activations against MemAvailable.)

@@ -1,13 +1,13 @@
--- remax.ffi: loads engine/include/remax.h into LuaJIT's FFI and finds libremax.
+-- remax.bind.ffi: loads engine/include/remax.h into LuaJIT's FFI and finds libremax.
 -- There is one copy of the declarations: the header itself, read at run time.
 local ffi = require("ffi")
 
 local M = {}
 
 local function script_home()
-  -- this file is <home>/lua/remax/ffi.lua
+  -- this file is <home>/lua/remax/bind/ffi.lua
   local src = debug.getinfo(1, "S").source:gsub("^@", "")
-  return (src:match("^(.*)/lua/remax/ffi%.lua$")) or "."
+  return (src:match("^(.*)/lua/remax/bind/ffi%.lua$")) or "."
 end
 
 M.home = os.getenv("REMAX_HOME") or script_home()
@@ -46,7 +46,8 @@ local function load_library()
   if pcall(function() return ffi.C.rx_version end) then return ffi.C end
   local candidates = { os.getenv("REMAX_LIB"), M.home .. "/build/libremax.so", "remax" }
   local errors = {}
-  for _, path in ipairs(candidates) do
+  for i = 1, 3 do   -- not ipairs: an unset REMAX_LIB leaves a hole at 1
+    local path = candidates[i]
     if path and path ~= "" then
       local ok, lib = pcall(ffi.load, path)
       if ok then return lib end

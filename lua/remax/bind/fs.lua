@@ -1,4 +1,4 @@
--- remax.fs: the file operations runs, the trainer and the model share: atomic writes (temporary
+-- remax.bind.fs: the file operations runs, the trainer and the model share: atomic writes (temporary
 -- name, fsync, rename, fsync of the folder), folders, listing, removal. libc through the FFI,
 -- since LuaFileSystem is not a dependency; the directory-entry layout is Linux's.
 local ffi = require("ffi")
@@ -76,7 +76,7 @@ end
 -- REMAX_CRASH_LIST set, each write event is counted and the chosen one is killed by SIGKILL.
 local crash_test = os.getenv("REMAX_CRASH_AT") or os.getenv("REMAX_CRASH_LIST")
 local function crash_point(event)
-  if crash_test then require("remax.ffi").C.rx_crash_point(event) end
+  if crash_test then require("remax.bind.ffi").C.rx_crash_point(event) end
 end
 
 local function errno_text(code)

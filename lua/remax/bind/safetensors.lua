@@ -1,11 +1,11 @@
--- remax.safetensors: Hugging Face safetensors checkpoints, read through the engine's mmap reader
+-- remax.bind.safetensors: Hugging Face safetensors checkpoints, read through the engine's mmap reader
 -- and written crash-safely (temporary file, fsync, rename).
 --   local st = remax.safetensors.open("path/to/model")   -- file, index .json, or model directory
 --   for _, name in ipairs(st:names()) do local t = st:read(name, "f32") end
 --   remax.safetensors.save("out.safetensors", { ["w"] = t }, { format = "pt" })
 local ffi = require("ffi")
-local rx = require("remax.ffi")
-local tensor = require("remax.tensor")
+local rx = require("remax.bind.ffi")
+local tensor = require("remax.bind.tensor")
 local C, check = rx.C, rx.check
 
 local M = {}

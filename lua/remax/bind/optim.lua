@@ -1,7 +1,7 @@
--- remax.optim: AdamW over named tensors, gradient norm and clipping, learning-rate schedules.
+-- remax.bind.optim: AdamW over named tensors, gradient norm and clipping, learning-rate schedules.
 local ffi = require("ffi")
-local rx = require("remax.ffi")
-local tensor = require("remax.tensor")
+local rx = require("remax.bind.ffi")
+local tensor = require("remax.bind.tensor")
 local C, check = rx.C, rx.check
 
 local M = {}

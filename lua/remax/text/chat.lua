@@ -1,9 +1,9 @@
--- remax.chat: turn a prompt (a string, or a list of {role=, content=} messages) into the text a
+-- remax.text.chat: turn a prompt (a string, or a list of {role=, content=} messages) into the text a
 -- chat model expects, and that text into token ids. The tokenizer's own chat_template (from
--- tokenizer_config.json or chat_template.jinja) runs as written through remax.jinja, with the
+-- tokenizer_config.json or chat_template.jinja) runs as written through remax.text.jinja, with the
 -- variables transformers passes; built-in templates "chatml" (Qwen), "llama3" and "plain" serve
 -- tokenizers that have none, and a recipe can pass its own function(messages, opts) -> string.
-local jinja = require("remax.jinja")
+local jinja = require("remax.text.jinja")
 
 local M = {}
 

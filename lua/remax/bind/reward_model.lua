@@ -1,4 +1,4 @@
--- remax.reward_model: a learned reward model as a reward function. A Hugging Face
+-- remax.bind.reward_model: a learned reward model as a reward function. A Hugging Face
 -- Qwen2ForSequenceClassification / LlamaForSequenceClassification folder (the decoder plus a
 -- bias-free score head [num_labels = 1, hidden]) scores prompt + completion, rendered with the
 -- reward model's own chat template and tokenizer, at the last token that is not padding, as
@@ -6,12 +6,12 @@
 --
 --   rewards = { "gsm8k", "model:path/to/rm" }
 --   rewards = { { model = "path/to/rm", weight = 0.5, batch_size = 8, name = "rm" } }
---   local rm = require("remax.reward_model").load("path/to/rm"); rm:score(prompts, completions)
+--   local rm = require("remax.bind.reward_model").load("path/to/rm"); rm:score(prompts, completions)
 local ffi = require("ffi")
 local cjson = require("cjson")
-local rx = require("remax.ffi")
-local tensor = require("remax.tensor")
-local chat = require("remax.chat")
+local rx = require("remax.bind.ffi")
+local tensor = require("remax.bind.tensor")
+local chat = require("remax.text.chat")
 local C, check = rx.C, rx.check
 
 local M = {}
@@ -33,7 +33,7 @@ function M.load(dir, opts)
   opts = opts or {}
   if type(dir) ~= "string" or dir == "" then error("reward model: expected a folder path", 2) end
   dir = dir:gsub("/+$", "")
-  local model_mod = require("remax.model")
+  local model_mod = require("remax.bind.model")
   local ok, cfg = pcall(model_mod.read_config, dir)
   if not ok then
     error(("reward model %s: %s"):format(dir, (tostring(cfg):gsub("^[^:]*:%d+: ", ""):gsub("^model%.load: ", ""))), 0)
@@ -65,7 +65,7 @@ function M.load(dir, opts)
     weight_dtype = opts.weight_dtype or "auto",
     skip = { ["score.weight"] = true, ["lm_head.weight"] = true } })
   if not okm then error(("reward model %s: %s"):format(dir, tostring(model)), 0) end
-  local st = require("remax.safetensors").open(dir)
+  local st = require("remax.bind.safetensors").open(dir)
   if st:has("score.bias") then st:close(); error(("reward model %s: score.bias is present; the head has no bias"):format(dir), 0) end
   if not st:has("score.weight") then st:close(); error(("reward model %s: tensor 'score.weight' is missing"):format(dir), 0) end
   local hidden = tonumber(model:cfg().hidden_size)
@@ -77,7 +77,7 @@ function M.load(dir, opts)
   local head = tensor.new({ 1, hidden }, tonumber(model:cfg().dtype))
   st:read_into("score.weight", head)
   st:close()
-  local okt, tok = pcall(require("remax.tokenizer").load, dir)
+  local okt, tok = pcall(require("remax.bind.tokenizer").load, dir)
   if not okt then error(("reward model %s: %s"):format(dir, tostring(tok)), 0) end
   local self = setmetatable({ dir = dir, model = model, tok = tok, head = head,
     pad_id = json_value(cfg.pad_token_id), max_length = json_value(cfg.max_position_embeddings) }, RewardModel)
@@ -122,7 +122,7 @@ function RewardModel:score_ids(rows, batch_size, pad_left)
   for first = 1, #rows, batch_size do
     local chunk = {}
     for i = first, math.min(#rows, first + batch_size - 1) do chunk[#chunk + 1] = rows[i] end
-    local tok, mask = require("remax.model").pad_rows(chunk, pad_left)
+    local tok, mask = require("remax.bind.model").pad_rows(chunk, pad_left)
     local T = tok:size(2)
     local index = ffi.new("int64_t[?]", #chunk)
     for b, ids in ipairs(chunk) do index[b - 1] = (pad_left and T - #ids or 0) + M.score_index(ids, self.pad_id) - 1 end

@@ -1,6 +1,6 @@
--- remax.plot: line charts as standalone SVG text, in plain Lua (no plotting tools needed).
+-- remax.train.plot: line charts as standalone SVG text, in plain Lua (no plotting tools needed).
 --
---   local svg = require("remax.plot").svg_lines({
+--   local svg = require("remax.train.plot").svg_lines({
 --     { name = "sampled", x = { 1, 2, 3 }, y = { 0.1, 0.3, 0.2 } },
 --     { name = "greedy", points = { { 1, 0.2 }, { 3, 0.25 } } },
 --   }, { title = "Reward", xlabel = "step", ylabel = "reward" })

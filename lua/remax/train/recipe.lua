@@ -1,4 +1,4 @@
--- remax.recipe: loading a recipe file. A recipe is plain Lua returning a table of settings (see
+-- remax.train.recipe: loading a recipe file. A recipe is plain Lua returning a table of settings (see
 -- remax.config) plus functions (rewards, chat_template, advantage, loop):
 --
 --   return {

@@ -1,9 +1,9 @@
--- remax.dist: data parallel training seen from Lua. A run started by mpirun / srun is a world
+-- remax.bind.dist: data parallel training seen from Lua. A run started by mpirun / srun is a world
 -- of several ranks; one started alone is a world of one, and every call here is then a no-op
 -- that returns its input. The trainer asks for "my share" and "the global sum" and never names
 -- MPI; the collectives live in the engine (engine/dist/, rx_dist_* in remax.h).
 --
---   local world = require("remax.dist").world()
+--   local world = require("remax.bind.dist").world()
 --   local mine = world:share(batch)              -- whole prompts: a contiguous slice per rank
 --   local rows, tokens = world:sum(#rows, n)     -- numbers summed over ranks, on every rank
 --   world:allreduce_grads(model)                 -- gradients summed in place
@@ -18,7 +18,7 @@ World.__index = World
 
 local C
 local function lib()
-  C = C or require("remax.ffi").C
+  C = C or require("remax.bind.ffi").C
   return C
 end
 

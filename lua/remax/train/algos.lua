@@ -1,4 +1,4 @@
--- remax.algos: advantage estimators and the per-token loss, as pure functions of plain Lua values.
+-- remax.train.algos: advantage estimators and the per-token loss, as pure functions of plain Lua values.
 --
 -- A step's rewards come grouped by prompt: groups[i] = {samples = {r_1, ..., r_G}, greedy = r_g}
 -- (greedy: the reward of the prompt's greedy completion; nil when none was generated).

@@ -1,4 +1,4 @@
--- remax.generate_cli: `remax generate`, completions of one prompt from a Hugging Face model
+-- remax.cli.generate: `remax generate`, completions of one prompt from a Hugging Face model
 -- folder. With one row it streams the text as tokens come; with --n N it prints N completions.
 --
 --   remax generate --model DIR --prompt "Once upon a time" --max-new-tokens 64
@@ -116,7 +116,7 @@ end
 -- Prints tokens as they come: decodes everything generated so far and writes what is new,
 -- holding back bytes that begin a UTF-8 character not yet complete.
 local function streamer(tok, out)
-  local tokenizer = require("remax.tokenizer")
+  local tokenizer = require("remax.bind.tokenizer")
   local ids, written = {}, 0
   local s = {}
   function s.push(id)

@@ -1,4 +1,4 @@
--- remax.jinja: a Jinja interpreter for the subset Hugging Face chat templates use, set up as
+-- remax.text.jinja: a Jinja interpreter for the subset Hugging Face chat templates use, set up as
 -- transformers sets up jinja2 (trim_blocks, lstrip_blocks, loop controls, tojson as json.dumps
 -- with ensure_ascii off, raise_exception, strftime_now).
 --
@@ -72,14 +72,14 @@ local function tick(n)
   local lim = M.limits
   if b.steps > lim.steps then
     fail(b.ctx.line, "the rendering takes over %d steps (loop iterations, macro calls, items walked): a runaway loop? " ..
-      "(remax.jinja.limits.steps)", lim.steps)
+      "(remax.text.jinja.limits.steps)", lim.steps)
   end
   if b.steps >= b.next_mem then
     b.next_mem = b.steps + 1024
     if (collectgarbage("count") - b.mem0) * 1024 > lim.memory then
       collectgarbage()
       if (collectgarbage("count") - b.mem0) * 1024 > lim.memory then
-        fail(b.ctx.line, "the rendering uses over %d MB (remax.jinja.limits.memory)", lim.memory / 2 ^ 20)
+        fail(b.ctx.line, "the rendering uses over %d MB (remax.text.jinja.limits.memory)", lim.memory / 2 ^ 20)
       end
     end
   end
@@ -88,13 +88,13 @@ end
 -- A string of n bytes is about to be built.
 local function sized(n, line)
   if n > M.limits.bytes then
-    fail(line or (budget and budget.ctx.line), "a string of %.0f bytes is over the limit of %d (remax.jinja.limits.bytes)",
+    fail(line or (budget and budget.ctx.line), "a string of %.0f bytes is over the limit of %d (remax.text.jinja.limits.bytes)",
       n, M.limits.bytes)
   end
 end
 
 local function too_deep(line, what)
-  fail(line or (budget and budget.ctx.line), "%s nested over %d deep (remax.jinja.limits.depth)", what, M.limits.depth)
+  fail(line or (budget and budget.ctx.line), "%s nested over %d deep (remax.text.jinja.limits.depth)", what, M.limits.depth)
 end
 
 -- table.concat of a buffer, its total size checked first.
@@ -1409,14 +1409,14 @@ exec_body = function(nodes, sc, ctx, out)
     if node.line then ctx.line = node.line end
     if k == "text" then
       ctx.produced = ctx.produced + #node.v
-      if ctx.produced > M.limits.bytes then fail(ctx.line, "the rendering writes over %d bytes (remax.jinja.limits.bytes)", M.limits.bytes) end
+      if ctx.produced > M.limits.bytes then fail(ctx.line, "the rendering writes over %d bytes (remax.text.jinja.limits.bytes)", M.limits.bytes) end
       out[#out + 1] = node.v
     elseif k == "out" then
       local v = str(eval(node.e, sc, ctx))
       -- all the text written, in macros and set blocks too: a loop writing a long string
       -- stops at the limit, not when the output is joined
       ctx.produced = ctx.produced + #v
-      if ctx.produced > M.limits.bytes then fail(ctx.line, "the rendering writes over %d bytes (remax.jinja.limits.bytes)", M.limits.bytes) end
+      if ctx.produced > M.limits.bytes then fail(ctx.line, "the rendering writes over %d bytes (remax.text.jinja.limits.bytes)", M.limits.bytes) end
       out[#out + 1] = v
     elseif k == "if" then
       local done = false
@@ -1991,7 +1991,7 @@ local function globals(ctx)
     a, b, st = num(a), num(b), num(st)
     if st == 0 then fail(line, "range: step cannot be zero") end
     if (b - a) / st > M.limits.range then
-      fail(line, "range: over %d items (the limit of jinja2's sandbox, remax.jinja.limits.range)", M.limits.range)
+      fail(line, "range: over %d items (the limit of jinja2's sandbox, remax.text.jinja.limits.range)", M.limits.range)
     end
     local out = {}
     local i = a
@@ -2027,7 +2027,7 @@ function M.compile(source, name)
   name = name or "template"
   if type(source) ~= "string" then error(("%s: template is a %s, expected a string"):format(name, type(source)), 2) end
   if #source > M.limits.bytes then
-    error(("%s: the template is %d bytes, over the limit of %d (remax.jinja.limits.bytes)"):format(name, #source, M.limits.bytes), 2)
+    error(("%s: the template is %d bytes, over the limit of %d (remax.text.jinja.limits.bytes)"):format(name, #source, M.limits.bytes), 2)
   end
   local ok, nodes = pcall(function() return parse(lex(source)) end)
   if not ok then error(located(name, nodes), 0) end

@@ -1,4 +1,4 @@
--- remax.tokenizer: Hugging Face byte-level BPE tokenizers (tokenizer.json) over the C engine.
+-- remax.bind.tokenizer: Hugging Face byte-level BPE tokenizers (tokenizer.json) over the C engine.
 --
 --   local tok = remax.tokenizer.load("path/to/model")   -- dir/tokenizer.json (+ tokenizer_config.json)
 --   local ids = tok:encode("Hello")                      -- { 9707 }  (0-based token ids, as in HF)
@@ -6,7 +6,7 @@
 --   tok.vocab_size, tok.eos_id, tok.pad_id, tok.bos_id, tok.eos_token, tok.chat_template
 --   (chat_template: chat_template.jinja beside tokenizer.json, else tokenizer_config.json's)
 local ffi = require("ffi")
-local rx = require("remax.ffi")
+local rx = require("remax.bind.ffi")
 local C = rx.C
 
 local M = {}

@@ -1,7 +1,7 @@
--- remax.tensor: tensors owned by Lua (freed by ffi.gc), over the engine's rx_tensor.
+-- remax.bind.tensor: tensors owned by Lua (freed by ffi.gc), over the engine's rx_tensor.
 -- Dimensions, indices and narrow() starts are 1-based, as everywhere in Lua.
 local ffi = require("ffi")
-local rx = require("remax.ffi")
+local rx = require("remax.bind.ffi")
 local C, check = rx.C, rx.check
 
 local M = {}

@@ -1,4 +1,4 @@
--- remax.model: Llama / Qwen2 decoders from Hugging Face checkpoints (or random), their
+-- remax.bind.model: Llama / Qwen2 decoders from Hugging Face checkpoints (or random), their
 -- log-probabilities, gradients and checkpoints.
 --
 --   local model = remax.model.load("path/to/model")
@@ -7,8 +7,8 @@
 --   model:save("path/to/out")
 local ffi = require("ffi")
 local cjson = require("cjson")
-local rx = require("remax.ffi")
-local tensor = require("remax.tensor")
+local rx = require("remax.bind.ffi")
+local tensor = require("remax.bind.tensor")
 local C, check = rx.C, rx.check
 
 local M = {}
@@ -18,7 +18,7 @@ M.Model = Model
 
 M.architectures = { Qwen2ForCausalLM = "qwen2", Qwen3ForCausalLM = "qwen3", LlamaForCausalLM = "llama" }
 
-local fs = require("remax.fs")
+local fs = require("remax.bind.fs")
 local write_atomic = fs.write_atomic
 
 local function read_file(path)
@@ -189,12 +189,12 @@ end
 function M.load(dir, opts)
   opts = opts or {}
   if not opts.config and not fs.exists(dir .. "/config.json") and fs.exists(dir .. "/adapter_config.json") then
-    return require("remax.lora").load_with_base(dir, opts)   -- a PEFT adapter folder (a LoRA checkpoint)
+    return require("remax.bind.lora").load_with_base(dir, opts)   -- a PEFT adapter folder (a LoRA checkpoint)
   end
   local cfg_table, cfg_path
   if opts.config then cfg_table, cfg_path = opts.config, dir .. "/config.json"
   else cfg_table, cfg_path = M.read_config(dir) end
-  local st = require("remax.safetensors").open(dir)
+  local st = require("remax.bind.safetensors").open(dir)
   if opts.weight_dtype == "auto" then
     local o = {}
     for k, v in pairs(opts) do o[k] = v end
@@ -283,7 +283,7 @@ function Model:zero_grad() C.rx_model_zero_grad(self.handle) end
 -- What an optimizer updates: name -> tensor tables of parameters and gradients: the adapters
 -- when the model has LoRA adapters (the base is frozen), else every parameter.
 function Model:trainable()
-  if self.lora then return require("remax.lora").params(self) end
+  if self.lora then return require("remax.bind.lora").params(self) end
   return self:params(), self:grads()
 end
 
@@ -300,7 +300,7 @@ function Model:trainable_grads()
 end
 
 function Model:num_trainable()
-  if self.lora then return require("remax.lora").num_parameters(self) end
+  if self.lora then return require("remax.bind.lora").num_parameters(self) end
   return self:num_parameters()
 end
 
@@ -495,7 +495,7 @@ function Model:generate(prompts, opts)
   local out_lp = ffi.new("float[?]", R * max_new)
   local lengths, finish = ffi.new("int32_t[?]", R), ffi.new("int32_t[?]", R)
   res.tokens, res.logprobs, res.lengths, res.finish = out_tok, out_lp, lengths, finish
-  local now = require("remax.progress").now   -- wall clock (os.clock sums the CPU time of all threads)
+  local now = require("remax.train.progress").now   -- wall clock (os.clock sums the CPU time of all threads)
   local t0 = now()
   local g = ffi.new("rx_generator*[1]")
   check(C.rx_generate_begin(g, self.handle, req, res), 2)
@@ -549,10 +549,10 @@ end
 -- Writes a Hugging Face folder: config.json, model.safetensors, and the tokenizer files of the
 -- folder the model came from. opts.dtype: "f32" (default: the compute dtype) or "bf16".
 -- A model with LoRA adapters writes them as PEFT does (adapter_model.safetensors,
--- adapter_config.json; the base stays where it is); remax.lora.save_merged writes it whole.
+-- adapter_config.json; the base stays where it is); remax.bind.lora.save_merged writes it whole.
 function Model:save(dir, opts)
   if self.lora then
-    require("remax.lora").save(self, dir, opts)
+    require("remax.bind.lora").save(self, dir, opts)
     copy_tokenizer_files(self, dir)
     return
   end
@@ -570,7 +570,7 @@ function Model:save_full(dir, opts)
     local p = (opts.replace and opts.replace[name]) or C.rx_model_param(self.handle, i - 1)
     tensors[name] = (tonumber(p.dtype) == save_dtype) and p or p:to(save_dtype)
   end
-  require("remax.safetensors").save(dir .. "/model.safetensors", tensors, { format = "pt" })
+  require("remax.bind.safetensors").save(dir .. "/model.safetensors", tensors, { format = "pt" })
   local cfg = {}
   for k, v in pairs(self.config) do cfg[k] = v end
   local c = self:cfg()

@@ -1,4 +1,4 @@
--- remax.rewards: loading reward functions (rewards/*.lua files, recipe tables or functions),
+-- remax.train.rewards: loading reward functions (rewards/*.lua files, recipe tables or functions),
 -- scoring completions with all of them, combining with weights, and stopping with a clear
 -- message when one fails.
 --
@@ -8,7 +8,7 @@
 --
 -- A reward is {name=, fn=function(completions, batch) -> {number|nil, ...}}; nil = no score.
 -- A reward model is "model:path/to/rm" or {model = path, weight =, batch_size =, name =}
--- (remax.reward_model). A reward's own weight applies when reward_weights is not given.
+-- (remax.bind.reward_model). A reward's own weight applies when reward_weights is not given.
 local M = {}
 
 local function file_exists(path)
@@ -36,8 +36,8 @@ end
 -- "gsm8k" -> "rewards/gsm8k.lua"; a path ending in .lua is used as is.
 -- For reward files with options: make(opts) -> { name =, fn = }. The reward gets
 -- .with(more), which makes it again with `more` merged over its current options:
---   return require("remax.rewards").configurable(make)          -- at the end of rewards/x.lua
---   rewards = { require("remax.rewards").file("x").with({ target = 200 }) }   -- in a recipe
+--   return require("remax.train.rewards").configurable(make)          -- at the end of rewards/x.lua
+--   rewards = { require("remax.train.rewards").file("x").with({ target = 200 }) }   -- in a recipe
 function M.configurable(make, opts)
   opts = opts or {}
   local r = make(opts)
@@ -93,7 +93,7 @@ end
 function M.normalize(spec, index, opts)
   opts = opts or {}
   local r
-  local reward_model = require("remax.reward_model")
+  local reward_model = require("remax.bind.reward_model")
   if reward_model.is_spec(spec) then
     return reward_model.reward(spec, { dtype = opts.dtype })
   elseif type(spec) == "string" then
@@ -178,7 +178,7 @@ end
 
 -- Monotonic seconds (remax.progress declares clock_gettime with a void* argument, so that the
 -- other modules' declarations of it keep working).
-M.clock = require("remax.progress").now
+M.clock = require("remax.train.progress").now
 
 local TIMEOUT = setmetatable({}, { __tostring = function() return "reward_timeout" end })
 M.TIMEOUT = TIMEOUT

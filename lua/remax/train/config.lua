@@ -1,4 +1,4 @@
--- remax.config: every training setting, declared once with its default, type and meaning;
+-- remax.train.config: every training setting, declared once with its default, type and meaning;
 -- merging a recipe's table with `--key value` command-line overrides; `--help`.
 --
 --   local cfg, fns = config.resolve(recipe_table, {"--learning_rate", "3e-5"}, {where = "recipes/x.lua"})
@@ -378,7 +378,7 @@ function M.validate(cfg)
   end
   if not (cfg.top_entropy_quantile > 0 and cfg.top_entropy_quantile <= 1) then bad("top_entropy_quantile must be in (0, 1]") end
   if cfg.loss_type and cfg.loss_agg_mode ~= M.keys.loss_agg_mode.default then
-    local implied = require("remax.algos").loss_types[cfg.loss_type]
+    local implied = require("remax.train.algos").loss_types[cfg.loss_type]
     if implied ~= cfg.loss_agg_mode then
       bad(("loss_type = %s implies its own aggregation; it cannot be combined with loss_agg_mode = %s (set one of them)")
         :format(cfg.loss_type, cfg.loss_agg_mode))
@@ -398,7 +398,7 @@ function M.validate(cfg)
   if cfg.use_lora then
     if cfg.lora_r < 1 then bad("lora_r must be >= 1") end
     if not (cfg.lora_dropout >= 0 and cfg.lora_dropout < 1) then bad("lora_dropout must be in [0, 1)") end
-    require("remax.lora").targets(cfg.lora_target_modules, "config: lora_target_modules")
+    require("remax.bind.lora").targets(cfg.lora_target_modules, "config: lora_target_modules")
   elseif cfg.save_merged then
     bad("save_merged needs use_lora = true (without adapters, save_final_model writes the whole model)")
   end

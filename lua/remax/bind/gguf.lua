@@ -1,21 +1,21 @@
--- remax.gguf: a model as a GGUF v3 file for llama.cpp and Ollama (what llama.cpp's
+-- remax.bind.gguf: a model as a GGUF v3 file for llama.cpp and Ollama (what llama.cpp's
 -- convert_hf_to_gguf.py writes for Qwen2, Qwen3 and Llama: metadata keys, tensor names, the
 -- Q/K row order llama.cpp's Llama graph wants, the byte-level BPE tokenizer and chat template),
 -- and a reader for the header, metadata and tensor table of any GGUF file.
 --
---   remax.gguf.export(model, "out.gguf", { type = "q8_0", tokenizer = tok })
---   local g = remax.gguf.read("out.gguf")   -- g.kv["general.architecture"], g.tensors[i].name
+--   remax.bind.gguf.export(model, "out.gguf", { type = "q8_0", tokenizer = tok })
+--   local g = remax.bind.gguf.read("out.gguf")   -- g.kv["general.architecture"], g.tensors[i].name
 --
 -- docs/gguf.md says what is written and why.
 local ffi = require("ffi")
 local bit = require("bit")
 local cjson = require("cjson")
-local rx = require("remax.ffi")
-local fs = require("remax.fs")
-local tensor = require("remax.tensor")
+local rx = require("remax.bind.ffi")
+local fs = require("remax.bind.fs")
+local tensor = require("remax.bind.tensor")
 local C = rx.C
 
--- remax.fs declares open, close, fsync, unlink and strerror
+-- remax.bind.fs declares open, close, fsync, unlink and strerror
 for _, decl in ipairs({ "int64_t write(int fd, const void *buf, size_t n);", "int getpid(void);" }) do
   pcall(ffi.cdef, decl)
 end
@@ -364,7 +364,7 @@ function M.plan(model, opts)
   local c = model:cfg()
   local cfg = model.config or {}
   local arch_hf = cfg.architectures and cfg.architectures[1] or "Qwen2ForCausalLM"
-  local family = require("remax.model").architectures[arch_hf]
+  local family = require("remax.bind.model").architectures[arch_hf]
   local arch = family and M.architectures[family]
   if not arch then error(("gguf: architecture '%s' has no GGUF mapping"):format(tostring(arch_hf)), 0) end
   local llama3_rope = c.rope_scaling == C.RX_ROPE_LLAMA3
@@ -758,7 +758,7 @@ function M.main(...)
   local o = M.parse_args({ ... })
   if o.help then io.write(M.usage) return 0 end
   local remax = require("remax")
-  local now = require("remax.progress").now
+  local now = require("remax.train.progress").now
   local t0 = now()
   -- weights stay as the checkpoint stores them (bf16 or f32): half the memory for a bf16 one,
   -- and any --type is made from the stored values
@@ -774,7 +774,7 @@ function M.main(...)
     wtype = (td == "bfloat16" and "bf16") or (td == "float16" and "f16") or "f32"
   end
   local name = o.name or (o.model:gsub("/+$", ""):match("([^/]+)$")) or "remax model"
-  local tty = require("remax.progress").is_tty(2)
+  local tty = require("remax.train.progress").is_tty(2)
   local last = -1
   local function progress(done, total, tname)
     local pct = total > 0 and math.floor(100 * done / total) or 100

@@ -1,4 +1,4 @@
--- remax.cli: the `remax` command line. The host program runs this file with the arguments.
+-- remax.cli.main: the `remax` command line. The host program runs this file with the arguments.
 local M = {}
 
 local usage = [[
@@ -35,7 +35,7 @@ local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'
 
 -- A recipe table + command-line arguments -> resolved config (or nil after printing --help).
 local function recipe_config(file, recipe, argv)
-  local config = require("remax.config")
+  local config = require("remax.train.config")
   local overrides, help = config.parse_args(argv)
   local cfg = config.resolve(recipe, overrides, { where = file })
   if help then
@@ -49,7 +49,7 @@ end
 function M.train_recipe(file, recipe, argv)
   local cfg, overrides = recipe_config(file, recipe, argv)
   if not cfg then return 0 end
-  local trainer = require("remax.trainer")
+  local trainer = require("remax.train.trainer")
   local t = trainer.new(cfg, { recipe_path = file, overrides = overrides })
   local out = t:train(cfg.loop)
   return out.interrupted and 130 or 0
@@ -111,10 +111,10 @@ end
 function M.eval(file, ...)
   if not file then error("remax eval: missing RECIPE.lua (usage: remax eval RECIPE.lua --model DIR [--samples K])", 0) end
   local K, argv = take_samples({ ... })
-  local recipe = require("remax.recipe").load(file, unpack(argv))
+  local recipe = require("remax.train.recipe").load(file, unpack(argv))
   local cfg = recipe_config(file, recipe, argv)
   if not cfg then return 0 end
-  local t = require("remax.trainer").new(cfg, { recipe_path = file, eval_only = true })
+  local t = require("remax.train.trainer").new(cfg, { recipe_path = file, eval_only = true })
   local e = t:evaluate({ samples = K })
   if not e.n then error("remax eval: no eval set (give --eval_data FILE, or use the synthetic data)", 0) end
   if t.dist.is_root then
@@ -184,13 +184,13 @@ function M.main(cmd, ...)
   elseif cmd == "eval" then
     return M.eval(...)
   elseif cmd == "generate" then
-    return require("remax.generate_cli").main(...)
+    return require("remax.cli.generate").main(...)
   elseif cmd == "export" then
-    return require("remax.gguf").main(...)
+    return require("remax.bind.gguf").main(...)
   elseif cmd == "test" then
     return M.test(...)
   elseif cmd == "version" or cmd == "--version" then
-    local C = require("remax.ffi").C
+    local C = require("remax.bind.ffi").C
     print(("remax %s (OpenBLAS kernels: %s)"):format(require("remax").version(), require("ffi").string(C.rx_blas_core())))
     return 0
   end
@@ -199,5 +199,5 @@ function M.main(cmd, ...)
 end
 
 -- Run as the host's entry script (with arguments), or required as a module.
-if ... ~= "remax.cli" then return M.main(...) end
+if ... ~= "remax.cli.main" then return M.main(...) end
 return M
