@@ -63,9 +63,28 @@ function M.run(file, ...)
     error(err, 0)
   end
   _G.arg = { [0] = file, ... }
-  local results = { chunk(...) }
-  if type(results[1]) == "table" then return M.train_recipe(file, results[1], { ... }) end
-  return type(results[1]) == "number" and results[1] or 0
+  local errors = require("remax.cli.errors")
+  local results = { xpcall(chunk, function(e) return e end, ...) }
+  if not results[1] then
+    local e = results[2]
+    -- the file itself ended the program: a script may choose its exit status
+    if errors.is_exit(e) then return tonumber(e.code) or (e.code == false and 1 or 0) end
+    -- a message that starts with the script's own position is the script's error: say whose
+    if type(e) == "string" and not errors.split_position(e) then error(("%s failed: %s"):format(file, e), 0) end
+    error(e, 0)
+  end
+  local r = results[2]
+  if type(r) == "table" then return M.train_recipe(file, r, { ... }) end
+  if r == nil then return 0 end
+  if type(r) == "number" and r == math.floor(r) and r >= 0 and r <= 255 then
+    if r ~= 0 then
+      io.stderr:write(("remax: %s returned %d, not a recipe table: exit status %d (a recipe returns a table of settings)\n")
+        :format(file, r, r))
+    end
+    return r
+  end
+  error(("%s returned a %s (%s); a recipe returns a table of settings, a script nothing or an exit status 0..255")
+    :format(file, type(r), tostring(r)), 0)
 end
 
 -- "--samples K" taken out of an eval command line: K (0 when absent) and the other arguments.
@@ -199,5 +218,5 @@ function M.main(cmd, ...)
 end
 
 -- Run as the host's entry script (with arguments), or required as a module.
-if ... ~= "remax.cli.main" then return M.main(...) end
+if ... ~= "remax.cli.main" then return require("remax.cli.errors").run(M.main, ...) end
 return M
