@@ -143,10 +143,11 @@ static int by_offset(const void *a, const void *b) {
   return strcmp(x->name, y->name);
 }
 
-/* Two tensors may not claim the same bytes (empty tensors claim none), and together they claim
- * the whole data buffer, as the format requires: a byte no tensor claims means the header length
- * or an offset is wrong (a header length one short still parses when the JSON ends in padding,
- * and every tensor would then be read one byte off). */
+/* Two tensors may not claim the same bytes (empty tensors claim none), and the last tensor ends
+ * where the data buffer does, as the format requires: bytes past it mean the header length is
+ * wrong (a header length one short still parses when the JSON ends in padding, and every tensor
+ * would then be read one byte off). Gaps between tensors are allowed: remax's writer aligns each
+ * tensor to its dtype. */
 static int check_overlap(const char *path, rx_st_entry *entries, int64_t n, uint64_t data_len) {
   if (n == 0) {
     if (data_len) return rx_fail(RX_EFORMAT, "%s: no tensors, but a data buffer of %llu bytes (is the header length wrong?)",
@@ -166,10 +167,6 @@ static int check_overlap(const char *path, rx_st_entry *entries, int64_t n, uint
       rc = rx_fail(RX_EFORMAT, "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap in the data buffer", path,
                    reach->name, (unsigned long long)reach->begin, (unsigned long long)reach->end, e->name,
                    (unsigned long long)e->begin, (unsigned long long)e->end);
-    if (!rc && e->begin > (reach ? reach->end : 0))
-      rc = rx_fail(RX_EFORMAT, "%s: bytes [%llu, %llu) of the data buffer belong to no tensor (before '%s'); the header "
-                   "length or data_offsets are wrong", path, (unsigned long long)(reach ? reach->end : 0),
-                   (unsigned long long)e->begin, e->name);
     if (!reach || e->end > reach->end) reach = e;
   }
   uint64_t end = reach ? reach->end : 0;

@@ -43,6 +43,8 @@ function M.load(path)
   -- (as in transformers, which writes the template to that file since 4.43)
   local dir = path:match("%.json$") and (path:match("^(.*)/[^/]*$") or ".") or path
   self.chat_template_path = self.chat_template and (dir .. "/tokenizer_config.json chat_template") or nil
+  if self.vocab_size < 1 then error(("%s: the tokenizer has no tokens (an empty vocabulary)"):format(path), 0) end
+  require("remax.bind.hf_files").check_tokenizer_config(dir, self)
   local f = io.open(dir .. "/chat_template.jinja", "rb")
   if f then
     self.chat_template = f:read("*a")

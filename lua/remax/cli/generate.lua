@@ -86,16 +86,6 @@ local function id_list(s, flag)
   return ids
 end
 
-local function read_json(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local text = f:read("*a")
-  f:close()
-  local ok, v = pcall(require("cjson").decode, text)
-  if not ok or type(v) ~= "table" then error(("generate: %s is not a JSON object"):format(path), 0) end
-  return v
-end
-
 -- Stop ids: the tokenizer's eos, generation_config.json's eos_token_id (a number or a list),
 -- and --stop; without duplicates.
 function M.stop_ids(dir, tok, extra)
@@ -104,7 +94,11 @@ function M.stop_ids(dir, tok, extra)
     if type(id) == "number" and not seen[id] then seen[id] = true; ids[#ids + 1] = id end
   end
   if tok then add(tok.eos_id) end
-  local gen = read_json(dir .. "/generation_config.json")
+  -- ids are checked against the model's vocabulary (config.json), else the tokenizer's
+  local hf_files = require("remax.bind.hf_files")
+  local mc = hf_files.read_json(dir .. "/config.json")
+  local vocab = mc and type(mc.vocab_size) == "number" and mc.vocab_size or (tok and tok.vocab_size)
+  local gen = hf_files.generation_config(dir, vocab)
   if gen then
     local e = gen.eos_token_id
     if type(e) == "table" then for _, id in ipairs(e) do add(id) end else add(e) end

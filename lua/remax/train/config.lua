@@ -71,7 +71,7 @@ M.groups = {
     { "rewards", { "gsm8k" }, "rewards", "reward functions: names of rewards/*.lua files, paths, or (in a recipe) tables {name=, fn=} and functions" },
     { "reward_weights", nil, "numbers", "weight of each reward function (default: all 1)", hot = true },
     { "hot_reload", true, "boolean", "between steps, reload a changed reward file or recipe" },
-    { "reward_timeout", 600, "number", "seconds one reward function may take on one batch before the run stops, naming it (the last checkpoint is kept; 0: no limit; a blocking C call is only caught when it returns)", hot = true },
+    { "reward_timeout", nil, "number", "seconds one reward function may take on one batch before the run stops, naming it (the last checkpoint is kept; 0: no limit; a blocking C call is only caught when it returns); default: 60, or 4 times the step's generation time when longer", hot = true },
   } },
   { "Generation", {
     { "max_prompt_length", 512, "integer", "prompts longer than this keep their last tokens" },
@@ -365,7 +365,7 @@ function M.validate(cfg)
   if cfg.gradient_accumulation_steps < 1 then bad("gradient_accumulation_steps must be >= 1") end
   if cfg.max_completion_length < 1 then bad("max_completion_length must be >= 1") end
   if cfg.max_prompt_length < 1 then bad("max_prompt_length must be >= 1") end
-  if cfg.reward_timeout < 0 then bad("reward_timeout must be >= 0 (0: no limit)") end
+  if cfg.reward_timeout and cfg.reward_timeout < 0 then bad("reward_timeout must be >= 0 (0: no limit)") end
   if cfg.warmup_ratio < 0 or cfg.warmup_ratio > 1 then bad("warmup_ratio must be in [0, 1]") end
   if cfg.temperature < 0 then bad("temperature must be >= 0") end
   if cfg.top_p <= 0 or cfg.top_p > 1 then bad("top_p must be in (0, 1]") end

@@ -222,6 +222,26 @@ function M.call_with_timeout(limit, fn, ...)
   return ok, value
 end
 
+-- The limit of one reward call on one batch: reward_timeout when it is set (0: none), else
+-- DEFAULT_TIMEOUT seconds, or PER_GENERATE times the time generating the batch took when that
+-- is longer. A reward in plain Lua (matching, parsing) scores a batch in well under a second,
+-- so a minute only catches one that is stuck; a reward model reads the same tokens as the
+-- generation did, but in one pass, so four times the generation time leaves it room on any
+-- model and machine. A reward stuck in a loop is named after a minute, not ten.
+M.DEFAULT_TIMEOUT, M.PER_GENERATE = 60, 4
+function M.limit(setting, generate_seconds)
+  if setting ~= nil then return setting end
+  return math.max(M.DEFAULT_TIMEOUT, M.PER_GENERATE * (generate_seconds or 0))
+end
+
+-- Whether scoring a step was slow enough to say so in the progress line: a quarter of its
+-- limit, or over a second and longer than generating the completions took.
+function M.is_slow(score_seconds, generate_seconds, limit)
+  if not score_seconds then return false end
+  if limit and limit > 0 and score_seconds > limit / 4 then return true end
+  return score_seconds > 1 and score_seconds > (generate_seconds or 0)
+end
+
 -- Raise the error message for a reward failure; opts.on_failure() runs first (a checkpoint).
 local function fail(r, msg, opts)
   if opts and opts.on_failure then opts.on_failure(msg) end

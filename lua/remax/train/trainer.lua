@@ -372,8 +372,8 @@ end
 
 function Trainer:setup_rewards()
   self.rewards = rewards.load_all(self.cfg.rewards, { base = self.recipe_dir })
-  rewards.probe(self.rewards, self.train_ds.rows, self.train_ds.source, data.collate, self.cfg.reward_timeout)
-  if self.eval_ds then rewards.probe(self.rewards, self.eval_ds.rows, self.eval_ds.source, data.collate, self.cfg.reward_timeout) end
+  rewards.probe(self.rewards, self.train_ds.rows, self.train_ds.source, data.collate, rewards.limit(self.cfg.reward_timeout))
+  if self.eval_ds then rewards.probe(self.rewards, self.eval_ds.rows, self.eval_ds.source, data.collate, rewards.limit(self.cfg.reward_timeout)) end
   self.accuracy_name = self.rewards[1] and self.rewards[1].name
   for _, r in ipairs(self.rewards) do
     if r.name == "gsm8k_accuracy" then self.accuracy_name = r.name end
@@ -496,11 +496,11 @@ function Trainer:score(ro, opts)
   local per, total, unscored, none
   if self.dist.size == 1 or (opts and opts.alone) then
     per, total, unscored, none = rewards.score(self.rewards, self.cfg.reward_weights, completions, batch, {
-      step = ro.step, timeout = self.cfg.reward_timeout, on_failure = function() self:save_on_failure() end,
+      step = ro.step, timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate), on_failure = function() self:save_on_failure() end,
     })
   else
     local ok, a, b, c, d = pcall(rewards.score, self.rewards, self.cfg.reward_weights, completions, batch,
-      { step = ro.step, timeout = self.cfg.reward_timeout })
+      { step = ro.step, timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate) })
     local all_ok, msg, rank = self.dist:agree(ok, a)
     if not all_ok then
       self:save_on_failure()
@@ -1011,7 +1011,9 @@ function Trainer:finish_step(m, ro)
     self.run:log_completions(self.step, list)
   end
   if self.progress and (self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps) then
-    self.progress:update(self.step, { reward = m.reward, kl = m.kl, tokens_per_s = m.tokens_per_s, loss = m.loss })
+    local slow = rewards.is_slow(m.time_score, m.time_generate, rewards.limit(cfg.reward_timeout, m.time_generate))
+    self.progress:update(self.step, { reward = m.reward, kl = m.kl, tokens_per_s = m.tokens_per_s, loss = m.loss,
+      reward_slow = slow and m.time_score or nil })
   end
   if not self.quiet and not self.progress and (self.step % cfg.logging_steps == 0) then
     print(("step %d/%d  reward %.4f  loss %.4f  kl %.4f  grad_norm %.3f  lr %.2e"):format(self.step, cfg.max_steps,
