@@ -122,6 +122,44 @@ function Tokenizer:special_ids()
   return out
 end
 
+-- Token ids generation stops at, without duplicates, in this order: tok's EOS (tok may be nil: a
+-- model folder without a tokenizer); with
+-- opts.chat_ends, the chat turn ends <|im_end|>, <|endoftext|>, <|eot_id|> that this tokenizer
+-- has; generation_config.json's eos_token_id in model_dir (a number or a list: Llama 3.2 Instruct
+-- also stops on <|eom_id|>); opts.names (tokens as written in tokenizer.json; one that is not a
+-- token stops with its name); opts.ids.
+function M.stop_ids(tok, model_dir, opts)
+  opts = opts or {}
+  local ids, seen = {}, {}
+  local function add(id)
+    if type(id) == "number" and not seen[id] then seen[id] = true; ids[#ids + 1] = id end
+  end
+  if tok then add(tok.eos_id) end
+  if tok and opts.chat_ends then
+    for _, s in ipairs({ "<|im_end|>", "<|endoftext|>", "<|eot_id|>" }) do add(tok:token_to_id(s)) end
+  end
+  -- generation_config.json, its ids checked against the model's vocabulary (config.json), else
+  -- the tokenizer's
+  local gen
+  if model_dir then
+    local hf_files = require("remax.bind.hf_files")
+    local mc = hf_files.read_json(model_dir .. "/config.json")
+    local vocab = mc and type(mc.vocab_size) == "number" and mc.vocab_size or (tok and tok.vocab_size)
+    gen = hf_files.generation_config(model_dir, vocab)
+  end
+  if gen then
+    local e = gen.eos_token_id
+    if type(e) == "table" then for _, id in ipairs(e) do add(id) end else add(e) end
+  end
+  for _, s in ipairs(opts.names or {}) do
+    local id = tok and tok:token_to_id(s)
+    if not id then error(("stop: '%s' is not a token of this tokenizer"):format(s), 0) end
+    add(id)
+  end
+  for _, id in ipairs(opts.ids or {}) do add(id) end
+  return ids
+end
+
 --- How many trailing bytes of s begin a UTF-8 character that is not complete yet (0..3):
 --- a streaming decoder prints s minus those bytes and keeps them for the next token.
 function M.incomplete_utf8_tail(s)

@@ -86,27 +86,6 @@ local function id_list(s, flag)
   return ids
 end
 
--- Stop ids: the tokenizer's eos, generation_config.json's eos_token_id (a number or a list),
--- and --stop; without duplicates.
-function M.stop_ids(dir, tok, extra)
-  local ids, seen = {}, {}
-  local function add(id)
-    if type(id) == "number" and not seen[id] then seen[id] = true; ids[#ids + 1] = id end
-  end
-  if tok then add(tok.eos_id) end
-  -- ids are checked against the model's vocabulary (config.json), else the tokenizer's
-  local hf_files = require("remax.bind.hf_files")
-  local mc = hf_files.read_json(dir .. "/config.json")
-  local vocab = mc and type(mc.vocab_size) == "number" and mc.vocab_size or (tok and tok.vocab_size)
-  local gen = hf_files.generation_config(dir, vocab)
-  if gen then
-    local e = gen.eos_token_id
-    if type(e) == "table" then for _, id in ipairs(e) do add(id) end else add(e) end
-  end
-  for _, id in ipairs(extra or {}) do add(id) end
-  return ids
-end
-
 -- Prints tokens as they come: decodes everything generated so far and writes what is new,
 -- holding back bytes that begin a UTF-8 character not yet complete.
 local function streamer(tok, out)
@@ -163,7 +142,7 @@ function M.main(...)
     prompt = remax.chat.encode_text(tok, o.prompt, false)
   end
   local model = plain(remax.model.load, dir, { weight_dtype = o.dtype })
-  local stop = M.stop_ids(dir, tok, o.stop and id_list(o.stop, "--stop") or nil)
+  local stop = remax.tokenizer.stop_ids(tok, dir, { ids = o.stop and id_list(o.stop, "--stop") or nil })
 
   local function per_row(v)   -- one entry per row: n rows of the one prompt
     local l = {}
