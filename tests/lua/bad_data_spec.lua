@@ -132,7 +132,7 @@ describe("reward_timeout", function()
     assert.are.equal(400, rewards.limit(nil, 100))
     assert.are.equal(0.5, rewards.limit(0.5, 100))
     assert.are.equal(0, rewards.limit(0, 100))
-    assert.matches("reward_timeout must be >= 0", err_of(config.resolve, { reward_timeout = -1 }), 1, true)
+    assert.matches("reward_timeout = -1: expected a number in [0, inf)", err_of(config.resolve, { reward_timeout = -1 }), 1, true)
   end)
 end)
 

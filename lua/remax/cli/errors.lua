@@ -3,9 +3,8 @@
 -- raised it) is printed as it is, without a Lua source position in front; a fault inside remax
 -- (a Lua runtime error in remax's own sources, an empty message, an error that is not text)
 -- says it is an internal error and asks for a report, with the position after the message.
--- It also owns the os.exit trap: user code (a reward, a recipe function, a script) that calls
--- os.exit raises M.Exit instead, so a run stops through its normal failure path (a reward's
--- failure saves a checkpoint) with a message naming who called it.
+-- While a command runs, os.exit is trapped (remax.train.guard): user code that calls it raises
+-- instead, and the run stops through its normal failure path with a message naming the caller.
 --
 --   os.exit = errors.trapped_exit               -- installed by the command line
 --   local ok, e = xpcall(f, errors.handler)     -- e: the text to print after "remax: "
@@ -45,27 +44,8 @@ end
 
 ---------------------------------------------------------------------------- os.exit
 
--- The error a trapped os.exit raises: says who called it with which code.
-local Exit = {}
-Exit.__index = Exit
-Exit.__tostring = function(e)
-  return ("%s called os.exit(%s): remax does not let a reward, a recipe or a script end the process " ..
-    "(the run would stop without a word or a checkpoint); return a value, or raise error(\"why\") to stop with a message")
-    :format(e.where, tostring(e.code == nil and "" or e.code))
-end
-M.Exit = Exit
-
-function M.is_exit(e) return getmetatable(e) == Exit end
-
-M.real_exit = os.exit
-
--- Replaces os.exit: raises M.Exit naming the caller's file:line.
-function M.trapped_exit(code)
-  local info = debug.getinfo(2, "Sl")
-  local where = info and info.currentline and info.currentline > 0 and (info.short_src .. ":" .. info.currentline)
-    or (info and info.short_src) or "a C function"
-  error(setmetatable({ code = code, where = where }, Exit), 0)
-end
+local guard = require("remax.train.guard")
+M.Exit, M.is_exit, M.trapped_exit, M.real_exit = guard.Exit, guard.is_exit, guard.trapped_exit, guard.real_exit
 
 ---------------------------------------------------------------------------- messages
 

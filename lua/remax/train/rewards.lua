@@ -192,6 +192,14 @@ M.HOOK_COUNT = 10000   -- VM instructions between two looks at the clock
 -- returns; a coroutine fn starts has no hook; a pcall fn kept from before the call (a local
 -- pcall = pcall in its file) can swallow the timeout (the global pcall and xpcall pass it on).
 function M.call_with_timeout(limit, fn, ...)
+  -- a reward that calls os.exit raises instead (remax.cli.errors.Exit), so the run fails through
+  -- the reward's failure path: a checkpoint, and a message naming the reward
+  local ok, a, b, c = require("remax.train.guard").pcall(M.call_with_timeout_untrapped, limit, fn, ...)
+  if not ok then return false, a end
+  return a, b, c
+end
+
+function M.call_with_timeout_untrapped(limit, fn, ...)
   if not limit or limit <= 0 then return pcall(fn, ...) end
   local clock = M.clock
   local t0 = clock()
