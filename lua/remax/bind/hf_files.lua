@@ -26,6 +26,7 @@ end
 local function value(v) if v == cjson.null then return nil end return v end
 
 local function show(v)
+  if v == cjson.null then return "null" end
   if type(v) == "string" then return ("'%s'"):format(v) end
   if type(v) == "table" then
     local ok, s = pcall(cjson.encode, v)
@@ -61,7 +62,6 @@ local function token_ids(path, key, v, vocab, allow_negative)
           vocab and (" (the vocabulary has ids 0.." .. (vocab - 1) .. ")") or " (expected an integer >= 0)"), 0)
       end
     end
-    list[i] = id
   end
   return v
 end

@@ -386,16 +386,16 @@ function M.derive(cfg)
   cfg.aggregation = cfg.loss_type and require("remax.train.algos").loss_types[cfg.loss_type] or cfg.loss_agg_mode
   cfg.skip_zero_rows = rl and cfg.beta == 0 and cfg.skip_zero_advantage and cfg.top_entropy_quantile >= 1
     and cfg.entropy_coef == 0
-  M.check_device(cfg.device)
+  M.check_device(cfg.device, M.source(cfg, "device"))
   return cfg
 end
 
 -- device = cuda is refused, saying why, until the trainer runs there (the engine's CUDA ops do;
 -- the training path is CPU-only): a typo never falls back to the CPU (the enum catches it).
-function M.check_device(device)
+function M.check_device(device, source)
   if device ~= "cuda" then return end
   local built = require("remax.bind.tensor").has_cuda()
-  error(("config: device = cuda: %s; use device = cpu"):format(built
+  error(("%s: device = cuda: %s; use device = cpu"):format(source or "config", built
     and "the trainer does not run on CUDA yet (the engine's CUDA ops exist; the training path is CPU-only so far)"
     or "this remax has no CUDA device or was built without CUDA (rebuild where the CUDA toolkit is found)"), 0)
 end

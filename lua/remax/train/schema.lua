@@ -22,6 +22,16 @@ M.limits = {
   train_size = "[1, 2^31)", eval_size = I31,
   synth_steps = { count = 2, each = "[1, 10]", integer = true },
   synth_max_number = "[10, 2^31)",
+  synth_style = { check = function(v)
+    local ok, mix = pcall(require("remax.tasks.gsm8k_synth").parse_style, v)
+    if not ok then
+      return "a style of sentences, equations, direct, or a mix such as direct:0.65,equations:0.35 (" ..
+        tostring(mix):gsub("^.-gsm8k_synth: ", "") .. ")"
+    end
+    for _, m in ipairs(mix) do
+      if not (m[2] >= 0 and m[2] <= 1) then return "finite weights, such as direct:0.65,equations:0.35" end
+    end
+  end },
   stop = { min_items = 1 },
   -- algorithm
   num_generations = "[0, 2^24]", advantage_clip = "[0, inf)", baseline_momentum = "[0, 1)",
@@ -116,6 +126,7 @@ function M.value_problem(decl, v)
     if v == "" then return "a non-empty string" end
     if l.path and v:find("%z") then return "a path without NUL bytes" end
     if l.name then return name_problem(v) end
+    if l.check then return l.check(v) end
   elseif t == "numbers" then
     if l.count and #v ~= l.count then return ("%d numbers"):format(l.count) end
     if l.min_items and #v < l.min_items then return "a non-empty list of numbers" end
@@ -234,22 +245,29 @@ function M.cross_check(cfg, source)
       :format(show(cfg.learning_rate), source("learning_rate"), show(cfg.learning_rate * cfg.weight_decay)))
   end
   -- the rows one generation call holds, against the memory of this machine
-  local rows = cfg.per_device_train_batch_size * ((rl and cfg.num_generations or 0) + ((rl and cfg.generate_greedy) and 1 or 0))
-  local eval_rows = cfg.per_device_eval_batch_size
+  local function setting(k) return ("%s = %s (%s)"):format(k, show(cfg[k]), source(k)) end
+  local function first_set(keys)   -- the setting to blame: the first one not left at its default
+    for _, k in ipairs(keys) do if source(k) ~= "default" then return k end end
+    return keys[1]
+  end
   local available = M.available_bytes and M.available_bytes() or require("remax.train.fit").available_bytes()
   if available and available > 0 then
-    local need = M.generation_bytes(cfg, rows)
+    local greedy = (rl and cfg.generate_greedy) and 1 or 0
+    local per_prompt = (rl and cfg.num_generations or 0) + greedy
+    local need = M.generation_bytes(cfg, cfg.per_device_train_batch_size * per_prompt)
     if need > available then
-      bad(rl and "num_generations" or "per_device_train_batch_size", ("%d prompts (per_device_train_batch_size, %s) x %d rows " ..
-        "need at least %s for one step's generation (the KV cache of %d tokens per row), but %s of memory is available; " ..
-        "lower num_generations or per_device_train_batch_size")
-        :format(cfg.per_device_train_batch_size, source("per_device_train_batch_size"), rows > 0 and rows / cfg.per_device_train_batch_size or 0,
-          gib(need), cfg.max_prompt_length + cfg.max_completion_length, gib(available)))
+      local keys = { "num_generations", "per_device_train_batch_size", "max_completion_length", "max_prompt_length" }
+      bad(first_set(keys), ("one step's generation needs at least %s (the KV cache of every row), but %s of memory is " ..
+        "available: %s prompts x (%s%s) rows x (%s + %s) tokens; lower one of them"):format(gib(need), gib(available),
+        setting("per_device_train_batch_size"), setting("num_generations"), greedy == 1 and " + 1 greedy" or "",
+        setting("max_prompt_length"), setting("max_completion_length")))
     end
-    need = M.generation_bytes(cfg, eval_rows)
+    need = M.generation_bytes(cfg, cfg.per_device_eval_batch_size)
     if cfg.eval_size > 0 and need > available then
-      bad("per_device_eval_batch_size", ("%d rows need at least %s for one evaluation batch's generation, but %s of memory is available")
-        :format(eval_rows, gib(need), gib(available)))
+      local keys = { "per_device_eval_batch_size", "max_completion_length", "max_prompt_length" }
+      bad(first_set(keys), ("one evaluation batch's generation needs at least %s, but %s of memory is available: " ..
+        "%s rows x (%s + %s) tokens; lower one of them"):format(gib(need), gib(available),
+        setting("per_device_eval_batch_size"), setting("max_prompt_length"), setting("max_completion_length")))
     end
   end
 end
