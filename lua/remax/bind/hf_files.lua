@@ -18,6 +18,7 @@ local said = {}
 -- Writes "remax: warning: msg" to stderr, once per message.
 function M.warn(msg)
   if said[msg] then return end
+  if #M.warnings >= 100 then M.warnings, said = {}, {} end   -- a long-lived process stays small
   said[msg] = true
   M.warnings[#M.warnings + 1] = msg
   if not M.quiet then io.stderr:write("remax: warning: ", msg, "\n") end
