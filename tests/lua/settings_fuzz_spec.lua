@@ -48,7 +48,7 @@ local MEANINGFUL = {
   max_completion_length = function(v) return whole(v, 1, 2 ^ 31) end,
   logging_steps = function(v) return whole(v, 1, 2 ^ 31) end,
   save_total_limit = function(v) return whole(v, 1, 2 ^ 31) end,
-  train_size = function(v) return whole(v, 1, 2 ^ 31) end,
+  train_size = function(v) return whole(v, 1, 2 ^ 31) and v <= 1e7 end,   -- generated up front
   seed = function(v) return whole(v, 0, 2 ^ 32) end,
   run_name = function(v) return v ~= "" and v ~= "." and v ~= ".." and not v:find("/", 1, true) end,
   rewards = function(v, cfg) return cfg.algo == "sft" or #v >= 1 end,

@@ -216,6 +216,8 @@ describe("the messages the command line prints", function()
     assert.matches("^internal error: an error with an empty message", errors.message(""))
     assert.matches("^internal error: an error with nothing after 'generate:'", errors.message("generate: "))
     assert.matches("^internal error: an error value that is not text %(a nil%)", errors.message(nil))
+    assert.matches("^internal error: 'struct rx_tensor' has no member named 'x' %(at lua/remax/train/trainer.lua:5%)",
+      errors.message("lua/remax/train/trainer.lua:5: 'struct rx_tensor' has no member named 'x'"))
   end)
 
   it("prints a user error raised with a level without the position in front", function()

@@ -23,6 +23,7 @@ M.FAULTS = {
   "^invalid option ", "^assertion failed!$", "^bad light userdata", "^cannot open file",
   "^error in error handling", "^too many ", "^size of C type is unknown", "^invalid C type",
   "^'%w+' expected", "^unexpected symbol", "^ambiguous syntax", "^unknown field", "^table too big",
+  "has no member named", "^missing declaration for symbol", "^undeclared identifier", "^invalid C type",
 }
 
 local function is_fault(text)
