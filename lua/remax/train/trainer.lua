@@ -1083,7 +1083,7 @@ function Trainer:trial(r)
       for i = 1, n do batch[k][i] = col[i] end
     end
   end
-  rewards.run_one(r, comps, batch, {})
+  rewards.run_one(r, comps, batch, { timeout = rewards.limit(self.cfg.reward_timeout) })
 end
 
 -- Re-run the recipe with the same command-line overrides; take its rewards, advantage and the
