@@ -290,6 +290,33 @@ return { model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 
     os.execute("rm -rf '" .. dir .. "'")
   end)
 
+  it("stops a run whose recipe function calls it, keeping the checkpoint of the last finished step", function()
+    local dir = tmpdir()
+    local lines = {}
+    for i = 1, 8 do lines[i] = ('{"prompt": "a prompt %d"}'):format(i) end
+    write(dir .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+    write(dir .. "/r.lua", ([[
+return { model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
+  num_hidden_layers = 1, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
+  rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true },
+  data = "%s/p.jsonl", rewards = { { name = "half", fn = function(c) local s = {} for i = 1, #c do s[i] = 0.5 end return s end } },
+  chat_template = "plain", num_generations = 2, max_completion_length = 4, per_device_train_batch_size = 2,
+  max_steps = 3, eval_size = 0, output_dir = "%s/runs", run_name = "q", save_steps = 10, log_completions = 0,
+  loop = function(t)
+    t:train_step()
+    os.exit(0)
+  end }
+]]):format(dir, dir))
+    local out, rc = remax("run r.lua", dir)
+    assert.are.equal(1, rc, out)
+    assert.matches("remax: r.lua:9 called os.exit(0)", out, 1, true)
+    assert.matches("checkpoint step-1 saved (user code called os.exit)", out, 1, true)
+    local f = io.open(dir .. "/runs/q/checkpoints/step-1/trainer_state.json")
+    assert.is_truthy(f, out)
+    if f then f:close() end
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
   it("is trapped around a reward called from Lua too", function()
     local r = rewards.normalize({ name = "x", fn = function() os.exit(3) end }, 1)
     local msg = err_of(rewards.run_one, r, { "a" }, {}, {})

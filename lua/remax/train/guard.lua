@@ -28,11 +28,17 @@ function M.trapped_exit(code)
   error(setmetatable({ code = code, where = where }, Exit), 0)
 end
 
+-- With REMAX_DEBUG set, an error caught here keeps the Lua traceback of where it was raised.
+local function handler(e)
+  if type(e) == "string" and os.getenv("REMAX_DEBUG") then return debug.traceback(e, 2) end
+  return e
+end
+
 -- f(...) under pcall with os.exit trapped (and put back after, whatever it was).
 function M.pcall(f, ...)
   local before = os.exit
   os.exit = M.trapped_exit
-  local results = { pcall(f, ...) }
+  local results = { xpcall(f, handler, ...) }
   os.exit = before
   return unpack(results, 1, table.maxn(results))
 end

@@ -480,9 +480,9 @@ end
 
 -- The checkpoint a failing reward leaves behind (the state after the last finished step), and
 -- the plots of the steps so far.
-function Trainer:save_on_failure()
+function Trainer:save_on_failure(why)
   if self.step > 0 and self.last_saved ~= self.step then
-    local ok, err = pcall(self.save_checkpoint, self, "a reward failed")
+    local ok, err = pcall(self.save_checkpoint, self, why or "a reward failed")
     if not ok then io.stderr:write("remax: could not save a checkpoint: ", tostring(err), "\n") end
   end
   if self.step > 0 then self:draw_plots() end
@@ -1190,12 +1190,21 @@ function Trainer:train(loop)
     self:check_reload()
     return self:train_step()
   end
+  -- user code that calls os.exit (a recipe's loop or advantage function) stops the run as a
+  -- failing reward does: with the checkpoint of the last finished step (remax.train.guard)
+  local guard = require("remax.train.guard")
+  local function guarded(f, ...)
+    local ok, err = guard.pcall(f, ...)
+    if ok then return end
+    if guard.is_exit(err) and self.dist.size == 1 then self:save_on_failure("user code called os.exit") end
+    error(err, 0)
+  end
   if loop then
-    loop(self)
+    guarded(loop, self)
     interrupted = self.dist:any(signal_pending())
   else
     while self.step < cfg.max_steps and not self:out_of_time() do
-      one()
+      guarded(one)
       if self.dist:any(signal_pending()) then interrupted = true break end
     end
   end
