@@ -48,11 +48,10 @@ local MEANINGFUL = {
   max_completion_length = function(v) return whole(v, 1, 2 ^ 31) end,
   logging_steps = function(v) return whole(v, 1, 2 ^ 31) end,
   save_total_limit = function(v) return whole(v, 1, 2 ^ 31) end,
-  train_size = function(v) return whole(v, 1, 2 ^ 31) and v <= 1e7 end,   -- generated up front
+  train_size = function(v) return whole(v, 1, 2 ^ 31) and v <= 1e7 end,   -- made up front
   seed = function(v) return whole(v, 0, 2 ^ 32) end,
   run_name = function(v) return v ~= "" and v ~= "." and v ~= ".." and not v:find("/", 1, true) end,
   rewards = function(v, cfg) return cfg.algo == "sft" or #v >= 1 end,
-  synth_steps = function(v) return #v == 2 and v[1] >= 1 and v[1] <= v[2] and v[2] <= 10 end,
 }
 
 -- The rules every accepted value of a type must meet.
@@ -63,6 +62,7 @@ local function type_ok(decl, v)
   if t == "integer" then return type(v) == "number" and whole(v, 0, 2 ^ 32) end
   if t == "string" then return type(v) == "string" and v ~= "" end
   if t == "boolean" then return type(v) == "boolean" end
+  if t == "data" then return (type(v) == "string" and v ~= "") or type(v) == "function" end
   if t == "numbers" then
     if type(v) ~= "table" then return false end
     for _, x in ipairs(v) do if not (type(x) == "number" and finite(x)) then return false end end

@@ -19,20 +19,8 @@ local I31 = "[0, 2^31)"
 M.limits = {
   -- model and data
   model = { path = true }, data = { path = true }, eval_data = { path = true },
-  -- synthetic problems are generated up front: ten million is minutes and gigabytes already
+  -- a data function makes its rows up front: ten million is minutes and gigabytes already
   train_size = "[1, 1e7]", eval_size = "[0, 1e7]",
-  synth_steps = { count = 2, each = "[1, 10]", integer = true },
-  synth_max_number = "[10, 2^31)",
-  synth_style = { check = function(v)
-    local ok, mix = pcall(require("remax.tasks.gsm8k_synth").parse_style, v)
-    if not ok then
-      return "a style of sentences, equations, direct, or a mix such as direct:0.65,equations:0.35 (" ..
-        tostring(mix):gsub("^.-gsm8k_synth: ", "") .. ")"
-    end
-    for _, m in ipairs(mix) do
-      if not (m[2] >= 0 and m[2] <= 1) then return "finite weights, such as direct:0.65,equations:0.35" end
-    end
-  end },
   stop = { min_items = 1 },
   -- algorithm
   num_generations = "[0, 2^24]", advantage_clip = "[0, inf)", baseline_momentum = "[0, 1)",
@@ -123,7 +111,7 @@ function M.value_problem(decl, v)
   local t = decl.type
   if t == "number" or t == "integer" then
     return number_problem(v, l.range and M.range(l.range), t == "integer")
-  elseif t == "string" then
+  elseif t == "string" or (t == "data" and type(v) == "string") then
     if v == "" then return "a non-empty string" end
     if l.path and v:find("%z") then return "a path without NUL bytes" end
     if l.name then return name_problem(v) end
