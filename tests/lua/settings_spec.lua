@@ -162,6 +162,27 @@ describe("the files of a model folder", function()
     assert.matches("empty", msg, 1, true)
   end)
 
+  it("refuses adapter_config.json values that would misread the adapters", function()
+    local lora = require("remax.bind.lora")
+    local base = '"peft_type": "LORA", "bias": "none", "target_modules": ["q_proj"]'
+    local cases = {
+      { '"r": 0, "lora_alpha": 8', "r = 0: expected a whole number from 1 to 65536" },
+      { '"r": 4.5, "lora_alpha": 8', "r = 4.5: expected a whole number" },
+      { '"r": 4, "lora_alpha": -1', "lora_alpha = -1: expected a finite number > 0" },
+      { '"r": 4, "lora_alpha": 8, "lora_dropout": 1.5', "lora_dropout = 1.5: expected a number in [0, 1)" },
+      { '"r": 4, "lora_alpha": 8, "layers_to_transform": [0]', "layers_to_transform is set, which remax does not apply" },
+      { '"r": 4, "lora_alpha": 8, "modules_to_save": ["lm_head"]', "modules_to_save is set" },
+    }
+    for _, case in ipairs(cases) do
+      local d = tmpdir()
+      write(d .. "/adapter_config.json", "{" .. base .. ", " .. case[1] .. "}")
+      assert.matches(d .. "/adapter_config.json: " .. case[2], err_of(lora.read_config, d), 1, true)
+    end
+    local d = tmpdir()
+    write(d .. "/adapter_config.json", "{" .. base .. ', "r": 4, "lora_alpha": 8, "lora_dropout": 0.05, "modules_to_save": null}')
+    assert.are.equal(4, lora.read_config(d).r)
+  end)
+
   it("names a safetensors file whose header length is one byte short", function()
     local d = folder("config.json", function() end)
     local path = d .. "/model.safetensors"
