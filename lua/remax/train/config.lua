@@ -479,8 +479,9 @@ function M.help(cfg, title)
       local decl = M.keys[d[1]]
       local value, default = show(cfg and cfg[decl.name]), show(decl.default)
       local mark = value ~= default and " *" or ""
-      lines[#lines + 1] = ("  --%-28s %s%s  (default %s; %s)"):format(decl.name, value, mark, default,
-        decl.type:gsub("^enum:", ""))
+      local range = schema.limit_of(decl).range
+      lines[#lines + 1] = ("  --%-28s %s%s  (default %s; %s%s)"):format(decl.name, value, mark, default,
+        (decl.type:gsub("^enum:", "")), range and (" in " .. range) or "")
       lines[#lines + 1] = "      " .. decl.help
     end
   end
