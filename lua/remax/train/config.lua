@@ -318,7 +318,8 @@ function M.parse_args(argv)
 end
 
 -- recipe table + overrides -> resolved config (a table with every key; defaults filled in).
--- Recipe keys that are not settings stop with the closest valid name. opts.where names the recipe.
+-- Recipe keys that are not settings stop with the closest valid name. opts.where names the recipe;
+-- opts.running: a hot reload of a running run (its memory is already in use: not checked again).
 -- Every value is checked here once, before anything is loaded: its type (check), then what
 -- remax.train.schema says it may be, then the checks across settings. A refusal names the
 -- setting, the value and its source: "recipes/x.lua:7", "command line" or "default".
@@ -360,7 +361,7 @@ function M.resolve(recipe, overrides, opts)
     end
   end
   M.sources[cfg] = sources
-  schema.cross_check(cfg, function(k) return M.source(cfg, k) end)
+  schema.cross_check(cfg, function(k) return M.source(cfg, k) end, { memory = not opts.running })
   M.validate(cfg)
   M.derive(cfg)
   return cfg

@@ -131,7 +131,7 @@ end
 -- settings marked hot. Other changed settings need a restart (printed, ignored).
 function methods.reload_recipe(self)
   local rtab = recipe_mod.load(self.recipe_path)
-  local cfg = config.resolve(rtab, self.opts.overrides, { where = self.recipe_path })
+  local cfg = config.resolve(rtab, self.opts.overrides, { where = self.recipe_path, running = true })
   local list = rewards.load_all(cfg.rewards, { base = self.recipe_dir })
   for _, r in ipairs(list) do self:trial(r) end
   if cfg.reward_weights and #cfg.reward_weights ~= #list then

@@ -221,7 +221,7 @@ local function gib(b) return ("%.1f GiB"):format(b / 2 ^ 30) end
 
 -- Checks between settings. source(key) says where a key's value came from. Raises on the
 -- first problem, naming the settings involved with their sources.
-function M.cross_check(cfg, source)
+function M.cross_check(cfg, source, opts)
   local function bad(key, msg) error(("%s: %s = %s: %s"):format(source(key), key, show(cfg[key]), msg), 0) end
   local rl = cfg.algo ~= "sft"
   if rl and type(cfg.rewards) == "table" and #cfg.rewards == 0 then
@@ -240,7 +240,7 @@ function M.cross_check(cfg, source)
     return keys[1]
   end
   local available = M.available_bytes and M.available_bytes() or require("remax.train.fit").available_bytes()
-  if available and available > 0 then
+  if available and available > 0 and not (opts and opts.memory == false) then
     local greedy = (rl and cfg.generate_greedy) and 1 or 0
     local per_prompt = (rl and cfg.num_generations or 0) + greedy
     local need = M.generation_bytes(cfg, cfg.per_device_train_batch_size * per_prompt)
