@@ -422,9 +422,6 @@ function M.validate(cfg)
   if cfg.algo == "grpo" and cfg.num_generations < 2 and not cfg.advantage then
     bad("algo = grpo needs num_generations >= 2 (a group of one has no spread)", "num_generations")
   end
-  local sampling = require("remax.bind.model").sampling_problem({ temperature = cfg.temperature, top_p = cfg.top_p,
-    top_k = cfg.top_k })
-  if sampling then bad(sampling, "temperature") end
   if cfg.delta and cfg.delta <= 1 + (cfg.epsilon_high or cfg.epsilon) then
     bad(("delta = %s must be above 1 + epsilon_high = %s"):format(show(cfg.delta), show(1 + (cfg.epsilon_high or cfg.epsilon))), "delta")
   end
