@@ -1,5 +1,5 @@
 -- The remax program itself: `remax version` and the OpenBLAS kernels it runs with.
-local function binary() return require("remax.cli").build_dir() .. "/remax" end
+local function binary() return require("remax.cli.main").build_dir() .. "/remax" end
 
 local function version(env)
   local p = assert(io.popen(("%s '%s' version 2>&1"):format(env, binary())))
