@@ -278,8 +278,13 @@ static double now_ms(void) {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-// Runs work now, or records it when the stream is capturing a graph.
-static cudaError_t submit(cudaStream_t s, std::function<void()> work) {
+// Runs work now, or records it when the stream is capturing a graph (cublas.cc queues its GEMMs
+// through it too).
+namespace rx_emu {
+cudaError_t submit(cudaStream_t s, std::function<void()> work);
+}
+static cudaError_t submit(cudaStream_t s, std::function<void()> work) { return rx_emu::submit(s, std::move(work)); }
+cudaError_t rx_emu::submit(cudaStream_t s, std::function<void()> work) {
   if (s && s->capture) {
     s->capture->work.push_back(std::move(work));
     return cudaSuccess;
