@@ -58,7 +58,7 @@ static void init_handle(void) {
     snprintf(handle_error, sizeof handle_error, "cublas: cublasCreate failed: %s", cublas_status_name(st));
     return;
   }
-  void *ws, *ws_handle;
+  static void *ws, *ws_handle;   // kept for the life of the process, as the handle is
   if (rx_cuda_malloc(&ws, &ws_handle, WORKSPACE, "cuBLAS workspace")) {
     snprintf(handle_error, sizeof handle_error, "%s", rx_last_error());
     cublasDestroy(h);

@@ -176,6 +176,10 @@ static void test_wrong_shuffle_mask(void) {
   e = sync_error();
   CHECK(e.find("__shfl_xor_sync(mask 0xffffffff)") != std::string::npos && e.find("has exited") != std::string::npos,
         "full mask with 16 lanes gone: '%s'", e.c_str());
+  // the full mask in a block of 48 threads: its second warp has 16 lanes
+  RX_LAUNCH(half_mask_kernel, 1, 48, 0, 0, out, 0xffffffffu, 0);
+  e = sync_error();
+  CHECK(e.find("but the warp has only lanes 0..15") != std::string::npos, "full mask in a 16-lane warp: '%s'", e.c_str());
   cudaFree(out);
 }
 
@@ -437,6 +441,28 @@ static void test_graph_replays_launches(void) {
   std::vector<float> h = dev_download(y, n);
   CHECK(h[0] == 7.5f && h[n - 1] == 7.5f && rx_emu_launch_count() - before == 6, "graph replay: y = %g after %llu launches",
         h[0], (unsigned long long)(rx_emu_launch_count() - before));
+  // a GEMM on a capturing stream is recorded too: z = 2 y (1 x n times 1 x 1), run at each replay
+  float *z = dev_upload(std::vector<float>(n, 0.0f)), *two = dev_upload(std::vector<float>(1, 2.0f));
+  cublasHandle_t hb;
+  cublasCreate(&hb);
+  cublasSetStream(hb, s);
+  const float one = 1, zero = 0;
+  cudaGraph_t g2;
+  cudaGraphExec_t ge2;
+  cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+  CHECK(cublasGemmEx(hb, CUBLAS_OP_N, CUBLAS_OP_N, 1, n, 1, &one, two, CUDA_R_32F, 1, y, CUDA_R_32F, 1, &zero, z,
+                     CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS, "captured GEMM");
+  cudaStreamEndCapture(s, &g2);
+  CHECK(dev_download(z, 1)[0] == 0, "a captured GEMM ran at capture time");
+  cudaGraphInstantiate(&ge2, g2, 0);
+  cudaGraphLaunch(ge2, s);
+  cudaStreamSynchronize(s);
+  CHECK(dev_download(z, n)[n - 1] == 15.0f, "the GEMM replayed from the graph: %g", dev_download(z, n)[n - 1]);
+  cudaGraphExecDestroy(ge2);
+  cudaGraphDestroy(g2);
+  cublasDestroy(hb);
+  cudaFree(z);
+  cudaFree(two);
   cudaGraphExecDestroy(ge);
   cudaGraphDestroy(g);
   cudaStreamDestroy(s);

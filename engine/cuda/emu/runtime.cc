@@ -159,7 +159,9 @@ static const size_t GUARD = 0;
 static const size_t GUARD = 256;
 #endif
 static const unsigned char GUARD_BYTE = 0xA5;
-static std::map<uintptr_t, size_t> allocations;   // device pointer -> bytes
+// The emulator's tables are never destroyed: device memory and fibers outlive static destructors
+// (LeakSanitizer checks after them, and would find what they point to unreachable).
+static std::map<uintptr_t, size_t> &allocations = *new std::map<uintptr_t, size_t>;   // device pointer -> bytes
 static size_t bytes_in_use;
 
 static size_t device_total(void) {
@@ -276,8 +278,13 @@ static double now_ms(void) {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-// Runs work now, or records it when the stream is capturing a graph.
-static cudaError_t submit(cudaStream_t s, std::function<void()> work) {
+// Runs work now, or records it when the stream is capturing a graph (cublas.cc queues its GEMMs
+// through it too).
+namespace rx_emu {
+cudaError_t submit(cudaStream_t s, std::function<void()> work);
+}
+static cudaError_t submit(cudaStream_t s, std::function<void()> work) { return rx_emu::submit(s, std::move(work)); }
+cudaError_t rx_emu::submit(cudaStream_t s, std::function<void()> work) {
   if (s && s->capture) {
     s->capture->work.push_back(std::move(work));
     return cudaSuccess;
@@ -494,7 +501,6 @@ static void fiber_reset(fiber *f) {
 static inline void raw_switch(void **save, void *load) { rx_emu_switch(save, load); }
 #else
 #include <ucontext.h>
-static std::map<void *, ucontext_t *> contexts;   // sp-handle -> context
 static void fiber_reset(fiber *f) {
   ucontext_t *uc = new ucontext_t;
   getcontext(uc);
@@ -582,7 +588,7 @@ static struct {
   bool faulted;
 } L;
 
-static std::vector<fiber *> fiber_pool;
+static std::vector<fiber *> &fiber_pool = *new std::vector<fiber *>;
 
 // Every change of a thread's state goes through here, keeping the warp's masks.
 static inline void set_state(int t, int st) {
@@ -979,7 +985,7 @@ static void execute(const std::string &name, const rx_emu::kernel_call &call, di
   L.call = nullptr;
 }
 
-static std::map<const void *, int> max_dynamic_shared;   // cudaFuncAttributeMaxDynamicSharedMemorySize
+static std::map<const void *, int> &max_dynamic_shared = *new std::map<const void *, int>;   // per kernel
 static const int SHARED_DEFAULT = 48 << 10, SHARED_OPT_IN = 227 << 10;
 
 extern "C" cudaError_t rx_emu_func_set_attribute(const void *fn, cudaFuncAttribute attr, int value) {
