@@ -15,6 +15,8 @@
 # Files, at most 8 under $OUT (default gpu-out/): run.log (everything printed), summary.json
 # (every step and case with its status, seconds and detail; the benchmarks' JSON lines; rewritten
 # after each step, so a killed run still leaves one), bench.jsonl, logs.tar.gz (every log).
+# A benchmark bench/gpu_NAME.sh gets a share of the time left in proportion to the seconds its
+# "# window-seconds: N" line asks for, and the deadline of its share as RX_GPU_DEADLINE.
 #
 # Environment (defaults in brackets):
 #   DEADLINE [540]       seconds from the start after which nothing new starts
@@ -502,9 +504,18 @@ else
   phase "benchmarks (bench/gpu_*.sh)"
   benches=(bench/gpu_*.sh)
   [ -e "${benches[0]}" ] || benches=()
+  # Each gets the time left in proportion to what its "# window-seconds: N" line says it needs
+  # (120 without one); what one leaves unused goes to those after it.
+  need=()
+  for b in "${benches[@]}"; do
+    n=$(sed -n 's/^# window-seconds: *\([0-9]*\).*/\1/p' "$b" | head -1)
+    need+=("${n:-120}")
+  done
   for i in "${!benches[@]}"; do
     b=${benches[$i]}
-    share=$(( ($(left) - 5) / (${#benches[@]} - i) ))
+    rest=0
+    for n in "${need[@]:$i}"; do rest=$((rest + n)); done
+    share=$(( ($(left) - 5) * ${need[$i]} / rest ))
     if (( share < 30 )); then skip bench "$b" "deadline ($share s would be its share)"; continue; fi
     echo "-- $b ($share s)"
     log=$logs/bench/$(basename "$b" .sh).log
