@@ -218,9 +218,17 @@ except Exception as e:
 print(s)' 2>&1 | tail -1)
 info python "$python: $pyinfo"
 
+# sanitizer_errors LOG: the errors compute-sanitizer counted ("ERROR SUMMARY: N errors", or
+# racecheck's "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)"); empty when the log
+# has no summary (the tool or the program stopped first).
+sanitizer_errors() {
+  sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p; s/.*RACECHECK SUMMARY: .*(\([0-9]*\) error.*/\1/p' "$1" | tail -1
+}
+
 # ---- smoke: one kernel, before remax is built; then whether compute-sanitizer works here -----
-sanitizer_ok=0
+sanitizer_ok=0   # 1 when at least one tool works; tool_why[TOOL] says why a tool does not
 sanitizer_why="compute-sanitizer not found"
+declare -A tool_why=()
 if skipped_phase smoke; then
   skip smoke smoke "SKIP=smoke"
 else
@@ -245,14 +253,18 @@ else
       if [ "$rc" = 0 ]; then record smoke smoke pass "$secs" "$(tr '\n' ' ' <"$logs/smoke.log")"
       else record smoke smoke fail "$secs" "exit $rc: $(tr '\n' ' ' <"$logs/smoke.log")"; fi
       if [ -n "$sanitizer" ] && [ "$rc" = 0 ]; then
-        run_capped "$logs/sanitizer_probe.log" 90 "$sanitizer" --tool memcheck --error-exitcode 9 "$work/smoke"
-        if [ "$rc" = 0 ] && grep -q "ERROR SUMMARY: 0 errors" "$logs/sanitizer_probe.log"; then
-          sanitizer_ok=1
-          info sanitizer_works "memcheck ran the smoke test with 0 errors in $secs s"
-        else
-          sanitizer_why="compute-sanitizer does not work here (exit $rc): $(grep -m1 -i -E 'error|not supported|fail' "$logs/sanitizer_probe.log")"
-          info sanitizer_works "no: $sanitizer_why"
-        fi
+        # each tool on the smoke test: the ones that run it cleanly are used on the remax cases
+        for tool in memcheck racecheck synccheck; do
+          run_capped "$logs/sanitizer_probe.$tool.log" 60 "$sanitizer" --tool "$tool" --error-exitcode 9 "$work/smoke"
+          if [ "$rc" = 0 ] && [ "$(sanitizer_errors "$logs/sanitizer_probe.$tool.log")" = 0 ]; then
+            sanitizer_ok=1
+            info "sanitizer_$tool" "works: ran the smoke test with 0 errors in $secs s"
+          else
+            tool_why[$tool]="compute-sanitizer --tool $tool does not work here (exit $rc): $(grep -m1 -i -E 'error|not supported|fail' "$logs/sanitizer_probe.$tool.log")"
+            sanitizer_why=${tool_why[$tool]}
+            info "sanitizer_$tool" "no: ${tool_why[$tool]}"
+          fi
+        done
       elif [ -n "$sanitizer" ]; then
         sanitizer_why="the smoke test failed, so compute-sanitizer was not tried"
       fi
@@ -363,9 +375,11 @@ EOF
       echo "built in $secs s, $warnings warning lines"
       grep -i 'warning' "$logs/build.log" | sort -u | head -10
       record build build pass "$secs" "$warnings warning lines"
+    elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+      skip build build "the build did not finish before the deadline ($secs s; DEADLINE is $((deadline - t_start)) s)"
     else
       grep -E -i 'error' "$logs/build.log" | head -40
-      echo "FAIL build (exit $rc$([ "$rc" = 124 ] && echo ': ran past the deadline'))"
+      echo "FAIL build (exit $rc)"
       record build build fail "$secs" "exit $rc: $(grep -m3 -i 'error' "$logs/build.log")"
     fi
   fi
@@ -462,6 +476,11 @@ sanitize() { # TOOL BUDGET PATTERNS
       [[ " ${picked[*]} " == *" $id "* ]] || picked+=("$id")
     done
   done
+  if [ -n "${tool_why[$tool]:-}" ]; then
+    echo "$tool: not run: ${tool_why[$tool]}"
+    skip sanitize "$tool" "${tool_why[$tool]}"
+    return
+  fi
   echo "$tool: ${#picked[@]} cases, at most $budget s"
   for id in "${picked[@]}"; do
     test=${id%%:*} c=${id#*:}
@@ -470,7 +489,7 @@ sanitize() { # TOOL BUDGET PATTERNS
     log=$logs/sanitize/$tool.${id//[:\/]/.}.log
     run_capped "$log" $((until - EPOCHSECONDS)) "${rx_env[@]}" REMAX_CUDA_ALLOC=plain "${case_env[@]}" \
       "$sanitizer" --tool "$tool" --error-exitcode 9 --print-limit 12 "${case_cmd[@]}"
-    errs=$(grep -o 'ERROR SUMMARY: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*$')
+    errs=$(sanitizer_errors "$log")
     if [ "$rc" = 0 ] && [ "${errs:-x}" = 0 ]; then st=pass
     elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then st=skipped
     elif [ "$rc" = 77 ]; then st=skipped
@@ -478,7 +497,7 @@ sanitize() { # TOOL BUDGET PATTERNS
     printf '%-4s %s %s (%s s): %s\n' "$(echo "$st" | tr '[:lower:]' '[:upper:]' | cut -c1-4)" "$tool" "$id" "$secs" \
       "$( [ "$st" = skipped ] && echo "timed out or skipped (exit $rc)" || echo "${errs:-no} sanitizer errors, exit $rc")"
     [ "$st" = fail ] && grep -E '^========= ' "$log" | grep -v -E 'ERROR SUMMARY|^========= *$' | head -16 | cut -c1-220 | sed 's/^/    /'
-    record sanitize "$tool $id" "$st" "$secs" "exit $rc, ${errs:-no} errors: $(grep -m2 -E '^========= (Invalid|Race|Barrier|Program hit|Error|  )' "$log" | tr '\n' ' ')"
+    record sanitize "$tool $id" "$st" "$secs" "exit $rc, ${errs:-no} errors: $(grep -m2 -E '^========= (Invalid|Race|Barrier|Program hit|Error|Warning|  )|SUMMARY' "$log" | tr '\n' ' ')"
   done
 }
 
