@@ -206,7 +206,11 @@ info cublas "${libs:-not in the toolkit folder}$(ldconfig -p 2>/dev/null | grep 
 nccl=$(timeout 30 find ${cuda_home:+"$cuda_home"} /usr/lib/$A /usr/local /opt -maxdepth 9 \( -name 'libnccl.so*' -o -name nccl.h \) 2>/dev/null | head -4 | tr '\n' ' ')
 info nccl "${nccl:-not found (the MPI backend builds without NCCL)}"
 sanitizer=$(command -v compute-sanitizer 2>/dev/null || ls ${cuda_home:+"$cuda_home"/bin/compute-sanitizer} /opt/nvidia/*/compute-sanitizer 2>/dev/null | head -1)
-info sanitizer "${sanitizer:+$sanitizer: $("$sanitizer" --version 2>/dev/null | grep -o 'Version [0-9.]*' | head -1)}${sanitizer:-not found}"
+if [ -n "$sanitizer" ]; then
+  info sanitizer "$sanitizer: $("$sanitizer" --version 2>/dev/null | grep -o 'Version [0-9.]*' | head -1)"
+else
+  info sanitizer "not found"
+fi
 pyinfo=$(timeout 120 "$python" -c '
 import torch
 s = "torch %s (CUDA %s, device: %s)" % (torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
@@ -403,6 +407,7 @@ worst_of() {
 }
 # The test cases: "TEST CASE" lines (CASE "-" for a test run whole).
 cases=()
+declare -A case_status=()   # test:case -> pass/fail/skipped, for the sanitizer phase
 list_cases() {
   local src stem bin c listed
   for src in tests/gpu/test_*; do
@@ -449,8 +454,9 @@ else
       0) st=pass ;;
       77) st=skipped ;;
       124|137) st=fail; worst="timed out after $secs s; $worst" ;;
-      *) st=fail ;;
+      *) st=fail; (( rc > 128 )) && worst="killed by SIG$(kill -l $((rc - 128)) 2>/dev/null); $worst" ;;
     esac
+    case_status[$id]=$st
     printf '%-4s %s (%s s) %s\n' "$(echo "$st" | tr '[:lower:]' '[:upper:]' | cut -c1-4)" "$id" "$secs" "$worst"
     show_case "$log"
     [ "$st" = fail ] && ! grep -q -E 'check failed|error' "$log" && tail -8 "$log" | sed 's/^/    | /'
@@ -490,14 +496,16 @@ sanitize() { # TOOL BUDGET PATTERNS
     run_capped "$log" $((until - EPOCHSECONDS)) "${rx_env[@]}" REMAX_CUDA_ALLOC=plain "${case_env[@]}" \
       "$sanitizer" --tool "$tool" --error-exitcode 9 --print-limit 12 "${case_cmd[@]}"
     errs=$(sanitizer_errors "$log")
-    if [ "$rc" = 0 ] && [ "${errs:-x}" = 0 ]; then st=pass
-    elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then st=skipped
-    elif [ "$rc" = 77 ]; then st=skipped
-    else st=fail; fi
-    printf '%-4s %s %s (%s s): %s\n' "$(echo "$st" | tr '[:lower:]' '[:upper:]' | cut -c1-4)" "$tool" "$id" "$secs" \
-      "$( [ "$st" = skipped ] && echo "timed out or skipped (exit $rc)" || echo "${errs:-no} sanitizer errors, exit $rc")"
-    [ "$st" = fail ] && grep -E '^========= ' "$log" | grep -v -E 'ERROR SUMMARY|^========= *$' | head -16 | cut -c1-220 | sed 's/^/    /'
-    record sanitize "$tool $id" "$st" "$secs" "exit $rc, ${errs:-no} errors: $(grep -m2 -E '^========= (Invalid|Race|Barrier|Program hit|Error|Warning|  )|SUMMARY' "$log" | tr '\n' ' ')"
+    # a finding of the tool fails; a case that fails without the tool too is not counted twice
+    if [ "${errs:-0}" != 0 ]; then st=fail why="$errs $tool errors, exit $rc"
+    elif [ "$rc" = 0 ] && [ -n "$errs" ]; then st=pass why="0 errors"
+    elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then st=skipped why="timed out after $secs s (the tool's budget or the deadline)"
+    elif [ "$rc" = 77 ]; then st=skipped why="the case skips (exit 77)"
+    elif [ "${case_status[$id]:-}" = fail ]; then st=skipped why="exit $rc, no $tool errors; the case fails without $tool too"
+    else st=fail why="exit $rc under $tool$( [ -z "$errs" ] && echo ", no summary from the tool"), though the case passes without it"; fi
+    printf '%-4s %s %s (%s s): %s\n' "$(echo "$st" | tr '[:lower:]' '[:upper:]' | cut -c1-4)" "$tool" "$id" "$secs" "$why"
+    [ "$st" = fail ] && grep -E '^========= ' "$log" | grep -v -E 'SUMMARY|^========= *$' | head -16 | cut -c1-220 | sed 's/^/    /'
+    record sanitize "$tool $id" "$st" "$secs" "$why$( [ "$st" = fail ] && echo ": $(grep -m3 -E '^========= +(Invalid|Race|Barrier|Program hit|Error|Warning|at )' "$log" | tr '\n' ' ')")"
   done
 }
 
