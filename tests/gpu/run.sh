@@ -58,6 +58,7 @@ skip_phases=" ${SKIP:-} "
 python=${PYTHON:-python3}
 A=x86_64-linux-gnu
 
+case $work in /|/tmp|"$root"|"$HOME") echo "run.sh: WORK=$work would be emptied; name a folder of its own" >&2; exit 2 ;; esac
 rm -rf "$work"
 mkdir -p "$logs/cases" "$logs/sanitize" "$logs/bench" "$out" || exit 2
 rm -f "$out/run.log" "$out/summary.json" "$out/bench.jsonl" "$out/logs.tar.gz"
@@ -177,12 +178,19 @@ info kernel "$(uname -srm)"
 info os "$( (. /etc/os-release 2>/dev/null && echo "${PRETTY_NAME:-unknown}") || echo unknown)"
 info host "$(nproc) cores, $(awk '/^MemTotal:/ {printf "%.0f GiB memory", $2 / 1048576}' /proc/meminfo), $(df -h "$root" | awk 'NR == 2 {print $4 " free on disk"}')"
 gpu_present=0
-if have nvidia-smi && smi=$(timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,compute_cap,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,mig.mode.current --format=csv,noheader 2>&1); then
+if have nvidia-smi && gpus=$(timeout 30 nvidia-smi -L 2>&1) && [ -n "$gpus" ]; then
   gpu_present=1
-  info gpu "$smi"
+  info gpu "$gpus"
+  q=name,driver_version,memory.total,memory.used,compute_cap,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,mig.mode.current
+  state=$(timeout 30 nvidia-smi --query-gpu="$q" --format=csv 2>&1) ||   # an older driver lacks a field
+    state=$(timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1)
+  info gpu_state "$(tr '\n' ';' <<<"$state")"
   info driver "$(timeout 30 nvidia-smi 2>/dev/null | grep -o 'Driver Version: [0-9.]*.*CUDA Version: [0-9.]*' | tr -s ' ')"
+elif [ -e /dev/nvidia0 ]; then
+  gpu_present=1
+  info gpu "/dev/nvidia0 exists, but nvidia-smi does not answer: ${gpus:-not on the PATH}"
 else
-  info gpu "none: $(have nvidia-smi && echo "nvidia-smi failed: ${smi:-}" || echo "no nvidia-smi on the PATH") "
+  info gpu "none: $(have nvidia-smi && echo "nvidia-smi -L: ${gpus:-nothing}" || echo "no nvidia-smi on the PATH, no /dev/nvidia0")"
 fi
 [ -e /proc/driver/nvidia/version ] && info kernel_module "$(head -1 /proc/driver/nvidia/version | tr -s ' ')"
 cuda_home=
@@ -205,7 +213,8 @@ libs=
 info cublas "${libs:-not in the toolkit folder}$(ldconfig -p 2>/dev/null | grep -m1 -o 'libcublas.so[^ ]* .*' | sed 's/^/; ldconfig: /')"
 nccl=$(timeout 30 find ${cuda_home:+"$cuda_home"} /usr/lib/$A /usr/local /opt -maxdepth 9 \( -name 'libnccl.so*' -o -name nccl.h \) 2>/dev/null | head -4 | tr '\n' ' ')
 info nccl "${nccl:-not found (the MPI backend builds without NCCL)}"
-sanitizer=$(command -v compute-sanitizer 2>/dev/null || ls ${cuda_home:+"$cuda_home"/bin/compute-sanitizer} /opt/nvidia/*/compute-sanitizer 2>/dev/null | head -1)
+sanitizer=$(command -v compute-sanitizer 2>/dev/null ||
+  ls ${cuda_home:+"$cuda_home"/bin/compute-sanitizer "$cuda_home"/compute-sanitizer/compute-sanitizer} /opt/nvidia/*/compute-sanitizer 2>/dev/null | head -1)
 if [ -n "$sanitizer" ]; then
   info sanitizer "$sanitizer: $("$sanitizer" --version 2>/dev/null | grep -o 'Version [0-9.]*' | head -1)"
 else
