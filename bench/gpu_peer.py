@@ -90,7 +90,7 @@ def measured_ceilings(dev):
         return start.elapsed_time(end) / 1e3 / reps
     flops = 2 * n ** 3 / timed(lambda: a @ b, 10)
     bw = 2 * src.numel() / timed(lambda: dst.copy_(src), 10)
-    del a, b, src, dst
+    a = b = src = dst = None   # free them before the model is built
     torch.cuda.empty_cache()
     return flops, bw
 
@@ -122,6 +122,15 @@ def build(shape, impl, dev, dtype):
     def loss_fn(x):
         return m(input_ids=x, labels=x, use_cache=False).loss
     return m, loss_fn, m.generate, getattr(m.config, "_attn_implementation", "?")
+
+
+def dynamo_graphs():
+    """Graphs torch.compile has compiled in this process (None before PyTorch 2)."""
+    try:
+        from torch._dynamo.utils import counters
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:
+        return None
 
 
 def versions():
@@ -282,6 +291,9 @@ def generate(a):
                 res.update(measured_copy_tb_s=bw / 1e12, of_measured_bound=tps * nbytes / bw)
         if dev.type == "cuda":
             res.update(peak_allocated_mib=torch.cuda.max_memory_allocated() / 2 ** 20)
+        graphs = dynamo_graphs()
+        if graphs is not None:   # what torch.compile actually did, whatever was asked
+            res.update(dynamo_graphs=graphs)
         emit(res)
 
 
