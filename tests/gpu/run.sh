@@ -2,10 +2,10 @@
 # tests/gpu/run.sh: the GPU window. One run of under 10 minutes on a lent GPU machine (CUDA 13,
 # CMake, a C compiler, PyTorch and transformers; no network, no LuaJIT, OpenBLAS, PCRE2 or
 # lua-cjson) that gives the most information a short window can: a preflight of the machine and a
-# one-kernel smoke test; remax's GPU targets built; every GPU test case in its own process, each
-# printing its error and worst element; compute-sanitizer memcheck, racecheck and synccheck on
-# small cases; then every tests/gpu/test_* that is not a C test (the model step, the loop) and
-# every bench/gpu_*.sh benchmark, all behind one deadline: what would run past it is skipped and
+# one-kernel smoke test; remax's GPU targets built; every case of every tests/gpu/test_*.c in its
+# own process, each printing its error and worst element, and every tests/gpu/test_*.sh or .lua
+# (the model step, the loop); compute-sanitizer memcheck, racecheck and synccheck on small cases;
+# every bench/gpu_*.sh benchmark; all behind one deadline: what would run past it is skipped and
 # named. The CPU suite is not run here (CI runs it). docs/gpu_window.md is the procedure.
 #
 #   here, once, on Debian 12 with network:  sh tests/gpu/prepare.sh          (fills .debs/)
