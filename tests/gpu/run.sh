@@ -3,8 +3,9 @@
 # CMake, a C compiler, PyTorch and transformers; no network, no LuaJIT, OpenBLAS, PCRE2 or
 # lua-cjson) that gives the most information a short window can: a preflight of the machine and a
 # one-kernel smoke test; remax's GPU targets built; every case of every tests/gpu/test_*.c in its
-# own process, each printing its error and worst element, and every tests/gpu/test_*.sh or .lua
-# (the model step, the loop); compute-sanitizer memcheck, racecheck and synccheck on small cases;
+# own process, each printing its error and worst element, every tests/gpu/test_*.sh or .lua (the
+# model step, the loop), and the Lua specs' device tests (busted --filter=cuda on the specs that
+# mention it); compute-sanitizer memcheck, racecheck and synccheck on small cases;
 # every bench/gpu_*.sh benchmark; all behind one deadline: what would run past it is skipped and
 # named. The CPU suite is not run here (CI runs it). docs/gpu_window.md is the procedure.
 #
@@ -32,6 +33,7 @@
 #   BUILD [build-gpu], WORK [/tmp/remax-gpu-window], RX_PREFIX [/tmp/remax-prefix]
 #   RX_USE_DEBS=1        unpack .debs/ even where the system has the packages
 #   PYTHON [python3]     the Python that has PyTorch and transformers (benchmarks)
+#   BUSTED_FILTER [cuda] the Lua specs' tests to run: those whose names match (busted --filter)
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 root=$PWD
@@ -290,6 +292,7 @@ phase "dependencies"
 cmake_deps=()
 rx_ld=
 rx_cpath=
+rx_lpath=
 pkgconf_ld=
 if [ "${RX_USE_DEBS:-0}" != 1 ] && pkg-config --exists luajit libpcre2-8 2>/dev/null &&
    [ -e /usr/lib/$A/openblas-openmp/libopenblas.so ] && [ -e /usr/lib/$A/lua/5.1/cjson.so ]; then
@@ -322,6 +325,7 @@ else
   export PKG_CONFIG_SYSROOT_DIR="$prefix"
   rx_ld="$prefix/runtime:$prefix/usr/lib/$A/openblas-openmp"
   rx_cpath="$prefix/usr/lib/$A/lua/5.1/?.so;;"
+  rx_lpath="$prefix/usr/share/lua/5.1/?.lua;$prefix/usr/share/lua/5.1/?/init.lua;;"
   cmake_deps=(-DPKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf"
               -DOPENBLAS_LIB="$prefix/usr/lib/$A/openblas-openmp/libopenblas.so"
               -DCBLAS_INCLUDE_DIR="$prefix/usr/include/$A/openblas-openmp")
@@ -332,6 +336,10 @@ fi
 rx_env=(env)
 [ -n "$rx_ld" ] && rx_env+=("LD_LIBRARY_PATH=$rx_ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
 [ -n "$rx_cpath" ] && rx_env+=("LUA_CPATH=$rx_cpath")
+[ -n "$rx_lpath" ] && rx_env+=("LUA_PATH=$rx_lpath")
+luajit_bin=$(command -v luajit || echo "$prefix/usr/bin/luajit")
+busted_bin=$(command -v busted || echo "$prefix/usr/bin/busted")
+echo "Lua specs' device tests: $( [ -x "$luajit_bin" ] && [ -f "$busted_bin" ] && echo "busted $busted_bin under $luajit_bin" || echo "no busted or LuaJIT here")"
 
 # ---- build: remax, its host program and the gpu_* targets only; warnings never fatal ---------
 built=0
@@ -406,7 +414,7 @@ chmod +x "$work/bin/remax"
 # ---- the GPU tests: every case in its own process --------------------------------------------
 # show_case LOG: the lines of a case's log worth reading in the window's log.
 show_case() {
-  grep -E '^  compare |check failed|skipped|^FAIL |error|Error|fault|RX_GPU_CASE|timed out' "$1" | head -24 | cut -c1-240 | sed 's/^/    /'
+  grep -E '^  compare |check failed|skipped|^FAIL |error|Error|fault|RX_GPU_CASE|timed out|^Failure|^Error|success' "$1" | head -24 | cut -c1-240 | sed 's/^/    /'
 }
 # worst_of LOG: the comparison with the largest normalised error.
 worst_of() {
@@ -431,14 +439,23 @@ list_cases() {
       *.sh|*.lua) cases+=("$(basename "$src") -") ;;
     esac
   done
+  # the device tests of the Lua specs: those named with BUSTED_FILTER, in the specs that mention it
+  local filter=${BUSTED_FILTER:-cuda}
+  for src in $(grep -l -i -e "$filter" tests/lua/*_spec.lua 2>/dev/null); do
+    if [ -x "$luajit_bin" ] && [ -f "$busted_bin" ]; then cases+=("$(basename "$src") -")
+    else skip case "$(basename "$src")" "no busted here (tests/gpu/prepare.sh brings it)"; fi
+  done
 }
 case_argv() { # TEST CASE: sets case_cmd (the command that runs it), case_env and id
   case $1 in
+    *_spec.lua) case_cmd=("$luajit_bin" "$busted_bin" --ignore-lua --output=plainTerminal
+                          --filter="${BUSTED_FILTER:-cuda}" "tests/lua/$1") ;;
     *.sh) case_cmd=(bash "tests/gpu/$1") ;;
     *.lua) case_cmd=("$work/bin/remax" run "tests/gpu/$1") ;;
     *) case_cmd=("$bdir/$1") ;;
   esac
   if [ "$2" = - ]; then id=$1; case_env=(); else id=$1:$2; case_env=("RX_GPU_CASE=$2"); fi
+  [[ $1 == *_spec.lua ]] && case_env+=("REMAX_LIB=$bdir/libremax.so")
 }
 
 if skipped_phase tests; then
@@ -465,6 +482,11 @@ else
       124|137) st=fail; worst="timed out after $secs s; $worst" ;;
       *) st=fail; (( rc > 128 )) && worst="killed by SIG$(kill -l $((rc - 128)) 2>/dev/null); $worst" ;;
     esac
+    if [[ $test == *_spec.lua ]]; then   # busted: what ran, by its own count
+      counts=$(grep -o -E '[0-9]+ success(es)? / [0-9]+ failures? / [0-9]+ errors? / [0-9]+ pending' "$log" | tail -1)
+      worst=${counts:-"no busted summary"}
+      if [ "$st" = pass ] && [[ $counts == "0 success"* ]]; then st=skipped worst="no test named '${BUSTED_FILTER:-cuda}' ran: $counts"; fi
+    fi
     case_status[$id]=$st
     printf '%-4s %s (%s s) %s\n' "$(echo "$st" | tr '[:lower:]' '[:upper:]' | cut -c1-4)" "$id" "$secs" "$worst"
     show_case "$log"
