@@ -32,6 +32,7 @@
 #                        CMakeLists.txt offers it, else ON with nvcc, else OFF)
 #   BUILD [build-gpu], WORK [/tmp/remax-gpu-window], RX_PREFIX [/tmp/remax-prefix]
 #   RX_USE_DEBS=1        unpack .debs/ even where the system has the packages
+#   COMMIT               the commit under test, for the log and summary (where there is no .git)
 #   PYTHON [python3]     the Python that has PyTorch and transformers (benchmarks)
 #   BUSTED_FILTER [cuda] the Lua specs' tests to run: those whose names match (busted --filter)
 set -uo pipefail
@@ -70,8 +71,10 @@ tee_pid=$!
 t_start=$EPOCHSECONDS
 started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 deadline=$((t_start + ${DEADLINE:-540}))
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
+# The device tool copies the working tree without .git: the caller names the commit (COMMIT=...).
+if [ -n "${COMMIT:-}" ]; then commit=$COMMIT
+elif commit=$(git rev-parse --short HEAD 2>/dev/null); then git diff --quiet HEAD 2>/dev/null || commit="$commit+uncommitted"
+else commit="unknown (no .git here: set COMMIT)"; fi
 
 left() { echo $((deadline - EPOCHSECONDS)); }
 phase() { printf '\n== %s (%d s in, %d s left)\n' "$1" $((EPOCHSECONDS - t_start)) "$(left)"; }
