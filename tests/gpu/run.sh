@@ -247,6 +247,7 @@ sanitizer_errors() {
 sanitizer_ok=0   # 1 when at least one tool works; tool_why[TOOL] says why a tool does not
 sanitizer_why="compute-sanitizer not found"
 declare -A tool_why=()
+sanitizer_opts=(--error-exitcode 9 --print-limit 12)   # the probe uses them too: an option it refuses shows there
 if skipped_phase smoke; then
   skip smoke smoke "SKIP=smoke"
 else
@@ -273,7 +274,7 @@ else
       if [ -n "$sanitizer" ] && [ "$rc" = 0 ]; then
         # each tool on the smoke test: the ones that run it cleanly are used on the remax cases
         for tool in memcheck racecheck synccheck; do
-          run_capped "$logs/sanitizer_probe.$tool.log" 60 "$sanitizer" --tool "$tool" --error-exitcode 9 "$work/smoke"
+          run_capped "$logs/sanitizer_probe.$tool.log" 60 "$sanitizer" --tool "$tool" "${sanitizer_opts[@]}" "$work/smoke"
           if [ "$rc" = 0 ] && [ "$(sanitizer_errors "$logs/sanitizer_probe.$tool.log")" = 0 ]; then
             sanitizer_ok=1
             info "sanitizer_$tool" "works: ran the smoke test with 0 errors in $secs s"
@@ -528,7 +529,7 @@ sanitize() { # TOOL BUDGET PATTERNS
     if (( until - EPOCHSECONDS < 15 )); then skip sanitize "$tool $id" "the $tool budget ($budget s) is spent"; continue; fi
     log=$logs/sanitize/$tool.${id//[:\/]/.}.log
     run_capped "$log" $((until - EPOCHSECONDS)) "${rx_env[@]}" REMAX_CUDA_ALLOC=plain "${case_env[@]}" \
-      "$sanitizer" --tool "$tool" --error-exitcode 9 --print-limit 12 "${case_cmd[@]}"
+      "$sanitizer" --tool "$tool" "${sanitizer_opts[@]}" "${case_cmd[@]}"
     errs=$(sanitizer_errors "$log")
     # a finding of the tool fails; a case that fails without the tool too is not counted twice
     if [ "${errs:-0}" != 0 ]; then st=fail why="$errs $tool errors, exit $rc"
