@@ -507,7 +507,9 @@ sanitize() { # TOOL BUDGET PATTERNS
   until=$((EPOCHSECONDS + budget))
   (( until > deadline )) && until=$deadline
   local picked=()
-  for pat in $patterns; do
+  local pats
+  read -r -a pats <<<"$patterns"   # words, not file names: "*attention*" must not glob
+  for pat in "${pats[@]}"; do
     for tc in "${cases[@]}"; do
       read -r test c <<<"$tc"
       [[ $test == gpu_* ]] || continue
