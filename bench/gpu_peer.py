@@ -188,12 +188,13 @@ def train(a):
             sync(dev)
             break
         except torch.cuda.OutOfMemoryError:
-            opt.zero_grad(set_to_none=True)
-            gc.collect()
-            torch.cuda.empty_cache()
             if micro == 1:
                 raise
-            micro //= 2
+        # out of the except block, so that the failed step's tensors are no longer referenced
+        opt.zero_grad(set_to_none=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+        micro //= 2
     times = []
     for i in range(max(a.warmup, 1) - 1 + a.steps):   # the step above was the first warm-up
         sync(dev)
