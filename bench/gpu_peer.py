@@ -261,9 +261,10 @@ def generate(a):
     deadline = a.deadline or math.inf
     last = None   # seconds of the previous row count: the estimate for the next
     for rows in [int(r) for r in a.rows.split(",")]:
-        if last is not None and time.time() + 2.5 * last > deadline:
+        need = 2.5 * last if last is not None else 0   # the next row count takes longer than the last
+        if time.time() + need > deadline:
             emit(dict(side=side(a), bench="generate", shape=a.shape, rows=rows, skipped="deadline",
-                      why="about %.0f s needed, %.0f s left" % (2.5 * last, deadline - time.time())))
+                      why="about %.0f s needed, %.0f s left" % (need, deadline - time.time())))
             continue
         prompt = torch.randint(0, s["vocab"], (rows, a.prompt), device=dev)
         t0 = time.perf_counter()
