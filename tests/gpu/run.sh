@@ -410,10 +410,12 @@ EOF
   fi
 fi
 
-# A remax host program that finds the unpacked libraries, for the tests and benchmarks.
+# A remax host program that finds the unpacked libraries, for the tests and benchmarks, and a
+# command prefix that does the same for any program (the benchmarks' own binaries).
 mkdir -p "$work/bin"
 printf '#!/bin/sh\nexec %s "%s/remax" "$@"\n' "$(printf '%q ' "${rx_env[@]}")" "$bdir" >"$work/bin/remax"
-chmod +x "$work/bin/remax"
+printf '#!/bin/sh\nexec %s "$@"\n' "$(printf '%q ' "${rx_env[@]}")" >"$work/bin/rx-env"
+chmod +x "$work/bin/remax" "$work/bin/rx-env"
 
 # ---- the GPU tests: every case in its own process --------------------------------------------
 # show_case LOG: the lines of a case's log worth reading in the window's log.
@@ -584,7 +586,7 @@ else
     echo "-- $b ($share s)"
     log=$logs/bench/$(basename "$b" .sh).log
     show=1 run_capped "$log" "$share" env RX_GPU_DEADLINE=$((EPOCHSECONDS + share - 5)) REMAX_BIN="$work/bin/remax" \
-      REMAX_BUILT="$built" PYTHON="$python" DRY_RUN="$dry" bash "$b"
+      RX_ENV="$work/bin/rx-env" REMAX_BUILD_DIR="$bdir" PYTHON="$python" DRY_RUN="$dry" bash "$b"
     grep -E '^\{.*\}$' "$log" >>"$bench_jsonl"
     grep -E '^\| ' "$log" >>"$work/bench_table.txt"
     if [ "$rc" = 0 ]; then record bench "$b" pass "$secs" "$(grep -c -E '^\{' "$log") result lines"
