@@ -256,7 +256,7 @@ def generate(a):
         if not hf_generate:
             return plain_generate(model, prompt, new, dev)
         g = copy.deepcopy(gc_base)
-        g.max_new_tokens, g.min_new_tokens = new, new
+        g.max_new_tokens = new   # no eos token: every row decodes all of them (checked below)
         return hf_generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=g)
     deadline = a.deadline or math.inf
     last = None   # seconds of the previous row count: the estimate for the next
