@@ -77,6 +77,7 @@ elif commit=$(git rev-parse --short HEAD 2>/dev/null); then git diff --quiet HEA
 else commit="unknown (no .git here: set COMMIT)"; fi
 
 left() { echo $((deadline - EPOCHSECONDS)); }
+err_pat='(^|[^[:alpha:]])(error|Error|ERROR)( [0-9]+)?:|undefined reference|fatal|CMake Error'   # a compiler's or linker's error line
 phase() { printf '\n== %s (%d s in, %d s left)\n' "$1" $((EPOCHSECONDS - t_start)) "$(left)"; }
 have() { command -v "$1" >/dev/null 2>&1; }
 skipped_phase() { [[ $skip_phases == *" $1 "* ]]; }
@@ -259,7 +260,7 @@ else
     if [ "$rc" != 0 ]; then
       cat "$logs/smoke_build.log"
       echo "FAIL smoke: nvcc -arch=sm_$arch failed (exit $rc)"
-      record smoke smoke-build fail "$secs" "nvcc -arch=sm_$arch: $(grep -m1 -i error "$logs/smoke_build.log")"
+      record smoke smoke-build fail "$secs" "nvcc -arch=sm_$arch: $(grep -m1 -E "$err_pat" "$logs/smoke_build.log")"
     elif [ "$gpu_present" = 0 ]; then
       echo "smoke: compiled for sm_$arch; not run (no GPU here)"
       record smoke smoke-build pass "$secs" "compiled for sm_$arch"
@@ -347,6 +348,7 @@ echo "Lua specs' device tests: $( [ -x "$luajit_bin" ] && [ -f "$busted_bin" ] &
 
 # ---- build: remax, its host program and the gpu_* targets only; warnings never fatal ---------
 built=0
+broken=()   # gpu_* programs that did not compile
 if skipped_phase build; then
   skip build build "SKIP=build"
   [ -x "$bdir/remax" ] && built=1
@@ -393,19 +395,40 @@ EOF
       mapfile -t gpu_targets < <(cmake --build "$bdir" --target help 2>/dev/null | sed -n 's/^\.\.\. \(gpu_[A-Za-z0-9_]*\).*/\1/p' | sort -u)
     fi
     echo "targets: remax remax_host ${gpu_targets[*]}"
-    run_capped "$logs/build.log" $(( $(left) - 30 )) cmake --build "$bdir" -j "$jobs" --target remax remax_host "${gpu_targets[@]}"
+    keep_going=(-- -k 0)   # every compile error in one window, not the first
+    [ -f "$bdir/build.ninja" ] || keep_going=(-- -k)
+    # the library and host program first (nothing runs without them), then the gpu_* programs,
+    # so that one test that does not compile leaves the others to run
+    run_capped "$logs/build.log" $(( $(left) - 30 )) cmake --build "$bdir" -j "$jobs" --target remax remax_host "${keep_going[@]}"
+    if [ "$rc" = 0 ] && [ "${#gpu_targets[@]}" -gt 0 ]; then
+      lib_secs=$secs
+      run_capped "$logs/build_gpu.log" $(( $(left) - 30 )) cmake --build "$bdir" -j "$jobs" --target "${gpu_targets[@]}" "${keep_going[@]}"
+      secs=$(awk -v a="$lib_secs" -v b="$secs" 'BEGIN { printf "%.1f", a + b }')
+      cat "$logs/build_gpu.log" >>"$logs/build.log"
+      if [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$rc" != 137 ]; then   # which of them failed
+        for t in "${gpu_targets[@]}"; do
+          if ! cmake --build "$bdir" --target "$t" >"$logs/build_$t.log" 2>&1; then
+            broken+=("$t")
+            grep -E "$err_pat" "$logs/build_$t.log" | head -20
+            echo "FAIL build $t"
+            record build "$t" fail 0 "$(grep -m3 -E "$err_pat" "$logs/build_$t.log")"
+          fi
+        done
+        rc=0
+      fi
+    fi
     warnings=$(grep -c -i 'warning' "$logs/build.log")
     if [ "$rc" = 0 ]; then
       built=1
-      echo "built in $secs s, $warnings warning lines"
+      echo "built in $secs s, $warnings warning lines${broken[*]:+; not built: ${broken[*]}}"
       grep -i 'warning' "$logs/build.log" | sort -u | head -10
-      record build build pass "$secs" "$warnings warning lines"
+      record build build pass "$secs" "$warnings warning lines${broken[*]:+; not built: ${broken[*]}}"
     elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
       skip build build "the build did not finish before the deadline ($secs s; DEADLINE is $((deadline - t_start)) s)"
     else
-      grep -E -i 'error' "$logs/build.log" | head -40
+      grep -E "$err_pat" "$logs/build.log" | head -60
       echo "FAIL build (exit $rc)"
-      record build build fail "$secs" "exit $rc: $(grep -m3 -i 'error' "$logs/build.log")"
+      record build build fail "$secs" "exit $rc: $(grep -m3 -E "$err_pat" "$logs/build.log")"
     fi
   fi
 fi
@@ -413,8 +436,8 @@ fi
 # A remax host program that finds the unpacked libraries, for the tests and benchmarks, and a
 # command prefix that does the same for any program (the benchmarks' own binaries).
 mkdir -p "$work/bin"
-printf '#!/bin/sh\nexec %s "%s/remax" "$@"\n' "$(printf '%q ' "${rx_env[@]}")" "$bdir" >"$work/bin/remax"
-printf '#!/bin/sh\nexec %s "$@"\n' "$(printf '%q ' "${rx_env[@]}")" >"$work/bin/rx-env"
+printf '#!/usr/bin/env bash\nexec %s "%s/remax" "$@"\n' "$(printf '%q ' "${rx_env[@]}")" "$bdir" >"$work/bin/remax"
+printf '#!/usr/bin/env bash\nexec %s "$@"\n' "$(printf '%q ' "${rx_env[@]}")" >"$work/bin/rx-env"
 chmod +x "$work/bin/remax" "$work/bin/rx-env"
 
 # ---- the GPU tests: every case in its own process --------------------------------------------
@@ -438,6 +461,7 @@ list_cases() {
     case $src in
       *.c)
         bin=$bdir/gpu_$stem
+        if [[ " ${broken[*]} " == *" gpu_$stem "* ]]; then skip case "gpu_$stem" "did not compile (see build)"; continue; fi
         if [ ! -x "$bin" ]; then skip case "gpu_$stem" "not built"; continue; fi
         listed=$("${rx_env[@]}" RX_GPU_LIST=1 timeout 60 "$bin" 2>/dev/null | sed -n 's/^case //p' | awk '!seen[$0]++')
         if [ -z "$listed" ]; then cases+=("gpu_$stem -"); continue; fi
