@@ -28,8 +28,8 @@
 #   MEMCHECK_CASES ["*"], RACECHECK_CASES, SYNCCHECK_CASES ["*attention* *logprob* *rmsnorm* *adamw*"]
 #                        which cases ("test:case" globs, in order) each sanitizer tool runs
 #   SKIP [""]            phases to leave out: any of smoke build tests sanitize bench
-#   CUDA_MODE            RX_CUDA for CMake (ON; a dry run without a GPU picks emulate when
-#                        CMakeLists.txt offers it, else ON with nvcc, else OFF)
+#   CUDA_MODE            RX_CUDA for CMake (ON; without a GPU, emulate: the CUDA sources run on
+#                        the CPU through engine/cuda/emu)
 #   BUILD [build-gpu], WORK [/tmp/remax-gpu-window], RX_PREFIX [/tmp/remax-prefix]
 #   RX_USE_DEBS=1        unpack .debs/ even where the system has the packages
 #   COMMIT               the commit under test, for the log and summary (where there is no .git)
@@ -348,7 +348,8 @@ echo "Lua specs' device tests: $( [ -x "$luajit_bin" ] && [ -f "$busted_bin" ] &
 
 # ---- build: remax, its host program and the gpu_* targets only; warnings never fatal ---------
 built=0
-broken=()   # gpu_* programs that did not compile
+broken=()        # gpu_* programs that did not compile
+gpu_targets=()   # the gpu_* targets of this build
 if skipped_phase build; then
   skip build build "SKIP=build"
   [ -x "$bdir/remax" ] && built=1
@@ -381,7 +382,8 @@ EOF
   echo "cmake ${gen[*]} -DRX_CUDA=$mode -DCMAKE_CUDA_ARCHITECTURES=$arch (warnings not fatal), $jobs jobs, into $bdir"
   run_capped "$logs/configure.log" 300 env ${pkgconf_ld:+LD_LIBRARY_PATH="$pkgconf_ld"} \
     cmake -S . -B "$bdir" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DRX_CUDA="$mode" -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-    -DCMAKE_C_COMPILER_LAUNCHER="$work/nowerror" -DCMAKE_CUDA_COMPILER_LAUNCHER="$work/nowerror" "${cmake_deps[@]}"
+    -DCMAKE_C_COMPILER_LAUNCHER="$work/nowerror" -DCMAKE_CUDA_COMPILER_LAUNCHER="$work/nowerror" \
+    -DCMAKE_CXX_COMPILER_LAUNCHER="$work/nowerror" "${cmake_deps[@]}"
   grep -E "^-- remax:|CMake Error|CMake Warning" "$logs/configure.log"
   if [ "$rc" != 0 ]; then
     tail -30 "$logs/configure.log"
@@ -455,19 +457,21 @@ worst_of() {
 cases=()
 declare -A case_status=()   # test:case -> pass/fail/skipped, for the sanitizer phase
 list_cases() {
-  local src stem bin c listed
-  for src in tests/gpu/test_*; do
-    stem=$(basename "${src%.*}")
-    case $src in
-      *.c)
-        bin=$bdir/gpu_$stem
-        if [[ " ${broken[*]} " == *" gpu_$stem "* ]]; then skip case "gpu_$stem" "did not compile (see build)"; continue; fi
-        if [ ! -x "$bin" ]; then skip case "gpu_$stem" "not built"; continue; fi
-        listed=$("${rx_env[@]}" RX_GPU_LIST=1 timeout 60 "$bin" 2>/dev/null | sed -n 's/^case //p' | awk '!seen[$0]++')
-        if [ -z "$listed" ]; then cases+=("gpu_$stem -"); continue; fi
-        while IFS= read -r c; do cases+=("gpu_$stem $c"); done <<<"$listed" ;;
-      *.sh|*.lua) cases+=("$(basename "$src") -") ;;
-    esac
+  local src t c listed programs=()
+  # the test programs this build defines (tests/gpu/test_*.c; test_*.cu too under the emulator)
+  for t in "${gpu_targets[@]}"; do [[ $t == gpu_test_* ]] && programs+=("$t"); done
+  if [ "${#programs[@]}" = 0 ]; then   # SKIP=build: the programs already in the build folder
+    for src in "$bdir"/gpu_test_*; do [ -x "$src" ] && programs+=("$(basename "$src")"); done
+  fi
+  for t in "${programs[@]}"; do
+    if [[ " ${broken[*]} " == *" $t "* ]]; then skip case "$t" "did not compile (see build)"; continue; fi
+    if [ ! -x "$bdir/$t" ]; then skip case "$t" "not built"; continue; fi
+    listed=$("${rx_env[@]}" RX_GPU_LIST=1 timeout 60 "$bdir/$t" 2>/dev/null | sed -n 's/^case //p' | awk '!seen[$0]++')
+    if [ -z "$listed" ]; then cases+=("$t -"); continue; fi   # a program without gpu.h's RUN: run whole
+    while IFS= read -r c; do cases+=("$t $c"); done <<<"$listed"
+  done
+  for src in tests/gpu/test_*.sh tests/gpu/test_*.lua; do
+    [ -f "$src" ] && cases+=("$(basename "$src") -")
   done
   # the device tests of the Lua specs: those named with BUSTED_FILTER, in the specs that mention it
   local filter=${BUSTED_FILTER:-cuda}
