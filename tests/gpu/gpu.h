@@ -90,7 +90,8 @@ static inline int gpu_guarded_free(gpu_guarded g) {
 
 /* RX_GPU_REPORT=1 (tests/gpu/run.sh sets it): every comparison prints its error and its worst
  * element, passing or not, so a GPU log shows how close each op came, not only whether it passed. */
-static inline void gpu_report(const rx_tensor *want, double e, int64_t worst, double got_v, double want_v) {
+static inline void gpu_report(const rx_tensor *got, const rx_tensor *want, double e, int64_t worst, double got_v,
+                              double want_v) {
   if (!gpu_env_on("RX_GPU_REPORT")) return;
   int64_t idx[8] = {0}, rest = worst;
   int nd = want->ndim < 8 ? want->ndim : 8;
@@ -103,7 +104,7 @@ static inline void gpu_report(const rx_tensor *want, double e, int64_t worst, do
   for (int d = 0; d < nd; d++)
     snprintf(at + strlen(at), sizeof at - strlen(at), d ? ", %lld" : "%lld", (long long)idx[d]);
   fprintf(stderr, "  compare %s n=%lld: nrmse %.3g, worst |got-want| %.3g at [%s] (got %.9g, want %.9g)\n",
-          rx_dtype_name(want->dtype), (long long)want->numel, e, fabs(got_v - want_v), at, got_v, want_v);
+          rx_dtype_name(got->dtype), (long long)want->numel, e, fabs(got_v - want_v), at, got_v, want_v);
 }
 
 /* Normalised error of a device (or any) tensor against a CPU reference. */
@@ -118,7 +119,7 @@ static inline double gpu_nrmse(const rx_tensor *got, const rx_tensor *want) {
     if (a[i] != a[i]) e = INFINITY;   /* a NaN from the device is never close */
     if (d > worst_d) worst_d = d, worst = i;
   }
-  if (n > 0) gpu_report(want, e, worst, a[worst], b[worst]);
+  if (n > 0) gpu_report(got, want, e, worst, a[worst], b[worst]);
   free(a);
   free(b);
   return e;
