@@ -145,6 +145,20 @@ void rx_cpu_logprob_entropy_backward_f64(double *dlogits, const double *dlogp, c
                                          const double *logits, const int32_t *targets, const double *lse, int64_t N,
                                          int64_t V);
 
+/* The optimizer (adamw.c): AdamW with step_size = lr / (1 - beta1^step), sqrt_bc2 = sqrt(1 -
+ * beta2^step) and shrink = 1 - lr * weight_decay (decoupled decay); f32 or f64 params with moments
+ * of their dtype, or f64 params with f32 moments (_f64_m32). Sums of squares in double. */
+void rx_cpu_adamw_f32(float *P, const float *G, float *M, float *V, int64_t n, double step_size, double beta1,
+                      double beta2, double eps, double shrink, double sqrt_bc2);
+void rx_cpu_adamw_f64(double *P, const double *G, double *M, double *V, int64_t n, double step_size, double beta1,
+                      double beta2, double eps, double shrink, double sqrt_bc2);
+void rx_cpu_adamw_f64_m32(double *P, const double *G, float *M, float *V, int64_t n, double step_size, double beta1,
+                          double beta2, double eps, double shrink, double sqrt_bc2);
+double rx_cpu_sum_squares_f32(const float *x, int64_t n);
+double rx_cpu_sum_squares_f64(const double *x, int64_t n);
+void rx_cpu_scale_f32(float *x, int64_t n, float s);
+void rx_cpu_scale_f64(double *x, int64_t n, double s);
+
 /* The head over vocabulary slices [v0, v0 + Vs) of N rows (engine/model/head.c); logprob.inc. */
 void rx_cpu_logprob_slice_forward_f32(float *rmax, double *rsum, double *rsz, float *xt, const float *logits,
                                       const int32_t *targets, int64_t N, int64_t Vs, int64_t v0, int first);
