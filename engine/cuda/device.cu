@@ -16,6 +16,14 @@ extern "C" int rx_cuda_device_count(void) {
   return n;
 }
 
+extern "C" const char *rx_cuda_backend(void) {
+#ifdef RX_CUDA_EMULATE
+  return "emulated";
+#else
+  return "device";
+#endif
+}
+
 int rx_cuda_error(cudaError_t e, const char *call, const char *op, const char *fmt, ...) {
   char sizes[256] = "";
   va_list ap;
@@ -323,7 +331,7 @@ static int copy_on_device(rx_tensor *dst, const rx_tensor *src) {
           "copy", "numel=%lld", (long long)n);
     return RX_OK;
   }
-  copy_kernel<<<rx_blocks(n, 256), 256, 0, s>>>(dst->data, strided_of(dst), dst->dtype, src->data, strided_of(src),
+  RX_LAUNCH(copy_kernel, rx_blocks(n, 256), 256, 0, s, dst->data, strided_of(dst), dst->dtype, src->data, strided_of(src),
                                                src->dtype, n);
   RX_LAUNCHED("copy", "numel=%lld %s -> %s", (long long)n, rx_dtype_name(src->dtype), rx_dtype_name(dst->dtype));
   return RX_OK;
@@ -387,7 +395,7 @@ extern "C" int rx_cuda_fill(rx_tensor *t, double value) {
   RX_STREAM(s);
   if (t->numel == 0) return RX_OK;
   if (value == 0 && !signbit(value)) return rx_cuda_memset0(t->data, (size_t)(t->numel * rx_dtype_size(t->dtype)));
-  fill_kernel<<<rx_blocks(t->numel, 256), 256, 0, s>>>(t->data, t->dtype, t->numel, value);
+  RX_LAUNCH(fill_kernel, rx_blocks(t->numel, 256), 256, 0, s, t->data, t->dtype, t->numel, value);
   RX_LAUNCHED("fill", "numel=%lld dtype=%s", (long long)t->numel, rx_dtype_name(t->dtype));
   return RX_OK;
 }
@@ -418,7 +426,7 @@ extern "C" int rx_cuda_first_bad_index(int64_t *bad, int32_t *bad_value, const i
   unsigned long long none = ~0ull, got = none;
   cudaError_t e = cudaMemcpyAsync(scratch, &none, sizeof none, cudaMemcpyHostToDevice, s);
   if (e == cudaSuccess) {
-    first_bad_kernel<<<rx_blocks(n, 256), 256, 0, s>>>(scratch, idx, n, limit, allow_negative);
+    RX_LAUNCH(first_bad_kernel, rx_blocks(n, 256), 256, 0, s, scratch, idx, n, limit, allow_negative);
     e = cudaGetLastError();
   }
   if (e == cudaSuccess) e = cudaMemcpyAsync(&got, scratch, sizeof got, cudaMemcpyDeviceToHost, s);

@@ -112,7 +112,7 @@ extern "C" int rx_cuda_matmul_forward(void *out, const void *inp, const void *we
             op, "N=%lld C=%lld OC=%lld dtype=%s", (long long)N, (long long)C, (long long)OC, rx_dtype_name(dtype));
   if (bias) {
     RX_DISPATCH_FLOAT(dtype, op,
-      add_bias_kernel<T><<<rx_blocks(N * OC, 256), 256, 0, s>>>((T *)out, (const T *)bias, N, OC));
+      RX_LAUNCH((add_bias_kernel<T>), rx_blocks(N * OC, 256), 256, 0, s, (T *)out, (const T *)bias, N, OC));
     RX_LAUNCHED(op, "bias N=%lld OC=%lld", (long long)N, (long long)OC);
   }
   return RX_OK;

@@ -55,7 +55,7 @@ extern "C" int rx_cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, 
   RX_STREAM(s);
   if (N == 0) return RX_OK;
   RX_DISPATCH_FLOAT(dtype, "rmsnorm",
-    rmsnorm_forward_kernel<T><<<(unsigned)N, THREADS, 0, s>>>((T *)out, rstd, (const T *)inp, (const T *)weight, C, eps));
+    RX_LAUNCH((rmsnorm_forward_kernel<T>), (unsigned)N, THREADS, 0, s, (T *)out, rstd, (const T *)inp, (const T *)weight, C, eps));
   RX_LAUNCHED("rmsnorm", "N=%lld C=%lld", (long long)N, (long long)C);
   return RX_OK;
 }
@@ -66,7 +66,7 @@ extern "C" int rx_cuda_rmsnorm_backward(void *dinp, float *dweight, const void *
   if (N == 0) return RX_OK;
   RX_DISPATCH_FLOAT(dtype, "rmsnorm_backward", {
     if (dinp) {
-      rmsnorm_backward_kernel<T><<<(unsigned)N, THREADS, 0, s>>>((T *)dinp, (const T *)dout, (const T *)inp,
+      RX_LAUNCH((rmsnorm_backward_kernel<T>), (unsigned)N, THREADS, 0, s, (T *)dinp, (const T *)dout, (const T *)inp,
                                                                  (const T *)weight, rstd, C);
       RX_LAUNCHED("rmsnorm_backward", "N=%lld C=%lld", (long long)N, (long long)C);
     }

@@ -191,7 +191,10 @@ function M.main(cmd, ...)
     return M.test(...)
   elseif cmd == "version" or cmd == "--version" then
     local C = require("remax.ffi").C
-    print(("remax %s (OpenBLAS kernels: %s)"):format(require("remax").version(), require("ffi").string(C.rx_blas_core())))
+    local cuda = ({ none = "not built", device = "built for the GPU",
+      emulated = "emulated on the CPU (for testing, not speed)" })[require("ffi").string(C.rx_cuda_backend())]
+    print(("remax %s (OpenBLAS kernels: %s; CUDA: %s)"):format(require("remax").version(),
+      require("ffi").string(C.rx_blas_core()), cuda))
     return 0
   end
   io.stderr:write(("remax: unknown command '%s'\n\n"):format(cmd), usage)

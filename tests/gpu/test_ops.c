@@ -117,6 +117,8 @@ static void test_rope(void) {
   /* frequencies of a scaled rope (as Llama 3.1's rope_scaling makes them): no longer theta^(-2i/D) */
   double inv_freq[32];
   for (int i = 0; i < 32; i++) inv_freq[i] = (i % 3 == 0 ? 0.125 : 1.0) * pow(5e5, -2.0 * i / 64.0);
+  gy = gpu_guarded_new(dt, 4, s, NULL);   /* EXPECT_CLOSE freed the first ones */
+  gdx = gpu_guarded_new(dt, 4, s, NULL);
   CHECK_OK(rx_rope_forward_freq(y, x.c, pc, inv_freq));
   CHECK_OK(rx_rope_forward_freq(gy.t, x.g, pg, inv_freq));
   CHECK_OK(rx_rope_backward_freq(dx, x.c, pc, inv_freq));
