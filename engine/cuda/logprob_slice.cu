@@ -92,8 +92,8 @@ extern "C" int rx_cuda_logprob_slice_forward(float *rmax, double *rsum, double *
   RX_STREAM(s);
   if (N == 0) return RX_OK;
   RX_DISPATCH_FLOAT(dtype, "logprob_slice",
-    slice_forward_kernel<T><<<(unsigned)N, THREADS, 0, s>>>(rmax, rsum, rsz, xt, (const T *)logits, targets, Vs, v0,
-                                                            first));
+    RX_LAUNCH((slice_forward_kernel<T>), (unsigned)N, THREADS, 0, s, rmax, rsum, rsz, xt, (const T *)logits, targets,
+              Vs, v0, first));
   RX_LAUNCHED("logprob_slice", "N=%lld Vs=%lld v0=%lld", (long long)N, (long long)Vs, (long long)v0);
   return RX_OK;
 }
@@ -102,7 +102,7 @@ extern "C" int rx_cuda_logprob_slice_finish(float *logp, float *lse, float *entr
                                             const double *rsum, double *rsz, const int32_t *targets, int64_t N) {
   RX_STREAM(s);
   if (N == 0) return RX_OK;
-  slice_finish_kernel<<<rx_blocks(N, THREADS), THREADS, 0, s>>>(logp, lse, entropy, rmax, rsum, rsz, targets, N);
+  RX_LAUNCH(slice_finish_kernel, rx_blocks(N, THREADS), THREADS, 0, s, logp, lse, entropy, rmax, rsum, rsz, targets, N);
   RX_LAUNCHED("logprob_slice_finish", "N=%lld", (long long)N);
   return RX_OK;
 }
@@ -113,8 +113,8 @@ extern "C" int rx_cuda_logprob_slice_backward(void *dlogits, const float *dlogp,
   RX_STREAM(s);
   if (N == 0) return RX_OK;
   RX_DISPATCH_FLOAT(dtype, "logprob_slice_backward",
-    slice_backward_kernel<T><<<(unsigned)N, THREADS, 0, s>>>((T *)dlogits, dlogp, dentropy, entropy,
-                                                             (const T *)logits, targets, lse, Vs, v0));
+    RX_LAUNCH((slice_backward_kernel<T>), (unsigned)N, THREADS, 0, s, (T *)dlogits, dlogp, dentropy, entropy,
+              (const T *)logits, targets, lse, Vs, v0));
   RX_LAUNCHED("logprob_slice_backward", "N=%lld Vs=%lld v0=%lld", (long long)N, (long long)Vs, (long long)v0);
   return RX_OK;
 }

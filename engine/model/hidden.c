@@ -23,7 +23,7 @@ int rx_model_hidden_at(rx_model *m, const rx_tensor *tokens, const rx_tensor *ma
   rx_forward_opts fo = {0, 0, 0, 0};
   if ((rc = rx_model_plan(m, B, T, &fo))) return rc;
   rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL);
-  if ((rc = rx_model_forward_hidden(m, NULL, NULL))) return rc;
+  if ((rc = rx_model_forward_hidden(m, NULL))) return rc;
   for (int64_t b = 0; b < B; b++)
     memcpy((char *)out->data + b * C * es, (char *)m->plan.xf.data + (b * T + index[b]) * C * es, (size_t)(C * es));
   return RX_OK;

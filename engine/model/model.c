@@ -384,49 +384,10 @@ int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts
 static rx_tensor *P(rx_model *m, int64_t i) { return i >= 0 ? &m->params[i] : NULL; }
 static rx_tensor *G(rx_model *m, int64_t i) { return i >= 0 && !m->lora ? &m->grads[i] : NULL; }
 
-/* Layer l from res[l]; writes res[l+1] unless recomputing (the output is already there). */
 int rx_model_layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_output) {
   plan *p = &m->plan;
-  const layer_params *lp = &m->layers[l];
-  const rx_model_config *cfg = &m->cfg;
-  const rx_tensor *mask = &p->mask;
-  rx_tensor *x = &p->res[l];
-  const int qk_norm = cfg->qk_norm != 0;
-  TRY(rx_rmsnorm_forward(&a->xn1, &a->rstd1, x, P(m, lp->ln1), cfg->rms_norm_eps));
-  TRY(rx_model_linear_forward(m, l, RX_PROJ_Q, qk_norm ? &a->q_raw : &a->q, &a->xn1));
-  TRY(rx_model_linear_forward(m, l, RX_PROJ_K, qk_norm ? &a->k_raw : &a->k, &a->xn1));
-  TRY(rx_model_linear_forward(m, l, RX_PROJ_V, &a->v, &a->xn1));
-  if (qk_norm) {   /* Qwen3: each head of q and k RMS-normalised over head_dim before RoPE */
-    TRY(rx_rmsnorm_forward(&a->q_rows, &a->q_rstd, &a->q_raw_rows, P(m, lp->q_norm), cfg->rms_norm_eps));
-    TRY(rx_rmsnorm_forward(&a->k_rows, &a->k_rstd, &a->k_raw_rows, P(m, lp->k_norm), cfg->rms_norm_eps));
-  }
-  TRY(rx_rope_forward_freq(&a->q4, &a->q4, &p->positions, m->inv_freq));
-  TRY(rx_rope_forward_freq(&a->k4, &a->k4, &p->positions, m->inv_freq));
-  TRY(rx_attention_forward(&a->att4, &a->lse, &a->q4, &a->k4, &a->v4, mask, 0.0));
-  TRY(rx_model_linear_forward(m, l, RX_PROJ_O, &a->x_mid, &a->att));
-  TRY(rx_add(&a->x_mid, &a->x_mid, x));
-  TRY(rx_rmsnorm_forward(&a->xn2, &a->rstd2, &a->x_mid, P(m, lp->ln2), cfg->rms_norm_eps));
-  TRY(rx_model_linear_forward(m, l, RX_PROJ_GATE, &a->gate, &a->xn2));
-  TRY(rx_model_linear_forward(m, l, RX_PROJ_UP, &a->up, &a->xn2));
-  TRY(rx_swiglu_forward(&a->h, &a->gate, &a->up));
-  if (write_output) {
-    TRY(rx_model_linear_forward(m, l, RX_PROJ_DOWN, &p->res[l + 1], &a->h));
-    TRY(rx_add(&p->res[l + 1], &p->res[l + 1], &a->x_mid));
-  }
-  return RX_OK;
-}
-
-int rx_model_qk_norm_inplace(rx_model *m, int64_t l, rx_tensor *q, rx_tensor *k) {
-  const rx_model_config *cfg = &m->cfg;
-  if (!cfg->qk_norm) return RX_OK;
-  const layer_params *lp = &m->layers[l];
-  const int64_t D = cfg->head_dim;
-  int64_t sq[2] = {q->numel / D, D}, sk[2] = {k->numel / D, D};
-  rx_tensor qr, kr;
-  rx_view_init(&qr, q->data, q->dtype, q->device, 2, sq);
-  rx_view_init(&kr, k->data, k->dtype, k->device, 2, sk);
-  TRY(rx_rmsnorm_forward(&qr, NULL, &qr, P(m, lp->q_norm), cfg->rms_norm_eps));
-  return rx_rmsnorm_forward(&kr, NULL, &kr, P(m, lp->k_norm), cfg->rms_norm_eps);
+  const layer_io io = {&p->res[l], write_output ? &p->res[l + 1] : NULL, &p->positions, &p->mask, NULL};
+  return rx_model_layer(m, l, a, &io);
 }
 
 /* Copies the batch into the plan: tokens (pads mapped to 0), mask, positions counting real
@@ -451,15 +412,13 @@ void rx_model_set_inputs(rx_model *m, const int32_t *in_tok, const int32_t *in_m
   }
 }
 
-/* Embedding, every layer (calling after_layer(ctx, l, acts) when given), final norm into xf. */
-int rx_model_forward_hidden(rx_model *m, int (*after_layer)(void *, int64_t, layer_acts *), void *ctx) {
+int rx_model_forward_hidden(rx_model *m, const layer_kv *kv) {
   plan *p = &m->plan;
   const int64_t L = m->cfg.num_hidden_layers;
   TRY(rx_embedding_forward(&p->res[0], &p->tokens, &m->params[m->embed]));
   for (int64_t l = 0; l < L; l++) {
-    layer_acts *a = &p->acts[p->layer_sets == L ? l : 0];
-    TRY(rx_model_layer_forward(m, l, a, 1));
-    if (after_layer) TRY(after_layer(ctx, l, a));
+    const layer_io io = {&p->res[l], &p->res[l + 1], &p->positions, &p->mask, kv};
+    TRY(rx_model_layer(m, l, &p->acts[p->layer_sets == L ? l : 0], &io));
   }
   return rx_rmsnorm_forward(&p->xf, &p->rstdf, &p->res[L], &m->params[m->final_norm], m->cfg.rms_norm_eps);
 }
@@ -502,7 +461,7 @@ int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mas
   const int es = (int)rx_dtype_size(m->cfg.dtype);
 
   rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL);
-  TRY(rx_model_forward_hidden(m, NULL, NULL));
+  TRY(rx_model_forward_hidden(m, NULL));
   const int32_t *tgt = p->targets.data;
 
   TRY(rx_model_head_forward(m));

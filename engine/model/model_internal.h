@@ -48,13 +48,40 @@ struct rx_model {
 };
 
 int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts);
+
+/* The KV-cache hook of a layer: called after RoPE with the layer's activations (a->k4, a->v4
+ * hold this call's keys and values, [B, T, KV, D]), it stores them where decoding keeps them
+ * and sets keys / values (and may set *mask) to what the attention reads: the cache up to and
+ * including these positions. Without a hook a layer attends to its own keys and values. */
+typedef struct layer_kv {
+  int (*attend)(void *ctx, int64_t l, const layer_acts *a, rx_tensor *keys, rx_tensor *values,
+                const rx_tensor **mask);
+  void *ctx;
+} layer_kv;
+
+/* What one layer call reads and writes besides its activations. */
+typedef struct layer_io {
+  const rx_tensor *x;          /* input residual stream [N, C] */
+  rx_tensor *out;              /* output residual [N, C] (may be x); NULL: stop after the MLP's
+                                * activation (recomputing for the backward, the output is kept) */
+  const rx_tensor *positions;  /* i32 [N]: RoPE positions */
+  const rx_tensor *mask;       /* i32 [B, Tk]: the keys each query row may see (besides causality) */
+  const layer_kv *kv;          /* NULL: attend to this call's own keys and values */
+} layer_io;
+
+/* The decoder layer, written once for training, prefill and decoding (layer.c): pre-norm
+ * attention with q/k/v projections (biases for Qwen2, per-head q/k RMSNorm for Qwen3), RoPE,
+ * grouped-query attention, then the SwiGLU MLP, each added to the residual stream. With qk_norm,
+ * the activations either keep q_raw / k_raw apart (training: the backward needs them) or alias
+ * them to q / k (decoding: normalised in place), and q_rstd / k_rstd may have no data. */
+int rx_model_layer(rx_model *m, int64_t l, layer_acts *a, const layer_io *io);
+/* Layer l of the planned batch: from res[l] into res[l+1] (write_output), or only the
+ * activations again (gradient checkpointing). */
 int rx_model_layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_output);
-/* Qwen3's per-head RMSNorm of layer l's queries q [rows, H*D] and keys k [rows, KV*D], in place
- * (no-op without qk_norm): the decode step's twin of what the layer forward does. */
-int rx_model_qk_norm_inplace(rx_model *m, int64_t l, rx_tensor *q, rx_tensor *k);
 
 void rx_model_set_inputs(rx_model *m, const int32_t *tokens, const int32_t *mask);
-int rx_model_forward_hidden(rx_model *m, int (*after_layer)(void *, int64_t, layer_acts *), void *ctx);
+/* Embedding, every layer (with the KV-cache hook kv when given), final norm into xf. */
+int rx_model_forward_hidden(rx_model *m, const layer_kv *kv);
 /* The linear layers of layer l (proj = RX_PROJ_*), with their adapter when there is one:
  * out = inp W^T + b (+ scale (dropout(inp) A^T) B^T); backward overwrites dinp and accumulates
  * the adapter's gradients, and the base's only when the base is not frozen. lora.c. */
