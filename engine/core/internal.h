@@ -53,6 +53,14 @@ void rx_device_register(int32_t device, const rx_device_memory *table);
 /* The table of a registered device, or NULL (the CPU, or a device no backend registered). */
 const rx_device_memory *rx_device_memory_of(int32_t device);
 
+/* An engine arena (parameters, gradients, activations) on a device: 64-byte aligned, zeroed
+ * when `zero`; NULL with the error set (naming `what`) on failure. *handle (NULL on the CPU) is
+ * what rx_arena_free needs besides the pointer. */
+void *rx_arena_alloc(int32_t device, size_t bytes, const char *what, int zero, void **handle);
+void rx_arena_free(int32_t device, void *ptr, void *handle);
+/* Zero `bytes` at ptr on device. */
+int rx_memzero(int32_t device, void *ptr, size_t bytes);
+
 #include "profile.h"
 
 #endif

@@ -39,6 +39,33 @@ void *rx_alloc(size_t bytes, const char *what) {
 
 void rx_free(void *p) { free(p); }
 
+void *rx_arena_alloc(int32_t device, size_t bytes, const char *what, int zero, void **handle) {
+  *handle = NULL;
+  if (device == RX_CPU) {
+    void *p = rx_alloc(bytes, what);
+    if (p && zero) memset(p, 0, bytes);
+    return p;
+  }
+  const rx_device_memory *d = rx_device_memory_of(device);
+  void *p = NULL;
+  if (!d) { rx_fail(RX_EDEVICE, "%s: device %d is not a device remax knows (cpu = 0, cuda = 1)", what, device); return NULL; }
+  if (d->alloc(&p, handle, bytes ? bytes : 64, what)) return NULL;
+  if (zero && d->memset0(p, bytes)) { d->release(*handle); *handle = NULL; return NULL; }
+  return p;
+}
+
+void rx_arena_free(int32_t device, void *ptr, void *handle) {
+  if (device == RX_CPU) rx_free(ptr);
+  else if (ptr && rx_device_memory_of(device)) rx_device_memory_of(device)->release(handle);
+}
+
+int rx_memzero(int32_t device, void *ptr, size_t bytes) {
+  if (device == RX_CPU) { memset(ptr, 0, bytes); return RX_OK; }
+  const rx_device_memory *d = rx_device_memory_of(device);
+  if (!d) return rx_fail(RX_EDEVICE, "memzero: device %d is not a device remax knows", device);
+  return d->memset0(ptr, bytes);
+}
+
 const char *rx_shape_str(const rx_tensor *t, char *buf, size_t n) {
   size_t k = (size_t)snprintf(buf, n, "[");
   for (int i = 0; i < t->ndim && k < n; i++)

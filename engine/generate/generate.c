@@ -343,6 +343,7 @@ void rx_generate_end(rx_generator *g) {
 
 int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request *req, rx_generate_result *res) {
   *out = NULL;
+  TRY(rx_model_on_cpu(m, "generate"));
   TRY(check_request(m, req));
   const rx_model_config *c = &m->cfg;
   const int64_t L = c->num_hidden_layers, C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
@@ -442,9 +443,9 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
         pmask[p * Pmax + Pmax - n + t] = 1;
       }
     }
-    rx_model_set_inputs(m, ptok, pmask);
     const layer_kv kv = {copy_prompt_kv, g};
-    rc = rx_model_forward_hidden(m, &kv);
+    rc = rx_model_set_inputs(m, ptok, pmask);
+    if (!rc) rc = rx_model_forward_hidden(m, &kv);
   }
   free(ptok);
   free(pmask);
@@ -625,6 +626,7 @@ int rx_model_generate(rx_model *m, const rx_generate_request *req, rx_generate_r
 int rx_model_next_logits(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, rx_tensor *out) {
   int64_t B = 0, T = 0;
   char a[96];
+  TRY(rx_model_on_cpu(m, "next_logits"));
   TRY(rx_model_check_tokens(m, tokens, mask, &B, &T));
   const rx_model_config *c = &m->cfg;
   if (rx_check_tensor(out, "next_logits", "out", 2) || out->shape[0] != B || out->shape[1] != c->vocab_size || out->dtype != c->dtype)
@@ -632,10 +634,10 @@ int rx_model_next_logits(rx_model *m, const rx_tensor *tokens, const rx_tensor *
                    (long long)c->vocab_size, rx_shape_str(out, a, sizeof a));
   rx_forward_opts fo = {0, 0, 0, 0};
   TRY(rx_model_plan(m, B, T, &fo));
-  rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL);
+  TRY(rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL));
   TRY(rx_model_forward_hidden(m, NULL));
   const int64_t C = c->hidden_size, es = rx_dtype_size(c->dtype);
-  const int32_t *msk = m->plan.mask.data;
+  const int32_t *msk = m->plan.h_mask;
   for (int64_t b = 0; b < B; b++) {
     int64_t last = -1;
     for (int64_t t = 0; t < T; t++)

@@ -151,8 +151,8 @@ int rx_model_lora_init(rx_model *m, const rx_lora_config *cfg) {
   }
   free(offsets);
   /* the base is frozen from here on: its gradients (if any were made) go */
-  rx_free(m->grad_arena);
-  m->grad_arena = NULL;
+  rx_arena_free(m->cfg.device, m->grad_arena, m->grad_handle);
+  m->grad_arena = m->grad_handle = NULL;
   for (int64_t i = 0; i < m->n_params; i++) m->grads[i].data = NULL;
   m->lora = lo;
   return RX_OK;

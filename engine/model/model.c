@@ -35,12 +35,16 @@ static int check_config(const rx_model_config *c) {
     return rx_fail(RX_EINVAL, "model config: num_attention_heads = %lld is not a multiple of num_key_value_heads = %lld",
                    (long long)c->num_attention_heads, (long long)c->num_key_value_heads);
   if (c->head_dim % 2) return rx_fail(RX_EINVAL, "model config: head_dim = %lld must be even for RoPE", (long long)c->head_dim);
-  if (c->dtype != RX_F32 && c->dtype != RX_F64)
+  if (c->device != RX_CPU && c->device != RX_CUDA)
+    return rx_fail(RX_EDEVICE, "model config: device %d is not a device remax knows (cpu = 0, cuda = 1)", c->device);
+  if (c->device == RX_CPU && c->dtype != RX_F32 && c->dtype != RX_F64)
     return rx_fail(RX_EINVAL, "model config: compute dtype %s is not supported on this device (f32, f64)", rx_dtype_name(c->dtype));
-  if (c->weight_dtype == RX_BF16 && (c->dtype != RX_F32 || c->device != RX_CPU))
-    return rx_fail(RX_EINVAL, "model config: bf16 weight storage needs f32 compute on the cpu (compute dtype %s)",
+  if (c->device == RX_CUDA && c->dtype != RX_F32)
+    return rx_fail(RX_EINVAL, "model config: compute dtype %s is not supported on device cuda (f32 in this build)",
                    rx_dtype_name(c->dtype));
-  if (c->device != RX_CPU) return rx_fail(RX_EDEVICE, "model config: device %d has no model backend in this build", c->device);
+  if (c->weight_dtype == RX_BF16 && (c->dtype != RX_F32 || c->device != RX_CPU))
+    return rx_fail(RX_EINVAL, "model config: bf16 weight storage needs f32 compute on the cpu (compute dtype %s, device %s)",
+                   rx_dtype_name(c->dtype), c->device == RX_CPU ? "cpu" : "cuda");
   if (!(c->rms_norm_eps > 0)) return rx_fail(RX_EINVAL, "model config: rms_norm_eps = %g must be > 0", c->rms_norm_eps);
   if (!(c->rope_theta > 0)) return rx_fail(RX_EINVAL, "model config: rope_theta = %g must be > 0", c->rope_theta);
   if (c->rope_scaling != RX_ROPE_DEFAULT && c->rope_scaling != RX_ROPE_LLAMA3)
@@ -60,7 +64,8 @@ static int check_config(const rx_model_config *c) {
   const double tensors = L * (9 + (c->attention_bias ? 3 : 0) + (c->qk_norm ? 2 : 0)) + 3;
   const double bytes = matrices * (double)rx_dtype_size(rx_model_weight_dtype(c)) +
                        (params - matrices) * (double)rx_dtype_size(c->dtype) + tensors * (64 + 512);
-  const double memory = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  /* host memory; a device's allocator refuses what does not fit it, naming the bytes */
+  const double memory = c->device == RX_CPU ? (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) : 0;
   if (!(bytes < 9.2e18) || (memory > 0 && bytes > memory))
     return rx_fail(RX_ENOMEM, "model config: %.4g parameters in %.0f tensors need %.3g GB, more than this machine's %.3g GB of memory",
                    params, tensors, bytes / 1e9, memory / 1e9);
@@ -132,14 +137,13 @@ int rx_model_new(rx_model **out, const rx_model_config *cfg) {
   m->names = calloc((size_t)n, sizeof *m->names);
   m->params = calloc((size_t)n, sizeof *m->params);
   m->grads = calloc((size_t)n, sizeof *m->grads);
-  m->param_arena = rx_alloc((size_t)total, "model parameters");
+  m->param_arena = rx_arena_alloc(cfg->device, (size_t)total, "model parameters", 1, &m->param_handle);
   if (!offsets || !m->names || !m->params || !m->grads || !m->param_arena) {
     free(offsets);
     free(specs);
     rx_model_free(m);
     return rx_fail(RX_ENOMEM, "out of memory for %lld bytes of model parameters and gradients", (long long)(2 * total));
   }
-  memset(m->param_arena, 0, (size_t)total);
   for (int64_t i = 0; i < n; i++) {
     m->names[i] = strdup(specs[i].name);
     rx_view_init(&m->params[i], (char *)m->param_arena + offsets[i], specs[i].ndim == 2 ? wdt : cfg->dtype, cfg->device,
@@ -154,9 +158,10 @@ int rx_model_new(rx_model **out, const rx_model_config *cfg) {
   return RX_OK;
 }
 
-static void plan_release(plan *p) {
-  rx_free(p->arena);
-  rx_free(p->head);
+static void plan_release(plan *p, int32_t device) {
+  rx_arena_free(device, p->arena, p->arena_handle);
+  rx_arena_free(device, p->head, p->head_handle);
+  if (device != RX_CPU) { free(p->h_tokens); free(p->host); }
   free(p->res);
   free(p->acts);
   memset(p, 0, sizeof *p);
@@ -164,14 +169,14 @@ static void plan_release(plan *p) {
 
 void rx_model_free(rx_model *m) {
   if (!m) return;
-  plan_release(&m->plan);
+  plan_release(&m->plan, m->cfg.device);
   rx_lora_free(m->lora);
   for (int64_t i = 0; m->names && i < m->n_params; i++) free(m->names[i]);
   free(m->names);
   free(m->params);
   free(m->grads);
-  rx_free(m->param_arena);
-  rx_free(m->grad_arena);
+  rx_arena_free(m->cfg.device, m->param_arena, m->param_handle);
+  rx_arena_free(m->cfg.device, m->grad_arena, m->grad_handle);
   free(m->layers);
   free(m->inv_freq);
   free(m);
@@ -184,9 +189,8 @@ static int ensure_grads(rx_model *m) {
   if (rx_model_weight_dtype(&m->cfg) != m->cfg.dtype)
     return rx_fail(RX_EINVAL, "model weights are stored in %s, which keeps them frozen: train a model loaded in %s "
                    "(or train LoRA adapters on it)", rx_dtype_name(rx_model_weight_dtype(&m->cfg)), rx_dtype_name(m->cfg.dtype));
-  m->grad_arena = rx_alloc((size_t)m->param_bytes, "model gradients");
+  m->grad_arena = rx_arena_alloc(m->cfg.device, (size_t)m->param_bytes, "model gradients", 1, &m->grad_handle);
   if (!m->grad_arena) return RX_ENOMEM;
-  memset(m->grad_arena, 0, (size_t)m->param_bytes);
   for (int64_t i = 0; i < m->n_params; i++)
     m->grads[i].data = (char *)m->grad_arena + ((char *)m->params[i].data - (char *)m->param_arena);
   return RX_OK;
@@ -209,7 +213,7 @@ int64_t rx_model_find_param(const rx_model *m, const char *name) {
 
 void rx_model_zero_grad(rx_model *m) {
   const int prof = rx_prof_begin(RX_PROF_ZERO_GRAD);
-  if (m->grad_arena) memset(m->grad_arena, 0, (size_t)m->param_bytes);
+  if (m->grad_arena) rx_memzero(m->cfg.device, m->grad_arena, (size_t)m->param_bytes);
   rx_lora_zero_grad(m);
   rx_prof_end(prof);
 }
@@ -336,41 +340,65 @@ int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts
     p->valid = 0;
     return RX_OK;
   }
-  void *old_arena = p->arena, *old_head = p->head;
+  const int32_t dev = m->cfg.device;
+  void *old_arena = p->arena, *old_head = p->head, *arena_handle = p->arena_handle, *head_handle = p->head_handle;
   int64_t capacity = p->capacity, head_cap = p->head_bytes;
   free(p->res);
   free(p->acts);
+  if (dev != RX_CPU) { free(p->h_tokens); free(p->host); }
   memset(p, 0, sizeof *p);
   p->B = B; p->T = T; p->train = train; p->checkpoint = checkpoint; p->layer_sets = sets;
   p->res = calloc((size_t)(L + 1), sizeof *p->res);
   p->acts = calloc((size_t)sets, sizeof *p->acts);
-  if (!p->res || !p->acts) { rx_free(old_arena); rx_free(old_head); plan_release(p); return rx_fail(RX_ENOMEM, "out of memory for the activation plan"); }
-  carver sizing = {NULL, 0, m->cfg.dtype, m->cfg.device};
+  if (dev != RX_CPU) {
+    p->h_tokens = malloc(sizeof(int32_t) * (size_t)(4 * B * T));
+    p->host = malloc((size_t)(4 * B * T * es));
+  }
+  if (!p->res || !p->acts || (dev != RX_CPU && (!p->h_tokens || !p->host))) {
+    rx_arena_free(dev, old_arena, arena_handle);
+    rx_arena_free(dev, old_head, head_handle);
+    plan_release(p, dev);
+    return rx_fail(RX_ENOMEM, "out of memory for the activation plan");
+  }
+  carver sizing = {NULL, 0, m->cfg.dtype, dev};
   carve_plan(m, p, &sizing);
   if (sizing.used > capacity) {
-    rx_free(old_arena);
-    old_arena = rx_alloc((size_t)sizing.used, "activations");
+    rx_arena_free(dev, old_arena, arena_handle);
+    old_arena = rx_arena_alloc(dev, (size_t)sizing.used, "activations", 0, &arena_handle);
     capacity = sizing.used;
     if (!old_arena) {
-      rx_free(old_head);
-      plan_release(p);
+      rx_arena_free(dev, old_head, head_handle);
+      plan_release(p, dev);
       return rx_fail(RX_ENOMEM, "out of memory: activations for B=%lld T=%lld need %.1f MiB", (long long)B,
                      (long long)T, sizing.used / 1048576.0);
     }
   }
   p->arena = old_arena;
+  p->arena_handle = arena_handle;
   p->capacity = capacity;
   p->bytes = sizing.used;
-  carver real = {p->arena, 0, m->cfg.dtype, m->cfg.device};
+  carver real = {p->arena, 0, m->cfg.dtype, dev};
   carve_plan(m, p, &real);
+  if (dev == RX_CPU) {
+    p->h_tokens = p->tokens.data;
+    p->h_mask = p->mask.data;
+    p->h_positions = p->positions.data;
+    p->h_targets = p->targets.data;
+  } else {
+    const int64_t N = B * T;
+    p->h_mask = p->h_tokens + N;
+    p->h_positions = p->h_tokens + 2 * N;
+    p->h_targets = p->h_tokens + 3 * N;
+  }
   const int64_t head_bytes = chunk * cols * es;
   if (head_bytes > head_cap) {
-    rx_free(old_head);
-    old_head = rx_alloc((size_t)head_bytes, "head logits chunk");
+    rx_arena_free(dev, old_head, head_handle);
+    old_head = rx_arena_alloc(dev, (size_t)head_bytes, "head logits chunk", 0, &head_handle);
     head_cap = head_bytes;
-    if (!old_head) { plan_release(p); return RX_ENOMEM; }
+    if (!old_head) { plan_release(p, dev); return RX_ENOMEM; }
   }
   p->head = old_head;
+  p->head_handle = head_handle;
   p->head_bytes = head_cap;
   p->head_rows = chunk;
   p->head_cols = cols;
@@ -392,10 +420,29 @@ int rx_model_layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_outp
 
 /* Copies the batch into the plan: tokens (pads mapped to 0), mask, positions counting real
  * tokens, and targets shifted by one (-1 where there is nothing to predict). */
-void rx_model_set_inputs(rx_model *m, const int32_t *in_tok, const int32_t *in_mask) {
+/* A host vector of t's dtype and shape at data, sent to (or read from) t on its device. */
+static int send(rx_tensor *t, void *data) {
+  rx_tensor h;
+  rx_view_init(&h, data, t->dtype, RX_CPU, t->ndim, t->shape);
+  return rx_tensor_copy(t, &h);
+}
+
+static int fetch(void *data, const rx_tensor *t) {
+  rx_tensor h;
+  rx_view_init(&h, data, t->dtype, RX_CPU, t->ndim, t->shape);
+  return rx_tensor_copy(&h, t);
+}
+
+int rx_model_on_cpu(const rx_model *m, const char *op) {
+  if (m->cfg.device == RX_CPU) return RX_OK;
+  return rx_fail(RX_EDEVICE, "%s: runs on the cpu in this build, and the model is on device %s (use a cpu copy of "
+                 "its weights)", op, m->cfg.device == RX_CUDA ? "cuda" : "unknown");
+}
+
+int rx_model_set_inputs(rx_model *m, const int32_t *in_tok, const int32_t *in_mask) {
   plan *p = &m->plan;
   const int64_t B = p->B, T = p->T;
-  int32_t *tok = p->tokens.data, *msk = p->mask.data, *pos = p->positions.data, *tgt = p->targets.data;
+  int32_t *tok = p->h_tokens, *msk = p->h_mask, *pos = p->h_positions, *tgt = p->h_targets;
   for (int64_t b = 0; b < B; b++) {
     int32_t count = 0;
     for (int64_t t = 0; t < T; t++) {
@@ -410,6 +457,11 @@ void rx_model_set_inputs(rx_model *m, const int32_t *in_tok, const int32_t *in_m
       tgt[i] = (t + 1 < T && msk[i] && msk[i + 1]) ? tok[i + 1] : -1;
     }
   }
+  if (m->cfg.device == RX_CPU) return RX_OK;
+  TRY(send(&p->tokens, tok));
+  TRY(send(&p->mask, msk));
+  TRY(send(&p->positions, pos));
+  return send(&p->targets, tgt);
 }
 
 int rx_model_forward_hidden(rx_model *m, const layer_kv *kv) {
@@ -436,6 +488,8 @@ int rx_model_check_tokens(rx_model *m, const rx_tensor *tokens, const rx_tensor 
       return rx_fail(RX_EINVAL, "logprobs: mask %s %s does not match tokens %s", rx_dtype_name(mask->dtype),
                      rx_shape_str(mask, a, sizeof a), rx_shape_str(tokens, b, sizeof b));
   }
+  if (tokens->device != RX_CPU || (mask && mask->device != RX_CPU))
+    return rx_fail(RX_EINVAL, "logprobs: tokens and mask must be cpu tensors (the model copies them to its device)");
   const int32_t *tok = tokens->data;
   for (int64_t i = 0; i < *B * *T; i++) {
     int real = !mask || ((const int32_t *)mask->data)[i];
@@ -460,24 +514,40 @@ int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mas
   plan *p = &m->plan;
   const int es = (int)rx_dtype_size(m->cfg.dtype);
 
-  rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL);
+  TRY(rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL));
   TRY(rx_model_forward_hidden(m, NULL));
-  const int32_t *tgt = p->targets.data;
+  const int32_t *tgt = p->h_targets;
+  const int64_t N = B * T;
 
   TRY(rx_model_head_forward(m));
+  /* the head's rows on the host (a device model's through host room), and the outputs' host side */
+  const void *lp_rows = p->row_logp.data, *ent_rows = p->row_entropy.data;
+  void *lp_out = logp->data, *ent_out = entropy ? entropy->data : NULL;
+  if (m->cfg.device != RX_CPU) {
+    lp_rows = p->host;
+    ent_rows = (char *)p->host + N * es;
+    TRY(fetch(p->host, &p->row_logp));
+    if (entropy) TRY(fetch((char *)p->host + N * es, &p->row_entropy));
+  }
+  if (logp->device != RX_CPU) lp_out = (char *)p->host + 2 * N * es;
+  if (entropy && entropy->device != RX_CPU) ent_out = (char *)p->host + 3 * N * es;
+  if ((logp->device != RX_CPU || (entropy && entropy->device != RX_CPU)) && !p->host)
+    return rx_fail(RX_EINVAL, "logprobs: logp and entropy of a cpu model must be cpu tensors");
   /* row (b,t) predicts token (b,t+1) */
   for (int64_t b = 0; b < B; b++)
     for (int64_t t = 0; t < T; t++) {
       int64_t i = b * T + t;
       int valid = t > 0 && tgt[i - 1] >= 0;
       if (es == 4) {
-        ((float *)logp->data)[i] = valid ? ((float *)p->row_logp.data)[i - 1] : 0.0f;
-        if (entropy) ((float *)entropy->data)[i] = valid ? ((float *)p->row_entropy.data)[i - 1] : 0.0f;
+        ((float *)lp_out)[i] = valid ? ((const float *)lp_rows)[i - 1] : 0.0f;
+        if (entropy) ((float *)ent_out)[i] = valid ? ((const float *)ent_rows)[i - 1] : 0.0f;
       } else {
-        ((double *)logp->data)[i] = valid ? ((double *)p->row_logp.data)[i - 1] : 0.0;
-        if (entropy) ((double *)entropy->data)[i] = valid ? ((double *)p->row_entropy.data)[i - 1] : 0.0;
+        ((double *)lp_out)[i] = valid ? ((const double *)lp_rows)[i - 1] : 0.0;
+        if (entropy) ((double *)ent_out)[i] = valid ? ((const double *)ent_rows)[i - 1] : 0.0;
       }
     }
+  if (lp_out != logp->data) TRY(send(logp, lp_out));
+  if (entropy && ent_out != entropy->data) TRY(send(entropy, ent_out));
   p->valid = p->train;
   return RX_OK;
 }
@@ -535,18 +605,38 @@ int rx_model_backward_entropy(rx_model *m, const rx_tensor *dlogp, const rx_tens
     return rx_fail(RX_EINVAL, "backward: dentropy must be %s [%lld,%lld] like the forward's entropy, got %s %s",
                    rx_dtype_name(m->cfg.dtype), (long long)B, (long long)T, rx_dtype_name(dentropy->dtype),
                    rx_shape_str(dentropy, a, sizeof a));
-  /* dlogp[b,t] belongs to head row (b,t-1); so does dentropy[b,t] */
-  const int32_t *tgt = p->targets.data;
+  /* dlogp[b,t] belongs to head row (b,t-1); so does dentropy[b,t]. A device model's rows and
+   * a device dlogp / dentropy pass through host room. */
+  const int32_t *tgt = p->h_targets;
+  const int64_t es = rx_dtype_size(m->cfg.dtype);
+  const void *din = dlogp->data, *dein = dentropy ? dentropy->data : NULL;
+  void *rows = p->row_dlogp.data, *erows = p->row_dentropy.data;
+  if ((dlogp->device != RX_CPU || (dentropy && dentropy->device != RX_CPU)) && !p->host)
+    return rx_fail(RX_EINVAL, "backward: dlogp and dentropy of a cpu model must be cpu tensors");
+  if (dlogp->device != RX_CPU) {
+    TRY(fetch(p->host, dlogp));
+    din = p->host;
+  }
+  if (dentropy && dentropy->device != RX_CPU) {
+    TRY(fetch((char *)p->host + N * es, dentropy));
+    dein = (char *)p->host + N * es;
+  }
+  if (m->cfg.device != RX_CPU) {
+    rows = (char *)p->host + 2 * N * es;
+    erows = (char *)p->host + 3 * N * es;
+  }
   for (int64_t i = 0; i < N; i++) {
     int has = (i % T) + 1 < T && tgt[i] >= 0;
     if (m->cfg.dtype == RX_F32) {
-      ((float *)p->row_dlogp.data)[i] = has ? ((const float *)dlogp->data)[i + 1] : 0.0f;
-      if (dentropy) ((float *)p->row_dentropy.data)[i] = has ? ((const float *)dentropy->data)[i + 1] : 0.0f;
+      ((float *)rows)[i] = has ? ((const float *)din)[i + 1] : 0.0f;
+      if (dentropy) ((float *)erows)[i] = has ? ((const float *)dein)[i + 1] : 0.0f;
     } else {
-      ((double *)p->row_dlogp.data)[i] = has ? ((const double *)dlogp->data)[i + 1] : 0.0;
-      if (dentropy) ((double *)p->row_dentropy.data)[i] = has ? ((const double *)dentropy->data)[i + 1] : 0.0;
+      ((double *)rows)[i] = has ? ((const double *)din)[i + 1] : 0.0;
+      if (dentropy) ((double *)erows)[i] = has ? ((const double *)dein)[i + 1] : 0.0;
     }
   }
+  if (rows != p->row_dlogp.data) TRY(send(&p->row_dlogp, rows));
+  if (dentropy && erows != p->row_dentropy.data) TRY(send(&p->row_dentropy, erows));
   TRY(rx_model_head_backward(m, dentropy != NULL));
   TRY(rx_rmsnorm_backward(&p->dx, G(m, m->final_norm), &p->dxf, &p->res[L], &m->params[m->final_norm], &p->rstdf));
   for (int64_t l = L - 1; l >= 0; l--) {

@@ -19,7 +19,7 @@ typedef struct layer_acts {
 typedef struct plan {
   int64_t B, T, layer_sets;  /* layer_sets: L (all layers kept) or 1 (recompute / inference) */
   int32_t train, checkpoint;
-  void *arena;
+  void *arena, *arena_handle;  /* on the model's device (arena_handle: its allocator's piece) */
   int64_t bytes, capacity;
   rx_tensor *res;            /* L+1 residual streams [B*T, C]: res[l] is the input of layer l */
   layer_acts *acts;          /* layer_sets of them */
@@ -28,8 +28,14 @@ typedef struct plan {
   rx_tensor head_max, head_sum, head_sz;   /* the head's running max and sums per row (head.c) */
   /* backward scratch */
   rx_tensor dx, dxn, dtmp, dh, dgate, dup, datt, datt4, dq, dk, dv, dq4, dk4, dv4, dxf, dq_rows, dk_rows;
-  void *head;                /* [head_rows, head_cols] logits / dlogits: a tile of rows by a vocabulary slice */
+  void *head, *head_handle;  /* [head_rows, head_cols] logits / dlogits: a tile of rows by a vocabulary slice */
   int64_t head_rows, head_cols, head_bytes;
+  /* The host side of the batch: tokens, mask, positions and targets as the host computes them
+   * (on the CPU the plan's own tensors; on a device a host copy sent with rx_tensor_copy), and
+   * for a device model host room for 4 [B*T] vectors of the compute dtype (log-probabilities in
+   * and out, their gradients). */
+  int32_t *h_tokens, *h_mask, *h_positions, *h_targets;
+  void *host;
   int valid;                 /* a train forward ran and backward may use it */
 } plan;
 
@@ -38,7 +44,8 @@ struct rx_model {
   int64_t n_params;
   char **names;
   rx_tensor *params, *grads;
-  void *param_arena, *grad_arena;
+  void *param_arena, *grad_arena;      /* on cfg.device */
+  void *param_handle, *grad_handle;    /* their allocator's pieces (rx_arena_free) */
   int64_t param_bytes;
   layer_params *layers;
   int64_t embed, final_norm, lm_head;
@@ -79,7 +86,10 @@ int rx_model_layer(rx_model *m, int64_t l, layer_acts *a, const layer_io *io);
  * activations again (gradient checkpointing). */
 int rx_model_layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_output);
 
-void rx_model_set_inputs(rx_model *m, const int32_t *tokens, const int32_t *mask);
+/* Copies a batch of host tokens and mask (NULL: all real) into the plan. */
+int rx_model_set_inputs(rx_model *m, const int32_t *tokens, const int32_t *mask);
+/* The model's device is the CPU, or fail naming `op` and the device (for what runs on the host). */
+int rx_model_on_cpu(const rx_model *m, const char *op);
 /* Embedding, every layer (with the KV-cache hook kv when given), final norm into xf. */
 int rx_model_forward_hidden(rx_model *m, const layer_kv *kv);
 /* The linear layers of layer l (proj = RX_PROJ_*), with their adapter when there is one:

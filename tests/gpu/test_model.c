@@ -1,0 +1,194 @@
+/* test_model.c: the whole decoder on device "cuda" against the same model on the CPU (f32, the
+ * same weights): log-probabilities, entropies and every parameter gradient (with the entropy
+ * term, with and without gradient checkpointing, the head on vocabulary slices), then three
+ * optimizer steps (clipping and AdamW on the device) ending in the same weights, for the test
+ * configurations of tests/c/test_model.c (Qwen2 tied / untied with biases, Qwen3's q/k norm,
+ * Llama 3.1 RoPE scaling). The CPU model is itself checked against a naive reference and finite
+ * differences in tests/c/test_model.c. Without a CUDA device the test exits 77 (skipped). */
+#include "gpu.h"
+
+enum { B = 3, T = 9, STEPS = 3 };
+
+static const int32_t tokens[B * T] = {
+  3, 17, 5, 22, 9, 1, 14, 7, 11,
+  0, 0, 0, 8, 19, 2, 6, 21, 13,     /* left padding */
+  4, 10, 15, 12, 18, 20, 16, 0, 0,  /* right padding */
+};
+static const int32_t mask[B * T] = {
+  1, 1, 1, 1, 1, 1, 1, 1, 1,
+  0, 0, 0, 1, 1, 1, 1, 1, 1,
+  1, 1, 1, 1, 1, 1, 1, 0, 0,
+};
+
+static rx_model_config config(int variant) {
+  rx_model_config c = {0};
+  c.vocab_size = 23;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 4;
+  c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 10000.0;
+  c.dtype = RX_F32;
+  c.device = RX_CPU;
+  switch (variant) {
+    case 0: c.attention_bias = 1; c.rope_theta = 1000000.0; break;                          /* Qwen2, untied, GQA */
+    case 1: c.attention_bias = 1; c.tie_word_embeddings = 1; c.num_key_value_heads = 1; break;  /* Qwen2 tied, MQA */
+    case 2: c.qk_norm = 1; c.head_dim = 6; break;                                             /* Qwen3 */
+    case 3:                                                                                   /* Llama 3.1 */
+      c.tie_word_embeddings = 1;
+      c.head_dim = 8;
+      c.rope_scaling = RX_ROPE_LLAMA3;
+      c.rope_factor = 8;
+      c.rope_low_freq_factor = 1;
+      c.rope_high_freq_factor = 4;
+      c.rope_original_max_position_embeddings = 64;
+      break;
+  }
+  return c;
+}
+
+static const char *variant_name[] = {"qwen2 untied gqa", "qwen2 tied mqa", "qwen3 qk_norm", "llama3.1 rope scaling"};
+
+static rx_tensor *host(int32_t dtype, const void *data) {
+  int64_t shape[2] = {B, T};
+  rx_tensor *t;
+  gpu_must(rx_tensor_new(&t, dtype, RX_CPU, 2, shape), NULL);
+  if (data) memcpy(t->data, data, sizeof(int32_t) * B * T);
+  return t;
+}
+
+/* nrmse of a device tensor against a CPU one */
+static double err(const rx_tensor *dev, const rx_tensor *cpu) {
+  rx_tensor *h;
+  gpu_must(rx_tensor_new(&h, cpu->dtype, RX_CPU, cpu->ndim, cpu->shape), NULL);
+  gpu_must(rx_tensor_copy(h, dev), h);
+  double e = gpu_nrmse(h, cpu);
+  rx_tensor_free(h);
+  return e;
+}
+
+static void step_both(rx_model *mc, rx_model *mg, rx_tensor **mom, int64_t step, int check_grads, const char *name) {
+  const int64_t n = rx_model_param_count(mc);
+  rx_tensor *tok = host(RX_I32, tokens), *msk = host(RX_I32, mask);
+  rx_tensor *lp_c = host(RX_F32, NULL), *ent_c = host(RX_F32, NULL), *dlp = host(RX_F32, NULL), *dent = host(RX_F32, NULL);
+  rx_tensor *lp_g = to_gpu(lp_c, RX_F32), *ent_g = to_gpu(ent_c, RX_F32);
+  gpu_must(rx_tensor_normal(dlp, 3 + (uint64_t)step, 0, 0.0, 1.0), dlp);
+  gpu_must(rx_tensor_normal(dent, 5 + (uint64_t)step, 0, 0.0, 0.3), dent);
+  rx_tensor *dlp_g = to_gpu(dlp, RX_F32);
+  /* the head on tiles of 4 rows by slices of 7 of the 23 entries; step 1 checkpoints the layers */
+  rx_forward_opts fo = {1, step == 1, 4, 7};
+  CHECK_OK(rx_model_logprobs(mc, tok, msk, lp_c, ent_c, &fo));
+  CHECK_OK(rx_model_logprobs(mg, tok, msk, lp_g, ent_g, &fo));
+  double e_lp = err(lp_g, lp_c), e_ent = err(ent_g, ent_c);
+  CHECK(e_lp <= 1e-5, "%s step %lld: logprobs differ from the cpu by %g", name, (long long)step, e_lp);
+  CHECK(e_ent <= 1e-5, "%s step %lld: entropies differ from the cpu by %g", name, (long long)step, e_ent);
+  rx_model_zero_grad(mc);
+  rx_model_zero_grad(mg);
+  CHECK_OK(rx_model_backward_entropy(mc, dlp, dent));
+  CHECK_OK(rx_model_backward_entropy(mg, dlp_g, dent));   /* dlogp on the device, dentropy on the host */
+  rx_tensor **gc = calloc((size_t)n, sizeof *gc), **gg = calloc((size_t)n, sizeof *gg);
+  for (int64_t i = 0; i < n; i++) {
+    gc[i] = rx_model_grad(mc, i);
+    gg[i] = rx_model_grad(mg, i);
+    CHECK(gg[i] && gg[i]->device == RX_CUDA, "%s: gradient %lld is not on the device", name, (long long)i);
+    if (check_grads && gg[i]) {
+      double e = err(gg[i], gc[i]);
+      CHECK(e <= 1e-5, "%s step %lld: gradient of %s differs from the cpu by %g", name, (long long)step,
+            rx_model_param_name(mc, i), e);
+    }
+  }
+  double norm_c = 0, norm_g = 0;
+  CHECK_OK(rx_clip_grad_norm(gc, n, 0.05, &norm_c));   /* small enough to clip */
+  CHECK_OK(rx_clip_grad_norm(gg, n, 0.05, &norm_g));
+  CHECK(fabs(norm_c - norm_g) <= 1e-5 * norm_c, "%s: gradient norm %.9g on the device, %.9g on the cpu", name, norm_g, norm_c);
+  rx_adamw_config ac = {1e-2, 0.9, 0.95, 1e-8, 0.1, step + 1};
+  for (int64_t i = 0; i < n; i++) {
+    CHECK_OK(rx_adamw_step(rx_model_param(mc, i), gc[i], mom[4 * i], mom[4 * i + 1], &ac, i % 2));
+    CHECK_OK(rx_adamw_step(rx_model_param(mg, i), gg[i], mom[4 * i + 2], mom[4 * i + 3], &ac, i % 2));
+  }
+  free(gc);
+  free(gg);
+  rx_tensor *all[] = {tok, msk, lp_c, ent_c, dlp, dent, lp_g, ent_g, dlp_g};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) rx_tensor_free(all[i]);
+}
+
+static void check_variant(int variant) {
+  rx_model_config c = config(variant), g = c;
+  g.device = RX_CUDA;
+  rx_model *mc = NULL, *mg = NULL;
+  CHECK_OK(rx_model_new(&mc, &c));
+  CHECK_OK(rx_model_new(&mg, &g));
+  if (!mc || !mg) { rx_model_free(mc); rx_model_free(mg); return; }
+  const int64_t n = rx_model_param_count(mc);
+  rx_tensor **mom = calloc((size_t)(4 * n), sizeof *mom);
+  for (int64_t i = 0; i < n; i++) {
+    rx_tensor *p = rx_model_param(mc, i), *q = rx_model_param(mg, i);
+    if (strstr(rx_model_param_name(mc, i), "norm.weight")) rx_tensor_uniform(p, 11, (uint64_t)i << 32, 0.5, 1.5);
+    else rx_tensor_normal(p, 11, (uint64_t)i << 32, 0.0, 0.3);
+    CHECK(q->device == RX_CUDA, "%s: parameter %s is not on the device", variant_name[variant], rx_model_param_name(mg, i));
+    CHECK_OK(rx_tensor_copy(q, p));
+    for (int k = 0; k < 4; k++) gpu_must(rx_tensor_new(&mom[4 * i + k], RX_F32, k < 2 ? RX_CPU : RX_CUDA, p->ndim, p->shape), NULL);
+  }
+  for (int64_t s = 0; s < STEPS; s++) step_both(mc, mg, mom, s, 1, variant_name[variant]);
+  double worst = 0;
+  const char *worst_name = "";
+  for (int64_t i = 0; i < n; i++) {
+    double e = err(rx_model_param(mg, i), rx_model_param(mc, i));
+    if (e > worst) { worst = e; worst_name = rx_model_param_name(mc, i); }
+  }
+  CHECK(worst <= 1e-5, "%s: after %d steps the weights differ from the cpu's by up to %g (%s)", variant_name[variant],
+        STEPS, worst, worst_name);
+  for (int64_t i = 0; i < 4 * n; i++) rx_tensor_free(mom[i]);
+  free(mom);
+  rx_model_free(mc);
+  rx_model_free(mg);
+}
+
+static void qwen2_untied_gqa(void) { check_variant(0); }
+static void qwen2_tied_mqa(void) { check_variant(1); }
+static void qwen3_qk_norm(void) { check_variant(2); }
+static void llama31_rope_scaling(void) { check_variant(3); }
+
+/* What the device cannot do is an error naming it, never a silent CPU model. */
+static void device_errors_name_the_problem(void) {
+  rx_model_config c = config(0);
+  rx_model *m = NULL;
+  c.device = 7;
+  CHECK_FAILS(rx_model_new(&m, &c), "device 7 is not a device remax knows");
+  c.device = RX_CUDA;
+  c.dtype = RX_F64;
+  CHECK_FAILS(rx_model_new(&m, &c), "compute dtype f64 is not supported on device cuda");
+  c.dtype = RX_F32;
+  c.weight_dtype = RX_BF16;
+  CHECK_FAILS(rx_model_new(&m, &c), "bf16 weight storage needs f32 compute on the cpu");
+  c.weight_dtype = 0;
+  CHECK_OK(rx_model_new(&m, &c));
+  if (!m) return;
+  int32_t prompt[2] = {1, 2};
+  int64_t offsets[2] = {0, 2}, row_prompt[1] = {0};
+  rx_sampling row = {0.0, 1.0, 0, 2, 0};
+  rx_generate_request q = {1, prompt, offsets, 1, row_prompt, &row, NULL, 0, 1, 2};
+  int32_t out_tok[2], len[1], fin[1];
+  float out_lp[2];
+  rx_generate_result res = {0};
+  res.tokens = out_tok;
+  res.logprobs = out_lp;
+  res.lengths = len;
+  res.finish = fin;
+  CHECK_FAILS(rx_model_generate(m, &q, &res), "generate: runs on the cpu in this build, and the model is on device cuda");
+  rx_model_free(m);
+}
+
+int main(void) {
+  if (gpu_skip_unless_present("gpu_test_model")) return GPU_SKIP;
+  RUN(qwen2_untied_gqa);
+  RUN(qwen2_tied_mqa);
+  RUN(qwen3_qk_norm);
+  RUN(llama31_rope_scaling);
+  RUN(device_errors_name_the_problem);
+  return check_summary("gpu_test_model");
+}
