@@ -182,7 +182,7 @@ static rx_tensor *view_of(const rx_tensor *t) {
   rx_tensor *v = malloc(sizeof *v);
   if (!v) { rx_fail(RX_ENOMEM, "out of memory for tensor view"); return NULL; }
   *v = *t;
-  v->storage->refs++;
+  if (v->storage) v->storage->refs++;   /* an engine view (rx_view_init) has no storage: the owner keeps it */
   return v;
 }
 

@@ -253,6 +253,13 @@ const char *rx_model_param_name(const rx_model *m, int64_t i);
 /* Borrowed views into the parameter / gradient arenas (valid while the model lives). */
 rx_tensor *rx_model_param(rx_model *m, int64_t i);
 rx_tensor *rx_model_grad(rx_model *m, int64_t i);
+/* The parameters and their gradients as two flat 1-D buffers of the compute dtype on the model's
+ * device, for an optimizer that updates every tensor at once (AdamW in two calls, clipping in
+ * one): each tensor lies at its own 64-byte aligned offset, the padding between tensors stays
+ * zero, and the first *matrices elements hold the weight matrices (decayed by default), the rest
+ * the norms and biases. The views belong to the model (valid until it is freed). Fails for a
+ * model training LoRA adapters or storing its weights in another dtype than it computes in. */
+int rx_model_flat(rx_model *m, rx_tensor **params, rx_tensor **grads, int64_t *matrices);
 /* Index of a parameter by name, or -1. */
 int64_t rx_model_find_param(const rx_model *m, const char *name);
 void rx_model_zero_grad(rx_model *m);

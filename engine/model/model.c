@@ -123,14 +123,19 @@ int rx_model_new(rx_model **out, const rx_model_config *cfg) {
   m->final_norm = add_spec(specs, &n, "model.norm.weight", 1, C, 0);
   m->lm_head = cfg->tie_word_embeddings ? m->embed : add_spec(specs, &n, "lm_head.weight", 2, V, C);
 
-  /* one arena for parameters, one for gradients, every tensor 64-byte aligned */
-  /* matrices in the weight dtype, vectors (norms, biases) in the compute dtype */
+  /* one arena for parameters, one for gradients, every tensor 64-byte aligned; the matrices
+   * (in the weight dtype) first, then the vectors (norms, biases, in the compute dtype), so that
+   * an optimizer over the flat buffer decays one range and not the other (rx_model_flat) */
   const int32_t wdt = rx_model_weight_dtype(cfg);
   int64_t *offsets = calloc((size_t)n, sizeof *offsets), total = 0;
-  for (int64_t i = 0; i < n && offsets; i++) {
-    offsets[i] = total;
-    int64_t numel = specs[i].shape[0] * (specs[i].ndim == 2 ? specs[i].shape[1] : 1);
-    total += (numel * rx_dtype_size(specs[i].ndim == 2 ? wdt : cfg->dtype) + 63) & ~(int64_t)63;
+  for (int pass = 2; pass >= 1; pass--) {
+    for (int64_t i = 0; i < n && offsets; i++) {
+      if (specs[i].ndim != pass) continue;
+      offsets[i] = total;
+      int64_t numel = specs[i].shape[0] * (specs[i].ndim == 2 ? specs[i].shape[1] : 1);
+      total += (numel * rx_dtype_size(specs[i].ndim == 2 ? wdt : cfg->dtype) + 63) & ~(int64_t)63;
+    }
+    if (pass == 2) m->matrix_bytes = total;
   }
   m->n_params = n;
   m->param_bytes = total;
@@ -203,6 +208,23 @@ rx_tensor *rx_model_param(rx_model *m, int64_t i) { return i >= 0 && i < m->n_pa
 rx_tensor *rx_model_grad(rx_model *m, int64_t i) {
   if (i < 0 || i >= m->n_params || m->lora || ensure_grads(m)) return NULL;
   return &m->grads[i];
+}
+
+int rx_model_flat(rx_model *m, rx_tensor **params, rx_tensor **grads, int64_t *matrices) {
+  *params = *grads = NULL;
+  *matrices = 0;
+  if (m->lora) return rx_fail(RX_EINVAL, "model_flat: the model trains LoRA adapters; its base has no flat gradients");
+  if (rx_model_weight_dtype(&m->cfg) != m->cfg.dtype)
+    return rx_fail(RX_EINVAL, "model_flat: the weight matrices are stored in %s and the vectors in %s (a frozen model)",
+                   rx_dtype_name(rx_model_weight_dtype(&m->cfg)), rx_dtype_name(m->cfg.dtype));
+  if (ensure_grads(m)) return RX_ENOMEM;
+  const int64_t es = rx_dtype_size(m->cfg.dtype), n[1] = {m->param_bytes / es};
+  rx_view_init(&m->flat_params, m->param_arena, m->cfg.dtype, m->cfg.device, 1, n);
+  rx_view_init(&m->flat_grads, m->grad_arena, m->cfg.dtype, m->cfg.device, 1, n);
+  *params = &m->flat_params;
+  *grads = &m->flat_grads;
+  *matrices = m->matrix_bytes / es;
+  return RX_OK;
 }
 
 int64_t rx_model_find_param(const rx_model *m, const char *name) {

@@ -46,7 +46,8 @@ struct rx_model {
   rx_tensor *params, *grads;
   void *param_arena, *grad_arena;      /* on cfg.device */
   void *param_handle, *grad_handle;    /* their allocator's pieces (rx_arena_free) */
-  int64_t param_bytes;
+  int64_t param_bytes, matrix_bytes;   /* matrix_bytes: the leading part holding the weight matrices */
+  rx_tensor flat_params, flat_grads;   /* rx_model_flat's views */
   layer_params *layers;
   int64_t embed, final_norm, lm_head;
   double *inv_freq;          /* RoPE frequencies [head_dim/2], rope_scaling applied */
