@@ -455,7 +455,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
     for (int64_t r = 0; r < R; r++)
       memcpy((char *)g->xn.data + r * C * es, (char *)m->plan.xf.data + (req->row_prompt[r] * Pmax + Pmax - 1) * C * es,
              (size_t)(C * es));
-    rc = rx_matmul_forward(&g->logits, &g->xn, &m->params[m->lm_head], NULL);
+    rc = rx_matmul_forward(&g->logits, &g->xn, rx_model_w(m, m->lm_head), NULL);
     if (!rc) logits_to_f32(g);
   }
   if (!rc) rc = choose_tokens(g);
@@ -590,10 +590,10 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
   const layer_kv kv = {append_kv, g};
   const layer_io io = {&g->x, &g->x, &pos, &mask, &kv};
 
-  TRY(rx_embedding_forward(&g->x, &g->tok, &m->params[m->embed]));
+  TRY(rx_embedding_forward(&g->x, &g->tok, rx_model_w(m, m->embed)));
   for (int64_t l = 0; l < L; l++) TRY(rx_model_layer(m, l, &acts, &io));
-  TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, &m->params[m->final_norm], c->rms_norm_eps));
-  TRY(rx_matmul_forward(&g->logits, &g->xn, &m->params[m->lm_head], NULL));
+  TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, rx_model_w(m, m->final_norm), c->rms_norm_eps));
+  TRY(rx_matmul_forward(&g->logits, &g->xn, rx_model_w(m, m->lm_head), NULL));
   logits_to_f32(g);
   TRY(choose_tokens(g));
   g->generated++;
@@ -646,7 +646,7 @@ int rx_model_next_logits(rx_model *m, const rx_tensor *tokens, const rx_tensor *
     rx_tensor x, y;
     view2(&x, (char *)m->plan.xf.data + (b * T + last) * C * es, c->dtype, c->device, 1, C);
     view2(&y, (char *)out->data + b * c->vocab_size * es, c->dtype, c->device, 1, c->vocab_size);
-    TRY(rx_matmul_forward(&y, &x, &m->params[m->lm_head], NULL));
+    TRY(rx_matmul_forward(&y, &x, rx_model_w(m, m->lm_head), NULL));
   }
   return RX_OK;
 }

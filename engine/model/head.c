@@ -39,7 +39,7 @@ static void tile_views(rx_model *m, int64_t r0, int64_t n, int64_t v0, int64_t v
                        rx_tensor *W) {
   plan *p = &m->plan;
   const int64_t C = m->cfg.hidden_size, sl[2] = {n, vs};
-  const rx_tensor *w = &m->params[m->lm_head];
+  const rx_tensor *w = rx_model_w(m, m->lm_head);
   rx_view_init(logits, p->head, m->cfg.dtype, m->cfg.device, 2, sl);
   rows_of(xf, &p->xf, r0, n, C);
   rows_of(W, w, v0, vs, C);

@@ -21,6 +21,7 @@ int rx_model_hidden_at(rx_model *m, const rx_tensor *tokens, const rx_tensor *ma
                      (long long)b, (long long)T);
   rx_forward_opts fo = {0, 0, 0, 0};
   if ((rc = rx_model_plan(m, B, T, &fo))) return rc;
+  if ((rc = rx_model_refresh_work(m))) return rc;
   if ((rc = rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL))) return rc;
   if ((rc = rx_model_forward_hidden(m, NULL))) return rc;
   for (int64_t b = 0; b < B && !rc; b++) {   /* row index[b] of sequence b, from the model's device to out's */

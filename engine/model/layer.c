@@ -10,7 +10,7 @@
 
 #define TRY(call) do { int rc_ = (call); if (rc_) return rc_; } while (0)
 
-static rx_tensor *P(rx_model *m, int64_t i) { return i >= 0 ? &m->params[i] : NULL; }
+static rx_tensor *P(rx_model *m, int64_t i) { return rx_model_w(m, i); }
 static rx_tensor *stat(rx_tensor *t) { return t->data ? t : NULL; }
 
 int rx_model_layer(rx_model *m, int64_t l, layer_acts *a, const layer_io *io) {

@@ -24,7 +24,9 @@ static int64_t add_spec(param_spec *specs, int64_t *n, const char *name, int32_t
   return (*n)++;
 }
 
-int32_t rx_model_weight_dtype(const rx_model_config *c) { return c->weight_dtype == RX_BF16 ? RX_BF16 : c->dtype; }
+int32_t rx_model_weight_dtype(const rx_model_config *c) {
+  return c->weight_dtype == RX_BF16 ? RX_BF16 : rx_model_master_dtype(c);
+}
 
 static int check_config(const rx_model_config *c) {
 #define POSITIVE(f) if (c->f <= 0) return rx_fail(RX_EINVAL, "model config: " #f " = %lld must be > 0", (long long)c->f)
@@ -39,9 +41,9 @@ static int check_config(const rx_model_config *c) {
     return rx_fail(RX_EDEVICE, "model config: device %d is not a device remax knows (cpu = 0, cuda = 1)", c->device);
   if (c->device == RX_CPU && c->dtype != RX_F32 && c->dtype != RX_F64)
     return rx_fail(RX_EINVAL, "model config: compute dtype %s is not supported on this device (f32, f64)", rx_dtype_name(c->dtype));
-  if (c->device == RX_CUDA && c->dtype != RX_F32)
-    return rx_fail(RX_EINVAL, "model config: compute dtype %s is not supported on device cuda (f32 in this build)",
-                   rx_dtype_name(c->dtype));
+  if (c->device == RX_CUDA && c->dtype != RX_F32 && c->dtype != RX_BF16)
+    return rx_fail(RX_EINVAL, "model config: compute dtype %s is not supported on device cuda (f32, or bf16 with f32 "
+                   "master weights)", rx_dtype_name(c->dtype));
   if (c->weight_dtype == RX_BF16 && (c->dtype != RX_F32 || c->device != RX_CPU))
     return rx_fail(RX_EINVAL, "model config: bf16 weight storage needs f32 compute on the cpu (compute dtype %s, device %s)",
                    rx_dtype_name(c->dtype), c->device == RX_CPU ? "cpu" : "cuda");
@@ -126,14 +128,14 @@ int rx_model_new(rx_model **out, const rx_model_config *cfg) {
   /* one arena for parameters, one for gradients, every tensor 64-byte aligned; the matrices
    * (in the weight dtype) first, then the vectors (norms, biases, in the compute dtype), so that
    * an optimizer over the flat buffer decays one range and not the other (rx_model_flat) */
-  const int32_t wdt = rx_model_weight_dtype(cfg);
+  const int32_t wdt = rx_model_weight_dtype(cfg), mdt = rx_model_master_dtype(cfg);
   int64_t *offsets = calloc((size_t)n, sizeof *offsets), total = 0;
   for (int pass = 2; pass >= 1; pass--) {
     for (int64_t i = 0; i < n && offsets; i++) {
       if (specs[i].ndim != pass) continue;
       offsets[i] = total;
       int64_t numel = specs[i].shape[0] * (specs[i].ndim == 2 ? specs[i].shape[1] : 1);
-      total += (numel * rx_dtype_size(specs[i].ndim == 2 ? wdt : cfg->dtype) + 63) & ~(int64_t)63;
+      total += (numel * rx_dtype_size(specs[i].ndim == 2 ? wdt : mdt) + 63) & ~(int64_t)63;
     }
     if (pass == 2) m->matrix_bytes = total;
   }
@@ -151,11 +153,25 @@ int rx_model_new(rx_model **out, const rx_model_config *cfg) {
   }
   for (int64_t i = 0; i < n; i++) {
     m->names[i] = strdup(specs[i].name);
-    rx_view_init(&m->params[i], (char *)m->param_arena + offsets[i], specs[i].ndim == 2 ? wdt : cfg->dtype, cfg->device,
+    rx_view_init(&m->params[i], (char *)m->param_arena + offsets[i], specs[i].ndim == 2 ? wdt : mdt, cfg->device,
                  specs[i].ndim, specs[i].shape);
     /* gradient views get their memory on first use: a model that only generates (or a frozen
      * reference model) never pays for a second copy of the weights */
-    rx_view_init(&m->grads[i], NULL, cfg->dtype, cfg->device, specs[i].ndim, specs[i].shape);
+    rx_view_init(&m->grads[i], NULL, mdt, cfg->device, specs[i].ndim, specs[i].shape);
+  }
+  if (cfg->dtype == RX_BF16) {   /* the working copy: the master's element offsets, in bf16 */
+    m->work = calloc((size_t)n, sizeof *m->work);
+    m->work_arena = m->work ? rx_arena_alloc(cfg->device, (size_t)(total / 2), "bf16 working weights", 1, &m->work_handle)
+                            : NULL;
+    if (!m->work_arena) {
+      free(offsets);
+      free(specs);
+      rx_model_free(m);
+      return rx_fail(RX_ENOMEM, "out of memory for %lld bytes of bf16 working weights", (long long)(total / 2));
+    }
+    for (int64_t i = 0; i < n; i++)
+      rx_view_init(&m->work[i], (char *)m->work_arena + offsets[i] / 2, RX_BF16, cfg->device, specs[i].ndim,
+                   specs[i].shape);
   }
   free(offsets);
   free(specs);
@@ -181,6 +197,8 @@ void rx_model_free(rx_model *m) {
   free(m->params);
   free(m->grads);
   rx_arena_free(m->cfg.device, m->param_arena, m->param_handle);
+  rx_arena_free(m->cfg.device, m->work_arena, m->work_handle);
+  free(m->work);
   rx_arena_free(m->cfg.device, m->grad_arena, m->grad_handle);
   free(m->layers);
   free(m->inv_freq);
@@ -191,7 +209,7 @@ void rx_model_free(rx_model *m) {
 static int ensure_grads(rx_model *m) {
   if (m->lora) return rx_lora_ensure_grads(m);   /* frozen base: adapter gradients only */
   if (m->grad_arena) return RX_OK;
-  if (rx_model_weight_dtype(&m->cfg) != m->cfg.dtype)
+  if (rx_model_weight_dtype(&m->cfg) != rx_model_master_dtype(&m->cfg))
     return rx_fail(RX_EINVAL, "model weights are stored in %s, which keeps them frozen: train a model loaded in %s "
                    "(or train LoRA adapters on it)", rx_dtype_name(rx_model_weight_dtype(&m->cfg)), rx_dtype_name(m->cfg.dtype));
   m->grad_arena = rx_arena_alloc(m->cfg.device, (size_t)m->param_bytes, "model gradients", 1, &m->grad_handle);
@@ -214,17 +232,27 @@ int rx_model_flat(rx_model *m, rx_tensor **params, rx_tensor **grads, int64_t *m
   *params = *grads = NULL;
   *matrices = 0;
   if (m->lora) return rx_fail(RX_EINVAL, "model_flat: the model trains LoRA adapters; its base has no flat gradients");
-  if (rx_model_weight_dtype(&m->cfg) != m->cfg.dtype)
+  if (rx_model_weight_dtype(&m->cfg) != rx_model_master_dtype(&m->cfg))
     return rx_fail(RX_EINVAL, "model_flat: the weight matrices are stored in %s and the vectors in %s (a frozen model)",
                    rx_dtype_name(rx_model_weight_dtype(&m->cfg)), rx_dtype_name(m->cfg.dtype));
   if (ensure_grads(m)) return RX_ENOMEM;
-  const int64_t es = rx_dtype_size(m->cfg.dtype), n[1] = {m->param_bytes / es};
-  rx_view_init(&m->flat_params, m->param_arena, m->cfg.dtype, m->cfg.device, 1, n);
-  rx_view_init(&m->flat_grads, m->grad_arena, m->cfg.dtype, m->cfg.device, 1, n);
+  const int32_t mdt = rx_model_master_dtype(&m->cfg);
+  const int64_t es = rx_dtype_size(mdt), n[1] = {m->param_bytes / es};
+  rx_view_init(&m->flat_params, m->param_arena, mdt, m->cfg.device, 1, n);
+  rx_view_init(&m->flat_grads, m->grad_arena, mdt, m->cfg.device, 1, n);
   *params = &m->flat_params;
   *grads = &m->flat_grads;
   *matrices = m->matrix_bytes / es;
   return RX_OK;
+}
+
+int rx_model_refresh_work(rx_model *m) {
+  if (!m->work) return RX_OK;
+  const int64_t n[1] = {m->param_bytes / 4};   /* the f32 master, padding included, in one conversion */
+  rx_tensor master, work;
+  rx_view_init(&master, m->param_arena, RX_F32, m->cfg.device, 1, n);
+  rx_view_init(&work, m->work_arena, RX_BF16, m->cfg.device, 1, n);
+  return rx_tensor_copy(&work, &master);
 }
 
 int64_t rx_model_find_param(const rx_model *m, const char *name) {
@@ -241,7 +269,7 @@ void rx_model_zero_grad(rx_model *m) {
 }
 
 void rx_model_memory_usage(const rx_model *m, rx_model_memory *out) {
-  out->param_bytes = m->param_bytes + rx_lora_param_bytes(m);
+  out->param_bytes = m->param_bytes + (m->work ? m->param_bytes / 2 : 0) + rx_lora_param_bytes(m);
   out->grad_bytes = (m->grad_arena ? m->param_bytes : 0) + rx_lora_grad_bytes(m);
   out->activation_bytes = m->plan.bytes;
   out->head_bytes = m->plan.head_bytes;
@@ -269,19 +297,19 @@ static void carve_plan(rx_model *m, plan *p, carver *c) {
   const rx_model_config *cfg = &m->cfg;
   const int64_t B = p->B, T = p->T, N = B * T, L = cfg->num_hidden_layers, C = cfg->hidden_size;
   const int64_t I = cfg->intermediate_size, H = cfg->num_attention_heads, KV = cfg->num_key_value_heads;
-  const int64_t D = cfg->head_dim, dt = cfg->dtype;
+  const int64_t D = cfg->head_dim, dt = cfg->dtype, st = rx_model_master_dtype(cfg);   /* st: statistics */
   for (int64_t l = 0; l <= L; l++) carve(c, &p->res[l], dt, 2, N, C, 0, 0);
   for (int64_t s = 0; s < p->layer_sets; s++) {
     layer_acts *a = &p->acts[s];
-    carve(c, &a->rstd1, dt, 1, N, 0, 0, 0);
+    carve(c, &a->rstd1, st, 1, N, 0, 0, 0);
     carve(c, &a->xn1, dt, 2, N, C, 0, 0);
     carve(c, &a->q, dt, 2, N, H * D, 0, 0);
     carve(c, &a->k, dt, 2, N, KV * D, 0, 0);
     carve(c, &a->v, dt, 2, N, KV * D, 0, 0);
     carve(c, &a->att, dt, 2, N, H * D, 0, 0);
-    carve(c, &a->lse, dt, 3, B, H, T, 0);
+    carve(c, &a->lse, st, 3, B, H, T, 0);
     carve(c, &a->x_mid, dt, 2, N, C, 0, 0);
-    carve(c, &a->rstd2, dt, 1, N, 0, 0, 0);
+    carve(c, &a->rstd2, st, 1, N, 0, 0, 0);
     carve(c, &a->xn2, dt, 2, N, C, 0, 0);
     carve(c, &a->gate, dt, 2, N, I, 0, 0);
     carve(c, &a->up, dt, 2, N, I, 0, 0);
@@ -293,8 +321,8 @@ static void carve_plan(rx_model *m, plan *p, carver *c) {
     if (cfg->qk_norm) {
       carve(c, &a->q_raw, dt, 2, N, H * D, 0, 0);
       carve(c, &a->k_raw, dt, 2, N, KV * D, 0, 0);
-      carve(c, &a->q_rstd, dt, 1, N * H, 0, 0, 0);
-      carve(c, &a->k_rstd, dt, 1, N * KV, 0, 0, 0);
+      carve(c, &a->q_rstd, st, 1, N * H, 0, 0, 0);
+      carve(c, &a->k_rstd, st, 1, N * KV, 0, 0, 0);
       alias(&a->q_rows, &a->q, 2, N * H, D, 0, 0);
       alias(&a->k_rows, &a->k, 2, N * KV, D, 0, 0);
       alias(&a->q_raw_rows, &a->q_raw, 2, N * H, D, 0, 0);
@@ -302,17 +330,17 @@ static void carve_plan(rx_model *m, plan *p, carver *c) {
     }
   }
   carve(c, &p->xf, dt, 2, N, C, 0, 0);
-  carve(c, &p->rstdf, dt, 1, N, 0, 0, 0);
+  carve(c, &p->rstdf, st, 1, N, 0, 0, 0);
   carve(c, &p->tokens, RX_I32, 1, N, 0, 0, 0);
   carve(c, &p->mask, RX_I32, 2, B, T, 0, 0);
   carve(c, &p->positions, RX_I32, 1, N, 0, 0, 0);
   carve(c, &p->targets, RX_I32, 1, N, 0, 0, 0);
-  carve(c, &p->row_logp, dt, 1, N, 0, 0, 0);
-  carve(c, &p->row_lse, dt, 1, N, 0, 0, 0);
-  carve(c, &p->row_entropy, dt, 1, N, 0, 0, 0);
-  carve(c, &p->row_dlogp, dt, 1, N, 0, 0, 0);
-  carve(c, &p->row_dentropy, dt, 1, N, 0, 0, 0);
-  carve(c, &p->head_max, dt, 1, N, 0, 0, 0);
+  carve(c, &p->row_logp, st, 1, N, 0, 0, 0);
+  carve(c, &p->row_lse, st, 1, N, 0, 0, 0);
+  carve(c, &p->row_entropy, st, 1, N, 0, 0, 0);
+  carve(c, &p->row_dlogp, st, 1, N, 0, 0, 0);
+  carve(c, &p->row_dentropy, st, 1, N, 0, 0, 0);
+  carve(c, &p->head_max, st, 1, N, 0, 0, 0);
   carve(c, &p->head_sum, RX_F64, 1, N, 0, 0, 0);
   carve(c, &p->head_sz, RX_F64, 1, N, 0, 0, 0);
   if (p->train) {
@@ -374,7 +402,7 @@ int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts
   p->acts = calloc((size_t)sets, sizeof *p->acts);
   if (dev != RX_CPU) {
     p->h_tokens = malloc(sizeof(int32_t) * (size_t)(4 * B * T));
-    p->host = malloc((size_t)(4 * B * T * es));
+    p->host = malloc((size_t)(4 * B * T) * (size_t)rx_dtype_size(rx_model_master_dtype(&m->cfg)));
   }
   if (!p->res || !p->acts || (dev != RX_CPU && (!p->h_tokens || !p->host))) {
     rx_arena_free(dev, old_arena, arena_handle);
@@ -431,7 +459,7 @@ int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts
 
 #define TRY(call) do { int rc_ = (call); if (rc_) return rc_; } while (0)
 
-static rx_tensor *P(rx_model *m, int64_t i) { return i >= 0 ? &m->params[i] : NULL; }
+static rx_tensor *P(rx_model *m, int64_t i) { return rx_model_w(m, i); }
 static rx_tensor *G(rx_model *m, int64_t i) { return i >= 0 && !m->lora ? &m->grads[i] : NULL; }
 
 int rx_model_layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_output) {
@@ -489,12 +517,12 @@ int rx_model_set_inputs(rx_model *m, const int32_t *in_tok, const int32_t *in_ma
 int rx_model_forward_hidden(rx_model *m, const layer_kv *kv) {
   plan *p = &m->plan;
   const int64_t L = m->cfg.num_hidden_layers;
-  TRY(rx_embedding_forward(&p->res[0], &p->tokens, &m->params[m->embed]));
+  TRY(rx_embedding_forward(&p->res[0], &p->tokens, rx_model_w(m, m->embed)));
   for (int64_t l = 0; l < L; l++) {
     const layer_io io = {&p->res[l], &p->res[l + 1], &p->positions, &p->mask, kv};
     TRY(rx_model_layer(m, l, &p->acts[p->layer_sets == L ? l : 0], &io));
   }
-  return rx_rmsnorm_forward(&p->xf, &p->rstdf, &p->res[L], &m->params[m->final_norm], m->cfg.rms_norm_eps);
+  return rx_rmsnorm_forward(&p->xf, &p->rstdf, &p->res[L], rx_model_w(m, m->final_norm), m->cfg.rms_norm_eps);
 }
 
 int rx_model_check_tokens(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, int64_t *B, int64_t *T) {
@@ -527,15 +555,17 @@ int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mas
   int64_t B = 0, T = 0;
   char a[96];
   TRY(rx_model_check_tokens(m, tokens, mask, &B, &T));
-  if (rx_check_tensor(logp, "logprobs", "logp", 2) || logp->shape[0] != B || logp->shape[1] != T || logp->dtype != m->cfg.dtype)
-    return rx_fail(RX_EINVAL, "logprobs: logp must be %s [%lld,%lld], got %s %s", rx_dtype_name(m->cfg.dtype),
+  const int32_t st = rx_model_master_dtype(&m->cfg);   /* f32 for a bf16 model */
+  if (rx_check_tensor(logp, "logprobs", "logp", 2) || logp->shape[0] != B || logp->shape[1] != T || logp->dtype != st)
+    return rx_fail(RX_EINVAL, "logprobs: logp must be %s [%lld,%lld], got %s %s", rx_dtype_name(st),
                    (long long)B, (long long)T, rx_dtype_name(logp->dtype), rx_shape_str(logp, a, sizeof a));
-  if (entropy && (rx_check_tensor(entropy, "logprobs", "entropy", 2) || entropy->numel != B * T || entropy->dtype != m->cfg.dtype))
-    return rx_fail(RX_EINVAL, "logprobs: entropy must be %s [%lld,%lld]", rx_dtype_name(m->cfg.dtype), (long long)B, (long long)T);
+  if (entropy && (rx_check_tensor(entropy, "logprobs", "entropy", 2) || entropy->numel != B * T || entropy->dtype != st))
+    return rx_fail(RX_EINVAL, "logprobs: entropy must be %s [%lld,%lld]", rx_dtype_name(st), (long long)B, (long long)T);
   TRY(rx_model_plan(m, B, T, opts));
   plan *p = &m->plan;
-  const int es = (int)rx_dtype_size(m->cfg.dtype);
+  const int es = (int)rx_dtype_size(st);
 
+  TRY(rx_model_refresh_work(m));
   TRY(rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL));
   TRY(rx_model_forward_hidden(m, NULL));
   const int32_t *tgt = p->h_targets;
@@ -617,20 +647,21 @@ int rx_model_backward_entropy(rx_model *m, const rx_tensor *dlogp, const rx_tens
   char a[96];
   if (!p->valid) return rx_fail(RX_EINVAL, "backward: no train forward to differentiate (call logprobs with train = true first)");
   TRY(ensure_grads(m));
+  const int32_t st = rx_model_master_dtype(&m->cfg);   /* f32 for a bf16 model */
   const int64_t B = p->B, T = p->T, N = B * T, L = m->cfg.num_hidden_layers;
-  if (rx_check_tensor(dlogp, "backward", "dlogp", 2) || dlogp->shape[0] != B || dlogp->shape[1] != T || dlogp->dtype != m->cfg.dtype)
+  if (rx_check_tensor(dlogp, "backward", "dlogp", 2) || dlogp->shape[0] != B || dlogp->shape[1] != T || dlogp->dtype != st)
     return rx_fail(RX_EINVAL, "backward: dlogp must be %s [%lld,%lld] like the forward's logp, got %s %s",
-                   rx_dtype_name(m->cfg.dtype), (long long)B, (long long)T, rx_dtype_name(dlogp->dtype),
+                   rx_dtype_name(st), (long long)B, (long long)T, rx_dtype_name(dlogp->dtype),
                    rx_shape_str(dlogp, a, sizeof a));
   if (dentropy && (rx_check_tensor(dentropy, "backward", "dentropy", 2) || dentropy->shape[0] != B ||
-                   dentropy->shape[1] != T || dentropy->dtype != m->cfg.dtype))
+                   dentropy->shape[1] != T || dentropy->dtype != st))
     return rx_fail(RX_EINVAL, "backward: dentropy must be %s [%lld,%lld] like the forward's entropy, got %s %s",
-                   rx_dtype_name(m->cfg.dtype), (long long)B, (long long)T, rx_dtype_name(dentropy->dtype),
+                   rx_dtype_name(st), (long long)B, (long long)T, rx_dtype_name(dentropy->dtype),
                    rx_shape_str(dentropy, a, sizeof a));
   /* dlogp[b,t] belongs to head row (b,t-1); so does dentropy[b,t]. A device model's rows and
    * a device dlogp / dentropy pass through host room. */
   const int32_t *tgt = p->h_targets;
-  const int64_t es = rx_dtype_size(m->cfg.dtype);
+  const int64_t es = rx_dtype_size(st);
   const void *din = dlogp->data, *dein = dentropy ? dentropy->data : NULL;
   void *rows = p->row_dlogp.data, *erows = p->row_dentropy.data;
   if ((dlogp->device != RX_CPU || (dentropy && dentropy->device != RX_CPU)) && !p->host)
@@ -649,7 +680,7 @@ int rx_model_backward_entropy(rx_model *m, const rx_tensor *dlogp, const rx_tens
   }
   for (int64_t i = 0; i < N; i++) {
     int has = (i % T) + 1 < T && tgt[i] >= 0;
-    if (m->cfg.dtype == RX_F32) {
+    if (st == RX_F32) {
       ((float *)rows)[i] = has ? ((const float *)din)[i + 1] : 0.0f;
       if (dentropy) ((float *)erows)[i] = has ? ((const float *)dein)[i + 1] : 0.0f;
     } else {
@@ -660,7 +691,7 @@ int rx_model_backward_entropy(rx_model *m, const rx_tensor *dlogp, const rx_tens
   if (rows != p->row_dlogp.data) TRY(send(&p->row_dlogp, rows));
   if (dentropy && erows != p->row_dentropy.data) TRY(send(&p->row_dentropy, erows));
   TRY(rx_model_head_backward(m, dentropy != NULL));
-  TRY(rx_rmsnorm_backward(&p->dx, G(m, m->final_norm), &p->dxf, &p->res[L], &m->params[m->final_norm], &p->rstdf));
+  TRY(rx_rmsnorm_backward(&p->dx, G(m, m->final_norm), &p->dxf, &p->res[L], rx_model_w(m, m->final_norm), &p->rstdf));
   for (int64_t l = L - 1; l >= 0; l--) {
     layer_acts *acts = &p->acts[p->layer_sets == L ? l : 0];
     if (p->layer_sets != L) TRY(rx_model_layer_forward(m, l, acts, 0));            /* gradient checkpointing */

@@ -48,6 +48,11 @@ struct rx_model {
   void *param_handle, *grad_handle;    /* their allocator's pieces (rx_arena_free) */
   int64_t param_bytes, matrix_bytes;   /* matrix_bytes: the leading part holding the weight matrices */
   rx_tensor flat_params, flat_grads;   /* rx_model_flat's views */
+  /* bf16 compute: params and grads are the f32 master copy, work the bf16 copy the forward and
+   * backward read (same element offsets, refreshed from the master before each forward); NULL
+   * otherwise */
+  rx_tensor *work;
+  void *work_arena, *work_handle;
   layer_params *layers;
   int64_t embed, final_norm, lm_head;
   double *inv_freq;          /* RoPE frequencies [head_dim/2], rope_scaling applied */
@@ -56,6 +61,17 @@ struct rx_model {
 };
 
 int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts);
+
+/* Parameter i as the forward and backward compute with it: a bf16 model's working copy, else the
+ * parameter itself; NULL for an absent parameter (i < 0). */
+static inline rx_tensor *rx_model_w(rx_model *m, int64_t i) {
+  return i < 0 ? NULL : m->work ? &m->work[i] : &m->params[i];
+}
+/* The dtype of parameters, gradients and per-row statistics: f32 for bf16 compute (master
+ * weights), else the compute dtype. */
+static inline int32_t rx_model_master_dtype(const rx_model_config *c) { return c->dtype == RX_BF16 ? RX_F32 : c->dtype; }
+/* Refreshes a bf16 model's working weights from its master weights (no-op otherwise). */
+int rx_model_refresh_work(rx_model *m);
 
 /* The KV-cache hook of a layer: called after RoPE with the layer's activations (a->k4, a->v4
  * hold this call's keys and values, [B, T, KV, D]), it stores them where decoding keeps them
