@@ -25,7 +25,7 @@ static int64_t add_spec(param_spec *specs, int64_t *n, const char *name, int32_t
 }
 
 int32_t rx_model_weight_dtype(const rx_model_config *c) {
-  return c->weight_dtype == RX_BF16 ? RX_BF16 : rx_model_master_dtype(c);
+  return c->weight_dtype == RX_BF16 && c->dtype != RX_BF16 ? RX_BF16 : rx_model_master_dtype(c);
 }
 
 static int check_config(const rx_model_config *c) {
@@ -44,7 +44,7 @@ static int check_config(const rx_model_config *c) {
   if (c->device == RX_CUDA && c->dtype != RX_F32 && c->dtype != RX_BF16)
     return rx_fail(RX_EINVAL, "model config: compute dtype %s is not supported on device cuda (f32, or bf16 with f32 "
                    "master weights)", rx_dtype_name(c->dtype));
-  if (c->weight_dtype == RX_BF16 && (c->dtype != RX_F32 || c->device != RX_CPU))
+  if (c->weight_dtype == RX_BF16 && c->dtype != RX_BF16 && (c->dtype != RX_F32 || c->device != RX_CPU))
     return rx_fail(RX_EINVAL, "model config: bf16 weight storage needs f32 compute on the cpu (compute dtype %s, device %s)",
                    rx_dtype_name(c->dtype), c->device == RX_CPU ? "cpu" : "cuda");
   if (!(c->rms_norm_eps > 0)) return rx_fail(RX_EINVAL, "model config: rms_norm_eps = %g must be > 0", c->rms_norm_eps);
