@@ -52,6 +52,7 @@ extern "C" int rx_cuda_sum_squares(double *acc, const float *x, int64_t n) {
   if (n == 0) return RX_OK;
   int64_t nb = (n + SUM_THREADS - 1) / SUM_THREADS;
   if (nb > SUM_BLOCKS) nb = SUM_BLOCKS;
+  if (nb > rx_cuda_block_cap()) nb = rx_cuda_block_cap();
   double *partial;
   void *handle;
   int rc = rx_cuda_malloc((void **)&partial, &handle, (size_t)nb * sizeof(double), "grad norm partials");

@@ -108,10 +108,14 @@ __device__ __forceinline__ float rx_block_max(float v, float *shared) {
   return rx_warp_max(v);
 }
 
+// The most blocks a grid-stride kernel gets: 65535 * 8, or REMAX_CUDA_MAX_BLOCKS (tests set a
+// small one so that every grid-stride loop runs more than once).
+int64_t rx_cuda_block_cap(void);
+
 // Blocks for n items at `threads` per block, capped so that grid-stride loops cover the rest.
 static inline unsigned rx_blocks(int64_t n, int threads) {
-  int64_t b = (n + threads - 1) / threads;
-  return (unsigned)(b < 1 ? 1 : b > 65535 * 8 ? 65535 * 8 : b);
+  const int64_t b = (n + threads - 1) / threads, cap = rx_cuda_block_cap();
+  return (unsigned)(b < 1 ? 1 : b > cap ? cap : b);
 }
 
 // The dtype switch of a launcher: runs BODY with T = float or bf16.
@@ -159,6 +163,7 @@ static int rx_colsum(float *out, F f, int64_t N, int64_t C, const char *op) {
   if (N == 0 || C == 0) return RX_OK;
   int64_t R = (N + 127) / 128;
   if (R > 1024) R = 1024;
+  if (R > rx_cuda_block_cap()) R = rx_cuda_block_cap();
   const int64_t rows_per = (N + R - 1) / R;
   float *partial;
   void *handle;

@@ -7,7 +7,12 @@
 #include "cuda_bf16.h"
 #include <stdio.h>
 #include <stdlib.h>
+#include <functional>
 #include <vector>
+
+namespace rx_emu {
+cudaError_t submit(cudaStream_t s, std::function<void()> work);   // runtime.cc: run now, or record in a graph
+}
 
 struct rx_emu_cublas {
   cudaStream_t stream = nullptr;
@@ -75,31 +80,32 @@ extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t 
   if (!in_ok || !out_ok) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
 
+  // alpha and beta are read now (host pointer mode); the product runs in stream order
   const float al = *(const float *)alpha, be = *(const float *)beta;
-  cudaStream_t s = handle->stream;
-  (void)s;   // the emulator runs work at once; the stream only orders it
-  if (!operand_ok("C", C, m, n, ldc, Ctype, m, n, k)) return CUBLAS_STATUS_SUCCESS;
-  if (k > 0 && al != 0 &&
-      (!operand_ok("A", A, arows, acols, lda, Atype, m, n, k) || !operand_ok("B", B, brows, bcols, ldb, Btype, m, n, k)))
-    return CUBLAS_STATUS_SUCCESS;
-  // op(A) as rows of k, then one column of op(B) at a time
-  std::vector<float> a((size_t)m * (size_t)k), b((size_t)k);
-  for (int i = 0; i < m; i++)
-    for (int l = 0; l < k; l++)
-      a[(size_t)i * k + l] = load(A, Atype, transa == CUBLAS_OP_N ? (size_t)l * lda + i : (size_t)i * lda + l);
-  for (int j = 0; j < n; j++) {
-    for (int l = 0; l < k; l++)
-      b[l] = load(B, Btype, transb == CUBLAS_OP_N ? (size_t)j * ldb + l : (size_t)l * ldb + j);
-    for (int i = 0; i < m; i++) {
-      double acc = 0;
-      const float *ar = a.data() + (size_t)i * k;
-      for (int l = 0; l < k; l++) acc += (double)ar[l] * b[l];
-      const size_t at = (size_t)j * ldc + i;
-      float v = (float)(al * acc);
-      if (be != 0) v += be * load(C, Ctype, at);   // beta == 0: C is not read (it may hold NaN)
-      if (Ctype == CUDA_R_16BF) ((__nv_bfloat16 *)C)[at] = __float2bfloat16_rn(v);
-      else ((float *)C)[at] = v;
+  rx_emu::submit(handle->stream, [=] {
+    if (!operand_ok("C", C, m, n, ldc, Ctype, m, n, k)) return;
+    if (k > 0 && al != 0 &&
+        (!operand_ok("A", A, arows, acols, lda, Atype, m, n, k) || !operand_ok("B", B, brows, bcols, ldb, Btype, m, n, k)))
+      return;
+    // op(A) as rows of k, then one column of op(B) at a time
+    std::vector<float> a((size_t)m * (size_t)k), b((size_t)k);
+    for (int i = 0; i < m; i++)
+      for (int l = 0; l < k; l++)
+        a[(size_t)i * k + l] = load(A, Atype, transa == CUBLAS_OP_N ? (size_t)l * lda + i : (size_t)i * lda + l);
+    for (int j = 0; j < n; j++) {
+      for (int l = 0; l < k; l++)
+        b[l] = load(B, Btype, transb == CUBLAS_OP_N ? (size_t)j * ldb + l : (size_t)l * ldb + j);
+      for (int i = 0; i < m; i++) {
+        double acc = 0;
+        const float *ar = a.data() + (size_t)i * k;
+        for (int l = 0; l < k; l++) acc += (double)ar[l] * b[l];
+        const size_t at = (size_t)j * ldc + i;
+        float v = (float)(al * acc);
+        if (be != 0) v += be * load(C, Ctype, at);   // beta == 0: C is not read (it may hold NaN)
+        if (Ctype == CUDA_R_16BF) ((__nv_bfloat16 *)C)[at] = __float2bfloat16_rn(v);
+        else ((float *)C)[at] = v;
+      }
     }
-  }
+  });
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -140,8 +140,10 @@ extern "C" cudaError_t cudaGetDevice(int *device) {
   *device = 0;
   return cudaSuccess;
 }
+static void check_guards(const char *when);
 extern "C" cudaError_t cudaDeviceSynchronize(void) {
   std::lock_guard<std::recursive_mutex> g(emu_lock);
+  check_guards("after the work queued on the device");
   return take_fault();
 }
 extern "C" cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
@@ -157,7 +159,9 @@ static const size_t GUARD = 0;
 static const size_t GUARD = 256;
 #endif
 static const unsigned char GUARD_BYTE = 0xA5;
-static std::map<uintptr_t, size_t> allocations;   // device pointer -> bytes
+// The emulator's tables are never destroyed: device memory and fibers outlive static destructors
+// (LeakSanitizer checks after them, and would find what they point to unreachable).
+static std::map<uintptr_t, size_t> &allocations = *new std::map<uintptr_t, size_t>;   // device pointer -> bytes
 static size_t bytes_in_use;
 
 static size_t device_total(void) {
@@ -274,8 +278,13 @@ static double now_ms(void) {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-// Runs work now, or records it when the stream is capturing a graph.
-static cudaError_t submit(cudaStream_t s, std::function<void()> work) {
+// Runs work now, or records it when the stream is capturing a graph (cublas.cc queues its GEMMs
+// through it too).
+namespace rx_emu {
+cudaError_t submit(cudaStream_t s, std::function<void()> work);
+}
+static cudaError_t submit(cudaStream_t s, std::function<void()> work) { return rx_emu::submit(s, std::move(work)); }
+cudaError_t rx_emu::submit(cudaStream_t s, std::function<void()> work) {
   if (s && s->capture) {
     s->capture->work.push_back(std::move(work));
     return cudaSuccess;
@@ -434,7 +443,7 @@ extern "C" cudaError_t rx_emu_memcpy_to_symbol(void *symbol, size_t symbol_bytes
 
 // ---------------------------------------------------------------- fibers
 // A fiber is a stack and a saved stack pointer. x86-64 switches with a few instructions (the
-// callee-saved registers, the SSE and x87 control words); elsewhere ucontext. Under
+// callee-saved registers); elsewhere ucontext. Under
 // AddressSanitizer every switch is announced, so that it follows the stack in use.
 
 struct fiber {
@@ -447,11 +456,9 @@ struct fiber {
 };
 
 static const size_t FIBER_STACK = (size_t)256 << 10;
-static void *sched_sp;
-[[maybe_unused]] static const void *sched_bottom;
-[[maybe_unused]] static size_t sched_size;
-[[maybe_unused]] static void *sched_fake;
-static fiber *current_fiber;
+static fiber sched_ctx;                  // the scheduler: the launching thread's own stack
+static fiber *current_fiber = &sched_ctx;
+static fiber *switched_from;             // who switched to the context now running
 static void fiber_main(void);
 
 #if defined(__x86_64__)
@@ -468,14 +475,8 @@ rx_emu_switch:
   pushq %r13
   pushq %r14
   pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
   popq %r15
   popq %r14
   popq %r13
@@ -487,26 +488,19 @@ rx_emu_switch:
 )");
 
 static void fiber_reset(fiber *f) {
-  // The first switch into it pops 8 bytes of control words and six registers, then returns to
-  // fiber_main with the stack aligned as after a call.
+  // The first switch into it pops six registers, then returns to fiber_main with the stack
+  // aligned as after a call. (The SSE and x87 control words are not switched: no kernel changes
+  // the rounding mode.)
   uintptr_t top = ((uintptr_t)(f->stack + f->size)) & ~(uintptr_t)15;
   uint64_t *sp = (uint64_t *)top;
   *--sp = 0;                                  // fiber_main's return address: none
   *--sp = (uint64_t)(uintptr_t)&fiber_main;   // where the switch returns to
   for (int i = 0; i < 6; i++) *--sp = 0;      // rbp rbx r12 r13 r14 r15
-  uint32_t csr;
-  uint16_t cw;
-  asm volatile("stmxcsr %0" : "=m"(csr));
-  asm volatile("fnstcw %0" : "=m"(cw));
-  --sp;
-  memcpy((char *)sp, &csr, 4);
-  memcpy((char *)sp + 4, &cw, 2);
   f->sp = sp;
 }
 static inline void raw_switch(void **save, void *load) { rx_emu_switch(save, load); }
 #else
 #include <ucontext.h>
-static std::map<void *, ucontext_t *> contexts;   // sp-handle -> context
 static void fiber_reset(fiber *f) {
   ucontext_t *uc = new ucontext_t;
   getcontext(uc);
@@ -538,33 +532,28 @@ static fiber *fiber_new(void) {
   return f;
 }
 
-// Scheduler -> fiber f; returns when f parks a thread or runs out of threads.
-static void switch_to(fiber *f) {
-  current_fiber = f;
+// Switches from the running context (the scheduler or a fiber) to `to`; returns when something
+// switches back. Under AddressSanitizer each switch is announced; the scheduler's stack bounds are
+// learned from the first switch away from it.
+static void switch_ctx(fiber *to) {
+  fiber *from = current_fiber;
+  current_fiber = to;
+  switched_from = from;
 #ifdef RX_EMU_ASAN
-  __sanitizer_start_switch_fiber(&sched_fake, f->stack, f->size);
+  __sanitizer_start_switch_fiber(&from->fake_stack, to->stack, to->size);
 #endif
-  raw_switch(&sched_sp, f->sp);
+  raw_switch(&from->sp, to->sp);
 #ifdef RX_EMU_ASAN
-  __sanitizer_finish_switch_fiber(sched_fake, nullptr, nullptr);
-#endif
-}
-
-// Fiber -> scheduler.
-static void switch_to_scheduler(void) {
-  fiber *f = current_fiber;
-#ifdef RX_EMU_ASAN
-  __sanitizer_start_switch_fiber(&f->fake_stack, sched_bottom, sched_size);
-#endif
-  raw_switch(&f->sp, sched_sp);
-#ifdef RX_EMU_ASAN
-  __sanitizer_finish_switch_fiber(f->fake_stack, &sched_bottom, &sched_size);
+  const void *bottom;
+  size_t size;
+  __sanitizer_finish_switch_fiber(from->fake_stack, &bottom, &size);
+  if (switched_from == &sched_ctx) { sched_ctx.stack = (char *)bottom; sched_ctx.size = size; }
 #endif
 }
 
 // ---------------------------------------------------------------- the scheduler
 
-enum thread_state { NEW, RUNNING, READY, AT_BARRIER, AT_WARP, DONE, FAULTED };
+enum thread_state { NEW, RUNNING, READY, AT_BARRIER, AT_WARP, DONE };
 
 struct thread_rec {
   uint3 idx;
@@ -588,13 +577,32 @@ static struct {
   std::vector<thread_rec> threads;
   std::vector<int> order;   // threads in execution order (warps, then lanes, both shuffled)
   std::vector<int> pos;     // thread -> its place in order
+  int lane_order[32];       // lanes of a warp in execution order (the same for every warp of a launch)
+  int lane_pos[32];         // lane -> its place in lane_order
+  // per warp: lanes that may run (new or ready) and lanes not started, as bits of places in
+  // lane_order; lanes waiting at a warp operation, as bits of lanes
+  unsigned runnable[32], fresh[32], arrived[32];
   int cur;                  // the running thread
   unsigned char *shared;
   size_t shared_bytes;
   bool faulted;
 } L;
 
-static std::vector<fiber *> fiber_pool;
+static std::vector<fiber *> &fiber_pool = *new std::vector<fiber *>;
+
+// Every change of a thread's state goes through here, keeping the warp's masks.
+static inline void set_state(int t, int st) {
+  thread_rec &r = L.threads[t];
+  const int w = t >> 5;
+  const unsigned bit = 1u << L.lane_pos[t & 31], lane = 1u << (t & 31);
+  if (r.state == NEW) L.fresh[w] &= ~bit;
+  if (r.state == NEW || r.state == READY) L.runnable[w] &= ~bit;
+  if (r.state == AT_WARP) L.arrived[w] &= ~lane;
+  r.state = st;
+  if (st == NEW) { L.fresh[w] |= bit; L.runnable[w] |= bit; }
+  else if (st == READY) L.runnable[w] |= bit;
+  else if (st == AT_WARP) L.arrived[w] |= lane;
+}
 
 static void set_thread(int t) {
   L.cur = t;
@@ -605,7 +613,10 @@ static void set_thread(int t) {
 // then go idle until the scheduler hands it another chain.
 static void fiber_main(void) {
 #ifdef RX_EMU_ASAN
-  __sanitizer_finish_switch_fiber(nullptr, &sched_bottom, &sched_size);
+  const void *bottom;
+  size_t size;
+  __sanitizer_finish_switch_fiber(nullptr, &bottom, &size);
+  if (switched_from == &sched_ctx) { sched_ctx.stack = (char *)bottom; sched_ctx.size = size; }
 #endif
   for (;;) {
     fiber *f = current_fiber;
@@ -613,15 +624,15 @@ static void fiber_main(void) {
       const int t = L.order[p];
       thread_rec &r = L.threads[t];
       if (r.state != NEW) break;
-      r.state = RUNNING;
+      set_state(t, RUNNING);
       r.f = f;
       set_thread(t);
       L.call->run();
-      L.threads[t].state = DONE;
+      set_state(t, DONE);
       f = current_fiber;
     }
     f->idle = true;
-    switch_to_scheduler();
+    switch_ctx(&sched_ctx);
   }
 }
 
@@ -639,9 +650,43 @@ static void block_fault(const char *fmt, ...) {
   L.faulted = true;
 }
 
+static int resolve_warp(int w);
+
+// The thread to run after `self` parks: the next ready lane of its warp (in the launch's lane
+// order); when none is ready, the warp's operations that can complete do, and self continues if
+// it was among them; -1 (the scheduler) when a lane of the warp has not started yet or nothing
+// can run.
+static int next_in_warp(int self) {
+  const int w = self >> 5, at = L.lane_pos[self & 31];
+  for (int pass = 0; pass < 2; pass++) {
+    const unsigned ready = L.runnable[w] & ~L.fresh[w];
+    if (ready) {
+      const unsigned later = ready & ~((2u << at) - 1u);   // places after self's, then from the start
+      return (self & ~31) + L.lane_order[__builtin_ctz(later ? later : ready)];
+    }
+    if (L.fresh[w] || pass == 1 || L.faulted || !resolve_warp(w)) return -1;
+    if (L.threads[self].state == READY) return self;
+  }
+  return -1;
+}
+
+// The running thread waits (at a barrier or a warp operation): switch to the next thread of its
+// warp, or to the scheduler; returns when the thread may go on.
 static void park(int state) {
-  L.threads[L.cur].state = state;
-  switch_to_scheduler();
+  const int self = L.cur;
+  set_state(self, state);
+  const int t = next_in_warp(self);
+  if (t == self) {
+    set_state(self, RUNNING);
+    return;
+  }
+  fiber *to = &sched_ctx;
+  if (t >= 0) {
+    set_state(t, RUNNING);
+    set_thread(t);
+    to = L.threads[t].f;
+  }
+  switch_ctx(to);
 }
 
 extern "C" void rx_emu_syncthreads(void) {
@@ -660,9 +705,6 @@ extern "C" uint64_t rx_emu_warp(int op, unsigned mask, uint64_t value, int arg, 
   r.arg = arg;
   r.width = width;
   park(AT_WARP);
-  if (L.threads[L.cur].state == FAULTED) {   // the operation could not complete: stop this thread
-    park(FAULTED);
-  }
   return L.threads[L.cur].result;
 }
 
@@ -689,6 +731,7 @@ static const char *state_name(int s) {
   }
 }
 
+static void thread_name(char *buf, size_t n, int t) __attribute__((noinline));
 static void thread_name(char *buf, size_t n, int t) {
   const uint3 i = L.threads[t].idx;
   snprintf(buf, n, "thread (%u,%u,%u) (warp %d lane %d)", i.x, i.y, i.z, t / 32, t % 32);
@@ -699,71 +742,66 @@ static int resolve_warp(int w) {
   const int base = w * 32, lanes = L.nthreads - base < 32 ? L.nthreads - base : 32;
   const unsigned present = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
   int progress = 0;
-  for (int l = 0; l < lanes && !L.faulted; l++) {
-    thread_rec &r = L.threads[base + l];
-    if (r.state != AT_WARP) continue;
+  unsigned todo = L.arrived[w];
+  while (todo && !L.faulted) {
+    const int l = __builtin_ctz(todo);
+    const thread_rec &r = L.threads[base + l];
     const unsigned m = r.mask;
-    char who[96];
-    thread_name(who, sizeof who, base + l);
-    if (!(m & (1u << l))) {
-      block_fault("%s calls %s with mask 0x%08x, which leaves out the calling lane", who, op_name(r.op), m);
+    const int op = r.op;
+    char who[96], other[96];
+    if (!(m & (1u << l)) || (m & ~present) || r.width < 1 || r.width > 32 || (r.width & (r.width - 1))) {
+      thread_name(who, sizeof who, base + l);
+      if (!(m & (1u << l)))
+        block_fault("%s calls %s with mask 0x%08x, which leaves out the calling lane", who, op_name(op), m);
+      else if (m & ~present)
+        block_fault("%s calls %s with mask 0x%08x, but the warp has only lanes 0..%d (mask 0x%08x)", who, op_name(op),
+                    m, lanes - 1, present);
+      else
+        block_fault("%s calls %s with width %d (a power of two up to 32)", who, op_name(op), r.width);
       return 0;
     }
-    if (m & ~present) {
-      block_fault("%s calls %s with mask 0x%08x, but the warp has only lanes 0..%d (mask 0x%08x)", who, op_name(r.op),
-                  m, lanes - 1, present);
-      return 0;
+    if (m & ~L.arrived[w]) {   // some lane of the mask is still on its way
+      todo &= ~m;
+      continue;
     }
-    if (r.width < 1 || r.width > 32 || (r.width & (r.width - 1))) {
-      block_fault("%s calls %s with width %d (a power of two up to 32)", who, op_name(r.op), r.width);
-      return 0;
-    }
-    bool all = true;
-    for (int j = 0; j < lanes && all; j++) {
-      if (!(m & (1u << j))) continue;
+    unsigned ballot = 0;
+    for (unsigned b = m; b; b &= b - 1) {
+      const int j = __builtin_ctz(b);
       const thread_rec &o = L.threads[base + j];
-      if (o.state != AT_WARP) { all = false; break; }
-      if (o.mask != m || o.op != r.op) {
-        char other[96];
+      if (o.mask != m || o.op != op) {
+        thread_name(who, sizeof who, base + l);
         thread_name(other, sizeof other, base + j);
         block_fault("%s calls %s with mask 0x%08x while %s, in that mask, calls %s with mask 0x%08x", who,
-                    op_name(r.op), m, other, op_name(o.op), o.mask);
+                    op_name(op), m, other, op_name(o.op), o.mask);
         return 0;
       }
+      if (o.value) ballot |= 1u << j;
     }
-    if (!all) continue;
-    unsigned ballot = 0;
-    for (int j = 0; j < lanes; j++)
-      if ((m & (1u << j)) && L.threads[base + j].value) ballot |= 1u << j;
-    for (int j = 0; j < lanes; j++) {
-      if (!(m & (1u << j))) continue;
+    for (unsigned b = m; b; b &= b - 1) {
+      const int j = __builtin_ctz(b);
       thread_rec &o = L.threads[base + j];
       const int seg = j & ~(o.width - 1), end = seg + o.width;
       int src = j;
-      switch (o.op) {
+      switch (op) {
         case RX_EMU_SHFL_IDX: src = seg + (o.arg & (o.width - 1)); break;
         case RX_EMU_SHFL_XOR: src = j ^ o.arg; if (src >= end || src < 0 || src > 31) src = j; break;
         case RX_EMU_SHFL_DOWN: src = j + o.arg; if (src >= end) src = j; break;
         case RX_EMU_SHFL_UP: src = j - o.arg; if (src < seg) src = j; break;
+        case RX_EMU_BALLOT: o.result = ballot; continue;
+        case RX_EMU_ANY: o.result = ballot != 0; continue;
+        case RX_EMU_ALL: o.result = ballot == m; continue;
+        default: o.result = 0; continue;   // __syncwarp
       }
-      switch (o.op) {
-        case RX_EMU_BALLOT: o.result = ballot; break;
-        case RX_EMU_ANY: o.result = ballot != 0; break;
-        case RX_EMU_ALL: o.result = ballot == m; break;
-        case RX_EMU_SYNCWARP: o.result = 0; break;
-        default:
-          if (!(m & (1u << src))) {
-            char other[96];
-            thread_name(other, sizeof other, base + j);
-            block_fault("%s reads lane %d with %s(mask 0x%08x, ...), but lane %d is not in the mask: its value is undefined",
-                        other, src, op_name(o.op), m, src);
-            return 0;
-          }
-          o.result = L.threads[base + src].value;
+      if (!(m & (1u << src))) {
+        thread_name(other, sizeof other, base + j);
+        block_fault("%s reads lane %d with %s(mask 0x%08x, ...), but lane %d is not in the mask: its value is undefined",
+                    other, src, op_name(op), m, src);
+        return 0;
       }
+      o.result = L.threads[base + src].value;
     }
-    for (int j = 0; j < lanes; j++)
-      if (m & (1u << j)) L.threads[base + j].state = READY;
+    for (unsigned b = m; b; b &= b - 1) set_state(base + __builtin_ctz(b), READY);
+    todo &= ~m;
     progress = 1;
   }
   return progress;
@@ -776,7 +814,8 @@ static fiber *get_fiber(void) {
   return f;
 }
 
-// Runs thread t (new: on a fresh chain; parked: resumes its fiber) until it parks or completes.
+// Runs thread t (new: on a fresh chain; parked: resumes its fiber); returns when some fiber
+// switches back to the scheduler.
 static void step(int t) {
   thread_rec &r = L.threads[t];
   fiber *f;
@@ -786,11 +825,11 @@ static void step(int t) {
     f->idle = false;
   } else {
     f = r.f;
-    r.state = RUNNING;
+    set_state(t, RUNNING);
     set_thread(t);
   }
-  switch_to(f);
-  if (f->idle) fiber_pool.push_back(f);
+  switch_ctx(f);
+  if (switched_from != &sched_ctx && switched_from->idle) fiber_pool.push_back(switched_from);
 }
 
 // After a fault, the fibers still holding a parked thread are reset for reuse.
@@ -816,7 +855,7 @@ static uint64_t splitmix(uint64_t &s) {
   return z ^ (z >> 31);
 }
 
-static void run_block(uint64_t &rng, const std::vector<int> &lane_order) {
+static void run_block(uint64_t &rng) {
   const int n = L.nthreads;
   // warps in a shuffled order, each warp's lanes in the launch's lane order
   int worder[32];
@@ -828,25 +867,25 @@ static void run_block(uint64_t &rng, const std::vector<int> &lane_order) {
   }
   int p = 0;
   for (int wi = 0; wi < L.nwarps; wi++)
-    for (int l : lane_order) {
+    for (int l : L.lane_order) {
       const int t = worder[wi] * 32 + l;
       if (t < n) { L.order[p] = t; L.pos[t] = p; p++; }
     }
-  for (int t = 0; t < n; t++) { L.threads[t].state = NEW; L.threads[t].f = nullptr; }
+  for (int w = 0; w < L.nwarps; w++) L.runnable[w] = L.fresh[w] = L.arrived[w] = 0;
+  for (int t = 0; t < n; t++) {
+    L.threads[t].state = DONE;
+    L.threads[t].f = nullptr;
+    set_state(t, NEW);
+  }
   if (L.shared_bytes) memset(L.shared, 0xFF, L.shared_bytes);   // shared memory starts undefined: NaN
 
   for (;;) {
     for (int wi = 0; wi < L.nwarps && !L.faulted; wi++) {
       const int w = worder[wi];
-      do {
-        for (int l : lane_order) {
-          const int t = w * 32 + l;
-          if (t >= n) continue;
-          const int s = L.threads[t].state;
-          if (s == NEW || s == READY) step(t);
-          if (L.faulted) break;
-        }
-      } while (!L.faulted && resolve_warp(w));
+      while (!L.faulted) {
+        if (L.runnable[w]) step(w * 32 + L.lane_order[__builtin_ctz(L.runnable[w])]);
+        else if (!resolve_warp(w)) break;
+      }
     }
     if (L.faulted) break;
     int done = 0, bar = 0, warp = -1, exited = -1;
@@ -878,7 +917,7 @@ static void run_block(uint64_t &rng, const std::vector<int> &lane_order) {
                   "reached by every thread of the block)", bar, n, other);
       break;
     }
-    for (int t = 0; t < n; t++) L.threads[t].state = READY;   // the barrier opens
+    for (int t = 0; t < n; t++) set_state(t, READY);   // the barrier opens
   }
   abandon_block();
 }
@@ -924,9 +963,9 @@ static void execute(const std::string &name, const rx_emu::kernel_call &call, di
   L.faulted = false;
   rx_emu_block_dim = block;
   rx_emu_grid_dim = grid;
-  std::vector<int> lane_order(32);
-  for (int l = 0; l < 32; l++) lane_order[l] = l;
-  for (int l = 31; l > 0; l--) std::swap(lane_order[l], lane_order[splitmix(rng) % (uint64_t)(l + 1)]);
+  for (int l = 0; l < 32; l++) L.lane_order[l] = l;
+  for (int l = 31; l > 0; l--) std::swap(L.lane_order[l], L.lane_order[splitmix(rng) % (uint64_t)(l + 1)]);
+  for (int l = 0; l < 32; l++) L.lane_pos[L.lane_order[l]] = l;
   // blocks in the order i -> (a i + c) mod n, a coprime to n: a different permutation per launch
   const uint64_t nb = (uint64_t)grid.x * grid.y * grid.z;
   uint64_t a = 1, c = 0;
@@ -939,14 +978,14 @@ static void execute(const std::string &name, const rx_emu::kernel_call &call, di
     rx_emu_block_idx.x = (unsigned)(b % grid.x);
     rx_emu_block_idx.y = (unsigned)(b / grid.x % grid.y);
     rx_emu_block_idx.z = (unsigned)(b / ((uint64_t)grid.x * grid.y));
-    run_block(rng, lane_order);
+    run_block(rng);
   }
   free(L.shared);
   L.shared = nullptr;
   L.call = nullptr;
 }
 
-static std::map<const void *, int> max_dynamic_shared;   // cudaFuncAttributeMaxDynamicSharedMemorySize
+static std::map<const void *, int> &max_dynamic_shared = *new std::map<const void *, int>;   // per kernel
 static const int SHARED_DEFAULT = 48 << 10, SHARED_OPT_IN = 227 << 10;
 
 extern "C" cudaError_t rx_emu_func_set_attribute(const void *fn, cudaFuncAttribute attr, int value) {
