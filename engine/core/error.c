@@ -1,6 +1,5 @@
 /* error.c: thread-local last-error message. */
 #include "internal.h"
-#include "cuda/cuda.h"
 #include <stdio.h>
 #include <string.h>
 
@@ -30,4 +29,8 @@ int rx_fail_context(int code, const char *fmt, ...) {
 
 const char *rx_version(void) { return "0.1.0"; }
 
-int rx_has_cuda(void) { return rx_cuda_device_count() > 0; }   /* 0 in a build without CUDA (cuda/none.c) */
+/* 0 in a build without CUDA (cuda/none.c registers a table with no devices) */
+int rx_has_cuda(void) {
+  const rx_device_memory *d = rx_device_memory_of(RX_CUDA);
+  return d && d->count() > 0;
+}

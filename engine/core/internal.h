@@ -37,6 +37,30 @@ void rx_view_init(rx_tensor *t, void *data, int32_t dtype, int32_t device, int32
 int rx_check_tensor(const rx_tensor *t, const char *op, const char *what, int32_t ndim);
 int rx_check_same(const rx_tensor *a, const rx_tensor *b, const char *op, const char *what);
 
+/* Memory of a device other than the CPU, as core reaches it (tensors, copies, fills): a table of
+ * functions that the device's backend registers when the library loads (engine/cuda/register.c),
+ * so that core never names a backend. Every function returns RX_OK or sets an error. */
+typedef struct rx_device_memory {
+  const char *name;                                                  /* "cuda" */
+  int (*count)(void);                                                /* devices present (0: none) */
+  int (*alloc)(void **ptr, void **handle, size_t bytes, const char *what);   /* *handle for release */
+  void (*release)(void *handle);
+  int (*memset0)(void *ptr, size_t bytes);
+  int (*copy)(rx_tensor *dst, const rx_tensor *src);                 /* either side on the device */
+  int (*fill)(rx_tensor *t, double value);                           /* t contiguous, on the device */
+} rx_device_memory;
+void rx_device_register(int32_t device, const rx_device_memory *table);
+/* The table of a registered device, or NULL (the CPU, or a device no backend registered). */
+const rx_device_memory *rx_device_memory_of(int32_t device);
+
+/* An engine arena (parameters, gradients, activations) on a device: 64-byte aligned, zeroed
+ * when `zero`; NULL with the error set (naming `what`) on failure. *handle (NULL on the CPU) is
+ * what rx_arena_free needs besides the pointer. */
+void *rx_arena_alloc(int32_t device, size_t bytes, const char *what, int zero, void **handle);
+void rx_arena_free(int32_t device, void *ptr, void *handle);
+/* Zero `bytes` at ptr on device. */
+int rx_memzero(int32_t device, void *ptr, size_t bytes);
+
 #include "profile.h"
 
 #endif

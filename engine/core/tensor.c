@@ -1,7 +1,7 @@
-/* tensor.c: storage, tensor views, copy/convert, fill, Philox random fill. Device (cuda) storage
- * comes from the CUDA backend's caching allocator; element access to it goes through a host copy. */
+/* tensor.c: storage, tensor views, copy/convert, fill, Philox random fill. Storage on a device
+ * other than the CPU comes from that device's registered memory table (rx_device_register, e.g.
+ * the CUDA backend's caching allocator); element access to it goes through a host copy. */
 #include "internal.h"
-#include "cuda/cuda.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,8 +13,19 @@ struct rx_storage {
   int32_t device;
   int32_t owned;     /* 0 for rx_tensor_wrap */
   int64_t refs;
-  void *handle;      /* the CUDA allocator's piece, for device storage */
+  void *handle;      /* the device allocator's piece, for device storage */
 };
+
+static const rx_device_memory *device_tables[8];
+
+void rx_device_register(int32_t device, const rx_device_memory *table) {
+  if (device > RX_CPU && device < (int32_t)(sizeof device_tables / sizeof device_tables[0])) device_tables[device] = table;
+}
+
+const rx_device_memory *rx_device_memory_of(int32_t device) {
+  return device > RX_CPU && device < (int32_t)(sizeof device_tables / sizeof device_tables[0]) ? device_tables[device]
+                                                                                                : NULL;
+}
 
 void *rx_alloc(size_t bytes, const char *what) {
   void *p = NULL;
@@ -27,6 +38,33 @@ void *rx_alloc(size_t bytes, const char *what) {
 }
 
 void rx_free(void *p) { free(p); }
+
+void *rx_arena_alloc(int32_t device, size_t bytes, const char *what, int zero, void **handle) {
+  *handle = NULL;
+  if (device == RX_CPU) {
+    void *p = rx_alloc(bytes, what);
+    if (p && zero) memset(p, 0, bytes);
+    return p;
+  }
+  const rx_device_memory *d = rx_device_memory_of(device);
+  void *p = NULL;
+  if (!d) { rx_fail(RX_EDEVICE, "%s: device %d is not a device remax knows (cpu = 0, cuda = 1)", what, device); return NULL; }
+  if (d->alloc(&p, handle, bytes ? bytes : 64, what)) return NULL;
+  if (zero && d->memset0(p, bytes)) { d->release(*handle); *handle = NULL; return NULL; }
+  return p;
+}
+
+void rx_arena_free(int32_t device, void *ptr, void *handle) {
+  if (device == RX_CPU) rx_free(ptr);
+  else if (ptr && rx_device_memory_of(device)) rx_device_memory_of(device)->release(handle);
+}
+
+int rx_memzero(int32_t device, void *ptr, size_t bytes) {
+  if (device == RX_CPU) { memset(ptr, 0, bytes); return RX_OK; }
+  const rx_device_memory *d = rx_device_memory_of(device);
+  if (!d) return rx_fail(RX_EDEVICE, "memzero: device %d is not a device remax knows", device);
+  return d->memset0(ptr, bytes);
+}
 
 const char *rx_shape_str(const rx_tensor *t, char *buf, size_t n) {
   size_t k = (size_t)snprintf(buf, n, "[");
@@ -71,10 +109,11 @@ static int storage_new(rx_storage **out, int32_t device, int64_t bytes, void *wr
     s->data = rx_alloc((size_t)bytes, "tensor");
     if (!s->data) { free(s); return RX_ENOMEM; }
     memset(s->data, 0, (size_t)bytes);
-  } else if (device == RX_CUDA) {
-    int rc = rx_cuda_malloc(&s->data, &s->handle, (size_t)bytes, "tensor");
-    if (!rc) rc = rx_cuda_memset0(s->data, (size_t)bytes);
-    if (rc) { rx_cuda_release(s->handle); free(s); return rc; }
+  } else if (rx_device_memory_of(device)) {
+    const rx_device_memory *d = rx_device_memory_of(device);
+    int rc = d->alloc(&s->data, &s->handle, (size_t)bytes, "tensor");
+    if (!rc) rc = d->memset0(s->data, (size_t)bytes);
+    if (rc) { d->release(s->handle); free(s); return rc; }
   } else {
     free(s);
     return rx_fail(RX_EDEVICE, "device %d is not a device remax knows (cpu = 0, cuda = 1)", device);
@@ -86,7 +125,7 @@ static int storage_new(rx_storage **out, int32_t device, int64_t bytes, void *wr
 static void storage_release(rx_storage *s) {
   if (!s || --s->refs > 0) return;
   if (s->owned && s->device == RX_CPU) rx_free(s->data);
-  if (s->owned && s->device == RX_CUDA) rx_cuda_release(s->handle);
+  if (s->owned && s->device != RX_CPU) rx_device_memory_of(s->device)->release(s->handle);
   free(s);
 }
 
@@ -143,7 +182,7 @@ static rx_tensor *view_of(const rx_tensor *t) {
   rx_tensor *v = malloc(sizeof *v);
   if (!v) { rx_fail(RX_ENOMEM, "out of memory for tensor view"); return NULL; }
   *v = *t;
-  v->storage->refs++;
+  if (v->storage) v->storage->refs++;   /* an engine view (rx_view_init) has no storage: the owner keeps it */
   return v;
 }
 
@@ -233,7 +272,7 @@ static void store(void *p, int32_t dtype, int64_t k, double v) {
 }
 
 static int need_known(const rx_tensor *t, const char *op) {
-  if (t->device != RX_CPU && t->device != RX_CUDA) return rx_fail(RX_EDEVICE, "%s: unknown device %d", op, t->device);
+  if (t->device != RX_CPU && !rx_device_memory_of(t->device)) return rx_fail(RX_EDEVICE, "%s: unknown device %d", op, t->device);
   return RX_OK;
 }
 
@@ -258,7 +297,8 @@ int rx_tensor_copy(rx_tensor *dst, const rx_tensor *src) {
   if (dst->numel != src->numel)
     return rx_fail(RX_EINVAL, "copy: destination %s and source %s differ in element count",
                    rx_shape_str(dst, a, sizeof a), rx_shape_str(src, b, sizeof b));
-  if (dst->device == RX_CUDA || src->device == RX_CUDA) return rx_cuda_copy(dst, src);
+  if (dst->device != RX_CPU) return rx_device_memory_of(dst->device)->copy(dst, src);
+  if (src->device != RX_CPU) return rx_device_memory_of(src->device)->copy(dst, src);
   int64_t n = src->numel;
   int dc = rx_tensor_is_contiguous(dst), sc = rx_tensor_is_contiguous(src);
   if (dc && sc && dst->dtype == src->dtype) {
@@ -283,8 +323,8 @@ int rx_tensor_copy(rx_tensor *dst, const rx_tensor *src) {
 
 int rx_tensor_fill(rx_tensor *t, double value) {
   if (need_known(t, "fill")) return RX_EDEVICE;
-  if (t->device == RX_CUDA) {
-    if (rx_tensor_is_contiguous(t)) return rx_cuda_fill(t, value);
+  if (t->device != RX_CPU) {
+    if (rx_tensor_is_contiguous(t)) return rx_device_memory_of(t->device)->fill(t, value);
     rx_tensor *h;
     if (host_copy(&h, t, 0)) return rx_fail_context(RX_EDEVICE, "fill");
     return to_device(t, h, rx_tensor_fill(h, value));
@@ -309,7 +349,7 @@ static void philox_at(uint64_t seed, uint64_t index, uint32_t r[4]) {
 
 int rx_tensor_uniform(rx_tensor *t, uint64_t seed, uint64_t offset, double lo, double hi) {
   if (need_known(t, "uniform")) return RX_EDEVICE;
-  if (t->device == RX_CUDA) {   /* the same numbers as on the CPU: drawn there, then copied */
+  if (t->device != RX_CPU) {   /* the same numbers as on the CPU: drawn there, then copied */
     rx_tensor *h;
     if (host_copy(&h, t, 0)) return rx_fail_context(RX_EDEVICE, "uniform");
     return to_device(t, h, rx_tensor_uniform(h, seed, offset, lo, hi));
@@ -327,7 +367,7 @@ int rx_tensor_uniform(rx_tensor *t, uint64_t seed, uint64_t offset, double lo, d
 
 int rx_tensor_normal(rx_tensor *t, uint64_t seed, uint64_t offset, double mean, double std) {
   if (need_known(t, "normal")) return RX_EDEVICE;
-  if (t->device == RX_CUDA) {   /* the same numbers as on the CPU: drawn there, then copied */
+  if (t->device != RX_CPU) {   /* the same numbers as on the CPU: drawn there, then copied */
     rx_tensor *h;
     if (host_copy(&h, t, 0)) return rx_fail_context(RX_EDEVICE, "normal");
     return to_device(t, h, rx_tensor_normal(h, seed, offset, mean, std));
@@ -346,7 +386,7 @@ int rx_tensor_normal(rx_tensor *t, uint64_t seed, uint64_t offset, double mean, 
 
 int rx_tensor_get(const rx_tensor *t, int64_t index, double *value) {
   if (need_known(t, "get")) return RX_EDEVICE;
-  if (t->device == RX_CUDA) {
+  if (t->device != RX_CPU) {
     rx_tensor *h;
     if (index < 0 || index >= t->numel)
       return rx_fail(RX_EINVAL, "get: index %lld out of range [0, %lld)", (long long)index, (long long)t->numel);
@@ -368,7 +408,7 @@ int rx_tensor_get(const rx_tensor *t, int64_t index, double *value) {
 
 int rx_tensor_set(rx_tensor *t, int64_t index, double value) {
   if (need_known(t, "set")) return RX_EDEVICE;
-  if (t->device == RX_CUDA) {
+  if (t->device != RX_CPU) {
     rx_tensor *h;
     if (index < 0 || index >= t->numel)
       return rx_fail(RX_EINVAL, "set: index %lld out of range [0, %lld)", (long long)index, (long long)t->numel);
@@ -383,7 +423,7 @@ int rx_tensor_set(rx_tensor *t, int64_t index, double value) {
 
 int rx_tensor_read_f64(const rx_tensor *t, double *out) {
   if (need_known(t, "read")) return RX_EDEVICE;
-  if (t->device == RX_CUDA) {
+  if (t->device != RX_CPU) {
     rx_tensor *h;
     if (host_copy(&h, t, 1)) return rx_fail_context(RX_EDEVICE, "read");
     int rc = rx_tensor_read_f64(h, out);
@@ -397,7 +437,7 @@ int rx_tensor_read_f64(const rx_tensor *t, double *out) {
 
 int rx_tensor_write_f64(rx_tensor *t, const double *in) {
   if (need_known(t, "write")) return RX_EDEVICE;
-  if (t->device == RX_CUDA) {
+  if (t->device != RX_CPU) {
     rx_tensor *h;
     if (host_copy(&h, t, 0)) return rx_fail_context(RX_EDEVICE, "write");
     return to_device(t, h, rx_tensor_write_f64(h, in));

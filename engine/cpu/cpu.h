@@ -12,32 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 #include "profile.h"
+#include "fastmath.h"   /* rx_exp_f32 */
 
-/* exp(x) for float that GCC vectorises inside `omp simd` loops (glibc's expf does not without
- * -ffast-math). Cephes-style: n = round(x / ln2), r = x - n ln2 split in two constants, a degree-6
- * polynomial for exp(r) on |r| <= ln2/2, then the scale 2^n built in the exponent bits (as
- * 2^(n-1) * 2 so that n = 128 near the overflow threshold stays representable). Relative error
- * ~1 ulp; results below 2^-125 (x < -86.6) flush to 0, x > 88.72 gives inf, NaN stays NaN. */
-static inline float rx_exp_f32(float x) {
-  float xc = x > -86.6f ? x : -86.6f;   /* written so that NaN lands inside the range too: */
-  xc = xc < 88.72283f ? xc : 88.72283f;  /* the float -> int conversion below must not see it */
-  float t = xc * 1.44269504088896341f;
-  float n = (t + 12582912.0f) - 12582912.0f;             /* round to nearest via 1.5 * 2^23 */
-  float r = xc - n * 0.693359375f - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  union { int32_t i; float f; } scale;
-  scale.i = ((int32_t)n + 126) << 23;                     /* 2^(n-1) */
-  float y = p * scale.f * 2.0f;
-  y = x < -86.6f ? 0.0f : y;
-  y = x > 88.72283f ? INFINITY : y;
-  return x != x ? x : y;
-}
 static inline double rx_exp_f64(double x) { return exp(x); }
 static inline float rx_log_f32(float x) { return logf(x); }
 static inline double rx_log_f64(double x) { return log(x); }
@@ -144,6 +120,20 @@ void rx_cpu_logprob_entropy_backward_f32(float *dlogits, const float *dlogp, con
 void rx_cpu_logprob_entropy_backward_f64(double *dlogits, const double *dlogp, const double *dentropy,
                                          const double *logits, const int32_t *targets, const double *lse, int64_t N,
                                          int64_t V);
+
+/* The optimizer (adamw.c): AdamW with step_size = lr / (1 - beta1^step), sqrt_bc2 = sqrt(1 -
+ * beta2^step) and shrink = 1 - lr * weight_decay (decoupled decay); f32 or f64 params with moments
+ * of their dtype, or f64 params with f32 moments (_f64_m32). Sums of squares in double. */
+void rx_cpu_adamw_f32(float *P, const float *G, float *M, float *V, int64_t n, double step_size, double beta1,
+                      double beta2, double eps, double shrink, double sqrt_bc2);
+void rx_cpu_adamw_f64(double *P, const double *G, double *M, double *V, int64_t n, double step_size, double beta1,
+                      double beta2, double eps, double shrink, double sqrt_bc2);
+void rx_cpu_adamw_f64_m32(double *P, const double *G, float *M, float *V, int64_t n, double step_size, double beta1,
+                          double beta2, double eps, double shrink, double sqrt_bc2);
+double rx_cpu_sum_squares_f32(const float *x, int64_t n);
+double rx_cpu_sum_squares_f64(const double *x, int64_t n);
+void rx_cpu_scale_f32(float *x, int64_t n, float s);
+void rx_cpu_scale_f64(double *x, int64_t n, double s);
 
 /* The head over vocabulary slices [v0, v0 + Vs) of N rows (engine/model/head.c); logprob.inc. */
 void rx_cpu_logprob_slice_forward_f32(float *rmax, double *rsum, double *rsz, float *xt, const float *logits,

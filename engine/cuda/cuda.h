@@ -65,6 +65,16 @@ int rx_cuda_logprob_forward(float *logp, float *lse, float *entropy, const void 
                             int64_t N, int64_t V, int32_t dtype);
 int rx_cuda_logprob_backward(void *dlogits, const float *dlogp, const void *logits, const int32_t *targets,
                              const float *lse, int64_t N, int64_t V, int32_t dtype);
+/* The head over a vocabulary slice [v0, v0 + Vs) of N rows (logprob_slice.cu), the twins of
+ * cpu/logprob.inc's rx_cpu_logprob_slice_*: logits and dlogits in dtype, the per-row statistics
+ * (rmax, xt, logp, lse, entropy, dlogp, dentropy) f32, the running sums rsum and rsz f64. */
+int rx_cuda_logprob_slice_forward(float *rmax, double *rsum, double *rsz, float *xt, const void *logits,
+                                  const int32_t *targets, int64_t N, int64_t Vs, int64_t v0, int first, int32_t dtype);
+int rx_cuda_logprob_slice_finish(float *logp, float *lse, float *entropy, const float *rmax, const double *rsum,
+                                 double *rsz, const int32_t *targets, int64_t N);
+int rx_cuda_logprob_slice_backward(void *dlogits, const float *dlogp, const float *dentropy, const double *entropy,
+                                   const void *logits, const int32_t *targets, const float *lse, int64_t N, int64_t Vs,
+                                   int64_t v0, int32_t dtype);
 /* Sizes of one attention call, as engine/cpu/attention.h's rx_attn_dims (repeated here so that this
  * header stands alone). lse is f32 [B,H,Tq]. */
 typedef struct rx_cuda_attn_dims {

@@ -48,6 +48,14 @@ int rx_cuda_logprob_forward(float *logp, float *lse, float *entropy, const void 
                             int64_t N, int64_t V, int32_t dtype) { return none(); }
 int rx_cuda_logprob_backward(void *dlogits, const float *dlogp, const void *logits, const int32_t *targets,
                              const float *lse, int64_t N, int64_t V, int32_t dtype) { return none(); }
+int rx_cuda_logprob_slice_forward(float *rmax, double *rsum, double *rsz, float *xt, const void *logits,
+                                  const int32_t *targets, int64_t N, int64_t Vs, int64_t v0, int first,
+                                  int32_t dtype) { return none(); }
+int rx_cuda_logprob_slice_finish(float *logp, float *lse, float *entropy, const float *rmax, const double *rsum,
+                                 double *rsz, const int32_t *targets, int64_t N) { return none(); }
+int rx_cuda_logprob_slice_backward(void *dlogits, const float *dlogp, const float *dentropy, const double *entropy,
+                                   const void *logits, const int32_t *targets, const float *lse, int64_t N, int64_t Vs,
+                                   int64_t v0, int32_t dtype) { return none(); }
 int rx_cuda_attention_forward(void *out, float *lse, const void *q, const void *k, const void *v, const int32_t *mask,
                               const rx_cuda_attn_dims *dims, int32_t dtype) { return none(); }
 int rx_cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,

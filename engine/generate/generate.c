@@ -6,7 +6,7 @@
  * query against the row's cache. Randomness comes from Philox keyed by (seed, row key,
  * position), so a row's tokens do not depend on which other rows share its batch. */
 #include "model/model_internal.h"
-#include "cpu/cpu.h"
+#include "fastmath.h"
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -35,6 +35,7 @@ struct rx_generator {
   int32_t *prompt_len, *positions, *current, *done;   /* per place */
   void *scratch;                         /* decode activations */
   rx_tensor x, xn, rstd, q, k, v, att, tmp, gate, up, h, lse, logits, tok;
+  int64_t step_slot;                     /* cache slot of the token the current step decodes */
   float *logits_f32;                     /* [R][V] for the sampler: the logits themselves in f32 */
   float *sample_buf;                     /* per thread [V] */
   int32_t *index_buf;                    /* per thread [V] */
@@ -197,20 +198,21 @@ static int64_t available_memory(void) {
   return (int64_t)kb * 1024;
 }
 
-static void view2(rx_tensor *t, void *data, int32_t dtype, int64_t a, int64_t b) {
+/* A [a, b] view on the device of the model's tensors. */
+static void view2(rx_tensor *t, void *data, int32_t dtype, int32_t device, int64_t a, int64_t b) {
   int64_t shape[2] = {a, b};
-  rx_view_init(t, data, dtype, RX_CPU, 2, shape);
+  rx_view_init(t, data, dtype, device, 2, shape);
 }
 
 static double gib(int64_t bytes) { return bytes / 1073741824.0; }
 
 /* ------------------------------------------------------------------ prefill */
 
-typedef struct prefill_ctx { rx_generator *g; } prefill_ctx;
-
-/* After layer l of the prefill: copy each prompt's (roped) keys and values to its rows. */
-static int copy_prompt_kv(void *ctx, int64_t l, layer_acts *a) {
-  rx_generator *g = ((prefill_ctx *)ctx)->g;
+/* The prefill's KV-cache hook: each prompt's (roped) keys and values of layer l go to the cache
+ * rows of the rows that continue it; the prompts attend to their own keys and values. */
+static int copy_prompt_kv(void *ctx, int64_t l, const layer_acts *a, rx_tensor *keys, rx_tensor *values,
+                          const rx_tensor **mask) {
+  rx_generator *g = ctx;
   const rx_model_config *c = &g->m->cfg;
   const int64_t KD = c->num_key_value_heads * c->head_dim, es = rx_dtype_size(c->dtype);
   const int64_t row_bytes = g->S * KD * es, block = g->Pmax * KD * es;
@@ -341,6 +343,7 @@ void rx_generate_end(rx_generator *g) {
 
 int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request *req, rx_generate_result *res) {
   *out = NULL;
+  TRY(rx_model_on_cpu(m, "generate"));
   TRY(check_request(m, req));
   const rx_model_config *c = &m->cfg;
   const int64_t L = c->num_hidden_layers, C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
@@ -411,11 +414,11 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   int64_t cols[] = {C, C, 1, HD, KD, KD, HD, C, I, I, I, H, V};
   char *at = g->scratch;
   for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
-    view2(views[i], at, c->dtype, R, cols[i]);
+    view2(views[i], at, c->dtype, c->device, R, cols[i]);
     at += (R * cols[i] * es + 63) & ~(int64_t)63;
   }
   if (c->dtype == RX_F32) g->logits_f32 = g->logits.data;
-  view2(&g->tok, g->current, RX_I32, R, 1);
+  view2(&g->tok, g->current, RX_I32, c->device, R, 1);
   g->tok.ndim = 1;
   g->active = R;
   for (int64_t r = 0; r < R; r++) {
@@ -440,9 +443,9 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
         pmask[p * Pmax + Pmax - n + t] = 1;
       }
     }
-    rx_model_set_inputs(m, ptok, pmask);
-    prefill_ctx ctx = {g};
-    rc = rx_model_forward_hidden(m, copy_prompt_kv, &ctx);
+    const layer_kv kv = {copy_prompt_kv, g};
+    rc = rx_model_set_inputs(m, ptok, pmask);
+    if (!rc) rc = rx_model_forward_hidden(m, &kv);
   }
   free(ptok);
   free(pmask);
@@ -452,7 +455,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
     for (int64_t r = 0; r < R; r++)
       memcpy((char *)g->xn.data + r * C * es, (char *)m->plan.xf.data + (req->row_prompt[r] * Pmax + Pmax - 1) * C * es,
              (size_t)(C * es));
-    rc = rx_matmul_forward(&g->logits, &g->xn, &m->params[m->lm_head], NULL);
+    rc = rx_matmul_forward(&g->logits, &g->xn, rx_model_w(m, m->lm_head), NULL);
     if (!rc) logits_to_f32(g);
   }
   if (!rc) rc = choose_tokens(g);
@@ -469,7 +472,7 @@ static void cache_view(rx_generator *g, rx_tensor *t, void *base, int64_t l, int
   const rx_model_config *c = &g->m->cfg;
   const int64_t KV = c->num_key_value_heads, D = c->head_dim, es = rx_dtype_size(c->dtype);
   int64_t shape[4] = {g->active, Tk, KV, D};
-  rx_view_init(t, (char *)base + l * g->R * g->S * KV * D * es, c->dtype, RX_CPU, 4, shape);
+  rx_view_init(t, (char *)base + l * g->R * g->S * KV * D * es, c->dtype, c->device, 4, shape);
   t->stride[0] = g->S * KV * D;
 }
 
@@ -515,59 +518,82 @@ static void set_rows(rx_generator *g, int64_t n) {
   }
 }
 
+/* The decode step's KV-cache hook: the new token's keys and values of layer l go to each row's
+ * cache slot, and the attention reads the cache up to that slot (the step's mask says which of
+ * its slots each row may see). */
+static int append_kv(void *ctx, int64_t l, const layer_acts *a, rx_tensor *keys, rx_tensor *values,
+                     const rx_tensor **mask) {
+  rx_generator *g = ctx;
+  const rx_model_config *c = &g->m->cfg;
+  const int64_t KD = c->num_key_value_heads * c->head_dim, es = rx_dtype_size(c->dtype), S = g->S;
+  const int64_t idx = g->step_slot;
+  char *K = (char *)g->kcache + l * g->R * S * KD * es, *Vc = (char *)g->vcache + l * g->R * S * KD * es;
+  for (int64_t r = 0; r < g->active; r++) {
+    memcpy(K + (r * S + idx) * KD * es, (char *)a->k.data + r * KD * es, (size_t)(KD * es));
+    memcpy(Vc + (r * S + idx) * KD * es, (char *)a->v.data + r * KD * es, (size_t)(KD * es));
+  }
+  cache_view(g, keys, g->kcache, l, idx + 1);
+  cache_view(g, values, g->vcache, l, idx + 1);
+  return RX_OK;
+}
+
+/* The decoder layer's activations for the R active rows, as views of the decode scratch: one
+ * token per row ([R, 1, heads, D] for attention), both norms sharing xn and rstd, x_mid in tmp,
+ * and Qwen3's q/k norm in place (q_raw aliases q, no rstd kept). */
+static void decode_acts(rx_generator *g, layer_acts *a, int64_t R) {
+  const rx_model_config *c = &g->m->cfg;
+  const int64_t H = c->num_attention_heads, KV = c->num_key_value_heads, D = c->head_dim;
+  const int32_t dt = c->dtype, dev = c->device;
+  int64_t s4q[4] = {R, 1, H, D}, s4k[4] = {R, 1, KV, D}, s3[3] = {R, H, 1}, sqr[2] = {R * H, D}, skr[2] = {R * KV, D};
+  memset(a, 0, sizeof *a);
+  a->rstd1 = a->rstd2 = g->rstd;
+  a->xn1 = a->xn2 = g->xn;
+  a->q = a->q_raw = g->q;
+  a->k = a->k_raw = g->k;
+  a->v = g->v;
+  a->att = g->att;
+  a->x_mid = g->tmp;
+  a->gate = g->gate;
+  a->up = g->up;
+  a->h = g->h;
+  rx_view_init(&a->q4, g->q.data, dt, dev, 4, s4q);
+  rx_view_init(&a->k4, g->k.data, dt, dev, 4, s4k);
+  rx_view_init(&a->v4, g->v.data, dt, dev, 4, s4k);
+  rx_view_init(&a->att4, g->att.data, dt, dev, 4, s4q);
+  rx_view_init(&a->lse, g->lse.data, dt, dev, 3, s3);
+  rx_view_init(&a->q_rows, g->q.data, dt, dev, 2, sqr);
+  rx_view_init(&a->k_rows, g->k.data, dt, dev, 2, skr);
+  a->q_raw_rows = a->q_rows;
+  a->k_raw_rows = a->k_rows;
+}
+
 int rx_generate_step(rx_generator *g, int32_t *done) {
   compact(g);
   if (g->active == 0 || g->generated >= g->req.max_new_tokens) { *done = 1; return RX_OK; }
   set_rows(g, g->active);
   rx_model *m = g->m;
   const rx_model_config *c = &m->cfg;
-  const int64_t L = c->num_hidden_layers, R = g->active, S = g->S, H = c->num_attention_heads;
-  const int64_t KV = c->num_key_value_heads, D = c->head_dim, KD = KV * D, es = rx_dtype_size(c->dtype);
+  const int64_t L = c->num_hidden_layers, R = g->active, S = g->S;
   const int64_t idx = g->Pmax + g->generated - 1, Tk = idx + 1;   /* cache slot of the newest token */
   for (int64_t r = 0; r < R; r++) {
     g->cache_mask[r * S + idx] = 1;
     g->positions[r] = g->prompt_len[r] + (int32_t)g->generated - 1;
     memcpy(g->step_mask + r * Tk, g->cache_mask + r * S, sizeof(int32_t) * (size_t)Tk);
   }
-  int64_t s4q[4] = {R, 1, H, D}, s4k[4] = {R, 1, KV, D}, s3[3] = {R, H, 1}, s2m[2] = {R, Tk}, s1[1] = {R};
-  rx_tensor q4, k4, att4, lse3, mask, pos, kc, vc;
-  rx_view_init(&q4, g->q.data, c->dtype, RX_CPU, 4, s4q);
-  rx_view_init(&k4, g->k.data, c->dtype, RX_CPU, 4, s4k);
-  rx_view_init(&att4, g->att.data, c->dtype, RX_CPU, 4, s4q);
-  rx_view_init(&lse3, g->lse.data, c->dtype, RX_CPU, 3, s3);
-  rx_view_init(&mask, g->step_mask, RX_I32, RX_CPU, 2, s2m);
-  rx_view_init(&pos, g->positions, RX_I32, RX_CPU, 1, s1);
+  g->step_slot = idx;
+  int64_t s2m[2] = {R, Tk}, s1[1] = {R};
+  rx_tensor mask, pos;
+  layer_acts acts;
+  rx_view_init(&mask, g->step_mask, RX_I32, c->device, 2, s2m);
+  rx_view_init(&pos, g->positions, RX_I32, c->device, 1, s1);
+  decode_acts(g, &acts, R);
+  const layer_kv kv = {append_kv, g};
+  const layer_io io = {&g->x, &g->x, &pos, &mask, &kv};
 
-  TRY(rx_embedding_forward(&g->x, &g->tok, &m->params[m->embed]));
-  for (int64_t l = 0; l < L; l++) {
-    const layer_params *lp = &m->layers[l];
-    rx_tensor *P_ = m->params;
-    TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, &P_[lp->ln1], c->rms_norm_eps));
-    TRY(rx_model_linear_forward(m, l, RX_PROJ_Q, &g->q, &g->xn));
-    TRY(rx_model_linear_forward(m, l, RX_PROJ_K, &g->k, &g->xn));
-    TRY(rx_model_linear_forward(m, l, RX_PROJ_V, &g->v, &g->xn));
-    TRY(rx_model_qk_norm_inplace(m, l, &g->q, &g->k));
-    TRY(rx_rope_forward_freq(&q4, &q4, &pos, m->inv_freq));
-    TRY(rx_rope_forward_freq(&k4, &k4, &pos, m->inv_freq));
-    char *K = (char *)g->kcache + l * g->R * S * KD * es, *Vc = (char *)g->vcache + l * g->R * S * KD * es;
-    for (int64_t r = 0; r < R; r++) {
-      memcpy(K + (r * S + idx) * KD * es, (char *)g->k.data + r * KD * es, (size_t)(KD * es));
-      memcpy(Vc + (r * S + idx) * KD * es, (char *)g->v.data + r * KD * es, (size_t)(KD * es));
-    }
-    cache_view(g, &kc, g->kcache, l, Tk);
-    cache_view(g, &vc, g->vcache, l, Tk);
-    TRY(rx_attention_forward(&att4, &lse3, &q4, &kc, &vc, &mask, 0.0));
-    TRY(rx_model_linear_forward(m, l, RX_PROJ_O, &g->tmp, &g->att));
-    TRY(rx_add(&g->x, &g->x, &g->tmp));
-    TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, &P_[lp->ln2], c->rms_norm_eps));
-    TRY(rx_model_linear_forward(m, l, RX_PROJ_GATE, &g->gate, &g->xn));
-    TRY(rx_model_linear_forward(m, l, RX_PROJ_UP, &g->up, &g->xn));
-    TRY(rx_swiglu_forward(&g->h, &g->gate, &g->up));
-    TRY(rx_model_linear_forward(m, l, RX_PROJ_DOWN, &g->tmp, &g->h));
-    TRY(rx_add(&g->x, &g->x, &g->tmp));
-  }
-  TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, &m->params[m->final_norm], c->rms_norm_eps));
-  TRY(rx_matmul_forward(&g->logits, &g->xn, &m->params[m->lm_head], NULL));
+  TRY(rx_embedding_forward(&g->x, &g->tok, rx_model_w(m, m->embed)));
+  for (int64_t l = 0; l < L; l++) TRY(rx_model_layer(m, l, &acts, &io));
+  TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, rx_model_w(m, m->final_norm), c->rms_norm_eps));
+  TRY(rx_matmul_forward(&g->logits, &g->xn, rx_model_w(m, m->lm_head), NULL));
   logits_to_f32(g);
   TRY(choose_tokens(g));
   g->generated++;
@@ -600,6 +626,7 @@ int rx_model_generate(rx_model *m, const rx_generate_request *req, rx_generate_r
 int rx_model_next_logits(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, rx_tensor *out) {
   int64_t B = 0, T = 0;
   char a[96];
+  TRY(rx_model_on_cpu(m, "next_logits"));
   TRY(rx_model_check_tokens(m, tokens, mask, &B, &T));
   const rx_model_config *c = &m->cfg;
   if (rx_check_tensor(out, "next_logits", "out", 2) || out->shape[0] != B || out->shape[1] != c->vocab_size || out->dtype != c->dtype)
@@ -607,19 +634,19 @@ int rx_model_next_logits(rx_model *m, const rx_tensor *tokens, const rx_tensor *
                    (long long)c->vocab_size, rx_shape_str(out, a, sizeof a));
   rx_forward_opts fo = {0, 0, 0, 0};
   TRY(rx_model_plan(m, B, T, &fo));
-  rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL);
-  TRY(rx_model_forward_hidden(m, NULL, NULL));
+  TRY(rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL));
+  TRY(rx_model_forward_hidden(m, NULL));
   const int64_t C = c->hidden_size, es = rx_dtype_size(c->dtype);
-  const int32_t *msk = m->plan.mask.data;
+  const int32_t *msk = m->plan.h_mask;
   for (int64_t b = 0; b < B; b++) {
     int64_t last = -1;
     for (int64_t t = 0; t < T; t++)
       if (msk[b * T + t]) last = t;
     if (last < 0) return rx_fail(RX_EINVAL, "next_logits: row %lld has no token", (long long)b);
     rx_tensor x, y;
-    view2(&x, (char *)m->plan.xf.data + (b * T + last) * C * es, c->dtype, 1, C);
-    view2(&y, (char *)out->data + b * c->vocab_size * es, c->dtype, 1, c->vocab_size);
-    TRY(rx_matmul_forward(&y, &x, &m->params[m->lm_head], NULL));
+    view2(&x, (char *)m->plan.xf.data + (b * T + last) * C * es, c->dtype, c->device, 1, C);
+    view2(&y, (char *)out->data + b * c->vocab_size * es, c->dtype, c->device, 1, c->vocab_size);
+    TRY(rx_matmul_forward(&y, &x, rx_model_w(m, m->lm_head), NULL));
   }
   return RX_OK;
 }

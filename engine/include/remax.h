@@ -220,8 +220,10 @@ typedef struct rx_model_config {
   double rope_theta;
   int32_t tie_word_embeddings;
   int32_t attention_bias;        /* q/k/v projections have biases (Qwen2) */
-  int32_t dtype;                 /* compute dtype: RX_F32 (or RX_F64 for gradient checks) */
-  int32_t device;
+  int32_t dtype;                 /* compute dtype: RX_F32 (or RX_F64 for gradient checks); on RX_CUDA
+                                  * also RX_BF16: bf16 activations and working weights, with f32
+                                  * master weights, gradients and statistics (logp, entropy) */
+  int32_t device;                /* RX_CPU or RX_CUDA: where parameters, gradients and activations live */
   int32_t qk_norm;               /* RMSNorm of each query and key head before RoPE (Qwen3: q_norm, k_norm) */
   int32_t rope_scaling;          /* RX_ROPE_DEFAULT, or RX_ROPE_LLAMA3 with the four fields below */
   double rope_factor;
@@ -245,14 +247,22 @@ typedef struct rx_model rx_model;
 int rx_model_new(rx_model **out, const rx_model_config *cfg);
 void rx_model_free(rx_model *m);
 const rx_model_config *rx_model_get_config(const rx_model *m);
-/* The dtype the weight matrices are stored in: RX_BF16 when the config asks for it, else the
- * compute dtype. */
+/* The dtype the weight matrices are stored in: RX_BF16 when the config asks for bf16 storage with
+ * f32 compute, else the dtype of the parameters (f32 master weights for bf16 compute, else the
+ * compute dtype). */
 int32_t rx_model_weight_dtype(const rx_model_config *c);
 int64_t rx_model_param_count(const rx_model *m);
 const char *rx_model_param_name(const rx_model *m, int64_t i);
 /* Borrowed views into the parameter / gradient arenas (valid while the model lives). */
 rx_tensor *rx_model_param(rx_model *m, int64_t i);
 rx_tensor *rx_model_grad(rx_model *m, int64_t i);
+/* The parameters and their gradients as two flat 1-D buffers of the compute dtype on the model's
+ * device, for an optimizer that updates every tensor at once (AdamW in two calls, clipping in
+ * one): each tensor lies at its own 64-byte aligned offset, the padding between tensors stays
+ * zero, and the first *matrices elements hold the weight matrices (decayed by default), the rest
+ * the norms and biases. The views belong to the model (valid until it is freed). Fails for a
+ * model training LoRA adapters or storing its weights in another dtype than it computes in. */
+int rx_model_flat(rx_model *m, rx_tensor **params, rx_tensor **grads, int64_t *matrices);
 /* Index of a parameter by name, or -1. */
 int64_t rx_model_find_param(const rx_model *m, const char *name);
 void rx_model_zero_grad(rx_model *m);

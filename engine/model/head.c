@@ -11,19 +11,19 @@
  * gradient a rank-55 update of the whole [V, C] matrix per chunk and read the weights 19 times
  * per pass for 1024 rows.
  *
- * The model has a CPU backend only (check_config), so the per-slice kernels are called here
- * directly; the GEMMs go through the device-neutral rx_matmul_* ops. */
+ * The GEMMs and the per-slice log-sum-exp go through device-neutral ops (rx_matmul_*,
+ * rx_logprob_slice_*), so the head runs wherever the model's tensors live. */
 #include "internal.h"
-#include "cpu/cpu.h"
+#include "ops/engine_ops.h"
 
 #include "model/model_internal.h"
 
 #define TRY(call) do { int rc_ = (call); if (rc_) return rc_; } while (0)
 
-/* rows [r0, r0+n) of a [N, cols] tensor of dtype dt as a [n, cols] (or [n]) view */
+/* rows [r0, r0+n) of a [N, cols] tensor as a [n, cols] view, or of a [N] tensor (cols 0) as [n] */
 static void rows_of(rx_tensor *v, const rx_tensor *t, int64_t r0, int64_t n, int64_t cols) {
   const int64_t es = rx_dtype_size(t->dtype), s2[2] = {n, cols}, s1[1] = {n};
-  rx_view_init(v, (char *)t->data + r0 * cols * es, t->dtype, t->device, cols ? 2 : 1, cols ? s2 : s1);
+  rx_view_init(v, (char *)t->data + r0 * (cols ? cols : 1) * es, t->dtype, t->device, cols ? 2 : 1, cols ? s2 : s1);
 }
 
 static int head_logits(rx_tensor *logits, const rx_tensor *xf, const rx_tensor *W) {
@@ -39,7 +39,7 @@ static void tile_views(rx_model *m, int64_t r0, int64_t n, int64_t v0, int64_t v
                        rx_tensor *W) {
   plan *p = &m->plan;
   const int64_t C = m->cfg.hidden_size, sl[2] = {n, vs};
-  const rx_tensor *w = &m->params[m->lm_head];
+  const rx_tensor *w = rx_model_w(m, m->lm_head);
   rx_view_init(logits, p->head, m->cfg.dtype, m->cfg.device, 2, sl);
   rows_of(xf, &p->xf, r0, n, C);
   rows_of(W, w, v0, vs, C);
@@ -47,59 +47,48 @@ static void tile_views(rx_model *m, int64_t r0, int64_t n, int64_t v0, int64_t v
 
 int rx_model_head_forward(rx_model *m) {
   plan *p = &m->plan;
-  const int64_t N = p->B * p->T, V = m->cfg.vocab_size, f32 = m->cfg.dtype == RX_F32;
-  const int32_t *tgt = p->targets.data;
-  double *rsum = p->head_sum.data, *rsz = p->head_sz.data;
+  const int64_t N = p->B * p->T, V = m->cfg.vocab_size;
   for (int64_t r0 = 0; r0 < N; r0 += p->head_rows) {
     const int64_t n = N - r0 < p->head_rows ? N - r0 : p->head_rows;
+    rx_tensor rmax, rsum, rsz, xt, tgt;
+    rows_of(&rmax, &p->head_max, r0, n, 0);
+    rows_of(&rsum, &p->head_sum, r0, n, 0);
+    rows_of(&rsz, &p->head_sz, r0, n, 0);
+    rows_of(&xt, &p->row_logp, r0, n, 0);
+    rows_of(&tgt, &p->targets, r0, n, 0);
     for (int64_t v0 = 0; v0 < V; v0 += p->head_cols) {
       const int64_t vs = V - v0 < p->head_cols ? V - v0 : p->head_cols;
       rx_tensor logits, xf, W;
       tile_views(m, r0, n, v0, vs, &logits, &xf, &W);
       TRY(head_logits(&logits, &xf, &W));
-      if (f32)
-        rx_cpu_logprob_slice_forward_f32((float *)p->head_max.data + r0, rsum + r0, rsz + r0,
-                                         (float *)p->row_logp.data + r0, logits.data, tgt + r0, n, vs, v0, v0 == 0);
-      else
-        rx_cpu_logprob_slice_forward_f64((double *)p->head_max.data + r0, rsum + r0, rsz + r0,
-                                         (double *)p->row_logp.data + r0, logits.data, tgt + r0, n, vs, v0, v0 == 0);
+      TRY(rx_logprob_slice_forward(&rmax, &rsum, &rsz, &xt, &logits, &tgt, v0, v0 == 0));
     }
   }
-  if (f32)
-    rx_cpu_logprob_slice_finish_f32(p->row_logp.data, p->row_lse.data, p->row_entropy.data, p->head_max.data, rsum,
-                                    rsz, tgt, N);
-  else
-    rx_cpu_logprob_slice_finish_f64(p->row_logp.data, p->row_lse.data, p->row_entropy.data, p->head_max.data, rsum,
-                                    rsz, tgt, N);
-  return RX_OK;
+  return rx_logprob_slice_finish(&p->row_logp, &p->row_lse, &p->row_entropy, &p->head_max, &p->head_sum, &p->head_sz,
+                                 &p->targets);
 }
 
 int rx_model_head_backward(rx_model *m, int with_entropy) {
   plan *p = &m->plan;
-  const int64_t N = p->B * p->T, V = m->cfg.vocab_size, C = m->cfg.hidden_size, f32 = m->cfg.dtype == RX_F32;
-  const int32_t *tgt = p->targets.data;
+  const int64_t N = p->B * p->T, V = m->cfg.vocab_size, C = m->cfg.hidden_size;
   const rx_tensor *dW_all = m->lora ? NULL : &m->grads[m->lm_head];   /* frozen base: no head gradient */
   for (int64_t r0 = 0; r0 < N; r0 += p->head_rows) {
     const int64_t n = N - r0 < p->head_rows ? N - r0 : p->head_rows;
-    rx_tensor dxf, dpart;
+    rx_tensor dxf, dpart, dlogp, dent, H, lse, tgt;
     rows_of(&dxf, &p->dxf, r0, n, C);
     rows_of(&dpart, &p->dtmp, r0, n, C);   /* dtmp is free until the layers' backward */
+    rows_of(&dlogp, &p->row_dlogp, r0, n, 0);
+    rows_of(&dent, &p->row_dentropy, r0, n, 0);
+    rows_of(&H, &p->head_sz, r0, n, 0);    /* the f64 entropy that the forward's finish left there */
+    rows_of(&lse, &p->row_lse, r0, n, 0);
+    rows_of(&tgt, &p->targets, r0, n, 0);
     for (int64_t v0 = 0; v0 < V; v0 += p->head_cols) {
       const int64_t vs = V - v0 < p->head_cols ? V - v0 : p->head_cols;
       rx_tensor logits, xf, W, dW;
       tile_views(m, r0, n, v0, vs, &logits, &xf, &W);
       if (dW_all) rows_of(&dW, dW_all, v0, vs, C);
       TRY(head_logits(&logits, &xf, &W));                                   /* recompute */
-      if (f32)
-        rx_cpu_logprob_slice_backward_f32(logits.data, (float *)p->row_dlogp.data + r0,
-                                          with_entropy ? (float *)p->row_dentropy.data + r0 : NULL,
-                                          (double *)p->head_sz.data + r0, logits.data, tgt + r0,
-                                          (float *)p->row_lse.data + r0, n, vs, v0);   /* in place */
-      else
-        rx_cpu_logprob_slice_backward_f64(logits.data, (double *)p->row_dlogp.data + r0,
-                                          with_entropy ? (double *)p->row_dentropy.data + r0 : NULL,
-                                          (double *)p->head_sz.data + r0, logits.data, tgt + r0,
-                                          (double *)p->row_lse.data + r0, n, vs, v0);
+      TRY(rx_logprob_slice_backward(&logits, &dlogp, with_entropy ? &dent : NULL, &H, &logits, &tgt, &lse, v0));
       /* dxf = sum over slices of dlogits W_slice: the first slice writes it, the others add */
       const int prof = rx_prof_begin(RX_PROF_HEAD_GEMM_BWD);
       int rc = rx_matmul_backward(v0 == 0 ? &dxf : &dpart, dW_all ? &dW : NULL, NULL, &logits, &xf, &W);

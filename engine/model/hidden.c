@@ -1,7 +1,6 @@
 /* hidden.c: final-norm hidden states at chosen positions, for sequence-classification heads
  * (reward models): one inference forward, then a copy of one row per sequence. */
 #include "internal.h"
-#include <string.h>
 
 #include "model/model_internal.h"
 
@@ -22,9 +21,15 @@ int rx_model_hidden_at(rx_model *m, const rx_tensor *tokens, const rx_tensor *ma
                      (long long)b, (long long)T);
   rx_forward_opts fo = {0, 0, 0, 0};
   if ((rc = rx_model_plan(m, B, T, &fo))) return rc;
-  rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL);
-  if ((rc = rx_model_forward_hidden(m, NULL, NULL))) return rc;
-  for (int64_t b = 0; b < B; b++)
-    memcpy((char *)out->data + b * C * es, (char *)m->plan.xf.data + (b * T + index[b]) * C * es, (size_t)(C * es));
-  return RX_OK;
+  if ((rc = rx_model_refresh_work(m))) return rc;
+  if ((rc = rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL))) return rc;
+  if ((rc = rx_model_forward_hidden(m, NULL))) return rc;
+  for (int64_t b = 0; b < B && !rc; b++) {   /* row index[b] of sequence b, from the model's device to out's */
+    rx_tensor from, to;
+    const int64_t one[1] = {C};
+    rx_view_init(&from, (char *)m->plan.xf.data + (b * T + index[b]) * C * es, c->dtype, c->device, 1, one);
+    rx_view_init(&to, (char *)out->data + b * C * es, out->dtype, out->device, 1, one);
+    rc = rx_tensor_copy(&to, &from);
+  }
+  return rc;
 }

@@ -151,8 +151,8 @@ int rx_model_lora_init(rx_model *m, const rx_lora_config *cfg) {
   }
   free(offsets);
   /* the base is frozen from here on: its gradients (if any were made) go */
-  rx_free(m->grad_arena);
-  m->grad_arena = NULL;
+  rx_arena_free(m->cfg.device, m->grad_arena, m->grad_handle);
+  m->grad_arena = m->grad_handle = NULL;
   for (int64_t i = 0; i < m->n_params; i++) m->grads[i].data = NULL;
   m->lora = lo;
   return RX_OK;
@@ -278,8 +278,8 @@ static int64_t adapter_of(const rx_model *m, int64_t l, int32_t proj) {
 static int linear_forward(rx_model *m, int64_t l, int32_t proj, rx_tensor *out, const rx_tensor *inp) {
   int64_t w, b;
   proj_param(m, l, proj, &w, &b);
-  const rx_tensor *W = &m->params[w];
-  TRY(rx_matmul_forward(out, inp, W, b >= 0 ? &m->params[b] : NULL));
+  const rx_tensor *W = rx_model_w(m, w);
+  TRY(rx_matmul_forward(out, inp, W, rx_model_w(m, b)));
   const int64_t a = adapter_of(m, l, proj);
   if (a < 0) return RX_OK;
   const int64_t in = W->shape[1], o = W->shape[0], N = inp->numel / in, es = rx_dtype_size(out->dtype);
@@ -302,7 +302,7 @@ static int linear_backward(rx_model *m, int64_t l, int32_t proj, rx_tensor *dinp
                            const rx_tensor *inp) {
   int64_t w, b;
   proj_param(m, l, proj, &w, &b);
-  const rx_tensor *W = &m->params[w];
+  const rx_tensor *W = rx_model_w(m, w);
   const int frozen = m->lora != NULL;
   TRY(rx_matmul_backward(dinp, frozen ? NULL : &m->grads[w], frozen || b < 0 ? NULL : &m->grads[b], dout, inp, W));
   const int64_t a = adapter_of(m, l, proj);
@@ -347,7 +347,7 @@ int rx_model_linear_backward(rx_model *m, int64_t l, int32_t proj, rx_tensor *di
 int rx_model_lora_merged(rx_model *m, int64_t param, rx_tensor *out) {
   char a[96], b[96];
   if (param < 0 || param >= m->n_params) return rx_fail(RX_EINVAL, "lora_merged: no parameter %lld", (long long)param);
-  const rx_tensor *W = &m->params[param];
+  const rx_tensor *W = rx_model_w(m, param);
   if (!out || out->numel != W->numel || out->dtype != W->dtype || !rx_tensor_is_contiguous(out))
     return rx_fail(RX_EINVAL, "lora_merged: out must be a contiguous %s %s like %s, got %s %s", rx_dtype_name(W->dtype),
                    rx_shape_str(W, a, sizeof a), m->names[param], out ? rx_dtype_name(out->dtype) : "NULL",

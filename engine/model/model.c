@@ -24,7 +24,9 @@ static int64_t add_spec(param_spec *specs, int64_t *n, const char *name, int32_t
   return (*n)++;
 }
 
-int32_t rx_model_weight_dtype(const rx_model_config *c) { return c->weight_dtype == RX_BF16 ? RX_BF16 : c->dtype; }
+int32_t rx_model_weight_dtype(const rx_model_config *c) {
+  return c->weight_dtype == RX_BF16 && c->dtype != RX_BF16 ? RX_BF16 : rx_model_master_dtype(c);
+}
 
 static int check_config(const rx_model_config *c) {
 #define POSITIVE(f) if (c->f <= 0) return rx_fail(RX_EINVAL, "model config: " #f " = %lld must be > 0", (long long)c->f)
@@ -35,12 +37,16 @@ static int check_config(const rx_model_config *c) {
     return rx_fail(RX_EINVAL, "model config: num_attention_heads = %lld is not a multiple of num_key_value_heads = %lld",
                    (long long)c->num_attention_heads, (long long)c->num_key_value_heads);
   if (c->head_dim % 2) return rx_fail(RX_EINVAL, "model config: head_dim = %lld must be even for RoPE", (long long)c->head_dim);
-  if (c->dtype != RX_F32 && c->dtype != RX_F64)
+  if (c->device != RX_CPU && c->device != RX_CUDA)
+    return rx_fail(RX_EDEVICE, "model config: device %d is not a device remax knows (cpu = 0, cuda = 1)", c->device);
+  if (c->device == RX_CPU && c->dtype != RX_F32 && c->dtype != RX_F64)
     return rx_fail(RX_EINVAL, "model config: compute dtype %s is not supported on this device (f32, f64)", rx_dtype_name(c->dtype));
-  if (c->weight_dtype == RX_BF16 && (c->dtype != RX_F32 || c->device != RX_CPU))
-    return rx_fail(RX_EINVAL, "model config: bf16 weight storage needs f32 compute on the cpu (compute dtype %s)",
-                   rx_dtype_name(c->dtype));
-  if (c->device != RX_CPU) return rx_fail(RX_EDEVICE, "model config: device %d has no model backend in this build", c->device);
+  if (c->device == RX_CUDA && c->dtype != RX_F32 && c->dtype != RX_BF16)
+    return rx_fail(RX_EINVAL, "model config: compute dtype %s is not supported on device cuda (f32, or bf16 with f32 "
+                   "master weights)", rx_dtype_name(c->dtype));
+  if (c->weight_dtype == RX_BF16 && c->dtype != RX_BF16 && (c->dtype != RX_F32 || c->device != RX_CPU))
+    return rx_fail(RX_EINVAL, "model config: bf16 weight storage needs f32 compute on the cpu (compute dtype %s, device %s)",
+                   rx_dtype_name(c->dtype), c->device == RX_CPU ? "cpu" : "cuda");
   if (!(c->rms_norm_eps > 0)) return rx_fail(RX_EINVAL, "model config: rms_norm_eps = %g must be > 0", c->rms_norm_eps);
   if (!(c->rope_theta > 0)) return rx_fail(RX_EINVAL, "model config: rope_theta = %g must be > 0", c->rope_theta);
   if (c->rope_scaling != RX_ROPE_DEFAULT && c->rope_scaling != RX_ROPE_LLAMA3)
@@ -60,7 +66,8 @@ static int check_config(const rx_model_config *c) {
   const double tensors = L * (9 + (c->attention_bias ? 3 : 0) + (c->qk_norm ? 2 : 0)) + 3;
   const double bytes = matrices * (double)rx_dtype_size(rx_model_weight_dtype(c)) +
                        (params - matrices) * (double)rx_dtype_size(c->dtype) + tensors * (64 + 512);
-  const double memory = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  /* host memory; a device's allocator refuses what does not fit it, naming the bytes */
+  const double memory = c->device == RX_CPU ? (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) : 0;
   if (!(bytes < 9.2e18) || (memory > 0 && bytes > memory))
     return rx_fail(RX_ENOMEM, "model config: %.4g parameters in %.0f tensors need %.3g GB, more than this machine's %.3g GB of memory",
                    params, tensors, bytes / 1e9, memory / 1e9);
@@ -118,35 +125,53 @@ int rx_model_new(rx_model **out, const rx_model_config *cfg) {
   m->final_norm = add_spec(specs, &n, "model.norm.weight", 1, C, 0);
   m->lm_head = cfg->tie_word_embeddings ? m->embed : add_spec(specs, &n, "lm_head.weight", 2, V, C);
 
-  /* one arena for parameters, one for gradients, every tensor 64-byte aligned */
-  /* matrices in the weight dtype, vectors (norms, biases) in the compute dtype */
-  const int32_t wdt = rx_model_weight_dtype(cfg);
+  /* one arena for parameters, one for gradients, every tensor 64-byte aligned; the matrices
+   * (in the weight dtype) first, then the vectors (norms, biases, in the compute dtype), so that
+   * an optimizer over the flat buffer decays one range and not the other (rx_model_flat) */
+  const int32_t wdt = rx_model_weight_dtype(cfg), mdt = rx_model_master_dtype(cfg);
   int64_t *offsets = calloc((size_t)n, sizeof *offsets), total = 0;
-  for (int64_t i = 0; i < n && offsets; i++) {
-    offsets[i] = total;
-    int64_t numel = specs[i].shape[0] * (specs[i].ndim == 2 ? specs[i].shape[1] : 1);
-    total += (numel * rx_dtype_size(specs[i].ndim == 2 ? wdt : cfg->dtype) + 63) & ~(int64_t)63;
+  for (int pass = 2; pass >= 1; pass--) {
+    for (int64_t i = 0; i < n && offsets; i++) {
+      if (specs[i].ndim != pass) continue;
+      offsets[i] = total;
+      int64_t numel = specs[i].shape[0] * (specs[i].ndim == 2 ? specs[i].shape[1] : 1);
+      total += (numel * rx_dtype_size(specs[i].ndim == 2 ? wdt : mdt) + 63) & ~(int64_t)63;
+    }
+    if (pass == 2) m->matrix_bytes = total;
   }
   m->n_params = n;
   m->param_bytes = total;
   m->names = calloc((size_t)n, sizeof *m->names);
   m->params = calloc((size_t)n, sizeof *m->params);
   m->grads = calloc((size_t)n, sizeof *m->grads);
-  m->param_arena = rx_alloc((size_t)total, "model parameters");
+  m->param_arena = rx_arena_alloc(cfg->device, (size_t)total, "model parameters", 1, &m->param_handle);
   if (!offsets || !m->names || !m->params || !m->grads || !m->param_arena) {
     free(offsets);
     free(specs);
     rx_model_free(m);
     return rx_fail(RX_ENOMEM, "out of memory for %lld bytes of model parameters and gradients", (long long)(2 * total));
   }
-  memset(m->param_arena, 0, (size_t)total);
   for (int64_t i = 0; i < n; i++) {
     m->names[i] = strdup(specs[i].name);
-    rx_view_init(&m->params[i], (char *)m->param_arena + offsets[i], specs[i].ndim == 2 ? wdt : cfg->dtype, cfg->device,
+    rx_view_init(&m->params[i], (char *)m->param_arena + offsets[i], specs[i].ndim == 2 ? wdt : mdt, cfg->device,
                  specs[i].ndim, specs[i].shape);
     /* gradient views get their memory on first use: a model that only generates (or a frozen
      * reference model) never pays for a second copy of the weights */
-    rx_view_init(&m->grads[i], NULL, cfg->dtype, cfg->device, specs[i].ndim, specs[i].shape);
+    rx_view_init(&m->grads[i], NULL, mdt, cfg->device, specs[i].ndim, specs[i].shape);
+  }
+  if (cfg->dtype == RX_BF16) {   /* the working copy: the master's element offsets, in bf16 */
+    m->work = calloc((size_t)n, sizeof *m->work);
+    m->work_arena = m->work ? rx_arena_alloc(cfg->device, (size_t)(total / 2), "bf16 working weights", 1, &m->work_handle)
+                            : NULL;
+    if (!m->work_arena) {
+      free(offsets);
+      free(specs);
+      rx_model_free(m);
+      return rx_fail(RX_ENOMEM, "out of memory for %lld bytes of bf16 working weights", (long long)(total / 2));
+    }
+    for (int64_t i = 0; i < n; i++)
+      rx_view_init(&m->work[i], (char *)m->work_arena + offsets[i] / 2, RX_BF16, cfg->device, specs[i].ndim,
+                   specs[i].shape);
   }
   free(offsets);
   free(specs);
@@ -154,9 +179,10 @@ int rx_model_new(rx_model **out, const rx_model_config *cfg) {
   return RX_OK;
 }
 
-static void plan_release(plan *p) {
-  rx_free(p->arena);
-  rx_free(p->head);
+static void plan_release(plan *p, int32_t device) {
+  rx_arena_free(device, p->arena, p->arena_handle);
+  rx_arena_free(device, p->head, p->head_handle);
+  if (device != RX_CPU) { free(p->h_tokens); free(p->host); }
   free(p->res);
   free(p->acts);
   memset(p, 0, sizeof *p);
@@ -164,14 +190,16 @@ static void plan_release(plan *p) {
 
 void rx_model_free(rx_model *m) {
   if (!m) return;
-  plan_release(&m->plan);
+  plan_release(&m->plan, m->cfg.device);
   rx_lora_free(m->lora);
   for (int64_t i = 0; m->names && i < m->n_params; i++) free(m->names[i]);
   free(m->names);
   free(m->params);
   free(m->grads);
-  rx_free(m->param_arena);
-  rx_free(m->grad_arena);
+  rx_arena_free(m->cfg.device, m->param_arena, m->param_handle);
+  rx_arena_free(m->cfg.device, m->work_arena, m->work_handle);
+  free(m->work);
+  rx_arena_free(m->cfg.device, m->grad_arena, m->grad_handle);
   free(m->layers);
   free(m->inv_freq);
   free(m);
@@ -181,12 +209,11 @@ void rx_model_free(rx_model *m) {
 static int ensure_grads(rx_model *m) {
   if (m->lora) return rx_lora_ensure_grads(m);   /* frozen base: adapter gradients only */
   if (m->grad_arena) return RX_OK;
-  if (rx_model_weight_dtype(&m->cfg) != m->cfg.dtype)
+  if (rx_model_weight_dtype(&m->cfg) != rx_model_master_dtype(&m->cfg))
     return rx_fail(RX_EINVAL, "model weights are stored in %s, which keeps them frozen: train a model loaded in %s "
                    "(or train LoRA adapters on it)", rx_dtype_name(rx_model_weight_dtype(&m->cfg)), rx_dtype_name(m->cfg.dtype));
-  m->grad_arena = rx_alloc((size_t)m->param_bytes, "model gradients");
+  m->grad_arena = rx_arena_alloc(m->cfg.device, (size_t)m->param_bytes, "model gradients", 1, &m->grad_handle);
   if (!m->grad_arena) return RX_ENOMEM;
-  memset(m->grad_arena, 0, (size_t)m->param_bytes);
   for (int64_t i = 0; i < m->n_params; i++)
     m->grads[i].data = (char *)m->grad_arena + ((char *)m->params[i].data - (char *)m->param_arena);
   return RX_OK;
@@ -201,6 +228,33 @@ rx_tensor *rx_model_grad(rx_model *m, int64_t i) {
   return &m->grads[i];
 }
 
+int rx_model_flat(rx_model *m, rx_tensor **params, rx_tensor **grads, int64_t *matrices) {
+  *params = *grads = NULL;
+  *matrices = 0;
+  if (m->lora) return rx_fail(RX_EINVAL, "model_flat: the model trains LoRA adapters; its base has no flat gradients");
+  if (rx_model_weight_dtype(&m->cfg) != rx_model_master_dtype(&m->cfg))
+    return rx_fail(RX_EINVAL, "model_flat: the weight matrices are stored in %s and the vectors in %s (a frozen model)",
+                   rx_dtype_name(rx_model_weight_dtype(&m->cfg)), rx_dtype_name(m->cfg.dtype));
+  if (ensure_grads(m)) return RX_ENOMEM;
+  const int32_t mdt = rx_model_master_dtype(&m->cfg);
+  const int64_t es = rx_dtype_size(mdt), n[1] = {m->param_bytes / es};
+  rx_view_init(&m->flat_params, m->param_arena, mdt, m->cfg.device, 1, n);
+  rx_view_init(&m->flat_grads, m->grad_arena, mdt, m->cfg.device, 1, n);
+  *params = &m->flat_params;
+  *grads = &m->flat_grads;
+  *matrices = m->matrix_bytes / es;
+  return RX_OK;
+}
+
+int rx_model_refresh_work(rx_model *m) {
+  if (!m->work) return RX_OK;
+  const int64_t n[1] = {m->param_bytes / 4};   /* the f32 master, padding included, in one conversion */
+  rx_tensor master, work;
+  rx_view_init(&master, m->param_arena, RX_F32, m->cfg.device, 1, n);
+  rx_view_init(&work, m->work_arena, RX_BF16, m->cfg.device, 1, n);
+  return rx_tensor_copy(&work, &master);
+}
+
 int64_t rx_model_find_param(const rx_model *m, const char *name) {
   for (int64_t i = 0; i < m->n_params; i++)
     if (strcmp(m->names[i], name) == 0) return i;
@@ -209,13 +263,13 @@ int64_t rx_model_find_param(const rx_model *m, const char *name) {
 
 void rx_model_zero_grad(rx_model *m) {
   const int prof = rx_prof_begin(RX_PROF_ZERO_GRAD);
-  if (m->grad_arena) memset(m->grad_arena, 0, (size_t)m->param_bytes);
+  if (m->grad_arena) rx_memzero(m->cfg.device, m->grad_arena, (size_t)m->param_bytes);
   rx_lora_zero_grad(m);
   rx_prof_end(prof);
 }
 
 void rx_model_memory_usage(const rx_model *m, rx_model_memory *out) {
-  out->param_bytes = m->param_bytes + rx_lora_param_bytes(m);
+  out->param_bytes = m->param_bytes + (m->work ? m->param_bytes / 2 : 0) + rx_lora_param_bytes(m);
   out->grad_bytes = (m->grad_arena ? m->param_bytes : 0) + rx_lora_grad_bytes(m);
   out->activation_bytes = m->plan.bytes;
   out->head_bytes = m->plan.head_bytes;
@@ -243,19 +297,19 @@ static void carve_plan(rx_model *m, plan *p, carver *c) {
   const rx_model_config *cfg = &m->cfg;
   const int64_t B = p->B, T = p->T, N = B * T, L = cfg->num_hidden_layers, C = cfg->hidden_size;
   const int64_t I = cfg->intermediate_size, H = cfg->num_attention_heads, KV = cfg->num_key_value_heads;
-  const int64_t D = cfg->head_dim, dt = cfg->dtype;
+  const int64_t D = cfg->head_dim, dt = cfg->dtype, st = rx_model_master_dtype(cfg);   /* st: statistics */
   for (int64_t l = 0; l <= L; l++) carve(c, &p->res[l], dt, 2, N, C, 0, 0);
   for (int64_t s = 0; s < p->layer_sets; s++) {
     layer_acts *a = &p->acts[s];
-    carve(c, &a->rstd1, dt, 1, N, 0, 0, 0);
+    carve(c, &a->rstd1, st, 1, N, 0, 0, 0);
     carve(c, &a->xn1, dt, 2, N, C, 0, 0);
     carve(c, &a->q, dt, 2, N, H * D, 0, 0);
     carve(c, &a->k, dt, 2, N, KV * D, 0, 0);
     carve(c, &a->v, dt, 2, N, KV * D, 0, 0);
     carve(c, &a->att, dt, 2, N, H * D, 0, 0);
-    carve(c, &a->lse, dt, 3, B, H, T, 0);
+    carve(c, &a->lse, st, 3, B, H, T, 0);
     carve(c, &a->x_mid, dt, 2, N, C, 0, 0);
-    carve(c, &a->rstd2, dt, 1, N, 0, 0, 0);
+    carve(c, &a->rstd2, st, 1, N, 0, 0, 0);
     carve(c, &a->xn2, dt, 2, N, C, 0, 0);
     carve(c, &a->gate, dt, 2, N, I, 0, 0);
     carve(c, &a->up, dt, 2, N, I, 0, 0);
@@ -267,8 +321,8 @@ static void carve_plan(rx_model *m, plan *p, carver *c) {
     if (cfg->qk_norm) {
       carve(c, &a->q_raw, dt, 2, N, H * D, 0, 0);
       carve(c, &a->k_raw, dt, 2, N, KV * D, 0, 0);
-      carve(c, &a->q_rstd, dt, 1, N * H, 0, 0, 0);
-      carve(c, &a->k_rstd, dt, 1, N * KV, 0, 0, 0);
+      carve(c, &a->q_rstd, st, 1, N * H, 0, 0, 0);
+      carve(c, &a->k_rstd, st, 1, N * KV, 0, 0, 0);
       alias(&a->q_rows, &a->q, 2, N * H, D, 0, 0);
       alias(&a->k_rows, &a->k, 2, N * KV, D, 0, 0);
       alias(&a->q_raw_rows, &a->q_raw, 2, N * H, D, 0, 0);
@@ -276,17 +330,17 @@ static void carve_plan(rx_model *m, plan *p, carver *c) {
     }
   }
   carve(c, &p->xf, dt, 2, N, C, 0, 0);
-  carve(c, &p->rstdf, dt, 1, N, 0, 0, 0);
+  carve(c, &p->rstdf, st, 1, N, 0, 0, 0);
   carve(c, &p->tokens, RX_I32, 1, N, 0, 0, 0);
   carve(c, &p->mask, RX_I32, 2, B, T, 0, 0);
   carve(c, &p->positions, RX_I32, 1, N, 0, 0, 0);
   carve(c, &p->targets, RX_I32, 1, N, 0, 0, 0);
-  carve(c, &p->row_logp, dt, 1, N, 0, 0, 0);
-  carve(c, &p->row_lse, dt, 1, N, 0, 0, 0);
-  carve(c, &p->row_entropy, dt, 1, N, 0, 0, 0);
-  carve(c, &p->row_dlogp, dt, 1, N, 0, 0, 0);
-  carve(c, &p->row_dentropy, dt, 1, N, 0, 0, 0);
-  carve(c, &p->head_max, dt, 1, N, 0, 0, 0);
+  carve(c, &p->row_logp, st, 1, N, 0, 0, 0);
+  carve(c, &p->row_lse, st, 1, N, 0, 0, 0);
+  carve(c, &p->row_entropy, st, 1, N, 0, 0, 0);
+  carve(c, &p->row_dlogp, st, 1, N, 0, 0, 0);
+  carve(c, &p->row_dentropy, st, 1, N, 0, 0, 0);
+  carve(c, &p->head_max, st, 1, N, 0, 0, 0);
   carve(c, &p->head_sum, RX_F64, 1, N, 0, 0, 0);
   carve(c, &p->head_sz, RX_F64, 1, N, 0, 0, 0);
   if (p->train) {
@@ -336,41 +390,65 @@ int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts
     p->valid = 0;
     return RX_OK;
   }
-  void *old_arena = p->arena, *old_head = p->head;
+  const int32_t dev = m->cfg.device;
+  void *old_arena = p->arena, *old_head = p->head, *arena_handle = p->arena_handle, *head_handle = p->head_handle;
   int64_t capacity = p->capacity, head_cap = p->head_bytes;
   free(p->res);
   free(p->acts);
+  if (dev != RX_CPU) { free(p->h_tokens); free(p->host); }
   memset(p, 0, sizeof *p);
   p->B = B; p->T = T; p->train = train; p->checkpoint = checkpoint; p->layer_sets = sets;
   p->res = calloc((size_t)(L + 1), sizeof *p->res);
   p->acts = calloc((size_t)sets, sizeof *p->acts);
-  if (!p->res || !p->acts) { rx_free(old_arena); rx_free(old_head); plan_release(p); return rx_fail(RX_ENOMEM, "out of memory for the activation plan"); }
-  carver sizing = {NULL, 0, m->cfg.dtype, m->cfg.device};
+  if (dev != RX_CPU) {
+    p->h_tokens = malloc(sizeof(int32_t) * (size_t)(4 * B * T));
+    p->host = malloc((size_t)(4 * B * T) * (size_t)rx_dtype_size(rx_model_master_dtype(&m->cfg)));
+  }
+  if (!p->res || !p->acts || (dev != RX_CPU && (!p->h_tokens || !p->host))) {
+    rx_arena_free(dev, old_arena, arena_handle);
+    rx_arena_free(dev, old_head, head_handle);
+    plan_release(p, dev);
+    return rx_fail(RX_ENOMEM, "out of memory for the activation plan");
+  }
+  carver sizing = {NULL, 0, m->cfg.dtype, dev};
   carve_plan(m, p, &sizing);
   if (sizing.used > capacity) {
-    rx_free(old_arena);
-    old_arena = rx_alloc((size_t)sizing.used, "activations");
+    rx_arena_free(dev, old_arena, arena_handle);
+    old_arena = rx_arena_alloc(dev, (size_t)sizing.used, "activations", 0, &arena_handle);
     capacity = sizing.used;
     if (!old_arena) {
-      rx_free(old_head);
-      plan_release(p);
+      rx_arena_free(dev, old_head, head_handle);
+      plan_release(p, dev);
       return rx_fail(RX_ENOMEM, "out of memory: activations for B=%lld T=%lld need %.1f MiB", (long long)B,
                      (long long)T, sizing.used / 1048576.0);
     }
   }
   p->arena = old_arena;
+  p->arena_handle = arena_handle;
   p->capacity = capacity;
   p->bytes = sizing.used;
-  carver real = {p->arena, 0, m->cfg.dtype, m->cfg.device};
+  carver real = {p->arena, 0, m->cfg.dtype, dev};
   carve_plan(m, p, &real);
+  if (dev == RX_CPU) {
+    p->h_tokens = p->tokens.data;
+    p->h_mask = p->mask.data;
+    p->h_positions = p->positions.data;
+    p->h_targets = p->targets.data;
+  } else {
+    const int64_t N = B * T;
+    p->h_mask = p->h_tokens + N;
+    p->h_positions = p->h_tokens + 2 * N;
+    p->h_targets = p->h_tokens + 3 * N;
+  }
   const int64_t head_bytes = chunk * cols * es;
   if (head_bytes > head_cap) {
-    rx_free(old_head);
-    old_head = rx_alloc((size_t)head_bytes, "head logits chunk");
+    rx_arena_free(dev, old_head, head_handle);
+    old_head = rx_arena_alloc(dev, (size_t)head_bytes, "head logits chunk", 0, &head_handle);
     head_cap = head_bytes;
-    if (!old_head) { plan_release(p); return RX_ENOMEM; }
+    if (!old_head) { plan_release(p, dev); return RX_ENOMEM; }
   }
   p->head = old_head;
+  p->head_handle = head_handle;
   p->head_bytes = head_cap;
   p->head_rows = chunk;
   p->head_cols = cols;
@@ -381,60 +459,40 @@ int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts
 
 #define TRY(call) do { int rc_ = (call); if (rc_) return rc_; } while (0)
 
-static rx_tensor *P(rx_model *m, int64_t i) { return i >= 0 ? &m->params[i] : NULL; }
+static rx_tensor *P(rx_model *m, int64_t i) { return rx_model_w(m, i); }
 static rx_tensor *G(rx_model *m, int64_t i) { return i >= 0 && !m->lora ? &m->grads[i] : NULL; }
 
-/* Layer l from res[l]; writes res[l+1] unless recomputing (the output is already there). */
 int rx_model_layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_output) {
   plan *p = &m->plan;
-  const layer_params *lp = &m->layers[l];
-  const rx_model_config *cfg = &m->cfg;
-  const rx_tensor *mask = &p->mask;
-  rx_tensor *x = &p->res[l];
-  const int qk_norm = cfg->qk_norm != 0;
-  TRY(rx_rmsnorm_forward(&a->xn1, &a->rstd1, x, P(m, lp->ln1), cfg->rms_norm_eps));
-  TRY(rx_model_linear_forward(m, l, RX_PROJ_Q, qk_norm ? &a->q_raw : &a->q, &a->xn1));
-  TRY(rx_model_linear_forward(m, l, RX_PROJ_K, qk_norm ? &a->k_raw : &a->k, &a->xn1));
-  TRY(rx_model_linear_forward(m, l, RX_PROJ_V, &a->v, &a->xn1));
-  if (qk_norm) {   /* Qwen3: each head of q and k RMS-normalised over head_dim before RoPE */
-    TRY(rx_rmsnorm_forward(&a->q_rows, &a->q_rstd, &a->q_raw_rows, P(m, lp->q_norm), cfg->rms_norm_eps));
-    TRY(rx_rmsnorm_forward(&a->k_rows, &a->k_rstd, &a->k_raw_rows, P(m, lp->k_norm), cfg->rms_norm_eps));
-  }
-  TRY(rx_rope_forward_freq(&a->q4, &a->q4, &p->positions, m->inv_freq));
-  TRY(rx_rope_forward_freq(&a->k4, &a->k4, &p->positions, m->inv_freq));
-  TRY(rx_attention_forward(&a->att4, &a->lse, &a->q4, &a->k4, &a->v4, mask, 0.0));
-  TRY(rx_model_linear_forward(m, l, RX_PROJ_O, &a->x_mid, &a->att));
-  TRY(rx_add(&a->x_mid, &a->x_mid, x));
-  TRY(rx_rmsnorm_forward(&a->xn2, &a->rstd2, &a->x_mid, P(m, lp->ln2), cfg->rms_norm_eps));
-  TRY(rx_model_linear_forward(m, l, RX_PROJ_GATE, &a->gate, &a->xn2));
-  TRY(rx_model_linear_forward(m, l, RX_PROJ_UP, &a->up, &a->xn2));
-  TRY(rx_swiglu_forward(&a->h, &a->gate, &a->up));
-  if (write_output) {
-    TRY(rx_model_linear_forward(m, l, RX_PROJ_DOWN, &p->res[l + 1], &a->h));
-    TRY(rx_add(&p->res[l + 1], &p->res[l + 1], &a->x_mid));
-  }
-  return RX_OK;
-}
-
-int rx_model_qk_norm_inplace(rx_model *m, int64_t l, rx_tensor *q, rx_tensor *k) {
-  const rx_model_config *cfg = &m->cfg;
-  if (!cfg->qk_norm) return RX_OK;
-  const layer_params *lp = &m->layers[l];
-  const int64_t D = cfg->head_dim;
-  int64_t sq[2] = {q->numel / D, D}, sk[2] = {k->numel / D, D};
-  rx_tensor qr, kr;
-  rx_view_init(&qr, q->data, q->dtype, q->device, 2, sq);
-  rx_view_init(&kr, k->data, k->dtype, k->device, 2, sk);
-  TRY(rx_rmsnorm_forward(&qr, NULL, &qr, P(m, lp->q_norm), cfg->rms_norm_eps));
-  return rx_rmsnorm_forward(&kr, NULL, &kr, P(m, lp->k_norm), cfg->rms_norm_eps);
+  const layer_io io = {&p->res[l], write_output ? &p->res[l + 1] : NULL, &p->positions, &p->mask, NULL};
+  return rx_model_layer(m, l, a, &io);
 }
 
 /* Copies the batch into the plan: tokens (pads mapped to 0), mask, positions counting real
  * tokens, and targets shifted by one (-1 where there is nothing to predict). */
-void rx_model_set_inputs(rx_model *m, const int32_t *in_tok, const int32_t *in_mask) {
+/* A host vector of t's dtype and shape at data, sent to (or read from) t on its device. */
+static int send(rx_tensor *t, void *data) {
+  rx_tensor h;
+  rx_view_init(&h, data, t->dtype, RX_CPU, t->ndim, t->shape);
+  return rx_tensor_copy(t, &h);
+}
+
+static int fetch(void *data, const rx_tensor *t) {
+  rx_tensor h;
+  rx_view_init(&h, data, t->dtype, RX_CPU, t->ndim, t->shape);
+  return rx_tensor_copy(&h, t);
+}
+
+int rx_model_on_cpu(const rx_model *m, const char *op) {
+  if (m->cfg.device == RX_CPU) return RX_OK;
+  return rx_fail(RX_EDEVICE, "%s: runs on the cpu in this build, and the model is on device %s (use a cpu copy of "
+                 "its weights)", op, m->cfg.device == RX_CUDA ? "cuda" : "unknown");
+}
+
+int rx_model_set_inputs(rx_model *m, const int32_t *in_tok, const int32_t *in_mask) {
   plan *p = &m->plan;
   const int64_t B = p->B, T = p->T;
-  int32_t *tok = p->tokens.data, *msk = p->mask.data, *pos = p->positions.data, *tgt = p->targets.data;
+  int32_t *tok = p->h_tokens, *msk = p->h_mask, *pos = p->h_positions, *tgt = p->h_targets;
   for (int64_t b = 0; b < B; b++) {
     int32_t count = 0;
     for (int64_t t = 0; t < T; t++) {
@@ -449,19 +507,22 @@ void rx_model_set_inputs(rx_model *m, const int32_t *in_tok, const int32_t *in_m
       tgt[i] = (t + 1 < T && msk[i] && msk[i + 1]) ? tok[i + 1] : -1;
     }
   }
+  if (m->cfg.device == RX_CPU) return RX_OK;
+  TRY(send(&p->tokens, tok));
+  TRY(send(&p->mask, msk));
+  TRY(send(&p->positions, pos));
+  return send(&p->targets, tgt);
 }
 
-/* Embedding, every layer (calling after_layer(ctx, l, acts) when given), final norm into xf. */
-int rx_model_forward_hidden(rx_model *m, int (*after_layer)(void *, int64_t, layer_acts *), void *ctx) {
+int rx_model_forward_hidden(rx_model *m, const layer_kv *kv) {
   plan *p = &m->plan;
   const int64_t L = m->cfg.num_hidden_layers;
-  TRY(rx_embedding_forward(&p->res[0], &p->tokens, &m->params[m->embed]));
+  TRY(rx_embedding_forward(&p->res[0], &p->tokens, rx_model_w(m, m->embed)));
   for (int64_t l = 0; l < L; l++) {
-    layer_acts *a = &p->acts[p->layer_sets == L ? l : 0];
-    TRY(rx_model_layer_forward(m, l, a, 1));
-    if (after_layer) TRY(after_layer(ctx, l, a));
+    const layer_io io = {&p->res[l], &p->res[l + 1], &p->positions, &p->mask, kv};
+    TRY(rx_model_layer(m, l, &p->acts[p->layer_sets == L ? l : 0], &io));
   }
-  return rx_rmsnorm_forward(&p->xf, &p->rstdf, &p->res[L], &m->params[m->final_norm], m->cfg.rms_norm_eps);
+  return rx_rmsnorm_forward(&p->xf, &p->rstdf, &p->res[L], rx_model_w(m, m->final_norm), m->cfg.rms_norm_eps);
 }
 
 int rx_model_check_tokens(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, int64_t *B, int64_t *T) {
@@ -477,6 +538,8 @@ int rx_model_check_tokens(rx_model *m, const rx_tensor *tokens, const rx_tensor 
       return rx_fail(RX_EINVAL, "logprobs: mask %s %s does not match tokens %s", rx_dtype_name(mask->dtype),
                      rx_shape_str(mask, a, sizeof a), rx_shape_str(tokens, b, sizeof b));
   }
+  if (tokens->device != RX_CPU || (mask && mask->device != RX_CPU))
+    return rx_fail(RX_EINVAL, "logprobs: tokens and mask must be cpu tensors (the model copies them to its device)");
   const int32_t *tok = tokens->data;
   for (int64_t i = 0; i < *B * *T; i++) {
     int real = !mask || ((const int32_t *)mask->data)[i];
@@ -492,33 +555,51 @@ int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mas
   int64_t B = 0, T = 0;
   char a[96];
   TRY(rx_model_check_tokens(m, tokens, mask, &B, &T));
-  if (rx_check_tensor(logp, "logprobs", "logp", 2) || logp->shape[0] != B || logp->shape[1] != T || logp->dtype != m->cfg.dtype)
-    return rx_fail(RX_EINVAL, "logprobs: logp must be %s [%lld,%lld], got %s %s", rx_dtype_name(m->cfg.dtype),
+  const int32_t st = rx_model_master_dtype(&m->cfg);   /* f32 for a bf16 model */
+  if (rx_check_tensor(logp, "logprobs", "logp", 2) || logp->shape[0] != B || logp->shape[1] != T || logp->dtype != st)
+    return rx_fail(RX_EINVAL, "logprobs: logp must be %s [%lld,%lld], got %s %s", rx_dtype_name(st),
                    (long long)B, (long long)T, rx_dtype_name(logp->dtype), rx_shape_str(logp, a, sizeof a));
-  if (entropy && (rx_check_tensor(entropy, "logprobs", "entropy", 2) || entropy->numel != B * T || entropy->dtype != m->cfg.dtype))
-    return rx_fail(RX_EINVAL, "logprobs: entropy must be %s [%lld,%lld]", rx_dtype_name(m->cfg.dtype), (long long)B, (long long)T);
+  if (entropy && (rx_check_tensor(entropy, "logprobs", "entropy", 2) || entropy->numel != B * T || entropy->dtype != st))
+    return rx_fail(RX_EINVAL, "logprobs: entropy must be %s [%lld,%lld]", rx_dtype_name(st), (long long)B, (long long)T);
   TRY(rx_model_plan(m, B, T, opts));
   plan *p = &m->plan;
-  const int es = (int)rx_dtype_size(m->cfg.dtype);
+  const int es = (int)rx_dtype_size(st);
 
-  rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL);
-  TRY(rx_model_forward_hidden(m, NULL, NULL));
-  const int32_t *tgt = p->targets.data;
+  TRY(rx_model_refresh_work(m));
+  TRY(rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL));
+  TRY(rx_model_forward_hidden(m, NULL));
+  const int32_t *tgt = p->h_targets;
+  const int64_t N = B * T;
 
   TRY(rx_model_head_forward(m));
+  /* the head's rows on the host (a device model's through host room), and the outputs' host side */
+  const void *lp_rows = p->row_logp.data, *ent_rows = p->row_entropy.data;
+  void *lp_out = logp->data, *ent_out = entropy ? entropy->data : NULL;
+  if (m->cfg.device != RX_CPU) {
+    lp_rows = p->host;
+    ent_rows = (char *)p->host + N * es;
+    TRY(fetch(p->host, &p->row_logp));
+    if (entropy) TRY(fetch((char *)p->host + N * es, &p->row_entropy));
+  }
+  if (logp->device != RX_CPU) lp_out = (char *)p->host + 2 * N * es;
+  if (entropy && entropy->device != RX_CPU) ent_out = (char *)p->host + 3 * N * es;
+  if ((logp->device != RX_CPU || (entropy && entropy->device != RX_CPU)) && !p->host)
+    return rx_fail(RX_EINVAL, "logprobs: logp and entropy of a cpu model must be cpu tensors");
   /* row (b,t) predicts token (b,t+1) */
   for (int64_t b = 0; b < B; b++)
     for (int64_t t = 0; t < T; t++) {
       int64_t i = b * T + t;
       int valid = t > 0 && tgt[i - 1] >= 0;
       if (es == 4) {
-        ((float *)logp->data)[i] = valid ? ((float *)p->row_logp.data)[i - 1] : 0.0f;
-        if (entropy) ((float *)entropy->data)[i] = valid ? ((float *)p->row_entropy.data)[i - 1] : 0.0f;
+        ((float *)lp_out)[i] = valid ? ((const float *)lp_rows)[i - 1] : 0.0f;
+        if (entropy) ((float *)ent_out)[i] = valid ? ((const float *)ent_rows)[i - 1] : 0.0f;
       } else {
-        ((double *)logp->data)[i] = valid ? ((double *)p->row_logp.data)[i - 1] : 0.0;
-        if (entropy) ((double *)entropy->data)[i] = valid ? ((double *)p->row_entropy.data)[i - 1] : 0.0;
+        ((double *)lp_out)[i] = valid ? ((const double *)lp_rows)[i - 1] : 0.0;
+        if (entropy) ((double *)ent_out)[i] = valid ? ((const double *)ent_rows)[i - 1] : 0.0;
       }
     }
+  if (lp_out != logp->data) TRY(send(logp, lp_out));
+  if (entropy && ent_out != entropy->data) TRY(send(entropy, ent_out));
   p->valid = p->train;
   return RX_OK;
 }
@@ -566,30 +647,51 @@ int rx_model_backward_entropy(rx_model *m, const rx_tensor *dlogp, const rx_tens
   char a[96];
   if (!p->valid) return rx_fail(RX_EINVAL, "backward: no train forward to differentiate (call logprobs with train = true first)");
   TRY(ensure_grads(m));
+  const int32_t st = rx_model_master_dtype(&m->cfg);   /* f32 for a bf16 model */
   const int64_t B = p->B, T = p->T, N = B * T, L = m->cfg.num_hidden_layers;
-  if (rx_check_tensor(dlogp, "backward", "dlogp", 2) || dlogp->shape[0] != B || dlogp->shape[1] != T || dlogp->dtype != m->cfg.dtype)
+  if (rx_check_tensor(dlogp, "backward", "dlogp", 2) || dlogp->shape[0] != B || dlogp->shape[1] != T || dlogp->dtype != st)
     return rx_fail(RX_EINVAL, "backward: dlogp must be %s [%lld,%lld] like the forward's logp, got %s %s",
-                   rx_dtype_name(m->cfg.dtype), (long long)B, (long long)T, rx_dtype_name(dlogp->dtype),
+                   rx_dtype_name(st), (long long)B, (long long)T, rx_dtype_name(dlogp->dtype),
                    rx_shape_str(dlogp, a, sizeof a));
   if (dentropy && (rx_check_tensor(dentropy, "backward", "dentropy", 2) || dentropy->shape[0] != B ||
-                   dentropy->shape[1] != T || dentropy->dtype != m->cfg.dtype))
+                   dentropy->shape[1] != T || dentropy->dtype != st))
     return rx_fail(RX_EINVAL, "backward: dentropy must be %s [%lld,%lld] like the forward's entropy, got %s %s",
-                   rx_dtype_name(m->cfg.dtype), (long long)B, (long long)T, rx_dtype_name(dentropy->dtype),
+                   rx_dtype_name(st), (long long)B, (long long)T, rx_dtype_name(dentropy->dtype),
                    rx_shape_str(dentropy, a, sizeof a));
-  /* dlogp[b,t] belongs to head row (b,t-1); so does dentropy[b,t] */
-  const int32_t *tgt = p->targets.data;
+  /* dlogp[b,t] belongs to head row (b,t-1); so does dentropy[b,t]. A device model's rows and
+   * a device dlogp / dentropy pass through host room. */
+  const int32_t *tgt = p->h_targets;
+  const int64_t es = rx_dtype_size(st);
+  const void *din = dlogp->data, *dein = dentropy ? dentropy->data : NULL;
+  void *rows = p->row_dlogp.data, *erows = p->row_dentropy.data;
+  if ((dlogp->device != RX_CPU || (dentropy && dentropy->device != RX_CPU)) && !p->host)
+    return rx_fail(RX_EINVAL, "backward: dlogp and dentropy of a cpu model must be cpu tensors");
+  if (dlogp->device != RX_CPU) {
+    TRY(fetch(p->host, dlogp));
+    din = p->host;
+  }
+  if (dentropy && dentropy->device != RX_CPU) {
+    TRY(fetch((char *)p->host + N * es, dentropy));
+    dein = (char *)p->host + N * es;
+  }
+  if (m->cfg.device != RX_CPU) {
+    rows = (char *)p->host + 2 * N * es;
+    erows = (char *)p->host + 3 * N * es;
+  }
   for (int64_t i = 0; i < N; i++) {
     int has = (i % T) + 1 < T && tgt[i] >= 0;
-    if (m->cfg.dtype == RX_F32) {
-      ((float *)p->row_dlogp.data)[i] = has ? ((const float *)dlogp->data)[i + 1] : 0.0f;
-      if (dentropy) ((float *)p->row_dentropy.data)[i] = has ? ((const float *)dentropy->data)[i + 1] : 0.0f;
+    if (st == RX_F32) {
+      ((float *)rows)[i] = has ? ((const float *)din)[i + 1] : 0.0f;
+      if (dentropy) ((float *)erows)[i] = has ? ((const float *)dein)[i + 1] : 0.0f;
     } else {
-      ((double *)p->row_dlogp.data)[i] = has ? ((const double *)dlogp->data)[i + 1] : 0.0;
-      if (dentropy) ((double *)p->row_dentropy.data)[i] = has ? ((const double *)dentropy->data)[i + 1] : 0.0;
+      ((double *)rows)[i] = has ? ((const double *)din)[i + 1] : 0.0;
+      if (dentropy) ((double *)erows)[i] = has ? ((const double *)dein)[i + 1] : 0.0;
     }
   }
+  if (rows != p->row_dlogp.data) TRY(send(&p->row_dlogp, rows));
+  if (dentropy && erows != p->row_dentropy.data) TRY(send(&p->row_dentropy, erows));
   TRY(rx_model_head_backward(m, dentropy != NULL));
-  TRY(rx_rmsnorm_backward(&p->dx, G(m, m->final_norm), &p->dxf, &p->res[L], &m->params[m->final_norm], &p->rstdf));
+  TRY(rx_rmsnorm_backward(&p->dx, G(m, m->final_norm), &p->dxf, &p->res[L], rx_model_w(m, m->final_norm), &p->rstdf));
   for (int64_t l = L - 1; l >= 0; l--) {
     layer_acts *acts = &p->acts[p->layer_sets == L ? l : 0];
     if (p->layer_sets != L) TRY(rx_model_layer_forward(m, l, acts, 0));            /* gradient checkpointing */

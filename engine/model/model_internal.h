@@ -19,7 +19,7 @@ typedef struct layer_acts {
 typedef struct plan {
   int64_t B, T, layer_sets;  /* layer_sets: L (all layers kept) or 1 (recompute / inference) */
   int32_t train, checkpoint;
-  void *arena;
+  void *arena, *arena_handle;  /* on the model's device (arena_handle: its allocator's piece) */
   int64_t bytes, capacity;
   rx_tensor *res;            /* L+1 residual streams [B*T, C]: res[l] is the input of layer l */
   layer_acts *acts;          /* layer_sets of them */
@@ -28,8 +28,14 @@ typedef struct plan {
   rx_tensor head_max, head_sum, head_sz;   /* the head's running max and sums per row (head.c) */
   /* backward scratch */
   rx_tensor dx, dxn, dtmp, dh, dgate, dup, datt, datt4, dq, dk, dv, dq4, dk4, dv4, dxf, dq_rows, dk_rows;
-  void *head;                /* [head_rows, head_cols] logits / dlogits: a tile of rows by a vocabulary slice */
+  void *head, *head_handle;  /* [head_rows, head_cols] logits / dlogits: a tile of rows by a vocabulary slice */
   int64_t head_rows, head_cols, head_bytes;
+  /* The host side of the batch: tokens, mask, positions and targets as the host computes them
+   * (on the CPU the plan's own tensors; on a device a host copy sent with rx_tensor_copy), and
+   * for a device model host room for 4 [B*T] vectors of the compute dtype (log-probabilities in
+   * and out, their gradients). */
+  int32_t *h_tokens, *h_mask, *h_positions, *h_targets;
+  void *host;
   int valid;                 /* a train forward ran and backward may use it */
 } plan;
 
@@ -38,8 +44,15 @@ struct rx_model {
   int64_t n_params;
   char **names;
   rx_tensor *params, *grads;
-  void *param_arena, *grad_arena;
-  int64_t param_bytes;
+  void *param_arena, *grad_arena;      /* on cfg.device */
+  void *param_handle, *grad_handle;    /* their allocator's pieces (rx_arena_free) */
+  int64_t param_bytes, matrix_bytes;   /* matrix_bytes: the leading part holding the weight matrices */
+  rx_tensor flat_params, flat_grads;   /* rx_model_flat's views */
+  /* bf16 compute: params and grads are the f32 master copy, work the bf16 copy the forward and
+   * backward read (same element offsets, refreshed from the master before each forward); NULL
+   * otherwise */
+  rx_tensor *work;
+  void *work_arena, *work_handle;
   layer_params *layers;
   int64_t embed, final_norm, lm_head;
   double *inv_freq;          /* RoPE frequencies [head_dim/2], rope_scaling applied */
@@ -48,13 +61,54 @@ struct rx_model {
 };
 
 int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts);
-int rx_model_layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_output);
-/* Qwen3's per-head RMSNorm of layer l's queries q [rows, H*D] and keys k [rows, KV*D], in place
- * (no-op without qk_norm): the decode step's twin of what the layer forward does. */
-int rx_model_qk_norm_inplace(rx_model *m, int64_t l, rx_tensor *q, rx_tensor *k);
 
-void rx_model_set_inputs(rx_model *m, const int32_t *tokens, const int32_t *mask);
-int rx_model_forward_hidden(rx_model *m, int (*after_layer)(void *, int64_t, layer_acts *), void *ctx);
+/* Parameter i as the forward and backward compute with it: a bf16 model's working copy, else the
+ * parameter itself; NULL for an absent parameter (i < 0). */
+static inline rx_tensor *rx_model_w(rx_model *m, int64_t i) {
+  return i < 0 ? NULL : m->work ? &m->work[i] : &m->params[i];
+}
+/* The dtype of parameters, gradients and per-row statistics: f32 for bf16 compute (master
+ * weights), else the compute dtype. */
+static inline int32_t rx_model_master_dtype(const rx_model_config *c) { return c->dtype == RX_BF16 ? RX_F32 : c->dtype; }
+/* Refreshes a bf16 model's working weights from its master weights (no-op otherwise). */
+int rx_model_refresh_work(rx_model *m);
+
+/* The KV-cache hook of a layer: called after RoPE with the layer's activations (a->k4, a->v4
+ * hold this call's keys and values, [B, T, KV, D]), it stores them where decoding keeps them
+ * and sets keys / values (and may set *mask) to what the attention reads: the cache up to and
+ * including these positions. Without a hook a layer attends to its own keys and values. */
+typedef struct layer_kv {
+  int (*attend)(void *ctx, int64_t l, const layer_acts *a, rx_tensor *keys, rx_tensor *values,
+                const rx_tensor **mask);
+  void *ctx;
+} layer_kv;
+
+/* What one layer call reads and writes besides its activations. */
+typedef struct layer_io {
+  const rx_tensor *x;          /* input residual stream [N, C] */
+  rx_tensor *out;              /* output residual [N, C] (may be x); NULL: stop after the MLP's
+                                * activation (recomputing for the backward, the output is kept) */
+  const rx_tensor *positions;  /* i32 [N]: RoPE positions */
+  const rx_tensor *mask;       /* i32 [B, Tk]: the keys each query row may see (besides causality) */
+  const layer_kv *kv;          /* NULL: attend to this call's own keys and values */
+} layer_io;
+
+/* The decoder layer, written once for training, prefill and decoding (layer.c): pre-norm
+ * attention with q/k/v projections (biases for Qwen2, per-head q/k RMSNorm for Qwen3), RoPE,
+ * grouped-query attention, then the SwiGLU MLP, each added to the residual stream. With qk_norm,
+ * the activations either keep q_raw / k_raw apart (training: the backward needs them) or alias
+ * them to q / k (decoding: normalised in place), and q_rstd / k_rstd may have no data. */
+int rx_model_layer(rx_model *m, int64_t l, layer_acts *a, const layer_io *io);
+/* Layer l of the planned batch: from res[l] into res[l+1] (write_output), or only the
+ * activations again (gradient checkpointing). */
+int rx_model_layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_output);
+
+/* Copies a batch of host tokens and mask (NULL: all real) into the plan. */
+int rx_model_set_inputs(rx_model *m, const int32_t *tokens, const int32_t *mask);
+/* The model's device is the CPU, or fail naming `op` and the device (for what runs on the host). */
+int rx_model_on_cpu(const rx_model *m, const char *op);
+/* Embedding, every layer (with the KV-cache hook kv when given), final norm into xf. */
+int rx_model_forward_hidden(rx_model *m, const layer_kv *kv);
 /* The linear layers of layer l (proj = RX_PROJ_*), with their adapter when there is one:
  * out = inp W^T + b (+ scale (dropout(inp) A^T) B^T); backward overwrites dinp and accumulates
  * the adapter's gradients, and the base's only when the base is not frozen. lora.c. */

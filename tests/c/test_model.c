@@ -369,6 +369,88 @@ static void bad_configs_are_refused(void) {
   CHECK_FAILS(rx_model_new(&m, &c), "rope_scaling kind 7 is not supported");
 }
 
+/* The flat buffers (rx_model_flat): every parameter and its gradient inside them, the matrices
+ * before the vectors, and AdamW over the two ranges (decay on the matrices only) giving the same
+ * bits as AdamW tensor by tensor; the gradient norm over the flat buffer equals the norm over
+ * the tensors. */
+static void flat_buffers_update_like_tensors(void) {
+  rx_model_config c = tiny_config(1, 0, 2);
+  c.dtype = RX_F32;
+  rx_model *a = NULL, *b = NULL;
+  CHECK_OK(rx_model_new(&a, &c));
+  CHECK_OK(rx_model_new(&b, &c));
+  if (!a || !b) { rx_model_free(a); rx_model_free(b); return; }
+  randomise(a, 5);
+  randomise(b, 5);
+  int64_t shape[2] = {B, T};
+  rx_tensor *tok = i32_tensor(tokens), *msk = i32_tensor(mask), *lp, *dlp;
+  rx_tensor_new(&lp, RX_F32, RX_CPU, 2, shape);
+  rx_tensor_new(&dlp, RX_F32, RX_CPU, 2, shape);
+  rx_tensor_normal(dlp, 9, 0, 0.0, 1.0);
+  rx_forward_opts fo = {1, 0, 0, 0};
+  rx_tensor *fp = NULL, *fg = NULL;
+  int64_t matrices = 0;
+  CHECK_OK(rx_model_flat(b, &fp, &fg, &matrices));
+  if (!fp) goto done;
+  const int64_t n = rx_model_param_count(a), total = fp->numel;
+  CHECK(matrices > 0 && matrices < total, "matrices %lld of %lld elements", (long long)matrices, (long long)total);
+  rx_tensor **ga = calloc((size_t)n, sizeof *ga), **mom = calloc((size_t)(2 * n), sizeof *mom);
+  for (int64_t i = 0; i < n; i++) {
+    rx_tensor *p = rx_model_param(b, i), *g = rx_model_grad(b, i);
+    const int64_t at = ((char *)p->data - (char *)fp->data) / 4;
+    CHECK(at >= 0 && at + p->numel <= total && (p->ndim == 2 ? at + p->numel <= matrices : at >= matrices),
+          "%s at element %lld of the flat buffer (matrices end at %lld)", rx_model_param_name(b, i), (long long)at,
+          (long long)matrices);
+    CHECK((char *)g->data - (char *)fg->data == (char *)p->data - (char *)fp->data, "%s: gradient offset differs",
+          rx_model_param_name(b, i));
+    rx_tensor_new(&mom[2 * i], RX_F32, RX_CPU, p->ndim, p->shape);
+    rx_tensor_new(&mom[2 * i + 1], RX_F32, RX_CPU, p->ndim, p->shape);
+  }
+  rx_tensor *fm, *fv, *part[6];
+  int64_t fshape[1] = {total};
+  rx_tensor_new(&fm, RX_F32, RX_CPU, 1, fshape);
+  rx_tensor_new(&fv, RX_F32, RX_CPU, 1, fshape);
+  rx_tensor *whole[4] = {fp, fg, fm, fv};
+  for (int step = 1; step <= 2; step++) {
+    rx_model_zero_grad(a);
+    rx_model_zero_grad(b);
+    CHECK_OK(rx_model_logprobs(a, tok, msk, lp, NULL, &fo));
+    CHECK_OK(rx_model_backward(a, dlp));
+    CHECK_OK(rx_model_logprobs(b, tok, msk, lp, NULL, &fo));
+    CHECK_OK(rx_model_backward(b, dlp));
+    for (int64_t i = 0; i < n; i++) ga[i] = rx_model_grad(a, i);
+    double norm_t = 0, norm_f = 0;
+    CHECK_OK(rx_grad_norm((const rx_tensor *const *)ga, n, &norm_t));
+    CHECK_OK(rx_grad_norm((const rx_tensor *const *)&fg, 1, &norm_f));
+    CHECK(fabs(norm_t - norm_f) <= 1e-12 * norm_t, "flat gradient norm %.17g, by tensors %.17g", norm_f, norm_t);
+    rx_adamw_config ac = {1e-2, 0.9, 0.95, 1e-8, 0.1, step};
+    for (int64_t i = 0; i < n; i++)
+      CHECK_OK(rx_adamw_step(rx_model_param(a, i), ga[i], mom[2 * i], mom[2 * i + 1], &ac, rx_model_param(a, i)->ndim == 2));
+    for (int r = 0; r < 2; r++) {   /* the matrices with decay, then the vectors without */
+      for (int k = 0; k < 4; k++) CHECK_OK(rx_tensor_narrow(&part[k], whole[k], 0, r ? matrices : 0, r ? total - matrices : matrices));
+      CHECK_OK(rx_adamw_step(part[0], part[1], part[2], part[3], &ac, r == 0));
+      for (int k = 0; k < 4; k++) rx_tensor_free(part[k]);
+    }
+  }
+  for (int64_t i = 0; i < n; i++) {
+    const rx_tensor *p = rx_model_param(a, i), *q = rx_model_param(b, i);
+    CHECK(memcmp(p->data, q->data, (size_t)p->numel * 4) == 0, "%s: flat AdamW differs from AdamW by tensor",
+          rx_model_param_name(a, i));
+  }
+  for (int64_t i = 0; i < 2 * n; i++) rx_tensor_free(mom[i]);
+  free(mom);
+  free(ga);
+  rx_tensor_free(fm);
+  rx_tensor_free(fv);
+done:
+  rx_tensor_free(tok);
+  rx_tensor_free(msk);
+  rx_tensor_free(lp);
+  rx_tensor_free(dlp);
+  rx_model_free(a);
+  rx_model_free(b);
+}
+
 int main(void) {
   RUN(qwen2_untied_gqa);
   RUN(qwen2_tied_mqa);
@@ -378,5 +460,6 @@ int main(void) {
   RUN(qwen3_tied_gqa);
   RUN(llama31_rope_scaling);
   RUN(bad_configs_are_refused);
+  RUN(flat_buffers_update_like_tensors);
   return check_summary("test_model");
 }

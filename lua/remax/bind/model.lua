@@ -150,11 +150,11 @@ local function create(cfg_table, opts, where)
     end
     cfg.weight_dtype = wdt
   end
-  local device = opts.device or "cpu"
-  if device ~= "cpu" and device ~= "cuda" then
-    error(("%s: device '%s': expected cpu or cuda"):format(where, tostring(device)), 3)
+  local device = ({ cpu = C.RX_CPU, cuda = C.RX_CUDA })[opts.device or "cpu"]
+  if not device then
+    error(("%s: device '%s' is not a device remax knows (cpu, cuda)"):format(where, tostring(opts.device)), 3)
   end
-  cfg.device = device == "cuda" and C.RX_CUDA or C.RX_CPU
+  cfg.device = device
   local out = ffi.new("rx_model*[1]")
   check(C.rx_model_new(out, cfg), 3)
   return wrap(ffi.gc(out[0], C.rx_model_free), cfg_table, opts)
