@@ -94,8 +94,11 @@ function M.normalize(spec, index, opts)
   opts = opts or {}
   local r
   local reward_model = require("remax.bind.reward_model")
+  local reward_worker = require("remax.train.reward_worker")
   if reward_model.is_spec(spec) then
     return reward_model.reward(spec, { dtype = opts.dtype })
+  elseif reward_worker.is_spec(spec) then   -- "py:", "cmd:", "http://": outside Lua
+    return reward_worker.reward(spec, { base = opts.base })
   elseif type(spec) == "string" then
     return M.load_file(M.find(spec, opts.base))
   elseif type(spec) == "function" then
@@ -231,8 +234,14 @@ end
 -- Run one reward on all completions, checking what it returns. Returns the scores list.
 function M.run_one(r, completions, batch, opts)
   local limit = opts and opts.timeout
-  local ok, scores, seconds = M.call_with_timeout(limit, r.fn, completions, batch)
   local n = #completions
+  local ok, scores, seconds
+  if r.external then   -- a worker or server keeps its own deadline; its errors are whole messages
+    ok, scores = pcall(r.fn, completions, batch, { timeout = limit, step = opts and opts.step })
+    if not ok then fail(r, ("reward '%s' (%s)%s: %s"):format(r.name, r.where, step_text(opts), tostring(scores)), opts) end
+  else
+    ok, scores, seconds = M.call_with_timeout(limit, r.fn, completions, batch)
+  end
   if not ok and scores == TIMEOUT then
     fail(r, ("reward '%s' (%s) took over reward_timeout = %g s%s (stopped at %.1f s, scoring %d completions); " ..
       "make it faster, or raise reward_timeout (0: no limit)"):format(r.name, r.where, limit, step_text(opts), seconds, n), opts)
@@ -317,7 +326,12 @@ function M.probe(list, rows, source, collate, timeout)
   for k in pairs(rows[1]) do cols[#cols + 1] = k end
   table.sort(cols)
   for _, r in ipairs(list) do
-    local ok, err, seconds = M.call_with_timeout(timeout, r.fn, completions, batch)
+    local ok, err, seconds
+    if r.external then
+      ok, err = pcall(r.fn, completions, batch, { timeout = timeout })
+    else
+      ok, err, seconds = M.call_with_timeout(timeout, r.fn, completions, batch)
+    end
     if not ok and err == TIMEOUT then
       error(("reward '%s' (%s) took over reward_timeout = %g s on the first %d rows of %s (stopped at %.1f s)")
         :format(r.name, r.where, timeout, n, source, seconds), 0)
