@@ -101,6 +101,7 @@ M.groups = {
     { "output_dir", "runs", "string", "folder holding runs" },
     { "run_name", nil, "string", "the run's folder name under output_dir (default: the recipe's name)" },
     { "resume", nil, "string", "continue runs/<name> from its last checkpoint" },
+    { "report_to", { "none" }, "strings", "where metrics go besides metrics.jsonl (always written): tensorboard (event files in runs/<name>/tensorboard/), csv (runs/<name>/metrics.csv), all (both), none; wandb and other services are refused (no network dependency in the engine)" },
     { "logging_steps", 1, "integer", "print a log line every this many steps (metrics are written every step)" },
     { "log_completions", 10, "integer", "write completions.jsonl every this many steps (0: never)" },
     { "eval_steps", 50, "integer", "evaluate every this many steps (0: only before and after training)" },
@@ -217,11 +218,11 @@ local function check(decl, v, where)
     for _, c in ipairs(decl.choices) do if v == c then ok = true end end
     if not ok then bad("one of " .. table.concat(decl.choices, ", ")) end
   elseif t == "rewards" then
-    if type(v) == "string" or type(v) == "function" or (type(v) == "table" and (v.fn or v.model)) then v = { v } end
+    if type(v) == "string" or type(v) == "function" or (type(v) == "table" and (v.fn or v.model or v.worker)) then v = { v } end
     if type(v) ~= "table" then bad("a list of reward names, files, tables {name=, fn=}, reward models {model=} or functions") end
     for _, x in ipairs(v) do
       local tx = type(x)
-      if not (tx == "string" or tx == "function" or (tx == "table" and (type(x.fn) == "function" or type(x.model) == "string"))) then
+      if not (tx == "string" or tx == "function" or (tx == "table" and (type(x.fn) == "function" or type(x.model) == "string" or type(x.worker) == "string"))) then
         bad("a list of reward names, files, tables {name=, fn=}, reward models {model=} or functions")
       end
     end
@@ -391,6 +392,10 @@ function M.validate(cfg)
     if cfg.beta > 0 and cfg.kl_estimator == "k1" then
       bad("multi_objective_aggregation = normalize_then_sum normalises each reward function; the k1 KL has no reward function to join: use kl_estimator = k3")
     end
+  end
+  for _, r in ipairs(cfg.report_to or {}) do
+    local why = require("remax.train.report").refusal(r)
+    if why then bad(why) end
   end
   if cfg.per_device_eval_batch_size < 1 then bad("per_device_eval_batch_size must be >= 1") end
   if cfg.seed >= 2 ^ 32 then bad("seed must be below 2^32") end

@@ -233,6 +233,7 @@ end
 --   config            the resolved config, written to config.json (functions become strings)
 --   resume            continue an existing run: torn last lines are dropped, and rows past the
 --                     checkpoint that load_checkpoint reads (step 0 when there is none) too
+--   report_to         {"tensorboard", "csv", "none", "all"}: also write event files / metrics.csv
 --   overwrite         start afresh in a folder that holds an earlier run (removes its metrics,
 --                     completions, checkpoints and plots)
 --   save_total_limit  newest checkpoints to keep (default config.save_total_limit; nil = all)
@@ -260,7 +261,8 @@ function M.open(dir, opts)
   self:clean_leftovers()
   local earlier = (read_text(self.metrics_path) or ""):find("%S") or #self:checkpoints() > 0
   if opts.overwrite then
-    for _, f in ipairs({ self.metrics_path, self.completions_path, self.checkpoints_dir, dir .. "/index.html" }) do
+    for _, f in ipairs({ self.metrics_path, self.completions_path, self.checkpoints_dir, dir .. "/index.html",
+      dir .. "/metrics.csv", dir .. "/tensorboard" }) do
       remove_tree(f)
     end
     for _, name in ipairs(list_dir(dir)) do
@@ -275,7 +277,10 @@ function M.open(dir, opts)
     -- that will run again.
     local _, step = self:latest_checkpoint()
     self:truncate(step or 0)
+    self.resume_step = step or 0
   end
+  -- report_to: TensorBoard event files, metrics.csv (remax.train.report)
+  self.reporters = require("remax.train.report").open(self, opts.report_to, { resume_step = self.resume_step })
   if config ~= nil then
     write_atomic(dir .. "/config.json", M.encode(config, { pretty = true, where = "config" }) .. "\n")
   end
@@ -307,6 +312,7 @@ function Run:close()
     f:close()
     self.files[path] = nil
   end
+  require("remax.train.report").close(self.reporters)
 end
 
 -- Appends {step = step, ...metrics} as one line of metrics.jsonl and flushes it.
@@ -316,6 +322,7 @@ function Run:log_metrics(step, metrics)
   for k, v in pairs(metrics or {}) do row[k] = v end
   row.step = step
   append(self, self.metrics_path, M.encode(row, { precision = 10, where = "metrics" }))
+  require("remax.train.report").log(self.reporters, step, row)
   self.last_metrics = row
 end
 

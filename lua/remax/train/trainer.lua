@@ -185,7 +185,7 @@ function Trainer:open_run()
   end
   self.run_dir = dir
   self.run_name = dir:match("([^/]+)$")
-  self.run = runs.open(dir, { config = config.serializable(cfg), resume = cfg.resume ~= nil })
+  self.run = runs.open(dir, { config = config.serializable(cfg), resume = cfg.resume ~= nil, report_to = cfg.report_to })
   if cfg.resume then
     local ckpt = self.run:latest_checkpoint()
     if not ckpt then error(("--resume %s: the run has no checkpoint yet"):format(cfg.resume), 0) end
