@@ -521,7 +521,10 @@ end
 M.charts = {
   { file = "reward.svg", title = "Reward", ylabel = "reward",
     series = { { key = "reward", name = "sampled" }, { key = "reward_greedy", name = "greedy" } } },
-  { file = "kl.svg", title = "KL to the reference model", ylabel = "KL", series = { { key = "kl", name = "kl" } } },
+  -- no KL chart when every KL is 0 (beta = 0: no reference model, nothing to draw but a flat line)
+  { file = "kl.svg", title = "KL to the reference model", ylabel = "KL", series = { { key = "kl", name = "kl" } },
+    skip_when_zero = true },
+  { file = "lr.svg", title = "Learning rate", ylabel = "learning rate", series = { { key = "lr", name = "lr" } } },
   { file = "length.svg", title = "Completion length", ylabel = "tokens",
     series = { { key = "completion_length_mean", name = "mean length" }, { key = "completion_length_max", name = "max" },
       { key = "completion_length_min", name = "min" } } },
@@ -578,9 +581,16 @@ function Run:plot()
         series[#series + 1] = { name = s.name, x = xs, y = ys }
       end
     end
+    if present and chart.skip_when_zero then
+      present = false
+      for _, se in ipairs(series) do
+        for _, y in ipairs(se.y) do if y ~= 0 then present = true end end
+      end
+    end
     if present then
       write_atomic(self.dir .. "/" .. chart.file,
-        plot.svg_lines(series, { title = chart.title, xlabel = "step", ylabel = chart.ylabel }))
+        plot.svg_lines(series, { title = chart.title, xlabel = "step", ylabel = chart.ylabel, integer_x = true,
+          width = 960, height = 320 }))
       written[#written + 1] = chart.file
       charts[#charts + 1] = chart
     end
@@ -590,12 +600,18 @@ function Run:plot()
   local function add(s) h[#h + 1] = s end
   add("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">")
   add("<title>" .. html_escape(self.name) .. " - remax run</title>")
-  add("<style>body{font-family:sans-serif;margin:1.5em;color:#222}img{max-width:100%;margin:4px}"
+  add("<style>body{font-family:sans-serif;margin:1.5em;color:#222}img{display:block;width:100%;max-width:1400px;height:auto;margin:8px 0}"
     .. "table{border-collapse:collapse}td{padding:2px 10px;border-bottom:1px solid #ddd}"
     .. "td:first-child{color:#555}pre{background:#f6f6f6;padding:1em;overflow:auto}</style>")
   add("</head><body>")
   add("<h1>" .. html_escape(self.name) .. "</h1>")
-  add(("<p>%d steps logged. Files: metrics.jsonl, completions.jsonl, config.json, checkpoints/.</p>"):format(#rows))
+  -- steps, not rows: the evaluation before training is logged at step 0, the final one beside the last step
+  local steps, seen_step = 0, {}
+  for _, row in ipairs(rows) do
+    if type(row.step) == "number" and row.step > 0 and not seen_step[row.step] then seen_step[row.step], steps = true, steps + 1 end
+  end
+  add(("<p>%d training step%s logged. Files: metrics.jsonl, completions.jsonl, config.json, checkpoints/.</p>")
+    :format(steps, steps == 1 and "" or "s"))
   if #charts == 0 then add("<p>No metrics yet.</p>") end
   for _, chart in ipairs(charts) do
     add(("<img src=\"%s\" alt=\"%s\">"):format(html_escape(chart.file), html_escape(chart.title)))
