@@ -11,7 +11,7 @@ local cjson = require("cjson")
 local remax = require("remax")
 local gguf = require("remax.bind.gguf")
 local fs = require("remax.bind.fs")
-local now = require("remax.train.progress").now
+local now = require("remax.bind.clock").now
 
 local here = arg[0]:match("^(.-)[^/]*$")
 local common = dofile(here .. "common.lua")

@@ -7,7 +7,7 @@
 local remax = require("remax")
 local cjson = require("cjson")
 local ffi = require("ffi")
-local now = require("remax.train.progress").now   -- wall clock
+local now = require("remax.bind.clock").now   -- wall clock
 local common = dofile(arg[0]:match("^(.-)[^/]*$") .. "common.lua")
 
 local opts = common.options({ shape = "small", batch = 8, seq = 256, steps = 3, warmup = 1, checkpoint = false,

@@ -19,6 +19,8 @@ setmetatable(M, {
     local name = lazy[k]
     if not name then return nil end
     local mod = require(name)
+    -- remax.model.load also reads LoRA adapter folders: the LoRA module installs that loader
+    if k == "model" then require("remax.bind.lora") end
     rawset(t, k, mod)
     return mod
   end,
@@ -27,6 +29,12 @@ setmetatable(M, {
 function M.version()
   local ffi = require("ffi")
   return ffi.string(require("remax.bind.ffi").C.rx_version())
+end
+
+-- OpenBLAS's kernel set in use ("SkylakeX", "Haswell", ...).
+function M.blas_core()
+  local ffi = require("ffi")
+  return ffi.string(require("remax.bind.ffi").C.rx_blas_core())
 end
 
 return M

@@ -79,33 +79,6 @@ describe("dist in a world of one", function()
     assert.has_error(function() dist.encode({ print }) end, "dist: cannot send a function to another rank")
   end)
 
-  it("merges the ranks' rollouts in global prompt order", function()
-    local function part(prompts, reward0)
-      local ro = { prompts = {}, rows = {}, total = {}, per = { r = {} }, adv = {}, slots = 2, G = 1, greedy = true,
-        tokens_generated = 3 * #prompts, time_generate = reward0, time_score = 0, unscored = 0, step = 1 }
-      for i, p in ipairs(prompts) do
-        ro.prompts[i] = { prompt = p }
-        ro.adv[i] = { reward0 + i }
-        for s = 1, 2 do
-          local k = #ro.rows + 1
-          ro.rows[k] = { prompt = i, slot = s, greedy = s == 2, text = p .. s, tokens = { 1, 2 }, finish = "stop" }
-          ro.total[k], ro.per.r[k] = reward0 + k, reward0 + k
-        end
-      end
-      return dist.decode(dist.encode(dist.pack_rollout(ro)))
-    end
-    local whole = dist.merge_rollouts({ part({ "a", "b" }, 10), part({ "c" }, 20) })
-    assert.are.same({ "a", "b", "c" }, { whole.prompts[1].prompt, whole.prompts[2].prompt, whole.prompts[3].prompt })
-    assert.are.equal(6, #whole.rows)
-    assert.are.equal(3, whole.rows[5].prompt)
-    assert.are.equal("c1", whole.rows[5].text)
-    assert.are.same({ 11, 12, 13, 14, 21, 22 }, whole.total)
-    assert.are.same(whole.total, whole.per.r)
-    assert.are.same({ { 11 }, { 12 }, { 21 } }, whole.adv)
-    assert.are.equal(9, whole.tokens_generated)
-    assert.are.equal(20, whole.time_generate)   -- the slowest rank's
-  end)
-
   it("rejects a REMAX_DIST value it does not know, naming it", function()
     local dir = tmpdir()
     write(dir .. "/probe.lua", 'local w = require("remax.bind.dist").world() print("world", w.rank, w.size, w.backend)')

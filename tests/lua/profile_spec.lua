@@ -4,7 +4,7 @@
 local remax = require("remax")
 local ffi = require("ffi")
 local C = require("remax.bind.ffi").C
-local now = require("remax.train.progress").now
+local now = require("remax.bind.clock").now
 
 local cfg = {
   architectures = { "Qwen2ForCausalLM" }, vocab_size = 40, hidden_size = 16, intermediate_size = 24,

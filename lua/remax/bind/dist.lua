@@ -250,59 +250,6 @@ function World:broadcast_model(model, tensors)
   end
 end
 
----------------------------------------------------------------------------- rollouts
-
--- A rollout's parts that metrics and completion logs read, as plain values.
-local function pack_rollout(ro)
-  local rows = {}
-  for k, r in ipairs(ro.rows) do
-    rows[k] = { prompt = r.prompt, slot = r.slot, greedy = r.greedy, text = r.text, tokens = r.tokens,
-      finish = r.finish }
-  end
-  return { prompts = ro.prompts, rows = rows, total = ro.total, per = ro.per, adv = ro.adv, kl_k1 = ro.kl_k1,
-    tokens_generated = ro.tokens_generated, time_generate = ro.time_generate, time_score = ro.time_score,
-    unscored = ro.unscored, slots = ro.slots, G = ro.G, greedy = ro.greedy, step = ro.step }
-end
-
--- Rank 0: the whole step's rollout, as one rank running the global batch would have it (rows in
--- global prompt order; generation counts summed, times the slowest rank's). Other ranks: their
--- own rollout, unchanged.
-function World:gather_rollout(ro)
-  if self.size == 1 then return ro end
-  local parts = self:gather(pack_rollout(ro))
-  if not self.is_root then return ro end
-  return M.merge_rollouts(parts)
-end
-
--- Rollouts of ranks 0, 1, ... (plain values) -> one rollout over all their prompts.
-function M.merge_rollouts(parts)
-  local first = parts[1]
-  local whole = { slots = first.slots, G = first.G, greedy = first.greedy, step = first.step,
-    prompts = {}, rows = {}, total = {}, adv = first.adv and {} or nil,
-    tokens_generated = 0, unscored = 0, time_generate = 0, time_score = 0 }
-  local per, kl = {}, first.kl_k1 and {} or nil
-  for name in pairs(first.per or {}) do per[name] = {} end
-  for _, p in ipairs(parts) do
-    local offset = #whole.prompts
-    local base = #whole.rows
-    for i, prompt in ipairs(p.prompts) do whole.prompts[offset + i] = prompt end
-    if whole.adv then for i, a in ipairs(p.adv) do whole.adv[offset + i] = a end end
-    for k, r in ipairs(p.rows) do
-      r.prompt = r.prompt + offset
-      whole.rows[base + k] = r
-      whole.total[base + k] = p.total[k]
-      for name, list in pairs(per) do list[base + k] = p.per[name][k] end
-      if kl then kl[base + k] = p.kl_k1[k] end
-    end
-    whole.tokens_generated = whole.tokens_generated + p.tokens_generated
-    whole.unscored = whole.unscored + (p.unscored or 0)
-    whole.time_generate = math.max(whole.time_generate, p.time_generate or 0)
-    whole.time_score = math.max(whole.time_score, p.time_score or 0)
-  end
-  whole.per, whole.kl_k1 = per, kl
-  return whole
-end
-M.pack_rollout = pack_rollout
 M.World = World
 
 return M

@@ -17,6 +17,9 @@ for _, decl in ipairs({
   "int closedir(void *dirp);",
   "void *readdir(void *dirp);",
   "struct rx_runs_dirent { uint64_t d_ino; int64_t d_off; unsigned short d_reclen; unsigned char d_type; char d_name[256]; };",
+  "int isatty(int fd);",
+  "struct rx_fs_winsize { unsigned short ws_row, ws_col, ws_xpixel, ws_ypixel; };",
+  "int ioctl(int fd, unsigned long request, ...);",
 }) do pcall(ffi.cdef, decl) end
 local C = ffi.C
 
@@ -140,5 +143,24 @@ end
 M.is_dir, M.list_dir, M.mkdir_p, M.remove_tree = is_dir, list_dir, mkdir_p, remove_tree
 M.write_atomic, M.read_text, M.exists, M.fsync_path, M.dirname = write_atomic, read_text, file_exists, fsync_path, dirname
 M.crash_point, M.errno_text = crash_point, errno_text
+
+-- Whether fd is a terminal (TERM=dumb counts as none), and its width in columns ( first;
+-- 100 when unknown): the progress line draws itself in place only on a terminal.
+function M.is_tty(fd)
+  if os.getenv("TERM") == "dumb" then return false end
+  local ok, r = pcall(function() return C.isatty(fd) end)
+  return ok and r == 1
+end
+
+function M.columns(fd)
+  local env = tonumber(os.getenv("COLUMNS") or "")
+  if env and env > 0 then return env end
+  if ffi.os == "Linux" then
+    local ws = ffi.new("struct rx_fs_winsize")
+    local ok, r = pcall(function() return C.ioctl(fd, 0x5413, ws) end)   -- TIOCGWINSZ
+    if ok and r == 0 and ws.ws_col > 0 then return ws.ws_col end
+  end
+  return 100
+end
 
 return M

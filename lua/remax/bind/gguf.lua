@@ -11,6 +11,7 @@ local ffi = require("ffi")
 local bit = require("bit")
 local cjson = require("cjson")
 local rx = require("remax.bind.ffi")
+local signals = require("remax.bind.signals")
 local fs = require("remax.bind.fs")
 local tensor = require("remax.bind.tensor")
 local C = rx.C
@@ -515,12 +516,12 @@ function M.write(path, plan, extra_kv, opts)
   -- O_WRONLY | O_CREAT | O_TRUNC; the mode goes through the varargs as an int (a Lua number would be a double)
   local fd = libc.open(tmp, 0x241, ffi.new("int", 420))   -- 0644, less the umask
   if fd < 0 then error(("cannot create %s (%s)"):format(tmp, errno_text(ffi.errno())), 0) end
-  local installed = pcall(function() return C.rx_signal_install() end)
+  local installed = signals.install()
   local ok, err = pcall(function()
     write_all(fd, header, #header, tmp)
     local done = 0
     for _, t in ipairs(plan.tensors) do
-      if installed and C.rx_signal_pending() ~= 0 then error(("interrupted: %s removed, %s left as it was"):format(tmp, path), 0) end
+      if installed and signals.pending() then error(("interrupted: %s removed, %s left as it was"):format(tmp, path), 0) end
       local ptr, size, keep = tensor_bytes(t)
       if size ~= t.bytes then error(("gguf: %s: %d bytes made, %d planned"):format(t.name, size, t.bytes), 0) end
       write_all(fd, ptr, size, tmp)
@@ -533,7 +534,7 @@ function M.write(path, plan, extra_kv, opts)
     if libc.fsync(fd) ~= 0 then error(("fsync of %s failed (%s)"):format(tmp, errno_text(ffi.errno())), 0) end
   end)
   libc.close(fd)
-  if installed then C.rx_signal_clear() end
+  if installed then signals.clear() end
   if not ok then
     libc.unlink(tmp)
     error(err, 0)
@@ -758,7 +759,7 @@ function M.main(...)
   local o = M.parse_args({ ... })
   if o.help then io.write(M.usage) return 0 end
   local remax = require("remax")
-  local now = require("remax.train.progress").now
+  local now = require("remax.bind.clock").now
   local t0 = now()
   -- weights stay as the checkpoint stores them (bf16 or f32): half the memory for a bf16 one,
   -- and any --type is made from the stored values
@@ -774,7 +775,7 @@ function M.main(...)
     wtype = (td == "bfloat16" and "bf16") or (td == "float16" and "f16") or "f32"
   end
   local name = o.name or (o.model:gsub("/+$", ""):match("([^/]+)$")) or "remax model"
-  local tty = require("remax.train.progress").is_tty(2)
+  local tty = require("remax.bind.fs").is_tty(2)
   local last = -1
   local function progress(done, total, tname)
     local pct = total > 0 and math.floor(100 * done / total) or 100

@@ -81,6 +81,7 @@ function M.apply(model, opts)
   check(C.rx_model_lora_init(model.handle, lc), 2)
   model.lora = { r = r, alpha = alpha, dropout = dropout, target_modules = names, names = {}, index = {},
     base = model.source_dir }
+  model.adapters = M   -- the model reaches params, num_parameters and save through this
   for i = 0, tonumber(C.rx_model_lora_count(model.handle)) - 1 do
     local name = ffi.string(C.rx_model_lora_name(model.handle, i))
     model.lora.names[#model.lora.names + 1] = name
@@ -294,6 +295,7 @@ function M.load_with_base(dir, opts)
   M.load(model, dir)
   return model
 end
+require("remax.bind.model").adapter_loader = M.load_with_base
 
 -- The trainer's LoRA: adapters from the resolved config on a freshly loaded base, and, when
 -- resuming, the checkpoint's adapters (which must have the run's shape).

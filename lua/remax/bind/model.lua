@@ -149,7 +149,11 @@ local function create(cfg_table, opts, where)
     end
     cfg.weight_dtype = wdt
   end
-  cfg.device = opts.device == "cuda" and C.RX_CUDA or C.RX_CPU
+  local device = opts.device or "cpu"
+  if device ~= "cpu" and device ~= "cuda" then
+    error(("%s: device '%s': expected cpu or cuda"):format(where, tostring(device)), 3)
+  end
+  cfg.device = device == "cuda" and C.RX_CUDA or C.RX_CPU
   local out = ffi.new("rx_model*[1]")
   check(C.rx_model_new(out, cfg), 3)
   return wrap(ffi.gc(out[0], C.rx_model_free), cfg_table, opts)
@@ -189,7 +193,11 @@ end
 function M.load(dir, opts)
   opts = opts or {}
   if not opts.config and not fs.exists(dir .. "/config.json") and fs.exists(dir .. "/adapter_config.json") then
-    return require("remax.bind.lora").load_with_base(dir, opts)   -- a PEFT adapter folder (a LoRA checkpoint)
+    -- a PEFT adapter folder (a LoRA checkpoint): remax.bind.lora, once loaded, installs its loader
+    if not M.adapter_loader then
+      error(("model.load: %s is a LoRA adapter folder; load it with require(\"remax.bind.lora\").load_with_base"):format(dir), 2)
+    end
+    return M.adapter_loader(dir, opts)
   end
   local cfg_table, cfg_path
   if opts.config then cfg_table, cfg_path = opts.config, dir .. "/config.json"
@@ -280,10 +288,15 @@ end
 
 function Model:zero_grad() C.rx_model_zero_grad(self.handle) end
 
+-- Adapters (LoRA) install themselves on a model: model.lora holds their description and
+-- model.adapters the module that owns them (params, num_parameters, save), so this binding
+-- never requires remax.bind.lora. M.adapter_loader, set by that module, loads adapter folders.
+M.adapter_loader = nil
+
 -- What an optimizer updates: name -> tensor tables of parameters and gradients: the adapters
 -- when the model has LoRA adapters (the base is frozen), else every parameter.
 function Model:trainable()
-  if self.lora then return require("remax.bind.lora").params(self) end
+  if self.adapters then return self.adapters.params(self) end
   return self:params(), self:grads()
 end
 
@@ -299,8 +312,27 @@ function Model:trainable_grads()
   return list
 end
 
+-- Gradient accumulation over micro-batches: each micro-batch's gradient is computed from zero and
+-- then added to the sum of the earlier ones (G1 + G2 + ...), so one process with two micro-batches
+-- and two ranks with one each (summed by the all-reduce) give the same bits. hold_grads moves the
+-- sum so far aside (one buffer per trained tensor, made on first use) and zeroes the gradients;
+-- add_held_grads adds it back after the next micro-batch's backward.
+function Model:hold_grads()
+  local grads = self:trainable_grads()
+  if not self.held then
+    self.held = {}
+    for i, g in ipairs(grads) do self.held[i] = tensor.new(g:size(), g:dtype_name()) end
+  end
+  for i, g in ipairs(grads) do self.held[i]:copy_(g) end
+  self:zero_grad()
+end
+
+function Model:add_held_grads()
+  for i, g in ipairs(self:trainable_grads()) do check(C.rx_add(g, g, self.held[i])) end
+end
+
 function Model:num_trainable()
-  if self.lora then return require("remax.bind.lora").num_parameters(self) end
+  if self.adapters then return self.adapters.num_parameters(self) end
   return self:num_parameters()
 end
 
@@ -406,6 +438,20 @@ local function fnv1a64(ids, slot)
   return h
 end
 
+-- The one check of sampling settings at the Lua boundary (model:generate, and the trainer's
+-- config through remax.train.config; the engine checks again as the last guard): nil when
+-- temperature, top_k, top_p and max_new_tokens (entries of s; a missing one is not checked) are
+-- valid, else what is wrong, naming the setting, its value and `where`.
+function M.sampling_problem(s, where)
+  where = where or ""
+  local t, k, p, n = s.temperature, s.top_k, s.top_p, s.max_new_tokens
+  if t ~= nil and not (t >= 0) then return ("temperature = %s%s must be >= 0"):format(tostring(t), where) end
+  if p ~= nil and not (p > 0 and p <= 1) then return ("top_p = %s%s must be in (0, 1]"):format(tostring(p), where) end
+  if k ~= nil and (k < 0 or k ~= math.floor(k)) then return ("top_k = %s%s must be an integer >= 0"):format(tostring(k), where) end
+  if n ~= nil and (n < 1 or n ~= math.floor(n)) then return ("max_new_tokens = %s%s must be an integer >= 1"):format(tostring(n), where) end
+  return nil
+end
+
 function Model:generate(prompts, opts)
   opts = opts or {}
   if type(prompts) ~= "table" or #prompts == 0 then error("generate: expected a non-empty list of prompts (token-id lists)", 2) end
@@ -429,13 +475,10 @@ function Model:generate(prompts, opts)
     return v
   end
   for s = 1, slots do   -- checked here so the message names the slot as the caller wrote it
-    local t, k, p, n = per_slot("temperature", 1.0, s), per_slot("top_k", 0, s), per_slot("top_p", 1.0, s),
-      per_slot("max_new_tokens", 128, s)
-    local where = slots > 1 and (" (slot %d)"):format(s) or ""
-    if not (t >= 0) then error(("generate: temperature = %s%s must be >= 0"):format(tostring(t), where), 2) end
-    if not (p > 0 and p <= 1) then error(("generate: top_p = %s%s must be in (0, 1]"):format(tostring(p), where), 2) end
-    if k < 0 or k ~= math.floor(k) then error(("generate: top_k = %s%s must be an integer >= 0"):format(tostring(k), where), 2) end
-    if n < 1 or n ~= math.floor(n) then error(("generate: max_new_tokens = %s%s must be an integer >= 1"):format(tostring(n), where), 2) end
+    local problem = M.sampling_problem({ temperature = per_slot("temperature", 1.0, s), top_k = per_slot("top_k", 0, s),
+      top_p = per_slot("top_p", 1.0, s), max_new_tokens = per_slot("max_new_tokens", 128, s) },
+      slots > 1 and (" (slot %d)"):format(s) or "")
+    if problem then error("generate: " .. problem, 2) end
   end
   local max_new = 0
   for s = 1, slots do max_new = math.max(max_new, per_slot("max_new_tokens", 128, s)) end
@@ -495,7 +538,7 @@ function Model:generate(prompts, opts)
   local out_lp = ffi.new("float[?]", R * max_new)
   local lengths, finish = ffi.new("int32_t[?]", R), ffi.new("int32_t[?]", R)
   res.tokens, res.logprobs, res.lengths, res.finish = out_tok, out_lp, lengths, finish
-  local now = require("remax.train.progress").now   -- wall clock (os.clock sums the CPU time of all threads)
+  local now = require("remax.bind.clock").now   -- wall clock (os.clock sums the CPU time of all threads)
   local t0 = now()
   local g = ffi.new("rx_generator*[1]")
   check(C.rx_generate_begin(g, self.handle, req, res), 2)
@@ -551,8 +594,8 @@ end
 -- A model with LoRA adapters writes them as PEFT does (adapter_model.safetensors,
 -- adapter_config.json; the base stays where it is); remax.bind.lora.save_merged writes it whole.
 function Model:save(dir, opts)
-  if self.lora then
-    require("remax.bind.lora").save(self, dir, opts)
+  if self.adapters then
+    self.adapters.save(self, dir, opts)
     copy_tokenizer_files(self, dir)
     return
   end

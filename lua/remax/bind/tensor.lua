@@ -193,6 +193,46 @@ function Tensor:narrow(dim, start, len)
   return M.own(out[0])
 end
 
+-- Columns starts[n] + 1 .. starts[n] + lens[n] of each row n of a [B, T] tensor, as Lua lists:
+-- the completion part of prompt .. completion rows (log-probabilities, entropies).
+function Tensor:row_spans(starts, lens)
+  local T = self:size(2)
+  local f32 = self:dtype_name() == "f32"
+  local p = f32 and ffi.cast("float*", self.data) or nil
+  local tab = not f32 and self:totable() or nil
+  local out = {}
+  for n = 1, #lens do
+    local v = {}
+    for t = 1, lens[n] do
+      local pos = starts[n] + t   -- 1-based column
+      v[t] = f32 and p[(n - 1) * T + pos - 1] or tab[n][pos]
+    end
+    out[n] = v
+  end
+  return out
+end
+
+-- The reverse of row_spans: values[n] placed from column starts[n] + 1 of row n, zeros
+-- elsewhere; a [B, T] f32 tensor, or for another dtype nested Lua lists (model:backward takes both).
+function M.from_row_spans(values, starts, B, T, dtype)
+  if dtype == "f32" then
+    local x = M.new({ B, T }, "f32")
+    local p = ffi.cast("float*", x.data)
+    for n = 1, B do
+      for t, w in ipairs(values[n]) do p[(n - 1) * T + starts[n] + t - 1] = w end
+    end
+    return x
+  end
+  local x = {}
+  for n = 1, B do
+    local r = {}
+    for t = 1, T do r[t] = 0 end
+    for t, w in ipairs(values[n]) do r[starts[n] + t] = w end
+    x[n] = r
+  end
+  return x
+end
+
 function Tensor:__tostring()
   return ("tensor(%s, [%s], %s)"):format(self:dtype_name(), table.concat(self:size(), ","), self:device_name())
 end

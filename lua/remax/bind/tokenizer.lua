@@ -120,6 +120,38 @@ function Tokenizer:special_ids()
   return out
 end
 
+-- Token ids generation stops at, without duplicates, in this order: tok's EOS (tok may be nil: a
+-- model folder without a tokenizer); with
+-- opts.chat_ends, the chat turn ends <|im_end|>, <|endoftext|>, <|eot_id|> that this tokenizer
+-- has; generation_config.json's eos_token_id in model_dir (a number or a list: Llama 3.2 Instruct
+-- also stops on <|eom_id|>); opts.names (tokens as written in tokenizer.json; one that is not a
+-- token stops with its name); opts.ids.
+function M.stop_ids(tok, model_dir, opts)
+  opts = opts or {}
+  local ids, seen = {}, {}
+  local function add(id)
+    if type(id) == "number" and not seen[id] then seen[id] = true; ids[#ids + 1] = id end
+  end
+  if tok then add(tok.eos_id) end
+  if tok and opts.chat_ends then
+    for _, s in ipairs({ "<|im_end|>", "<|endoftext|>", "<|eot_id|>" }) do add(tok:token_to_id(s)) end
+  end
+  local gen = model_dir and require("remax.bind.fs").read_text(model_dir .. "/generation_config.json")
+  if gen then
+    local ok, v = pcall(require("cjson").decode, gen)
+    if not ok or type(v) ~= "table" then error(("generate: %s/generation_config.json is not a JSON object"):format(model_dir), 0) end
+    local e = v.eos_token_id
+    if type(e) == "table" then for _, id in ipairs(e) do add(id) end else add(e) end
+  end
+  for _, s in ipairs(opts.names or {}) do
+    local id = tok and tok:token_to_id(s)
+    if not id then error(("stop: '%s' is not a token of this tokenizer"):format(s), 0) end
+    add(id)
+  end
+  for _, id in ipairs(opts.ids or {}) do add(id) end
+  return ids
+end
+
 --- How many trailing bytes of s begin a UTF-8 character that is not complete yet (0..3):
 --- a streaming decoder prints s minus those bytes and keeps them for the next token.
 function M.incomplete_utf8_tail(s)

@@ -86,33 +86,6 @@ local function id_list(s, flag)
   return ids
 end
 
-local function read_json(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local text = f:read("*a")
-  f:close()
-  local ok, v = pcall(require("cjson").decode, text)
-  if not ok or type(v) ~= "table" then error(("generate: %s is not a JSON object"):format(path), 0) end
-  return v
-end
-
--- Stop ids: the tokenizer's eos, generation_config.json's eos_token_id (a number or a list),
--- and --stop; without duplicates.
-function M.stop_ids(dir, tok, extra)
-  local ids, seen = {}, {}
-  local function add(id)
-    if type(id) == "number" and not seen[id] then seen[id] = true; ids[#ids + 1] = id end
-  end
-  if tok then add(tok.eos_id) end
-  local gen = read_json(dir .. "/generation_config.json")
-  if gen then
-    local e = gen.eos_token_id
-    if type(e) == "table" then for _, id in ipairs(e) do add(id) end else add(e) end
-  end
-  for _, id in ipairs(extra or {}) do add(id) end
-  return ids
-end
-
 -- Prints tokens as they come: decodes everything generated so far and writes what is new,
 -- holding back bytes that begin a UTF-8 character not yet complete.
 local function streamer(tok, out)
@@ -169,7 +142,7 @@ function M.main(...)
     prompt = remax.chat.encode_text(tok, o.prompt, false)
   end
   local model = plain(remax.model.load, dir, { weight_dtype = o.dtype })
-  local stop = M.stop_ids(dir, tok, o.stop and id_list(o.stop, "--stop") or nil)
+  local stop = remax.tokenizer.stop_ids(tok, dir, { ids = o.stop and id_list(o.stop, "--stop") or nil })
 
   local function per_row(v)   -- one entry per row: n rows of the one prompt
     local l = {}

@@ -190,8 +190,8 @@ function M.main(cmd, ...)
   elseif cmd == "test" then
     return M.test(...)
   elseif cmd == "version" or cmd == "--version" then
-    local C = require("remax.bind.ffi").C
-    print(("remax %s (OpenBLAS kernels: %s)"):format(require("remax").version(), require("ffi").string(C.rx_blas_core())))
+    local remax = require("remax")
+    print(("remax %s (OpenBLAS kernels: %s)"):format(remax.version(), remax.blas_core()))
     return 0
   end
   io.stderr:write(("remax: unknown command '%s'\n\n"):format(cmd), usage)

@@ -19,6 +19,7 @@ M.groups = {
       unavailable = { bf16 = "the CPU trains in f32: bf16 compute needs the CUDA backend (bf16 checkpoints load converted to f32, so leave --dtype at f32; frozen copies, such as the KL reference, keep bf16 weights with --frozen_dtype bf16 or auto)",
         f16 = "f16 compute is not supported; the CPU computes in f32",
         f64 = "f64 is for the engine's gradient checks, not training; use f32" } },
+    { "device", "cpu", "enum:cpu|cuda", "where the model trains: cpu, or cuda (an NVIDIA GPU; needs remax built with CUDA and a trainer path that runs there)" },
     { "frozen_dtype", "auto", "enum:auto|f32|bf16", "storage of the weights of frozen copies: the KL reference model, the base under LoRA adapters, the model of remax eval; bf16 halves their memory (compute stays f32); auto = bf16 when the checkpoint stores its weight matrices in bf16 (nothing lost), else f32" },
     { "data", nil, "string", "training data, JSONL or JSON array; default: fresh synthetic GSM8K-style problems" },
     { "eval_data", nil, "string", "held-out data; default: the synthetic test split (or none with --data)" },
@@ -346,7 +347,42 @@ function M.resolve(recipe, overrides, opts)
     end
   end
   M.validate(cfg)
+  M.derive(cfg)
   return cfg
+end
+
+-- Settings derived from the others, decided here once (and again by M.derive when a hot reload
+-- changes a setting they depend on). The trainer reads these and never re-tests their inputs:
+--   kl_mode          "none" (beta = 0, or sft), "k3" (a per-token KL estimate in the loss) or "k1"
+--                    (the log-ratio folded into the reward)
+--   needs_reference  whether the frozen reference model is loaded (kl_mode ~= "none")
+--   sampling         the generation plan of a step (remax.train.rollout.plan): num_generations
+--                    sampled rows at temperature, plus the greedy row with generate_greedy
+--   aggregation      how token losses are averaged: loss_type's (TRL's names), else loss_agg_mode
+--   skip_zero_rows   rows whose advantage is 0 skip the forward and backward: only when the
+--                    advantage is all that reaches the loss (no KL, entropy mask or bonus) and
+--                    skip_zero_advantage is on
+-- They are fields of cfg outside M.order: config.json and --help show the settings, not these.
+function M.derive(cfg)
+  local rl = cfg.algo ~= "sft"
+  cfg.kl_mode = (rl and cfg.beta > 0) and cfg.kl_estimator or "none"
+  cfg.needs_reference = cfg.kl_mode ~= "none"
+  cfg.sampling = require("remax.train.rollout").plan(cfg.num_generations, cfg.generate_greedy, cfg.temperature)
+  cfg.aggregation = cfg.loss_type and require("remax.train.algos").loss_types[cfg.loss_type] or cfg.loss_agg_mode
+  cfg.skip_zero_rows = rl and cfg.beta == 0 and cfg.skip_zero_advantage and cfg.top_entropy_quantile >= 1
+    and cfg.entropy_coef == 0
+  M.check_device(cfg.device)
+  return cfg
+end
+
+-- device = cuda is refused, saying why, until the trainer runs there (the engine's CUDA ops do;
+-- the training path is CPU-only): a typo never falls back to the CPU (the enum catches it).
+function M.check_device(device)
+  if device ~= "cuda" then return end
+  local built = require("remax.bind.tensor").has_cuda()
+  error(("config: device = cuda: %s; use device = cpu"):format(built
+    and "the trainer does not run on CUDA yet (the engine's CUDA ops exist; the training path is CPU-only so far)"
+    or "this remax has no CUDA device or was built without CUDA (rebuild where the CUDA toolkit is found)"), 0)
 end
 
 -- Cross-key checks.
@@ -368,8 +404,9 @@ function M.validate(cfg)
   if cfg.max_prompt_length < 1 then bad("max_prompt_length must be >= 1") end
   if cfg.reward_timeout < 0 then bad("reward_timeout must be >= 0 (0: no limit)") end
   if cfg.warmup_ratio < 0 or cfg.warmup_ratio > 1 then bad("warmup_ratio must be in [0, 1]") end
-  if cfg.temperature < 0 then bad("temperature must be >= 0") end
-  if cfg.top_p <= 0 or cfg.top_p > 1 then bad("top_p must be in (0, 1]") end
+  local sampling = require("remax.bind.model").sampling_problem({ temperature = cfg.temperature, top_p = cfg.top_p,
+    top_k = cfg.top_k })
+  if sampling then bad(sampling) end
   if cfg.beta < 0 then bad("beta must be >= 0") end
   if cfg.num_iterations < 1 then bad("num_iterations must be >= 1") end
   if cfg.epsilon < 0 then bad("epsilon must be >= 0") end

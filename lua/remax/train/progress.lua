@@ -5,50 +5,15 @@
 --   progress:update(step, { reward = 0.41, kl = 0.002, tokens_per_s = 5300 })
 --   progress:log("saved checkpoints/step-50")     -- printed above the live line
 --   progress:finish()
-local ffi = require("ffi")
-
-for _, decl in ipairs({
-  "int isatty(int fd);",
-  "struct rx_progress_timespec { int64_t tv_sec; long tv_nsec; };",
-  "int clock_gettime(int clk_id, void *tp);",
-  "struct rx_progress_winsize { unsigned short ws_row, ws_col, ws_xpixel, ws_ypixel; };",
-  "int ioctl(int fd, unsigned long request, ...);",
-}) do pcall(ffi.cdef, decl) end
+local fs = require("remax.bind.fs")
 
 local M = {}
 local Progress = {}
 Progress.__index = Progress
 M.Progress = Progress
 
--- Wall-clock seconds from CLOCK_MONOTONIC (os.clock counts CPU time of all threads).
--- (ts goes as void*: another module may have declared clock_gettime with its own struct type)
-local ts = ffi.new("struct rx_progress_timespec")
-local tsp = ffi.cast("void *", ts)
-local monotonic = ffi.os == "Linux" and pcall(function() return ffi.C.clock_gettime(1, tsp) end)
-function M.now()
-  if monotonic and ffi.C.clock_gettime(1, tsp) == 0 then
-    return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-  end
-  return os.time()
-end
-
-local function is_tty(fd)
-  if os.getenv("TERM") == "dumb" then return false end
-  local ok, r = pcall(function() return ffi.C.isatty(fd) end)
-  return ok and r == 1
-end
-M.is_tty = is_tty
-
-local function columns(fd)
-  local env = tonumber(os.getenv("COLUMNS") or "")
-  if env and env > 0 then return env end
-  if ffi.os == "Linux" then
-    local ws = ffi.new("struct rx_progress_winsize")
-    local ok, r = pcall(function() return ffi.C.ioctl(fd, 0x5413, ws) end)   -- TIOCGWINSZ
-    if ok and r == 0 and ws.ws_col > 0 then return ws.ws_col end
-  end
-  return 100
-end
+local now = require("remax.bind.clock").now
+local is_tty, columns = fs.is_tty, fs.columns
 
 -- 75 -> "01:15", 3725 -> "1:02:05".
 function M.duration(s)
@@ -74,7 +39,7 @@ function M.new(opts)
   local fd = (out == io.stderr) and 2 or 1
   local tty = opts.tty
   if tty == nil then tty = (out == io.stdout or out == io.stderr) and is_tty(fd) end
-  local clock = opts.clock or M.now
+  local clock = opts.clock or now
   return setmetatable({
     total = opts.total, label = opts.label or "remax", out = out, tty = tty, fd = fd,
     clock = clock, t0 = clock(), start_step = opts.start_step, line = nil,

@@ -179,9 +179,8 @@ end
 
 ---------------------------------------------------------------------------- reward_timeout
 
--- Monotonic seconds (remax.progress declares clock_gettime with a void* argument, so that the
--- other modules' declarations of it keep working).
-M.clock = require("remax.train.progress").now
+-- Monotonic seconds (a field, so a test can stand in a clock of its own).
+M.clock = require("remax.bind.clock").now
 
 local TIMEOUT = setmetatable({}, { __tostring = function() return "reward_timeout" end })
 M.TIMEOUT = TIMEOUT

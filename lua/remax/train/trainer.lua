@@ -10,7 +10,6 @@
 -- A recipe can drive the steps itself with the same pieces:
 --   local rows = t:next_batch(); local ro = t:rollout(rows); local sc = t:score(ro)
 --   local adv = t:advantage(sc); local m = t:update(adv); t:finish_step(m)
-local ffi = require("ffi")
 local remax = require("remax")
 local config = require("remax.train.config")
 local algos = require("remax.train.algos")
@@ -22,6 +21,7 @@ local tensor = require("remax.bind.tensor")
 local optim = require("remax.bind.optim")
 local dist = require("remax.bind.dist")
 local fit = require("remax.train.fit")
+local rollout = require("remax.train.rollout")
 
 local M = {}
 local Trainer = {}
@@ -32,14 +32,7 @@ M.DEFAULT_MODEL = "models/tiny-gsm8k"
 
 ---------------------------------------------------------------------------- small helpers
 
-pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } rx_trainer_timespec;" ..
-  "int clock_gettime(int clk_id, rx_trainer_timespec *tp);")
-local ts = ffi.new("rx_trainer_timespec")
-local function now()
-  if pcall(ffi.C.clock_gettime, 1, ts) then return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end
-  return os.time()
-end
-M.now = now
+local now = require("remax.bind.clock").now
 
 local fs = require("remax.bind.fs")
 local file_exists, read_file, mkdir = fs.exists, fs.read_text, fs.mkdir_p
@@ -195,25 +188,6 @@ function Trainer:open_run()
   end
 end
 
-function Trainer:stop_ids()
-  local ids, seen = {}, {}
-  local function add(id)
-    if id and not seen[id] then seen[id] = true; ids[#ids + 1] = id end
-  end
-  add(self.tok.eos_id)
-  for _, s in ipairs({ "<|im_end|>", "<|endoftext|>", "<|eot_id|>" }) do add(self.tok:token_to_id(s)) end
-  -- generation_config.json's eos_token_id (Llama 3.2 Instruct also stops on <|eom_id|>)
-  if self.model_source then
-    for _, id in ipairs(require("remax.cli.generate").stop_ids(self.model_source, nil)) do add(id) end
-  end
-  for _, s in ipairs(self.cfg.stop or {}) do
-    local id = self.tok:token_to_id(s)
-    if not id then error(("stop: '%s' is not a token of this tokenizer"):format(s), 0) end
-    add(id)
-  end
-  return ids
-end
-
 function Trainer:setup_model()
   local cfg = self.cfg
   local mopts = { dtype = cfg.dtype, seed = cfg.seed }
@@ -261,12 +235,12 @@ function Trainer:setup_model()
     end
     self.model.source_dir = tok_dir
   end
-  self.stop = self:stop_ids()
+  self.stop = remax.tokenizer.stop_ids(self.tok, self.model_source, { chat_ends = true, names = cfg.stop })
   if cfg.use_lora then require("remax.bind.lora").setup(self.model, cfg, self.resume_model_dir) end
   self.model_opts = mopts
   -- the frozen reference: the starting weights, loaded only when the KL term is used (with
   -- LoRA: the same model with its adapters off, no second copy)
-  if cfg.beta > 0 and cfg.algo ~= "sft" then self:load_reference() end
+  if cfg.needs_reference then self:load_reference() end
   self:resolve_template()
 end
 
@@ -440,35 +414,29 @@ function Trainer:seed_for(step) return self.cfg.seed * 1048576 + step end
 -- This rank's share (whole prompts) of the step's global batch.
 function Trainer:next_batch() return (self.dist:share(self.sampler:next_batch())) end
 
--- Generate num_generations sampled rows and (generate_greedy) one greedy row per prompt.
--- Returns {prompts = dataset rows, prompt_ids, rows = generate's rows with text, slots, G, ...}.
+-- Generate the rows of a sampling plan (default: the step's, cfg.sampling: num_generations
+-- sampled rows and, with generate_greedy, one greedy row per prompt) for prompt_rows. Returns a
+-- remax.train.rollout. opts: plan, step (the seed's step; default the next step).
 function Trainer:rollout(prompt_rows, opts)
   opts = opts or {}
   local cfg = self.cfg
   local step = opts.step or (self.step + 1)
+  local plan = opts.plan or cfg.sampling
   local prompt_ids, prompts_truncated = {}, 0
   for i, row in ipairs(prompt_rows) do
     local ids, _, before = self:encode_prompt(row.prompt)
     prompt_ids[i] = ids
     if before then prompts_truncated = prompts_truncated + 1 end
   end
-  local G = opts.greedy_only and 0 or (opts.num_generations or cfg.num_generations)
-  local temps = {}
-  for s = 1, G do temps[s] = cfg.temperature end
-  local greedy = opts.greedy_only or opts.with_greedy or cfg.generate_greedy
-  if greedy then temps[#temps + 1] = 0 end
   local t0 = now()
   local out = self.model:generate(prompt_ids, {
-    max_new_tokens = cfg.max_completion_length, temperature = temps, top_p = cfg.top_p, top_k = cfg.top_k,
+    max_new_tokens = cfg.max_completion_length, temperature = plan.temperatures, top_p = cfg.top_p, top_k = cfg.top_k,
     stop = self.stop, seed = self:seed_for(step),
   })
   local seconds = now() - t0
-  for _, r in ipairs(out.rows) do
-    r.text = self.tok:decode(r.tokens, { skip_special_tokens = true })
-    r.greedy = greedy and r.slot == #temps
-  end
-  return { prompts = prompt_rows, prompt_ids = prompt_ids, prompts_truncated = prompts_truncated, rows = out.rows, slots = #temps, G = G,
-    greedy = greedy, tokens_generated = out.tokens_generated, time_generate = seconds, step = step }
+  for _, r in ipairs(out.rows) do r.text = self.tok:decode(r.tokens, { skip_special_tokens = true }) end
+  return rollout.new(plan, { prompts = prompt_rows, prompt_ids = prompt_ids, prompts_truncated = prompts_truncated,
+    rows = out.rows, tokens_generated = out.tokens_generated, time_generate = seconds, step = step })
 end
 
 -- Score every row with every reward. Adds per-row total and per-reward scores. With more than
@@ -476,23 +444,8 @@ end
 -- finished step); opts.alone scores without asking the other ranks (evaluation).
 function Trainer:score(ro, opts)
   local t0 = now()
-  local rows, completions, expanded = ro.rows, {}, {}
-  for k, r in ipairs(rows) do
-    completions[k] = r.text
-    expanded[k] = ro.prompts[r.prompt]
-  end
-  local batch = data.collate(expanded)
-  batch.prompt_ids, batch.completion_ids, batch.greedy, batch.finish = {}, {}, {}, {}
-  for k, r in ipairs(rows) do
-    batch.prompt_ids[k] = ro.prompt_ids[r.prompt]
-    batch.completion_ids[k] = r.tokens
-    batch.greedy[k] = r.greedy
-    batch.finish[k] = r.finish
-    if type(expanded[k].prompt) == "table" then   -- conversational data: the reply as messages too
-      batch.completion_messages = batch.completion_messages or {}
-      batch.completion_messages[k] = { { role = "assistant", content = r.text } }
-    end
-  end
+  local rows = ro.rows
+  local completions, batch = ro:reward_inputs(data.collate)
   local per, total, unscored, none
   if self.dist.size == 1 or (opts and opts.alone) then
     per, total, unscored, none = rewards.score(self.rewards, self.cfg.reward_weights, completions, batch, {
@@ -548,15 +501,7 @@ end
 
 -- Policy (and reference) log-probabilities of the completion tokens of rows, without gradients.
 function Trainer:row_logprobs(model, ro, which)
-  local seqs, lens, starts = {}, {}, {}
-  for n, k in ipairs(which) do
-    local r = ro.rows[k]
-    local p = ro.prompt_ids[r.prompt]
-    local s = {}
-    for i = 1, #p do s[i] = p[i] end
-    for i = 1, #r.tokens do s[#p + i] = r.tokens[i] end
-    seqs[n], lens[n], starts[n] = s, #r.tokens, #p
-  end
+  local seqs, lens, starts = ro:sequences(which)
   local lp = model:logprobs(seqs):totable()
   local out = {}
   for n = 1, #which do
@@ -571,10 +516,9 @@ end
 -- no reward scored enter as NaN: no baseline uses them and their advantage is 0 (as in TRL).
 function Trainer:advantage(ro)
   local cfg = self.cfg
-  local S, G = ro.slots, ro.G
   local reward = {}
   for k = 1, #ro.rows do reward[k] = (ro.none and ro.none[k]) and 0 / 0 or ro.total[k] end
-  if cfg.beta > 0 and cfg.kl_estimator == "k1" then
+  if cfg.kl_mode == "k1" then
     local all = {}
     for k = 1, #ro.rows do all[k] = k end
     local lp = self:row_logprobs(self.model, ro, all)
@@ -587,13 +531,7 @@ function Trainer:advantage(ro)
     end
   end
   ro.reward = reward
-  local groups = {}
-  for i = 1, #ro.prompts do
-    local g = { samples = {} }
-    for s = 1, G do g.samples[s] = reward[(i - 1) * S + s] end
-    if ro.greedy then g.greedy = reward[(i - 1) * S + S] end
-    groups[i] = g
-  end
+  local groups = ro:grouped(reward)
   local kind = self.advantage_fn or cfg.advantage or cfg.algo
   local aopts = {
     clip = cfg.advantage_clip, scale_rewards = cfg.scale_rewards, baseline = cfg.reinforce_baseline,
@@ -602,17 +540,7 @@ function Trainer:advantage(ro)
   local adv, state
   if cfg.multi_objective_aggregation == "normalize_then_sum" and kind == "grpo" then
     local per = {}
-    for k, rw in ipairs(self.rewards) do
-      local scores = ro.per[rw.name]
-      per[k] = {}
-      for i = 1, #ro.prompts do
-        per[k][i] = {}
-        for s = 1, G do
-          local v = scores[(i - 1) * S + s]
-          per[k][i][s] = v == nil and 0 / 0 or v
-        end
-      end
-    end
+    for k, rw in ipairs(self.rewards) do per[k] = ro:sample_table(ro.per[rw.name]) end
     adv = algos.normalize_then_sum(per, cfg.reward_weights)
     local c = cfg.advantage_clip or 0
     if c > 0 then
@@ -623,27 +551,6 @@ function Trainer:advantage(ro)
   end
   ro.groups, ro.adv, ro.new_baseline_state = groups, adv, state
   return ro
-end
-
--- Training rows of a rollout: each sampled row as {prompt = i, prompt_ids, completion, adv = A,
--- masked = true when mask_truncated_completions leaves it out of the loss}.
-local function train_rows(ro, cfg)
-  local list = {}
-  for k, r in ipairs(ro.rows) do
-    if not r.greedy then
-      local p = ro.prompt_ids[r.prompt]
-      list[#list + 1] = { prompt = r.prompt, prompt_ids = p, completion = r.tokens,
-        adv = ro.adv and ro.adv[r.prompt][r.slot] or 1, key = k,
-        masked = (cfg.mask_truncated_completions and r.finish == "length") or nil }
-    end
-  end
-  return list
-end
-
--- The aggregation of token losses: loss_type's (TRL's names) or loss_agg_mode.
-function Trainer:aggregation()
-  local lt = self.cfg.loss_type
-  return lt and algos.loss_types[lt] or self.cfg.loss_agg_mode
 end
 
 -- prompt .. completion token lists of rows, and where each completion starts.
@@ -660,20 +567,9 @@ end
 
 -- The completion part of each row of a [B, T] tensor (logprobs, entropies) as Lua lists.
 local function completion_values(x, rows, starts)
-  local T = x:size(2)
-  local f32 = x:dtype_name() == "f32"
-  local p = f32 and ffi.cast("float*", x.data) or nil
-  local tab = not f32 and x:totable() or nil
-  local out = {}
-  for n, row in ipairs(rows) do
-    local v = {}
-    for t = 1, #row.completion do
-      local pos = starts[n] + t   -- 1-based column of completion token t
-      v[t] = f32 and p[(n - 1) * T + pos - 1] or tab[n][pos]
-    end
-    out[n] = v
-  end
-  return out
+  local lens = {}
+  for n, row in ipairs(rows) do lens[n] = #row.completion end
+  return x:row_spans(starts, lens)
 end
 
 -- The log-probabilities of rows under the current weights, from a forward that computes what
@@ -693,7 +589,7 @@ function Trainer:micro_step(rows, totals, chunk)
   chunk = chunk or {}
   local seqs, starts = row_seqs(rows)
   local sft = cfg.algo == "sft"
-  local use_ref = self.ref and cfg.kl_estimator == "k3" and not sft
+  local use_ref = cfg.kl_mode == "k3"
   -- the reference first: with LoRA it is the policy's own model, whose last forward before the
   -- backward must be the training one
   local refs
@@ -729,7 +625,7 @@ function Trainer:micro_step(rows, totals, chunk)
     end
   end
   local weights, stats = algos.token_weights(parts, {
-    beta = sft and 0 or cfg.beta, kl = cfg.kl_estimator, agg = self:aggregation(),
+    beta = cfg.kl_mode == "none" and 0 or cfg.beta, kl = cfg.kl_estimator, agg = cfg.aggregation,
     num_rows = totals.rows, num_tokens = totals.tokens, max_length = cfg.max_completion_length,
     chunk_tokens = chunk.tokens, chunks = totals.chunks,
     epsilon = cfg.epsilon, epsilon_high = cfg.epsilon_high, delta = cfg.delta, level = cfg.importance_sampling_level,
@@ -741,52 +637,12 @@ function Trainer:micro_step(rows, totals, chunk)
     for n, row in ipairs(rows) do masked[n] = row.masked end
     local bonus
     dent, bonus = algos.entropy_bonus(ents, { coef = cfg.entropy_coef, masks = masks, masked = masked,
-      agg = self:aggregation(), num_tokens = totals.tokens, chunks = totals.chunks })
+      agg = cfg.aggregation, num_tokens = totals.tokens, chunks = totals.chunks })
     stats.loss = stats.loss + bonus
   end
-  self.model:backward(M.completion_tensor(weights, starts, B, T, logp:dtype_name()),
-    dent and M.completion_tensor(dent, starts, B, T, logp:dtype_name()) or nil)
+  self.model:backward(tensor.from_row_spans(weights, starts, B, T, logp:dtype_name()),
+    dent and tensor.from_row_spans(dent, starts, B, T, logp:dtype_name()) or nil)
   return stats
-end
-
--- Gradient accumulation: each micro-batch's gradient is computed from zero and then added to
--- the sum of the earlier ones (G1 + G2 + ...), so one process with two micro-batches and two
--- ranks with one each (summed by the all-reduce) give the same bits. hold_grads moves the sum so
--- far aside (one gradient-sized buffer, made once) and zeroes the gradients.
-function Trainer:hold_grads()
-  local grads = self.model:trainable_grads()
-  if not self.held then
-    self.held = {}
-    for i, g in ipairs(grads) do self.held[i] = tensor.new(g:size(), g:dtype_name()) end
-  end
-  for i, g in ipairs(grads) do self.held[i]:copy_(g) end
-  self.model:zero_grad()
-end
-
-function Trainer:add_held_grads()
-  local rx = require("remax.bind.ffi")
-  for i, g in ipairs(self.model:trainable_grads()) do rx.check(rx.C.rx_add(g, g, self.held[i])) end
-end
-
--- Per-row completion values (weights) placed at their columns of a [B, T] tensor (zeros
--- elsewhere), as model:backward takes them.
-function M.completion_tensor(values, starts, B, T, dtype)
-  if dtype == "f32" then
-    local x = tensor.new({ B, T }, "f32")
-    local p = ffi.cast("float*", x.data)
-    for n = 1, B do
-      for t, w in ipairs(values[n]) do p[(n - 1) * T + starts[n] + t - 1] = w end
-    end
-    return x
-  end
-  local x = {}
-  for n = 1, B do
-    local r = {}
-    for t = 1, T do r[t] = 0 end
-    for t, w in ipairs(values[n]) do r[starts[n] + t] = w end
-    x[n] = r
-  end
-  return x
 end
 
 -- Micro-batches of whole prompts, per_device_train_batch_size of them each: a prompt's rows
@@ -796,8 +652,7 @@ end
 -- trains) rows whose advantage is exactly 0 (no gradient); both still count in the averages.
 function Trainer:micro_batches(rows)
   local cfg = self.cfg
-  local skip = cfg.algo ~= "sft" and cfg.beta == 0 and cfg.skip_zero_advantage and cfg.top_entropy_quantile >= 1
-    and cfg.entropy_coef == 0
+  local skip = cfg.skip_zero_rows
   local by_prompt, order = {}, {}
   for _, r in ipairs(rows) do
     if not by_prompt[r.prompt] then by_prompt[r.prompt] = {}; order[#order + 1] = r.prompt end
@@ -821,7 +676,7 @@ end
 function Trainer:update(ro)
   local cfg = self.cfg
   local t0 = now()
-  local rows = ro.train_rows or train_rows(ro, cfg)
+  local rows = ro.train_rows or ro:training_rows(cfg.mask_truncated_completions)
   local chunks = self:micro_batches(rows)
   local totals = { rows = #rows, tokens = 0, chunks = #chunks }
   for _, r in ipairs(rows) do if not r.masked then totals.tokens = totals.tokens + #r.completion end end
@@ -840,9 +695,9 @@ function Trainer:update(ro)
     local earlier = false
     for _, c in ipairs(chunks) do
       if #c.rows > 0 then
-        if earlier then self:hold_grads() end
+        if earlier then self.model:hold_grads() end
         local st = self:micro_step(c.rows, totals, c)
-        if earlier then self:add_held_grads() end
+        if earlier then self.model:add_held_grads() end
         earlier = true
         loss, kl_sum, tokens = loss + st.loss, kl_sum + st.kl_sum, tokens + st.tokens
         ent_sum, ent_n = ent_sum + st.entropy_sum, ent_n + st.entropy_n
@@ -1005,7 +860,7 @@ function Trainer:finish_step(m, ro)
       local per = {}
       for _, rw in ipairs(self.rewards) do per[rw.name] = ro.per[rw.name][k] end
       list[#list + 1] = { step = self.step, prompt = ro.prompts[r.prompt].prompt, completion = r.text,
-        reward = ro.total[k], rewards = per, advantage = (not r.greedy and ro.adv) and ro.adv[r.prompt][r.slot] or nil,
+        reward = ro.total[k], rewards = per, advantage = ro:advantage(k),
         greedy = r.greedy and true or false }
     end
     self.run:log_completions(self.step, list)
@@ -1060,8 +915,7 @@ function Trainer:evaluate(opts)
   for first = lo, hi, bs do
     local chunk = {}
     for i = first, math.min(hi, first + bs - 1) do chunk[#chunk + 1] = rows[i] end
-    local ro = K > 0 and self:rollout(chunk, { num_generations = K, with_greedy = true, step = 0 })
-      or self:rollout(chunk, { greedy_only = true, step = 0 })
+    local ro = self:rollout(chunk, { plan = rollout.plan(K, true, cfg.temperature), step = 0 })
     self:score(ro, { alone = true })
     local prompt_right, prompt_greedy = {}, {}
     for k, r in ipairs(ro.rows) do
@@ -1253,7 +1107,12 @@ function Trainer:reload_recipe()
       ignored[#ignored + 1] = k
     end
   end
-  if cfg.beta > 0 and not self.ref and self.cfg.algo ~= "sft" then
+  local old_beta = self.cfg.beta
+  for _, k in ipairs(config.order) do
+    if config.keys[k].hot then self.cfg[k] = cfg[k] end
+  end
+  config.derive(self.cfg)   -- the KL mode, sampling plan, ... of the new hot values
+  if self.cfg.needs_reference and not self.ref then
     -- the KL term needs the frozen reference model, which a run started with beta = 0 lacks
     local ok, err = pcall(self.load_reference, self)
     if ok then
@@ -1261,12 +1120,10 @@ function Trainer:reload_recipe()
         self.model_source or "the fresh model's initial weights"))
     else
       say(self, ("hot reload: beta = %s needs the reference model, which failed to load (%s); keeping beta = %s")
-        :format(tostring(cfg.beta), tostring(err), tostring(self.cfg.beta)))
-      cfg.beta = self.cfg.beta
+        :format(tostring(cfg.beta), tostring(err), tostring(old_beta)))
+      self.cfg.beta = old_beta
+      config.derive(self.cfg)
     end
-  end
-  for _, k in ipairs(config.order) do
-    if config.keys[k].hot then self.cfg[k] = cfg[k] end
   end
   self.cfg.rewards = cfg.rewards
   self.rewards = list
@@ -1297,7 +1154,7 @@ function Trainer:train_step()
     self:score(ro)
     self:advantage(ro)
     local up = self:update(ro)
-    ro = self.dist:gather_rollout(ro)   -- rank 0: the whole step's rows, for metrics and logs
+    ro = ro:gather(self.dist)   -- rank 0: the whole step's rows, for metrics and logs
     m = self:rl_metrics(ro, up)
     m.loss, m.grad_norm, m.lr, m.time_train = up.loss, up.grad_norm, up.lr, up.time_train
     if not up.finite then m.skipped = true end
@@ -1309,15 +1166,13 @@ function Trainer:train_step()
   return m
 end
 
-local function signal_pending()
-  local ok, v = pcall(function() return require("remax.bind.ffi").C.rx_signal_pending() end)
-  return ok and v ~= 0
-end
+local signals = require("remax.bind.signals")
+local signal_pending = signals.pending
 
 -- The whole run: evaluation before, steps (or the recipe's loop), evaluation after, checkpoint.
 function Trainer:train(loop)
   local cfg = self.cfg
-  if self.opts.signals ~= false then pcall(function() require("remax.bind.ffi").C.rx_signal_install() end) end
+  if self.opts.signals ~= false then signals.install() end
   local okp, progress_mod = pcall(require, "remax.train.progress")
   if okp and not self.quiet then
     self.progress = progress_mod.new({ total = cfg.max_steps, label = self.run_name })
@@ -1352,7 +1207,7 @@ function Trainer:train(loop)
     self:draw_plots()
     if self.progress then self.progress:finish() end
     say(self, ("interrupted at step %d; resume with: --resume %s"):format(self.step, self.run_dir))
-    pcall(function() require("remax.bind.ffi").C.rx_signal_clear() end)
+    signals.clear()
     return { interrupted = true, step = self.step, run_dir = self.run_dir, plot_error = self.plot_error }
   end
   local after = self.last_eval
