@@ -40,6 +40,7 @@ for _, decl in ipairs({
   "int kill(int pid, int sig);",
   "int waitpid(int pid, int *status, int options);",
   "char *strerror(int errnum);",
+  "int getpid(void);",
   "int socket(int domain, int type, int protocol);",
   "int connect(int fd, const void *addr, uint32_t len);",
   "int getsockopt(int fd, int level, int name, void *value, uint32_t *len);",
@@ -59,7 +60,9 @@ local POSIX_SPAWN_SETPGROUP, POSIX_SPAWN_SETSIGDEF = 2, 4
 local AF_UNSPEC, SOCK_STREAM, SOCK_CLOEXEC, SOCK_NONBLOCK = 0, 1, 0x80000, 0x800
 local SOL_SOCKET, SO_ERROR, MSG_NOSIGNAL = 1, 4, 0x4000
 
-M.now = require("remax.train.progress").now
+M.now = require("remax.bind.clock").now
+
+function M.pid() return C.getpid() end
 
 function M.sleep(seconds) C.poll(nil, 0, math.max(0, math.floor(seconds * 1000 + 0.5))) end
 

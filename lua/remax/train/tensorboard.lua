@@ -99,15 +99,7 @@ end
 local Writer = {}
 Writer.__index = Writer
 
--- Wall-clock seconds with a fraction (CLOCK_REALTIME; os.time() has whole seconds only).
-pcall(ffi.cdef, "int clock_gettime(int clk_id, void *tp);")
-pcall(ffi.cdef, "struct rx_tb_timespec { int64_t tv_sec; long tv_nsec; };")
-local ts = ffi.new("struct rx_tb_timespec")
-local function now()
-  local ok, r = pcall(function() return ffi.C.clock_gettime(0, ffi.cast("void *", ts)) end)
-  if ok and r == 0 then return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end
-  return os.time()
-end
+local now = require("remax.bind.clock").wall
 
 local function hostname()
   local f = io.open("/proc/sys/kernel/hostname", "rb")
@@ -122,11 +114,7 @@ function M.open(dir, opts)
   opts = opts or {}
   require("remax.bind.fs").mkdir_p(dir)
   local t = os.time()
-  local pid = 0
-  pcall(function()
-    pcall(ffi.cdef, "int getpid(void);")
-    pid = ffi.C.getpid()
-  end)
+  local pid = require("remax.bind.ipc").pid()
   local path = ("%s/events.out.tfevents.%d.%s.%d.remax"):format(dir, t, hostname(), pid)
   local k = 1
   while io.open(path, "rb") do   -- two writers in one second (a test, a quick restart)
