@@ -183,6 +183,30 @@ def reward(completions, **kw):
     r.close()
   end)
 
+  it("scores with every worker at once: two 2-second workers take about 2 seconds, not 4", function()
+    local d = dir()
+    write(d .. "/nap.py", [==[
+import time
+def reward(completions, **kw):
+    if completions[0] == "slow":
+        time.sleep(2)
+    return [1.0] * len(completions)
+def other(completions, **kw):
+    return reward(completions) if completions[0] != "slow" else [time.sleep(2) or 2.0] * len(completions)
+]==])
+    local list = rewards.load_all({ "py:" .. d .. "/nap.py", "py:" .. d .. "/nap.py:other" }, {})
+    rewards.score(list, nil, { "fast" }, { prompt = { "p" } }, { timeout = 60 })   -- both workers started
+    local now = require("remax.bind.clock").now
+    local t0 = now()
+    local per, total = rewards.score(list, { 1, 0.5 }, { "slow", "slow" }, { prompt = { "p", "q" } }, { timeout = 60 })
+    local seconds = now() - t0
+    assert.are.same({ 1, 1 }, per.nap)
+    assert.are.same({ 2, 2 }, per.other)
+    assert.are.same({ 2, 2 }, total)
+    assert.is_true(seconds >= 2 and seconds < 3.6, ("took %.2f s"):format(seconds))
+    for _, r in ipairs(list) do r.close() end
+  end)
+
   it("runs a cmd: program speaking the JSON-lines protocol, and names a malformed answer", function()
     local d = dir()
     write(d .. "/echo_len.py", [==[
@@ -283,12 +307,26 @@ def reward(completions, completion_ids, **kw):
     local m = t:train_step()
     assert.is_number(m["reward/lower"])
     assert.is_true(m["reward/lower"] >= 0 and m["reward/lower"] <= 1)
+    -- hot reload: an edited file starts a new worker with the new code
+    t:snapshot_watch()
+    local old_worker = t.rewards[1]
+    write(d .. "/lower.py", ([[
+import os
+def reward(completions, **kw):
+    if os.path.exists(%q):
+        raise RuntimeError("judge unavailable")
+    return [0.25] * len(completions)
+]]):format(d .. "/broken"))
+    assert.are.equal(1, t:check_reload())
+    assert.is_nil(old_worker.impl.proc)   -- the old worker is stopped
+    m = t:train_step()
+    assert.are.equal(0.25, m["reward/lower"])
     write(d .. "/broken", "")
     local err = capture_error(t.train_step, t)
-    assert.matches("reward 'lower' (py:" .. d .. "/lower.py) at step 2", err, 1, true)
+    assert.matches("reward 'lower' (py:" .. d .. "/lower.py) at step 3", err, 1, true)
     assert.matches("RuntimeError: judge unavailable", err, 1, true)
     local _, step = t.run:latest_checkpoint()
-    assert.are.equal(1, step)
+    assert.are.equal(2, step)
     t.rewards[1].close()
   end)
 end)

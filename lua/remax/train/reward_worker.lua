@@ -155,22 +155,39 @@ function Worker:stop()
   if self.proc then self.proc:close(0.2); self.proc = nil end
 end
 
--- One batch: the scores. timeout: seconds (nil or 0: no limit).
-function Worker:call(completions, batch, opts)
-  local timeout = opts and opts.timeout
-  local req = request_json(completions, batch, opts and opts.step) .. "\n"
+-- Sends a batch without waiting for the answer (receive reads it), so the worker scores while
+-- the other rewards run. Never raises: what goes wrong is raised by receive.
+function Worker:send(completions, batch, opts)
+  if self.pending then pcall(self.receive, self) end   -- an answer nobody read (an earlier reward failed)
+  local p = { key = completions, n = #completions, timeout = opts and opts.timeout }
+  self.pending = p
+  local ok, err = pcall(function()
+    p.req = request_json(completions, batch, opts and opts.step) .. "\n"
+    self:transmit(p)
+  end)
+  if not ok then p.error = err end
+end
+
+function Worker:transmit(p)
+  if not self.proc then self:start() end   -- starting has its own limit (START_TIMEOUT)
+  p.deadline = p.timeout and p.timeout > 0 and (ipc.now() + p.timeout) or nil
+  p.sent, p.why = self.proc:write(p.req, p.deadline)
+end
+
+-- The scores of the batch sent last.
+function Worker:receive()
+  local p = self.pending
+  self.pending = nil
+  if p.error then error(p.error, 0) end
   while true do
-    if not self.proc then self:start() end   -- starting has its own limit (START_TIMEOUT)
-    local deadline = timeout and timeout > 0 and (ipc.now() + timeout) or nil
-    local ok, why = self.proc:write(req, deadline)
-    local line
-    if ok then line, why = self.proc:read_line(deadline) end
-    if line then return parse_answer(line, #completions) end
+    local line, why = nil, p.why
+    if p.sent then line, why = self.proc:read_line(p.deadline) end
+    if line then return parse_answer(line, p.n) end
     if why == "timeout" then
       self.proc:kill()
       self:stop()
       error(("took over reward_timeout = %g s scoring %d completions (the worker is stopped; make it faster, or raise reward_timeout, 0: no limit)")
-        :format(timeout, #completions), 0)
+        :format(p.timeout, p.n), 0)
     end
     -- the worker closed its end: it died
     self.proc:wait(1)
@@ -182,7 +199,15 @@ function Worker:call(completions, batch, opts)
     end
     self.restarts = self.restarts + 1
     io.stderr:write(("reward '%s': the worker died (%s); starting it again (once per run)\n"):format(self.name, exit))
+    self:transmit(p)
   end
+end
+
+-- One batch: the scores (the answer to an earlier send of the same completions, when there is one).
+-- opts.timeout: seconds (nil or 0: no limit); opts.step goes into the request.
+function Worker:call(completions, batch, opts)
+  if not (self.pending and self.pending.key == completions) then self:send(completions, batch, opts) end
+  return self:receive()
 end
 
 ---------------------------------------------------------------------------------------------
@@ -215,18 +240,28 @@ local function dechunk(body)
   return table.concat(out)
 end
 
--- POSTs body to the url; the response body when the status is 2xx, else raises.
-function M.http_post(url, body, deadline)
+-- Connects and sends the POST: the connection, or nil, why, kind ("connect" | "timeout").
+function M.http_send(url, body, deadline)
   local host, port, path = parse_url(url)
   local conn, why = ipc.connect(host, port, deadline)
-  if not conn then return nil, ("cannot connect to %s:%d (%s)"):format(host, port, why), "connect" end
+  if not conn then
+    return nil, ("cannot connect to %s:%d (%s)"):format(host, port, why), why == "connection timed out" and "timeout" or "connect"
+  end
   local head = ("POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" ..
     "Accept: application/json\r\nConnection: close\r\nUser-Agent: remax\r\n\r\n"):format(path, host, port, #body)
   local ok, werr = conn:write(head .. body, deadline)
-  local resp, rerr
-  if ok then resp, rerr = conn:read_all(deadline) end
+  if not ok then
+    conn:close()
+    return nil, werr, werr == "timeout" and "timeout" or "connect"
+  end
+  return conn
+end
+
+-- Reads the answer on a connection: the body when the status is 2xx, or nil, why, kind
+-- ("connect" | "timeout" | "answer").
+function M.http_receive(conn, deadline)
+  local resp, rerr = conn:read_all(deadline)
   conn:close()
-  if not ok then return nil, werr, werr == "timeout" and "timeout" or "connect" end
   if not resp then return nil, rerr, rerr == "timeout" and "timeout" or "connect" end
   if resp == "" then return nil, "the server closed the connection without answering", "connect" end
   local status_line, headers, payload = resp:match("^([^\r\n]*)\r\n(.-)\r\n\r\n(.*)$")
@@ -247,27 +282,54 @@ function M.http_post(url, body, deadline)
   return payload
 end
 
+function M.http_post(url, body, deadline)
+  local conn, why, kind = M.http_send(url, body, deadline)
+  if not conn then return nil, why, kind end
+  return M.http_receive(conn, deadline)
+end
+
 local Server = {}
 Server.__index = Server
 
--- One batch. A connection that fails (refused, reset, closed without an answer) is tried once
--- more; a timeout or a bad answer stops at once.
-function Server:call(completions, batch, opts)
+-- Sends a batch (connects and posts) without waiting for the answer; never raises.
+function Server:send(completions, batch, opts)
+  if self.pending and self.pending.conn then self.pending.conn:close() end
   local timeout = opts and opts.timeout
-  local deadline = timeout and timeout > 0 and (ipc.now() + timeout) or nil
-  local body = request_json(completions, batch, opts and opts.step)
+  local p = { key = completions, n = #completions, timeout = timeout,
+    deadline = timeout and timeout > 0 and (ipc.now() + timeout) or nil }
+  self.pending = p
+  local ok, err = pcall(function()
+    p.body = request_json(completions, batch, opts and opts.step)
+    p.conn, p.why, p.kind = M.http_send(self.url, p.body, p.deadline)
+  end)
+  if not ok then p.error = err end
+end
+
+-- The scores of the batch sent last. A connection that fails (refused, reset, closed without an
+-- answer) is tried once more; a timeout or a bad answer stops at once.
+function Server:receive()
+  local p = self.pending
+  self.pending = nil
+  if p.error then error(p.error, 0) end
   for attempt = 1, 2 do
-    local payload, why, kind = M.http_post(self.url, body, deadline)
-    if payload then return parse_answer(payload, #completions) end
+    local payload, why, kind = nil, p.why, p.kind
+    if p.conn then payload, why, kind = M.http_receive(p.conn, p.deadline) end
+    if payload then return parse_answer(payload, p.n) end
     if kind == "timeout" then
       error(("took over reward_timeout = %g s scoring %d completions (make the server faster, or raise reward_timeout, 0: no limit)")
-        :format(timeout, #completions), 0)
+        :format(p.timeout, p.n), 0)
     end
     if kind ~= "connect" or attempt == 2 then
       error(why .. (attempt == 2 and " (tried twice)" or ""), 0)
     end
     ipc.sleep(0.2)   -- a short pause before the second try
+    p.conn, p.why, p.kind = M.http_send(self.url, p.body, p.deadline)
   end
+end
+
+function Server:call(completions, batch, opts)
+  if not (self.pending and self.pending.key == completions) then self:send(completions, batch, opts) end
+  return self:receive()
 end
 
 ---------------------------------------------------------------------------------------------
@@ -323,6 +385,8 @@ function M.reward(spec, opts)
   -- fn is what every reward has: (completions, batch) -> scores; a third argument carries the
   -- timeout and step (rewards.run_one passes them)
   r.fn = function(completions, batch, o) return impl:call(completions, batch, o) end
+  -- send: start scoring now, fn collects the answer (rewards.score sends to every worker first)
+  r.send = function(completions, batch, o) impl:send(completions, batch, o) end
   r.close = function() if impl.stop then impl:stop() end end
   r.reload = function()
     return M.reward(spec, opts)

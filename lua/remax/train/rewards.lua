@@ -288,6 +288,10 @@ function M.score(list, weights, completions, batch, opts)
   local per, total, unscored = {}, {}, 0
   for i = 1, #completions do total[i] = 0 end
   local any = {}
+  -- workers and reward servers get the batch first and score while the Lua rewards run
+  for _, r in ipairs(list) do
+    if r.send then r.send(completions, batch, { timeout = opts and opts.timeout, step = opts and opts.step }) end
+  end
   for k, r in ipairs(list) do
     local scores = M.run_one(r, completions, batch, opts)
     per[r.name] = scores
