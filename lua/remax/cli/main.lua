@@ -37,7 +37,15 @@ local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'
 local function recipe_config(file, recipe, argv)
   local config = require("remax.train.config")
   local overrides, help = config.parse_args(argv)
-  local cfg = config.resolve(recipe, overrides, { where = file })
+  local cfg
+  if overrides.resume or recipe.resume then   -- the run's own config.json, changed only by the command line
+    local resume = require("remax.train.resume")
+    local changes
+    cfg, changes = resume.resolve(recipe, overrides, { where = file })
+    if not help then for _, line in ipairs(resume.describe(cfg.resume, changes)) do print(line) end end
+  else
+    cfg = config.resolve(recipe, overrides, { where = file })
+  end
   if help then
     print(config.help(cfg, ("remax run %s: settings (recipe values, then --key value overrides):"):format(file)))
     return nil

@@ -104,12 +104,22 @@ function M.new(cfg, opts)
   self.recipe_path = opts.recipe_path
   self.recipe_dir = self.recipe_path and rewards.dirname(self.recipe_path) or nil
   self:setup_run()
-  self:setup_model()
-  self:setup_data()
-  self:setup_rewards()
-  self:setup_optimizer()
-  if self.resume_state then self:restore(self.resume_state) end
-  self:share_state()
+  local ok, err = pcall(function()
+    self:setup_model()
+    self:setup_data()
+    self:setup_rewards()
+    self:setup_optimizer()
+    if self.resume_state then self:restore(self.resume_state) end
+    self:share_state()
+  end)
+  if not ok then
+    -- a failed start leaves no half-made run folder behind (a resumed or replaced run's folder stays)
+    if self.fresh_run_dir then
+      if self.run and self.run.close then pcall(self.run.close, self.run) end
+      pcall(fs.remove_tree, self.fresh_run_dir)
+    end
+    error(err, 0)
+  end
   return self
 end
 
@@ -178,7 +188,18 @@ function Trainer:open_run()
   end
   self.run_dir = dir
   self.run_name = dir:match("([^/]+)$")
-  self.run = runs.open(dir, { config = config.serializable(cfg), resume = cfg.resume ~= nil, report_to = cfg.report_to })
+  if not cfg.resume and not fs.is_dir(dir) then self.fresh_run_dir = dir end
+  local ok, run = pcall(runs.open, dir, { config = config.serializable(cfg), resume = cfg.resume ~= nil,
+    overwrite = cfg.overwrite_output_dir and not cfg.resume, report_to = cfg.report_to })
+  if not ok then
+    if tostring(run):match("already holds a run") then
+      error(("%s already holds a run: continue it with --resume %s, replace it with --overwrite_output_dir, or choose another --run_name")
+        :format(dir, dir), 0)
+    end
+    if self.fresh_run_dir then pcall(fs.remove_tree, self.fresh_run_dir) end
+    error(run, 0)
+  end
+  self.run = run
   if cfg.resume then
     local ckpt = self.run:latest_checkpoint()
     if not ckpt then error(("--resume %s: the run has no checkpoint yet"):format(cfg.resume), 0) end
@@ -1206,7 +1227,8 @@ function Trainer:train(loop)
     self:save_checkpoint("interrupted")
     self:draw_plots()
     if self.progress then self.progress:finish() end
-    say(self, ("interrupted at step %d; resume with: --resume %s"):format(self.step, self.run_dir))
+    say(self, ("interrupted at step %d; resume with: remax run %s --resume %s"):format(self.step,
+      self.recipe_path or "RECIPE.lua", self.run_dir))
     signals.clear()
     return { interrupted = true, step = self.step, run_dir = self.run_dir, plot_error = self.plot_error }
   end
