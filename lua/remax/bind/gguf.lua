@@ -758,6 +758,7 @@ end
 function M.main(...)
   local o = M.parse_args({ ... })
   if o.help then io.write(M.usage) return 0 end
+  o.model = require("remax.bind.hf_cache").model_dir(o.model, "export: --model")   -- a folder or a cached name
   local remax = require("remax")
   local now = require("remax.bind.clock").now
   local t0 = now()

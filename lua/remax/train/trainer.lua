@@ -216,8 +216,8 @@ function Trainer:setup_model()
   if self.opts.eval_only or cfg.use_lora then mopts.weight_dtype = cfg.frozen_dtype end
   local source
   if cfg.model then
-    source = resolve_dir(cfg.model)
-    if not source then error(("model %s: no config.json there"):format(cfg.model), 0) end
+    -- a folder, or a Hugging Face name found in the cache (Qwen/Qwen2.5-0.5B-Instruct)
+    source = resolve_dir(cfg.model) or require("remax.bind.hf_cache").model_dir(cfg.model, "model")
   elseif not cfg.model_config then
     source = resolve_dir(M.DEFAULT_MODEL)
     if not source then
