@@ -40,7 +40,7 @@ M.groups = {
     { "algo", "remax", "enum:remax|grpo|rloo|reinforce|sft", "remax, grpo, rloo, reinforce (RL with that advantage estimator), or sft (cross-entropy on prompt -> answer)" },
     { "advantage", nil, "advantage", "recipe only: function(groups, opts, state) -> advantages, overriding algo's estimator", hot = true },
     { "num_generations", 4, "integer", "sampled completions per prompt (the greedy baseline row comes on top)" },
-    { "generate_greedy", true, "boolean", "also generate one greedy completion per prompt (needed by remax; gives reward_greedy otherwise)" },
+    { "generate_greedy", nil, "boolean", "also generate one greedy completion per prompt: the baseline of remax (default true there and with a recipe advantage function); under grpo, rloo and reinforce it only adds reward_greedy and costs a row per prompt (default false)" },
     { "advantage_clip", 0, "number", "clip advantages to [-c, c] (0: no clipping)", hot = true },
     { "scale_rewards", "group", "enum:group|batch|none", "grpo: divide by the group's standard deviation, the whole batch's, or not at all (true = group, false = none, as in TRL)", hot = true, aliases = { [true] = "group", [false] = "none", ["true"] = "group", ["false"] = "none" } },
     { "multi_objective_aggregation", "sum_then_normalize", "enum:sum_then_normalize|normalize_then_sum", "grpo with several rewards: weighted sum then the group normalisation, or each reward normalised in its group, summed, then normalised over the batch (TRL's GDPO)", hot = true },
@@ -347,8 +347,14 @@ function M.resolve(recipe, overrides, opts)
       cfg[k] = d
     end
   end
+  -- only ReMax (and a recipe's own estimator, which may read it) needs the greedy row
+  if cfg.generate_greedy == nil then cfg.generate_greedy = cfg.algo == "remax" or cfg.advantage ~= nil end
   M.validate(cfg)
   M.derive(cfg)
+  local given = {}
+  for k in pairs(recipe) do given[k] = true end
+  for k in pairs(overrides or {}) do given[k] = true end
+  cfg.inert_notes = require("remax.train.inert").check(cfg, given, M.keys)   -- printed once when a run starts
   return cfg
 end
 

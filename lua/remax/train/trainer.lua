@@ -104,6 +104,7 @@ function M.new(cfg, opts)
   self.recipe_path = opts.recipe_path
   self.recipe_dir = self.recipe_path and rewards.dirname(self.recipe_path) or nil
   self:setup_run()
+  for _, note in ipairs(cfg.inert_notes or {}) do say(self, note) end   -- settings that do nothing here
   local ok, err = pcall(function()
     self:setup_model()
     self:setup_data()
