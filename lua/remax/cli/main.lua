@@ -63,7 +63,21 @@ function M.train_recipe(file, recipe, argv)
   return out.interrupted and 130 or 0
 end
 
+-- `remax run --help` / `remax eval --help` without a recipe: the usage and every setting with its default.
+local function command_help(usage_line)
+  local config = require("remax.train.config")
+  print(usage_line)
+  print(config.help(config.resolve({}, {}), "settings (defaults; a recipe sets its own, --key value overrides):"))
+  return 0
+end
+
+local function is_help(a) return a == "--help" or a == "-h" or a == "help" end
+
 function M.run(file, ...)
+  if is_help(file) then
+    return command_help("usage: remax run FILE.lua [--key value ...]\n  runs a Lua file; a file that returns a recipe table trains it"
+      .. " (--resume runs/<name> continues a run with its own settings)\n")
+  end
   if not file then error("remax run: missing FILE.lua (usage: remax run FILE.lua [args...])", 0) end
   local chunk, err = loadfile(file)
   if not chunk then
@@ -117,6 +131,10 @@ end
 -- Held-out greedy accuracy and mean reward of a model under a recipe's settings; with
 -- --samples K also sampled accuracy, pass@k and the headroom.
 function M.eval(file, ...)
+  if is_help(file) then
+    return command_help("usage: remax eval RECIPE.lua --model DIR [--samples K] [--key value ...]\n  held-out greedy accuracy "
+      .. "and reward of a model, no training; --samples K adds sampled accuracy, pass@1..K and the headroom\n")
+  end
   if not file then error("remax eval: missing RECIPE.lua (usage: remax eval RECIPE.lua --model DIR [--samples K])", 0) end
   local K, argv = take_samples({ ... })
   local recipe = require("remax.train.recipe").load(file, unpack(argv))

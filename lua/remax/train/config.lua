@@ -94,6 +94,7 @@ M.groups = {
     { "gradient_accumulation_steps", 1, "integer", "micro-batches per optimizer step; prompts per step = this * per_device_train_batch_size" },
     { "gradient_checkpointing", false, "boolean", "recompute activations in the backward pass (less memory)" },
     { "max_steps", 100, "integer", "optimizer steps to train" },
+    { "num_train_epochs", nil, "number", "passes over the training data: without max_steps, max_steps = ceil(epochs * rows / prompts per step) (with both, max_steps wins, as in TRL)" },
     { "max_time", 0, "number", "also stop after the step that brings the training time (evaluation excluded) past this many seconds (0: no limit)", hot = true },
     { "max_bad_steps", 5, "integer", "stop after this many steps with a non-finite loss or gradient (each is skipped)" },
   } },
@@ -157,9 +158,57 @@ function M.closest(name)
   return best
 end
 
+-- Settings of TRL's GRPOConfig / transformers' TrainingArguments that remax does not have, with
+-- the reason and what to use instead (a TRL user brings them; "did you mean" would mislead).
+M.not_supported = {
+  use_vllm = "remax generates with its own engine (batched decode with a KV cache); there is no vLLM",
+  bf16 = "the CPU trains in f32 (bf16 compute needs the CUDA trainer); frozen copies can keep bf16 weights with --frozen_dtype bf16",
+  fp16 = "f16 compute is not supported; the CPU trains in f32",
+  tf32 = "a CUDA matmul setting; the CPU trains in f32",
+  logging_dir = "TensorBoard event files go to runs/<name>/tensorboard/ (--report_to tensorboard)",
+  push_to_hub = "the engine has no network code: upload runs/<name>/checkpoints/step-N with `hf upload`",
+  hub_model_id = "the engine has no network code: upload runs/<name>/checkpoints/step-N with `hf upload`",
+  deepspeed = "data parallel runs under mpirun (docs/distributed.md); ZeRO and DeepSpeed configs are not read",
+  fsdp = "data parallel runs under mpirun (docs/distributed.md); FSDP is not supported",
+  steps_per_generation = "one rollout per step: each step generates its own prompts' completions",
+  generation_batch_size = "one rollout per step: the step's prompts are generated in one call",
+  sync_ref_model = "the reference model stays the starting model",
+  ref_model_mixup_alpha = "the reference model stays the starting model",
+  ref_model_sync_steps = "the reference model stays the starting model",
+  resume_from_checkpoint = "use --resume runs/<name>: it continues from the run's newest checkpoint with its own settings",
+  eval_strategy = "remax counts steps: eval_steps (0: only before and after training)",
+  evaluation_strategy = "remax counts steps: eval_steps (0: only before and after training)",
+  save_strategy = "remax counts steps: save_steps (0: only at the end)",
+  logging_strategy = "remax counts steps: logging_steps",
+  optim = "the optimizer is AdamW (adam_beta1, adam_beta2, adam_epsilon, weight_decay)",
+  warmup_steps = "give warmup_ratio (a fraction of max_steps)",
+  min_p = "the sampler has temperature, top_p and top_k",
+  repetition_penalty = "the sampler has temperature, top_p and top_k",
+  generation_kwargs = "the sampler has temperature, top_p and top_k (and stop)",
+  remove_unused_columns = "every dataset column reaches the rewards already (TRL's False)",
+  shuffle_dataset = "the training data is always shuffled (seeded by seed, resumable)",
+  data_seed = "seed drives the data order",
+  model_init_kwargs = "the model loads as its folder says; --dtype and --frozen_dtype choose the storage",
+  disable_dropout = "remax's models have no dropout (only LoRA's lora_dropout)",
+  num_completions_to_print = "completions go to runs/<name>/completions.jsonl every log_completions steps",
+  torch_compile = "not applicable: no PyTorch",
+  use_liger_kernel = "not applicable: no PyTorch",
+  use_liger_loss = "not applicable: no PyTorch",
+  dataloader_num_workers = "not applicable: the data is read once, in the trainer",
+  gradient_checkpointing_kwargs = "gradient_checkpointing takes no options",
+}
+
 local function unknown(name, where)
-  return ("%sunknown setting '%s'; did you mean '%s'? (remax run RECIPE.lua --help lists every setting)")
-    :format(where and (where .. ": ") or "", name, M.closest(name))
+  local prefix = where and (where .. ": ") or ""
+  local why = M.not_supported[name] or (name:match("^vllm_") and M.not_supported.use_vllm)
+  if why then return ("%s%s is not a remax setting: %s"):format(prefix, name, why) end
+  -- a suggestion only when it is close: an unrelated key would mislead
+  local guess = M.closest(name)
+  if guess and M.edit_distance(name, guess) <= math.max(2, math.floor(#name / 3)) then
+    return ("%sunknown setting '%s'; did you mean '%s'? (remax run RECIPE.lua --help lists every setting)")
+      :format(prefix, name, guess)
+  end
+  return ("%sunknown setting '%s' (remax run RECIPE.lua --help lists every setting)"):format(prefix, name)
 end
 
 ---------------------------------------------------------------------------- values
@@ -292,11 +341,12 @@ function M.parse_args(argv)
       help = true
       i = i + 1
     else
-      local key, value = a:match("^%-%-([%w_]+)=(.*)$")
-      if not key then key = a:match("^%-%-([%w_]+)$") end
+      local key, value = a:match("^%-%-([%w_%-]+)=(.*)$")
+      if not key then key = a:match("^%-%-([%w_%-]+)$") end
       if not key then
         error(("unexpected argument '%s' (settings are given as --key value)"):format(a), 0)
       end
+      key = key:gsub("%-", "_")   -- --max-steps is --max_steps
       local decl = M.keys[key]
       if not decl then error(unknown(key, "command line"), 0) end
       if value == nil then
@@ -354,6 +404,8 @@ function M.resolve(recipe, overrides, opts)
   local given = {}
   for k in pairs(recipe) do given[k] = true end
   for k in pairs(overrides or {}) do given[k] = true end
+  -- num_train_epochs without max_steps: the trainer sets max_steps once it knows the data's size
+  cfg.steps_from_epochs = cfg.num_train_epochs ~= nil and not given.max_steps
   cfg.inert_notes = require("remax.train.inert").check(cfg, given, M.keys)   -- printed once when a run starts
   return cfg
 end
@@ -441,6 +493,7 @@ function M.validate(cfg)
     local why = require("remax.train.report").refusal(r)
     if why then bad(why) end
   end
+  if cfg.num_train_epochs and not (cfg.num_train_epochs > 0) then bad("num_train_epochs must be > 0") end
   if cfg.per_device_eval_batch_size < 1 then bad("per_device_eval_batch_size must be >= 1") end
   if cfg.seed >= 2 ^ 32 then bad("seed must be below 2^32") end
   if #cfg.synth_steps ~= 2 then bad("synth_steps must be two numbers: min,max") end

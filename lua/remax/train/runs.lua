@@ -287,6 +287,13 @@ function M.open(dir, opts)
   return self
 end
 
+-- Writes config.json again (a setting decided after the run opened, such as max_steps from
+-- num_train_epochs).
+function Run:write_config(config)
+  self.config = config
+  write_atomic(self.dir .. "/config.json", M.encode(config, { pretty = true, where = "config" }) .. "\n")
+end
+
 -- The run's config.json as a table (nil when absent).
 function Run:read_config()
   local text = read_text(self.dir .. "/config.json")

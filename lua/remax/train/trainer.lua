@@ -363,6 +363,10 @@ function Trainer:setup_data()
   -- prompts_per_step: this rank's; the sampler draws the global batch and each rank takes its share
   self.prompts_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
   self.global_prompts_per_step = self.prompts_per_step * self.dist.size
+  if cfg.steps_from_epochs then   -- num_train_epochs without max_steps: that many passes over the data
+    cfg.max_steps = math.max(1, math.ceil(cfg.num_train_epochs * #self.train_ds.rows / self.global_prompts_per_step))
+    if self.run.write_config then self.run:write_config(config.serializable(cfg)) end
+  end
   self.sampler = self.train_ds:sampler({ seed = cfg.seed, shuffle = true, batch_size = self.global_prompts_per_step })
 end
 
