@@ -69,7 +69,7 @@ M.groups = {
     { "save_merged", nil, "string", "with use_lora: also write the final model with adapters merged (a full Hugging Face model) to this folder" },
   } },
   { "Rewards", {
-    { "rewards", { "gsm8k" }, "rewards", "reward functions: names of rewards/*.lua files, paths, or (in a recipe) tables {name=, fn=} and functions" },
+    { "rewards", { "gsm8k" }, "rewards", "reward functions: names of rewards/*.lua files, paths, py:FILE.py (a Python function), cmd:PROGRAM, http://HOST:PORT/PATH (a reward server), model:DIR (a reward model), or (in a recipe) tables {name=, fn=} and functions" },
     { "reward_weights", nil, "numbers", "weight of each reward function (default: all 1)", hot = true },
     { "hot_reload", true, "boolean", "between steps, reload a changed reward file or recipe" },
     { "reward_timeout", 600, "number", "seconds one reward function may take on one batch before the run stops, naming it (the last checkpoint is kept; 0: no limit; a blocking C call is only caught when it returns)", hot = true },
@@ -101,7 +101,7 @@ M.groups = {
   { "Run", {
     { "seed", 42, "integer", "seed of data order, synthetic data and sampling (seeds derive from (seed, step))" },
     { "output_dir", "runs", "string", "folder holding runs" },
-    { "run_name", nil, "string", "the run's folder name under output_dir (default: the recipe's name)" },
+    { "run_name", nil, "string", "the run's folder name under output_dir (default: the recipe's name and the start time, e.g. gsm8k-20260101-120000)" },
     { "resume", nil, "string", "continue runs/<name> from its last checkpoint, with the run's own config.json (settings given again on the command line change it; see docs/runs.md)" },
     { "overwrite_output_dir", false, "boolean", "start afresh in a run folder (--run_name) that already holds a run, removing its metrics, checkpoints and charts" },
     { "report_to", { "none" }, "strings", "where metrics go besides metrics.jsonl (always written): tensorboard (event files in runs/<name>/tensorboard/), csv (runs/<name>/metrics.csv), all (both), none; wandb and other services are refused (no network dependency in the engine)" },
