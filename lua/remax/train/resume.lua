@@ -63,7 +63,10 @@ function M.resolve(recipe, overrides, opts)
   -- the recipe supplies what JSON cannot hold (functions) and keys the run did not record
   local merged = {}
   for k, v in pairs(recipe or {}) do merged[k] = v end
-  local recipe_cfg = config.resolve(recipe, {}, { where = opts.where })   -- the recipe as it is now, with defaults
+  -- the recipe as it is now, with defaults (a recipe that is only valid with the run's command
+  -- line is taken as written)
+  local rok, recipe_cfg = pcall(config.resolve, recipe, {}, { where = opts.where })
+  if not rok then recipe_cfg = recipe end
   for k, v in pairs(saved) do
     local decl = config.keys[k]
     if decl and not SKIP[k] and not opaque(recipe_cfg[k]) and not opaque(recipe[k])
