@@ -84,7 +84,7 @@ describe("Hugging Face cache names", function()
     assert.matches("org/two@<commit>", err, 1, true)
     -- a path that is not a repository id is only a missing folder
     err = select(2, pcall(hf.model_dir, "runs/x/checkpoints/step-20"))
-    assert.are.equal("runs/x/checkpoints/step-20: no config.json there", err)
+    assert.are.equal("runs/x/checkpoints/step-20: no model there (no runs/x/checkpoints/step-20/config.json)", err)
   end)
 
   it("runs remax generate --model ORG/NAME from the cache", function()

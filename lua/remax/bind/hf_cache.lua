@@ -85,7 +85,7 @@ end
 function M.find(name)
   if has_model(name) then return name end
   local id, rev = M.parse(name)
-  if not id then return nil, ("%s: no config.json there"):format(name) end
+  if not id then return nil, ("%s: no model there (no %s/config.json)"):format(name, name) end
   local looked, notes = {}, {}
   for _, cache in ipairs(M.cache_dirs()) do
     local dir, why = in_cache(cache, id, rev)
