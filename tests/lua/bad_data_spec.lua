@@ -132,9 +132,7 @@ describe("reward_timeout", function()
 end)
 
 -- A tiny random model with the byte-level tokenizer, as trainer_spec.lua uses.
-local TINY = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
-  num_hidden_layers = 1, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
-  rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true }
+local TINY = support.tiny_model({ num_hidden_layers = 1 })
 
 local function setup(reward_src)
   local dir = tmpdir()

@@ -8,13 +8,7 @@ local cli = require("remax.cli.main")
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = support.try_read
 
 local function exists(path) return read(path) ~= nil end
 

@@ -19,12 +19,8 @@ local function ensure_tokenizers()
 end
 local TEMPLATES = "tests/fixtures/chat_templates/"
 
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local support = require("support")
+local read = support.read
 
 -- JSON with object keys sorted (remax.text.jinja orders plain Lua tables' keys the same way).
 local function json(v)
@@ -57,7 +53,7 @@ local function json(v)
 end
 
 local function reference(cases)
-  local path = os.tmpname()
+  local path = support.tmpfile()
   local parts = {}
   for i, c in ipairs(cases) do
     parts[i] = '{"template":' .. json(c.template) .. ',"vars":' .. (next(c.vars) and json(c.vars) or "{}") .. "}"
@@ -307,7 +303,7 @@ describe("real chat templates match transformers' rendering", function()
           if c.model == m and #texts < 40 then texts[#texts + 1] = jinja.render(c.template, c.vars) end
         end
       end
-      local path = os.tmpname()
+      local path = support.tmpfile()
       local f = assert(io.open(path, "wb"))
       local parts = {}
       for i, s in ipairs(texts) do parts[i] = json(s) end

@@ -17,20 +17,10 @@ local function exists(path)
 end
 
 -- the fraction of lowercase ASCII letters among the completion's tokens
-local LOWER = [[
-return { name = "lower", fn = function(completions, batch)
-  local s = {}
-  for i, c in ipairs(completions) do
-    local ids, n = batch.completion_ids[i], 0
-    for _, id in ipairs(ids) do if id >= 97 and id <= 122 then n = n + 1 end end
-    s[i] = #ids > 0 and n / #ids or 0
-  end
-  return s
-end }
-]]
+local LOWER = support.LOWER
 
-local TINY = { hidden_size = 16, intermediate_size = 32, num_hidden_layers = 1, num_attention_heads = 2,
-  max_position_embeddings = 64, tie_word_embeddings = true }
+local TINY = support.tiny_model({ hidden_size = 16, intermediate_size = 32, num_hidden_layers = 1, num_attention_heads = 2,
+  num_key_value_heads = 2, max_position_embeddings = 64 })
 
 local function setup()
   local dir = tmpdir()

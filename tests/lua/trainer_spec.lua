@@ -9,21 +9,8 @@ local tmpdir, write = support.tmpdir, support.write
 
 -- reward: the fraction of completion tokens that are lowercase ASCII letters (about 10% for a
 -- random byte-level model; easy to learn)
-local LOWER = [[
-return { name = "lower", fn = function(completions, batch)
-  local s = {}
-  for i, c in ipairs(completions) do
-    local ids, n = batch.completion_ids[i], 0
-    for _, id in ipairs(ids) do if id >= 97 and id <= 122 then n = n + 1 end end
-    s[i] = n / #ids
-  end
-  return s
-end }
-]]
-
-local TINY = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
-  num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
-  rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true }
+local LOWER = support.LOWER
+local TINY = support.tiny_model()
 
 local function setup()
   local dir = tmpdir()

@@ -1,7 +1,7 @@
 -- remax.text.chat: turn a prompt (a string, or a list of {role=, content=} messages) into the text a
 -- chat model expects, and that text into token ids. The tokenizer's own chat_template (from
 -- tokenizer_config.json or chat_template.jinja) runs as written through remax.text.jinja, with the
--- variables transformers passes; built-in templates "chatml" (Qwen), "llama3" and "plain" serve
+-- variables transformers passes; built-in templates "chatml" (Qwen), "llama3", "plain" and "qa" serve
 -- tokenizers that have none, and a recipe can pass its own function(messages, opts) -> string.
 local jinja = require("remax.text.jinja")
 
@@ -77,8 +77,20 @@ local function plain(messages, opts)
   return table.concat(out, opts.separator or "\n\n")
 end
 
-M.templates = { chatml = chatml, llama3 = llama3, plain = plain }
-local TEMPLATE_LIST = "'chatml', 'llama3', 'plain' or a function(messages, opts) -> string"
+-- "Question: ...\nAnswer: ": the format of the built-in byte-level models (models/tiny-gsm8k).
+local function qa(messages, opts)
+  local out = {}
+  for _, m in ipairs(messages) do
+    if m.role == "assistant" then out[#out + 1] = "Answer: " .. m.content .. "\n"
+    elseif m.role == "system" then out[#out + 1] = m.content .. "\n"
+    else out[#out + 1] = "Question: " .. m.content .. "\n" end
+  end
+  if opts.add_generation_prompt ~= false then out[#out + 1] = "Answer: " end
+  return table.concat(out)
+end
+
+M.templates = { chatml = chatml, llama3 = llama3, plain = plain, qa = qa }
+local TEMPLATE_LIST = "'chatml', 'llama3', 'plain', 'qa' or a function(messages, opts) -> string"
 
 -- The built-in template of the same kind as a tokenizer_config.json chat_template (a Jinja
 -- string), for template = 'chatml' / 'llama3' to take the tokenizer's defaults (Qwen2.5's

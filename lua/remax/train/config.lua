@@ -8,7 +8,8 @@
 local M = {}
 
 -- {name, default, type, meaning}. Types: number, integer, boolean, string, numbers (a list,
--- "1,0.5" on the command line), strings, enum:a|b|c, and recipe-only kinds: rewards (a list of
+-- "1,0.5" on the command line), strings, enum:a|b|c, data (a file, or in a recipe a function),
+-- and recipe-only kinds: rewards (a list of
 -- reward names, files, tables or functions), template (a name or a function), advantage (a name
 -- or a function), table, function. hot = true: a recipe reload may change it during a run.
 M.groups = {
@@ -21,15 +22,12 @@ M.groups = {
         f64 = "f64 is for the engine's gradient checks, not training; use f32" } },
     { "device", "cpu", "enum:cpu|cuda", "where the model trains: cpu, or cuda (an NVIDIA GPU; needs remax built with CUDA and a trainer path that runs there)" },
     { "frozen_dtype", "auto", "enum:auto|f32|bf16", "storage of the weights of frozen copies: the KL reference model, the base under LoRA adapters, the model of remax eval; bf16 halves their memory (compute stays f32); auto = bf16 when the checkpoint stores its weight matrices in bf16 (nothing lost), else f32" },
-    { "data", nil, "string", "training data, JSONL or JSON array; default: fresh synthetic GSM8K-style problems" },
-    { "eval_data", nil, "string", "held-out data; default: the synthetic test split (or none with --data)" },
+    { "data", nil, "data", "training data: a JSONL or JSON-array file, or in a recipe a function(split, n, cfg) -> rows that makes train_size rows of split \"train\" (and eval_size of \"test\"), such as remax.tasks.gsm8k.synthetic()" },
+    { "eval_data", nil, "data", "held-out data, a file or a function as data; default: a data function's \"test\" split (none when data is a file)" },
     { "prompt_column", nil, "string", "dataset column holding the prompt (default: prompt, else question)" },
     { "answer_column", nil, "string", "dataset column holding the reference answer (default: answer when present)" },
-    { "train_size", 20000, "integer", "number of synthetic training problems (without --data)" },
+    { "train_size", 20000, "integer", "rows a data function makes for training (a file's rows are all used)" },
     { "eval_size", 200, "integer", "number of held-out problems used for evaluation (0: no evaluation)" },
-    { "synth_steps", { 1, 4 }, "numbers", "synthetic problems: min,max arithmetic steps" },
-    { "synth_max_number", 100, "integer", "synthetic problems: largest number drawn" },
-    { "synth_style", "sentences", "string", "synthetic problems: solution style of the answer column: sentences, equations, direct, or a mix such as direct:0.65,equations:0.35" },
     { "map_row", nil, "function", "recipe only: function(row) -> row applied to every dataset row (e.g. turn a question into chat messages)" },
     { "chat_template", "auto", "template", "prompt rendering: auto (the tokenizer's template, else qa), tokenizer (its chat_template, run as written), qa (\"Question: ...\\nAnswer: \"), chatml, llama3, plain, or a recipe function(messages, opts) -> string" },
     { "enable_thinking", nil, "boolean", "chat template variable enable_thinking (Qwen3: false renders an empty <think> block; unset: the template's default)" },
@@ -277,6 +275,8 @@ local function check(decl, v, where)
         bad("a list of reward names, files, tables {name=, fn=}, reward models {model=} or functions")
       end
     end
+  elseif t == "data" then
+    if type(v) ~= "string" and type(v) ~= "function" then bad("a file path, or (in a recipe) a function(split, n, cfg) -> rows") end
   elseif t == "template" then
     if type(v) ~= "string" and type(v) ~= "function" then bad("a template name or a function") end
     if type(v) == "string" and not ({ auto = 1, tokenizer = 1, qa = 1, chatml = 1, llama3 = 1, plain = 1 })[v] then
@@ -496,7 +496,6 @@ function M.validate(cfg)
   if cfg.num_train_epochs and not (cfg.num_train_epochs > 0) then bad("num_train_epochs must be > 0") end
   if cfg.per_device_eval_batch_size < 1 then bad("per_device_eval_batch_size must be >= 1") end
   if cfg.seed >= 2 ^ 32 then bad("seed must be below 2^32") end
-  if #cfg.synth_steps ~= 2 then bad("synth_steps must be two numbers: min,max") end
   if cfg.use_lora then
     if cfg.lora_r < 1 then bad("lora_r must be >= 1") end
     if not (cfg.lora_dropout >= 0 and cfg.lora_dropout < 1) then bad("lora_dropout must be in [0, 1)") end

@@ -22,9 +22,6 @@ M.immutable = {
   seed = "the data order and the sampling seeds derive from it",
   data = "the checkpoint's data position is a position in this data",
   train_size = "the checkpoint's data position is a position in this data",
-  synth_steps = "the checkpoint's data position is a position in this data",
-  synth_max_number = "the checkpoint's data position is a position in this data",
-  synth_style = "the checkpoint's data position is a position in this data",
   prompt_column = "the checkpoint's data position is a position in this data",
 }
 

@@ -6,7 +6,7 @@
 --   "py:rewards/verify.py:name"   another function of that file
 --   "cmd:PROGRAM ARGS..."         any program (run by /bin/sh) speaking the JSON-lines protocol
 --   "http://HOST:PORT/PATH"       a reward server: one POST of the same JSON per batch
---   { worker = "<one of those>", name = "verify", weight = 0.5 }
+--   { worker = "<one of those>", name = "verify", weight = 0.5, accuracy = true }   (accuracy: evaluation's accuracy)
 --
 -- The protocol: per batch one line {"step": N, "completions": [...], "batch": {"prompt": [...],
 -- ...every column the Lua rewards get...}} to the worker's stdin; it answers one line on stdout:
@@ -352,9 +352,9 @@ end
 -- close=, reload=}. opts.base: the recipe's folder.
 function M.reward(spec, opts)
   opts = opts or {}
-  local s, name, weight = spec, nil, nil
-  if type(spec) == "table" then s, name, weight = spec.worker, spec.name, spec.weight end
-  local r = { where = s, weight = weight, external = true }
+  local s, name, weight, accuracy = spec, nil, nil, nil
+  if type(spec) == "table" then s, name, weight, accuracy = spec.worker, spec.name, spec.weight, spec.accuracy end
+  local r = { where = s, weight = weight, external = true, accuracy = accuracy }
   local impl
   if s:match("^py:") then
     local rest = s:sub(4)

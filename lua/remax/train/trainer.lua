@@ -1,8 +1,18 @@
--- remax.train.trainer: the training loop. One ReMax step:
+-- remax.train.trainer: the RL step, and the Trainer that owns a run's pieces. One ReMax step:
 --
 --   prompts -> render + tokenize -> generate (num_generations sampled rows + 1 greedy row per
---   prompt, one call) -> decode -> rewards -> advantage = r(sample) - r(greedy) -> per-token
---   loss weights (algos) -> logprobs + backward per micro-batch -> clip -> AdamW -> metrics.
+--   prompt, one call: a remax.train.rollout) -> decode -> rewards -> advantage = r(sample) -
+--   r(greedy) -> per-token loss weights (algos) -> logprobs + backward per micro-batch -> clip ->
+--   AdamW -> metrics.
+--
+-- This file owns the step: next_batch, rollout, score, advantage, update (micro-batches, the
+-- loss, accumulation, the optimizer step), the SFT rows and the step's metrics. The Trainer's
+-- other methods come from the modules beside it, one concern each:
+--   remax.train.setup     model, tokenizer, reference, template, data, rewards, optimizer
+--   remax.train.run       the run's lifecycle: run folder, state, checkpoints, resume, the loop,
+--                         signals, max_time, the per-step record
+--   remax.train.evaluate  held-out accuracy, sampled accuracy and pass@k
+--   remax.train.reload    hot reload of reward files and the recipe
 --
 --   local t = trainer.new(cfg, {recipe_path = "recipes/gsm8k.lua"})
 --   t:train()
@@ -10,101 +20,46 @@
 -- A recipe can drive the steps itself with the same pieces:
 --   local rows = t:next_batch(); local ro = t:rollout(rows); local sc = t:score(ro)
 --   local adv = t:advantage(sc); local m = t:update(adv); t:finish_step(m)
-local remax = require("remax")
-local config = require("remax.train.config")
 local algos = require("remax.train.algos")
 local rewards = require("remax.train.rewards")
-local recipe_mod = require("remax.train.recipe")
 local data = require("remax.train.data")
-local chat = require("remax.text.chat")
 local tensor = require("remax.bind.tensor")
 local optim = require("remax.bind.optim")
 local dist = require("remax.bind.dist")
 local fit = require("remax.train.fit")
 local rollout = require("remax.train.rollout")
+local now = require("remax.bind.clock").now
 
 local M = {}
 local Trainer = {}
 Trainer.__index = Trainer
 M.Trainer = Trainer
 
-M.DEFAULT_MODEL = "models/tiny-gsm8k"
-
----------------------------------------------------------------------------- small helpers
-
-local now = require("remax.bind.clock").now
-
-local fs = require("remax.bind.fs")
-local file_exists, read_file, mkdir = fs.exists, fs.read_text, fs.mkdir_p
-
--- Peak resident memory of this process in MiB (Linux), else the model's own accounting.
-local function peak_memory_mib(model)
-  local status = read_file("/proc/self/status")
-  local kb = status and tonumber(status:match("VmHWM:%s*(%d+)"))
-  if kb then return kb / 1024 end
-  local m = model:memory()
-  return (m.params + m.grads + m.activations + m.head) / 1048576
-end
-
--- What the engine holds for training, in MiB: the policy (weights, gradients, activations, head
--- chunk), AdamW's moments, and the reference model (none with LoRA: the adapters-off policy).
-local function train_memory_mib(self)
-  local m = self.model:memory()
-  local bytes = m.params + m.grads + m.activations + m.head
-  for _, t in pairs(self.opt and self.opt:state().tensors or {}) do bytes = bytes + tonumber(t.numel) * 4 end
-  if self.ref and self.ref.memory then
-    local r = self.ref:memory()
-    bytes = bytes + r.params + r.activations + r.head
-  end
-  return bytes / 1048576
+for _, part in ipairs({ "remax.train.setup", "remax.train.run", "remax.train.evaluate", "remax.train.reload" }) do
+  for name, fn in pairs(require(part).methods) do Trainer[name] = fn end
 end
 
 local function mean(list) return algos.mean(list) end
 
-local function resolve_dir(path)
-  if file_exists(path .. "/config.json") or file_exists(path .. "/adapter_config.json") then return path end
-  local home = os.getenv("REMAX_HOME")
-  if home and path:sub(1, 1) ~= "/" and file_exists(home .. "/" .. path .. "/config.json") then
-    return home .. "/" .. path
-  end
-  return nil
-end
-
--- The "qa" template of the built-in byte-level models: "Question: ...\nAnswer: ".
-local function qa_template(messages, opts)
-  local out = {}
-  for _, m in ipairs(messages) do
-    if m.role == "assistant" then out[#out + 1] = "Answer: " .. m.content .. "\n"
-    elseif m.role == "system" then out[#out + 1] = m.content .. "\n"
-    else out[#out + 1] = "Question: " .. m.content .. "\n" end
-  end
-  if opts.add_generation_prompt ~= false then out[#out + 1] = "Answer: " end
-  return table.concat(out)
-end
-M.qa_template = qa_template
-
-local function say(self, text)
+-- A line for the user (rank 0, unless quiet), above the live progress line when there is one.
+function Trainer:say(text)
   if self.quiet then return end
   if self.progress then self.progress:log(text) else print(text) end
 end
 
----------------------------------------------------------------------------- setup
-
--- cfg: a resolved config (remax.config.resolve). opts: recipe_path, overrides (for hot reload),
--- quiet, signals (install the Ctrl-C handler; default true), run_dir.
+-- cfg: a resolved config (remax.train.config.resolve). opts: recipe_path, overrides (for hot
+-- reload), quiet, signals (install the Ctrl-C handler; default true), eval_only (remax eval:
+-- nothing is written).
 function M.new(cfg, opts)
   opts = opts or {}
-  if not cfg.model and not cfg.model_config and not cfg.resume and not resolve_dir(M.DEFAULT_MODEL) then
-    error(("the built-in base model %s is missing: run ./remax run recipes/tiny_sft.lua first " ..
-      "(or pass --model DIR)"):format(M.DEFAULT_MODEL), 0)
-  end
+  require("remax.train.setup").check_base_model(cfg)   -- before a run folder is made
   local world = dist.world()   -- a world of one unless an MPI launcher started this process
   local self = setmetatable({ cfg = cfg, opts = opts, quiet = opts.quiet or not world.is_root, step = 0,
     bad_steps = 0, reloads = 0, baseline_state = nil, history = {}, watch = {}, dist = world }, Trainer)
   self.recipe_path = opts.recipe_path
   self.recipe_dir = self.recipe_path and rewards.dirname(self.recipe_path) or nil
   self:setup_run()
-  for _, note in ipairs(cfg.inert_notes or {}) do say(self, note) end   -- settings that do nothing here
+  for _, note in ipairs(cfg.inert_notes or {}) do self:say(note) end   -- settings that do nothing here
   local ok, err = pcall(function()
     self:setup_model()
     self:setup_data()
@@ -117,319 +72,11 @@ function M.new(cfg, opts)
     -- a failed start leaves no half-made run folder behind (a resumed or replaced run's folder stays)
     if self.fresh_run_dir then
       if self.run and self.run.close then pcall(self.run.close, self.run) end
-      pcall(fs.remove_tree, self.fresh_run_dir)
+      pcall(require("remax.bind.fs").remove_tree, self.fresh_run_dir)
     end
     error(err, 0)
   end
   return self
-end
-
--- Every rank starts from rank 0's weights, optimizer state and counters: rank 0 alone reads the
--- run folder (which other machines may not see), and the ranks must take identical steps.
-function Trainer:share_state()
-  local d = self.dist
-  if d.size == 1 then return end
-  local s = self:state()
-  d:broadcast_model(self.model, s.tensors)
-  s.tensors = nil
-  s = d:broadcast(s)
-  if not d.is_root then
-    s.tensors = self.opt:state().tensors
-    self:restore(s)
-  end
-end
-
--- A run that writes nothing (remax eval).
-local NullRun = {}
-NullRun.__index = NullRun
-for _, f in ipairs({ "log_metrics", "log_completions", "save_checkpoint", "plot" }) do NullRun[f] = function() end end
-function NullRun:latest_checkpoint() return nil end
-function NullRun:metrics() return {} end
-
-function Trainer:setup_run()
-  if self.opts.eval_only then
-    self.run = setmetatable({}, NullRun)
-    self.run_dir = os.tmpname()
-    os.remove(self.run_dir)
-    self.run_name = "eval"
-    return
-  end
-  if self.dist.size == 1 then return self:open_run() end
-  -- rank 0 alone names, writes (and on resume reads) runs/<name>/; the others learn its name
-  local ok, err = true, nil
-  if self.dist.is_root then ok, err = pcall(self.open_run, self) end
-  local shared = self.dist:broadcast({ ok = ok, err = not ok and tostring(err) or nil, dir = self.run_dir })
-  if not shared.ok then error(shared.err, 0) end
-  if not self.dist.is_root then
-    self.run_dir, self.run_name = shared.dir, shared.dir:match("([^/]+)$")
-    self.run = setmetatable({}, NullRun)
-  end
-end
-
-function Trainer:open_run()
-  local cfg = self.cfg
-  local runs = require("remax.train.runs")
-  local dir
-  if cfg.resume then
-    dir = cfg.resume:gsub("/+$", "")
-    if not file_exists(dir .. "/config.json") then
-      error(("--resume %s: no run there (no config.json)"):format(cfg.resume), 0)
-    end
-  else
-    local name = cfg.run_name
-    if not name then
-      name = (self.recipe_path and recipe_mod.name(self.recipe_path) or "run") .. "-" .. os.date("%Y%m%d-%H%M%S")
-      local base, k = name, 1
-      while file_exists(cfg.output_dir .. "/" .. name .. "/config.json") do
-        k = k + 1
-        name = base .. "-" .. k
-      end
-    end
-    dir = cfg.output_dir .. "/" .. name
-  end
-  self.run_dir = dir
-  self.run_name = dir:match("([^/]+)$")
-  if not cfg.resume and not fs.is_dir(dir) then self.fresh_run_dir = dir end
-  local ok, run = pcall(runs.open, dir, { config = config.serializable(cfg), resume = cfg.resume ~= nil,
-    overwrite = cfg.overwrite_output_dir and not cfg.resume, report_to = cfg.report_to })
-  if not ok then
-    if tostring(run):match("already holds a run") then
-      error(("%s already holds a run: continue it with --resume %s, replace it with --overwrite_output_dir, or choose another --run_name")
-        :format(dir, dir), 0)
-    end
-    if self.fresh_run_dir then pcall(fs.remove_tree, self.fresh_run_dir) end
-    error(run, 0)
-  end
-  self.run = run
-  if cfg.resume then
-    local ckpt = self.run:latest_checkpoint()
-    if not ckpt then error(("--resume %s: the run has no checkpoint yet"):format(cfg.resume), 0) end
-    local state, tensors, model_dir = self.run:load_checkpoint(ckpt)
-    state.tensors = tensors
-    self.resume_state, self.resume_model_dir, self.resume_ckpt = state, model_dir, ckpt
-  end
-end
-
-function Trainer:setup_model()
-  local cfg = self.cfg
-  local mopts = { dtype = cfg.dtype, seed = cfg.seed }
-  -- a model that is not trained (remax eval) or whose base is frozen (LoRA) may keep bf16 weights
-  if self.opts.eval_only or cfg.use_lora then mopts.weight_dtype = cfg.frozen_dtype end
-  local source
-  if cfg.model then
-    -- a folder, or a Hugging Face name found in the cache (Qwen/Qwen2.5-0.5B-Instruct)
-    source = resolve_dir(cfg.model) or require("remax.bind.hf_cache").model_dir(cfg.model, "model")
-  elseif not cfg.model_config then
-    source = resolve_dir(M.DEFAULT_MODEL)
-    if not source then
-      error(("the built-in base model %s is missing: run ./remax run recipes/tiny_sft.lua first " ..
-        "(or pass --model DIR)"):format(M.DEFAULT_MODEL), 0)
-    end
-  end
-  self.model_source = source
-  -- with LoRA a checkpoint holds the adapters only: the base comes from where it always does
-  local resume_dir = not cfg.use_lora and self.resume_model_dir or nil
-  if source then
-    self.model = remax.model.load(resume_dir or source, mopts)
-    self.tok = remax.tokenizer.load(source)
-  else
-    -- a fresh random model with the byte-level tokenizer, kept in the run folder
-    local tok_dir = self.run_dir .. "/tokenizer"
-    if not self.dist.is_root then   -- rank 0 alone writes the run folder
-      tok_dir = os.tmpname()
-      os.remove(tok_dir)
-    end
-    mkdir(tok_dir)
-    remax.tokenizer.write_byte_level(tok_dir)
-    self.tok = remax.tokenizer.load(tok_dir)
-    local mc = {}
-    for k, v in pairs(cfg.model_config) do mc[k] = v end
-    if mc.vocab_size == nil then mc.vocab_size = self.tok.vocab_size end
-    if mc.vocab_size < self.tok.vocab_size then
-      error(("model_config.vocab_size = %d is smaller than the tokenizer's %d tokens"):format(mc.vocab_size, self.tok.vocab_size), 0)
-    end
-    mc.eos_token_id = mc.eos_token_id or self.tok.eos_id
-    self.fresh_config = mc
-    if resume_dir then
-      self.model = remax.model.load(resume_dir, mopts)
-    else
-      self.model = remax.model.new(mc, mopts)
-    end
-    self.model.source_dir = tok_dir
-  end
-  self.stop = remax.tokenizer.stop_ids(self.tok, self.model_source, { chat_ends = true, names = cfg.stop })
-  if cfg.use_lora then require("remax.bind.lora").setup(self.model, cfg, self.resume_model_dir) end
-  self.model_opts = mopts
-  -- the frozen reference: the starting weights, loaded only when the KL term is used (with
-  -- LoRA: the same model with its adapters off, no second copy)
-  if cfg.needs_reference then self:load_reference() end
-  self:resolve_template()
-end
-
--- The frozen reference model: the starting weights (the model folder, or the same fresh random
--- init), also when a hot reload raises beta from 0.
-function Trainer:load_reference()
-  if self.ref then return self.ref end
-  if self.cfg.use_lora then
-    self.ref = require("remax.bind.lora").reference(self.model)
-    return self.ref
-  end
-  local src = self.model_source
-  local ropts = { weight_dtype = self.cfg.frozen_dtype }
-  for k, v in pairs(self.model_opts) do if k ~= "weight_dtype" then ropts[k] = v end end
-  self.ref = src and remax.model.load(src, ropts) or remax.model.new(self.fresh_config, ropts)
-  return self.ref
-end
-
-function Trainer:resolve_template()
-  local t = self.cfg.chat_template
-  if t == "auto" then
-    t = (self.tok.chat_template and self.tok.chat_template ~= "") and "tokenizer" or "qa"
-  end
-  self.template_name = type(t) == "string" and t or "recipe function"
-  local extra = { enable_thinking = self.cfg.enable_thinking, template_args = self.cfg.chat_template_kwargs }
-  if t == "qa" then self.template = { template = qa_template }
-  elseif t == "tokenizer" then self.template = { template = "tokenizer", tokenizer = self.tok }
-  else self.template = { template = t, tokenizer = self.tok.chat_template and self.tok or nil } end
-  for k, v in pairs(extra) do self.template[k] = v end
-end
-
--- A prompt (string or messages) -> token ids, truncated to its last max_prompt_length tokens
--- (then also its length before, as a third value; the first one is announced once per run).
-function Trainer:encode_prompt(prompt)
-  local ids, text = chat.encode(self.tok, prompt, self.template)
-  local max = self.cfg.max_prompt_length
-  local before
-  if #ids > max then
-    before = #ids
-    local cut = {}
-    for i = #ids - max + 1, #ids do cut[#cut + 1] = ids[i] end
-    ids = cut
-    if not self.said_prompt_truncated then
-      self.said_prompt_truncated = true
-      say(self, ("a prompt of %d tokens is longer than max_prompt_length = %d: it keeps its last %d tokens " ..
-        "(every step counts such prompts in the prompts_truncated and frac_prompts_truncated metrics)"):format(before, max, max))
-    end
-  end
-  return ids, text, before
-end
-
-function Trainer:setup_data()
-  local cfg = self.cfg
-  local synth = require("remax.tasks.gsm8k_synth")
-  local sopts = { seed = cfg.seed, steps = cfg.synth_steps, max_number = cfg.synth_max_number,
-    style = cfg.synth_style }
-  local map = { prompt = cfg.prompt_column, answer = cfg.answer_column }
-  if cfg.data then
-    self.train_ds = data.load(cfg.data, map)
-  else
-    sopts.split = "train"
-    self.train_ds = data.from_rows(synth.generate(cfg.train_size, sopts), { name = "gsm8k_synth(train)" })
-  end
-  if cfg.eval_size > 0 then
-    if cfg.eval_data then
-      self.eval_ds = data.load(cfg.eval_data, map)
-    elseif not cfg.data then
-      sopts.split = "test"
-      self.eval_ds = data.from_rows(synth.generate(cfg.eval_size, sopts), { name = "gsm8k_synth(test)" })
-    end
-  end
-  if cfg.map_row then
-    for _, ds in ipairs({ self.train_ds, self.eval_ds }) do
-      for i, row in ipairs(ds.rows) do
-        local ok, new = pcall(cfg.map_row, row)
-        if not ok or type(new) ~= "table" then
-          error(("map_row (%s) on row %d of %s: %s"):format(config.show(cfg.map_row), i, ds.source,
-            ok and ("returned a " .. type(new) .. ", expected the row table") or tostring(new)), 0)
-        end
-        if type(new.prompt) ~= "string" then
-          local okm, err = chat.check_messages(new.prompt)
-          if not okm then error(("map_row on row %d of %s: prompt: %s"):format(i, ds.source, err), 0) end
-        end
-        ds.rows[i] = new
-      end
-    end
-  end
-  if cfg.algo == "sft" then
-    for _, ds in ipairs({ self.train_ds, self.eval_ds }) do
-      local col = cfg.answer_column or "answer"
-      local row = ds.rows[1]
-      if type(row[col]) ~= "string" then
-        error(("algo = sft needs an answer column '%s' (the target text) in %s; its columns: %s"):format(col,
-          ds.source, table.concat(ds:columns(), ", ")), 0)
-      end
-    end
-  end
-  -- prompts_per_step: this rank's; the sampler draws the global batch and each rank takes its share
-  self.prompts_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
-  self.global_prompts_per_step = self.prompts_per_step * self.dist.size
-  if cfg.steps_from_epochs then   -- num_train_epochs without max_steps: that many passes over the data
-    cfg.max_steps = math.max(1, math.ceil(cfg.num_train_epochs * #self.train_ds.rows / self.global_prompts_per_step))
-    if self.run.write_config then self.run:write_config(config.serializable(cfg)) end
-  end
-  self.sampler = self.train_ds:sampler({ seed = cfg.seed, shuffle = true, batch_size = self.global_prompts_per_step })
-end
-
-function Trainer:setup_rewards()
-  self.rewards = rewards.load_all(self.cfg.rewards, { base = self.recipe_dir })
-  rewards.probe(self.rewards, self.train_ds.rows, self.train_ds.source, data.collate, self.cfg.reward_timeout)
-  if self.eval_ds then rewards.probe(self.rewards, self.eval_ds.rows, self.eval_ds.source, data.collate, self.cfg.reward_timeout) end
-  self.accuracy_name = self.rewards[1] and self.rewards[1].name
-  for _, r in ipairs(self.rewards) do
-    if r.name == "gsm8k_accuracy" then self.accuracy_name = r.name end
-  end
-  if self.cfg.hot_reload then self:snapshot_watch() end
-end
-
-function Trainer:setup_optimizer()
-  local cfg = self.cfg
-  local params, grads = self.model:trainable()
-  self.opt = optim.adamw(params, grads, {
-    lr = cfg.learning_rate, betas = { cfg.adam_beta1, cfg.adam_beta2 }, eps = cfg.adam_epsilon,
-    weight_decay = cfg.weight_decay,
-  })
-  -- the schedule counts optimizer updates: num_iterations of them per step
-  self.total_updates = cfg.max_steps * cfg.num_iterations
-  self.warmup_steps = math.ceil(cfg.warmup_ratio * self.total_updates)
-end
-
--- Everything an exact resume needs: data position, optimizer, counters (RNG seeds derive
--- from (seed, step), so they need no state).
-function Trainer:state()
-  local os_ = self.opt:state()
-  return {
-    step = self.step, sampler = self.sampler:state(), optimizer_step = os_.step,
-    bad_steps = self.bad_steps, reloads = self.reloads, baseline = self.baseline_state,
-    eval_history = self.eval_history, train_seconds = self.train_seconds, tensors = os_.tensors,
-    world_size = self.dist.size, global_prompts_per_step = self.global_prompts_per_step,
-  }
-end
-
-function Trainer:restore(state)
-  local g = state.global_prompts_per_step
-  if g and g ~= self.global_prompts_per_step then
-    local w = state.world_size or 1
-    error(("--resume %s: its checkpoint was written by %d rank(s) x %d prompts per step (%d in all); this run has "
-      .. "%d rank(s) x %d = %d. The data order is global, so resume with %d prompts per step in all: the same "
-      .. "number of ranks (mpirun -np %d), or per_device_train_batch_size x gradient_accumulation_steps x ranks = %d")
-      :format(self.run_dir, w, g / w, g, self.dist.size, self.prompts_per_step, self.global_prompts_per_step, g, w, g), 0)
-  end
-  self.step = state.step
-  self.sampler:restore(state.sampler)
-  self.opt:load_state({ step = state.optimizer_step, tensors = state.tensors })
-  self.bad_steps, self.reloads = state.bad_steps or 0, state.reloads or 0
-  self.baseline_state = state.baseline
-  self.eval_history = state.eval_history
-  self.train_seconds = state.train_seconds
-  say(self, ("resumed %s from %s (step %d)"):format(self.run_dir, self.resume_ckpt or "?", self.step))
-end
-
-function Trainer:save_checkpoint(why)
-  self.dist:check_same_weights(self.model, ("step %d"):format(self.step))
-  local s = self:state()
-  self.run:save_checkpoint(self.step, self.model, s)
-  self.last_saved = self.step
-  if why then say(self, ("checkpoint step-%d saved (%s)"):format(self.step, why)) end
 end
 
 -- Generation seeds depend only on (seed, step), so a resumed run samples the same completions.
@@ -493,7 +140,7 @@ function Trainer:score(ro, opts)
     for k = 1, #rows do
       if none[k] then
         -- as TRL warns: such a row gets advantage 0 and stays out of the baselines
-        say(self, ("step %d: no reward function scored %d of %d completions (they get advantage 0), e.g. completion %d: %q")
+        self:say(("step %d: no reward function scored %d of %d completions (they get advantage 0), e.g. completion %d: %q")
           :format(ro.step, unscored, #rows, k, completions[k]:sub(1, 200)))
         break
       end
@@ -502,27 +149,6 @@ function Trainer:score(ro, opts)
   ro.time_score = now() - t0
   self.last_scored = ro
   return ro
-end
-
--- The checkpoint a failing reward leaves behind (the state after the last finished step), and
--- the plots of the steps so far.
-function Trainer:save_on_failure()
-  if self.step > 0 and self.last_saved ~= self.step then
-    local ok, err = pcall(self.save_checkpoint, self, "a reward failed")
-    if not ok then io.stderr:write("remax: could not save a checkpoint: ", tostring(err), "\n") end
-  end
-  if self.step > 0 then self:draw_plots() end
-end
-
--- The charts and index.html of the run. A failure is reported on stderr and kept in
--- self.plot_error (train() returns it); it never loses the run's other files.
-function Trainer:draw_plots()
-  local ok, err = pcall(self.run.plot, self.run)
-  if not ok then
-    self.plot_error = tostring(err)
-    io.stderr:write(("remax: drawing the plots of %s failed: %s\n"):format(self.run_dir, self.plot_error))
-  end
-  return ok
 end
 
 -- Policy (and reference) log-probabilities of the completion tokens of rows, without gradients.
@@ -753,7 +379,7 @@ function Trainer:update(ro)
       out.finite = false
       self.bad_steps = self.bad_steps + 1
       self.model:zero_grad()
-      say(self, ("step %d: non-finite loss (%s) or gradient norm (%s): update skipped (%d of max_bad_steps = %d)"):format(
+      self:say(("step %d: non-finite loss (%s) or gradient norm (%s): update skipped (%d of max_bad_steps = %d)"):format(
         step, tostring(loss), tostring(norm), self.bad_steps, cfg.max_bad_steps))
       break
     end
@@ -865,299 +491,6 @@ function Trainer:rl_metrics(ro, up)
   return m
 end
 
--- Record a finished step: metrics, completions, evaluation, checkpoint.
-function Trainer:finish_step(m, ro)
-  local cfg = self.cfg
-  self.step = self.step + 1
-  m.loss = m.loss
-  m.bad_steps, m.reloads = self.bad_steps, self.reloads
-  m.peak_memory_mib = peak_memory_mib(self.model)
-  m.train_memory_mib = train_memory_mib(self)
-  if self.pending_reloads then m.reloaded = self.pending_reloads; self.pending_reloads = nil end
-  if self.eval_ds and ((cfg.eval_steps > 0 and self.step % cfg.eval_steps == 0) or self.step == cfg.max_steps) then
-    local e = self:evaluate()
-    m.eval_accuracy, m.eval_reward = e.accuracy, e.reward
-  end
-  self.run:log_metrics(self.step, m)
-  self.history[#self.history + 1] = m
-  if ro and cfg.log_completions > 0 and self.step % cfg.log_completions == 0 then
-    local list = {}
-    for k, r in ipairs(ro.rows) do
-      local per = {}
-      for _, rw in ipairs(self.rewards) do per[rw.name] = ro.per[rw.name][k] end
-      list[#list + 1] = { step = self.step, prompt = ro.prompts[r.prompt].prompt, completion = r.text,
-        reward = ro.total[k], rewards = per, advantage = ro:advantage(k),
-        greedy = r.greedy and true or false }
-    end
-    self.run:log_completions(self.step, list)
-  end
-  if self.progress and (self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps) then
-    self.progress:update(self.step, { reward = m.reward, kl = m.kl, tokens_per_s = m.tokens_per_s, loss = m.loss })
-  end
-  if not self.quiet and not self.progress and (self.step % cfg.logging_steps == 0) then
-    print(("step %d/%d  reward %.4f  loss %.4f  kl %.4f  grad_norm %.3f  lr %.2e"):format(self.step, cfg.max_steps,
-      m.reward or 0, m.loss or 0, m.kl or 0, m.grad_norm or 0, m.lr or 0))
-  end
-  if self.bad_steps > cfg.max_bad_steps then
-    self:save_checkpoint("too many bad steps")
-    self:draw_plots()
-    error(("stopping: %d steps had a non-finite loss or gradient (max_bad_steps = %d); last checkpoint %s"):format(
-      self.bad_steps, cfg.max_bad_steps, self.run_dir), 0)
-  end
-  if cfg.save_steps > 0 and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps then
-    self:save_checkpoint()
-  end
-end
-
--- pass@k of one prompt with c right answers among n samples: the chance that k samples drawn
--- without replacement include a right one, 1 - C(n-c, k) / C(n, k) (Chen et al., 2021).
-local function pass_at_k(n, c, k)
-  if n - c < k then return 1 end
-  local miss = 1
-  for i = n - c + 1, n do miss = miss * (1 - k / i) end
-  return 1 - miss
-end
-M.pass_at_k = pass_at_k
-
--- Greedy completions of the eval set: accuracy (the gsm8k_accuracy reward, else the first
--- reward) and the mean combined reward. opts.samples = K > 0 also samples K completions per
--- prompt (at the recipe's temperature) in the same generation call and adds sampled accuracy,
--- pass@k for k = 1, 2, 4, ..., K, and the share of prompts whose greedy answer is wrong while
--- some sample is right (the headroom a reward can use).
-function Trainer:evaluate(opts)
-  if not self.eval_ds then return {} end
-  opts = opts or {}
-  local cfg = self.cfg
-  local K = opts.samples or 0
-  local t0 = now()
-  local rows = self.eval_ds.rows
-  local n = math.min(#rows, cfg.eval_size)
-  local acc, rew, count, glen = 0, 0, 0, 0
-  local right = {}   -- per prompt: right samples (K > 0)
-  local sacc, headroom, greedy_wrong = 0, 0, 0
-  local bs = cfg.per_device_eval_batch_size
-  if K > 0 then bs = math.max(1, math.floor(bs / (K + 1))) end
-  local lo, hi = self.dist:share_range(n)   -- each rank evaluates its share; the sums are gathered
-  for first = lo, hi, bs do
-    local chunk = {}
-    for i = first, math.min(hi, first + bs - 1) do chunk[#chunk + 1] = rows[i] end
-    local ro = self:rollout(chunk, { plan = rollout.plan(K, true, cfg.temperature), step = 0 })
-    self:score(ro, { alone = true })
-    local prompt_right, prompt_greedy = {}, {}
-    for k, r in ipairs(ro.rows) do
-      local a = self.accuracy_name and ro.per[self.accuracy_name][k] or 0
-      if r.greedy then
-        rew = rew + ro.total[k]
-        acc = acc + a
-        glen = glen + #r.tokens
-        count = count + 1
-        prompt_greedy[r.prompt] = a
-      else
-        sacc = sacc + a
-        prompt_right[r.prompt] = (prompt_right[r.prompt] or 0) + (a >= 1 and 1 or 0)
-      end
-    end
-    if K > 0 then
-      for i = 1, #chunk do
-        local c = prompt_right[i] or 0
-        right[#right + 1] = c
-        if (prompt_greedy[i] or 0) < 1 then
-          greedy_wrong = greedy_wrong + 1
-          if c > 0 then headroom = headroom + 1 end
-        end
-      end
-    end
-  end
-  acc, rew, count, glen, sacc, greedy_wrong, headroom = self.dist:sum(acc, rew, count, glen, sacc, greedy_wrong, headroom)
-  right = self.dist:concat(right)
-  local e = { accuracy = count > 0 and acc / count or 0, reward = count > 0 and rew / count or 0, n = count,
-    greedy_length_mean = count > 0 and glen / count or 0, seconds = now() - t0, step = self.step }
-  self.eval_seconds = (self.eval_seconds or 0) + e.seconds
-  if K > 0 and count > 0 then
-    e.samples = K
-    e.sampled_accuracy = sacc / (count * K)
-    e.pass_at = {}
-    local k = 1
-    while k <= K do
-      local s = 0
-      for _, c in ipairs(right) do s = s + pass_at_k(K, c, k) end
-      e.pass_at[#e.pass_at + 1] = { k = k, value = s / #right }
-      if k < K and 2 * k > K then k = K else k = 2 * k end
-    end
-    e.greedy_wrong = greedy_wrong / count
-    e.headroom = headroom / count
-  end
-  self.last_eval = e
-  self.eval_history = self.eval_history or {}
-  table.insert(self.eval_history, { step = self.step, accuracy = e.accuracy, reward = e.reward })
-  say(self, ("eval at step %d: greedy %s %.1f%%, reward %.4f (%d held-out prompts, %.1fs)"):format(self.step,
-    self.accuracy_name or "accuracy", 100 * e.accuracy, e.reward, count, e.seconds))
-  return e
-end
-
-local function source_of(r)
-  if r.path then return r.path end
-  return r.file
-end
-
-function Trainer:snapshot_watch()
-  self.watch = {}
-  local function add(path)
-    if path and not self.watch[path] and file_exists(path) then self.watch[path] = read_file(path) end
-  end
-  if self.recipe_path then add(self.recipe_path) end
-  for _, r in ipairs(self.rewards) do add(source_of(r)) end
-end
-
--- Reload changed reward files (and the recipe), each checked on the last step's completions;
--- a version that fails keeps the old one. Returns how many reloads succeeded.
-function Trainer:check_reload()
-  if not self.cfg.hot_reload or self.dist.size > 1 then return 0 end   -- ranks could see a change at different steps
-  local changed = {}
-  for path, text in pairs(self.watch) do
-    local now_text = read_file(path)
-    if now_text and now_text ~= text then
-      changed[#changed + 1] = path
-      self.watch[path] = now_text
-    end
-  end
-  if #changed == 0 then return 0 end
-  table.sort(changed)
-  local done = {}
-  local recipe_changed = false
-  for _, path in ipairs(changed) do
-    local by_name = false
-    for i, r in ipairs(self.rewards) do
-      if r.path == path then
-        by_name = true
-        local ok, new = pcall(function()
-          local nr = r.reload and r.reload() or rewards.load_file(path)   -- a "py:" reward starts a new worker
-          local tok, terr = pcall(self.trial, self, nr)
-          if not tok then
-            if nr.close then nr.close() end
-            error(terr, 0)
-          end
-          return nr
-        end)
-        if ok then
-          if r.close then r.close() end
-          self.rewards[i] = new
-          self:note_reload(path)
-          done[#done + 1] = path
-        else
-          say(self, ("hot reload: %s changed but failed its check, keeping the previous version: %s"):format(path, tostring(new)))
-        end
-      end
-    end
-    if not by_name then recipe_changed = true end
-  end
-  if recipe_changed and self.recipe_path then
-    local ok, err = pcall(self.reload_recipe, self)
-    if ok then
-      self:note_reload(self.recipe_path)
-      done[#done + 1] = self.recipe_path
-    else
-      say(self, ("hot reload: %s changed but failed to load, keeping the previous version: %s"):format(self.recipe_path, tostring(err)))
-    end
-  end
-  -- new reward functions may live in new files
-  for _, r in ipairs(self.rewards) do
-    local p = source_of(r)
-    if p and self.watch[p] == nil and file_exists(p) then self.watch[p] = read_file(p) end
-  end
-  return #done
-end
-
-function Trainer:note_reload(path)
-  self.reloads = self.reloads + 1
-  self.pending_reloads = self.pending_reloads or {}
-  table.insert(self.pending_reloads, path)
-  say(self, ("hot reload: %s reloaded (reload %d)"):format(path, self.reloads))
-end
-
--- Before the first step there are no completions yet: the trial runs on the first training
--- rows, with their answers (or "0") standing in for completions, as the start-up probe does.
-function Trainer:probe_scored()
-  local n = math.min(#self.train_ds.rows, 4)
-  local rows, completions = {}, {}
-  for i = 1, n do
-    rows[i] = self.train_ds.rows[i]
-    local a = rows[i][self.cfg.answer_column or "answer"]
-    completions[i] = type(a) == "string" and a or "0"
-  end
-  local batch = data.collate(rows)
-  batch.prompt_ids, batch.completion_ids, batch.greedy, batch.finish = {}, {}, {}, {}
-  for i = 1, n do
-    batch.prompt_ids[i] = self:encode_prompt(rows[i].prompt)
-    batch.completion_ids[i] = self.tok:encode(completions[i], { add_special_tokens = false })
-    batch.greedy[i], batch.finish[i] = false, "stop"
-    if type(rows[i].prompt) == "table" then
-      batch.completion_messages = batch.completion_messages or {}
-      batch.completion_messages[i] = { { role = "assistant", content = completions[i] } }
-    end
-  end
-  return { completions = completions, batch = batch }
-end
-
--- A reward must run on (a few of) the last completions (before the first step: the first
--- training rows) and give finite numbers or nil.
-function Trainer:trial(r)
-  local ro = self.last_scored or self:probe_scored()
-  local n = math.min(#ro.completions, 4)
-  local comps, batch = {}, {}
-  for i = 1, n do comps[i] = ro.completions[i] end
-  for k, col in pairs(ro.batch) do
-    if type(col) == "table" then
-      batch[k] = {}
-      for i = 1, n do batch[k][i] = col[i] end
-    end
-  end
-  rewards.run_one(r, comps, batch, {})
-end
-
--- Re-run the recipe with the same command-line overrides; take its rewards, advantage and the
--- settings marked hot. Other changed settings need a restart (printed, ignored).
-function Trainer:reload_recipe()
-  local rtab = recipe_mod.load(self.recipe_path)
-  local cfg = config.resolve(rtab, self.opts.overrides, { where = self.recipe_path })
-  local list = rewards.load_all(cfg.rewards, { base = self.recipe_dir })
-  for _, r in ipairs(list) do self:trial(r) end
-  if cfg.reward_weights and #cfg.reward_weights ~= #list then
-    error("reward_weights does not match the rewards", 0)
-  end
-  local ignored = {}
-  for _, k in ipairs(config.order) do
-    local decl = config.keys[k]
-    if k ~= "rewards" and not decl.hot and type(cfg[k]) ~= "function" and type(cfg[k]) ~= "table" and cfg[k] ~= self.cfg[k]
-      and k ~= "resume" and k ~= "run_name" then
-      ignored[#ignored + 1] = k
-    end
-  end
-  local old_beta = self.cfg.beta
-  for _, k in ipairs(config.order) do
-    if config.keys[k].hot then self.cfg[k] = cfg[k] end
-  end
-  config.derive(self.cfg)   -- the KL mode, sampling plan, ... of the new hot values
-  if self.cfg.needs_reference and not self.ref then
-    -- the KL term needs the frozen reference model, which a run started with beta = 0 lacks
-    local ok, err = pcall(self.load_reference, self)
-    if ok then
-      say(self, ("hot reload: beta = %s: reference model loaded from %s"):format(tostring(cfg.beta),
-        self.model_source or "the fresh model's initial weights"))
-    else
-      say(self, ("hot reload: beta = %s needs the reference model, which failed to load (%s); keeping beta = %s")
-        :format(tostring(cfg.beta), tostring(err), tostring(old_beta)))
-      self.cfg.beta = old_beta
-      config.derive(self.cfg)
-    end
-  end
-  self.cfg.rewards = cfg.rewards
-  self.rewards = list
-  if #ignored > 0 then
-    say(self, "hot reload: changes to " .. table.concat(ignored, ", ") .. " take effect only after a restart")
-  end
-end
-
 ---------------------------------------------------------------------------- the loop
 
 -- One full step (RL or SFT); returns its metrics.
@@ -1190,90 +523,6 @@ function Trainer:train_step()
   m.time_elapsed_train = self.train_seconds
   self:finish_step(m, ro)
   return m
-end
-
-local signals = require("remax.bind.signals")
-local signal_pending = signals.pending
-
--- The whole run: evaluation before, steps (or the recipe's loop), evaluation after, checkpoint.
-function Trainer:train(loop)
-  local cfg = self.cfg
-  if self.opts.signals ~= false then signals.install() end
-  local okp, progress_mod = pcall(require, "remax.train.progress")
-  if okp and not self.quiet then
-    self.progress = progress_mod.new({ total = cfg.max_steps, label = self.run_name })
-  end
-  say(self, ("run %s: %s, model %s (%d parameters), %d prompts per step, template %s"):format(self.run_dir,
-    cfg.algo, self.model_source or "random init", self.model:num_parameters(), self.global_prompts_per_step, self.template_name))
-  if self.dist.size > 1 then
-    say(self, ("%d ranks (%s), %d prompts each per step%s"):format(self.dist.size, self.dist.backend,
-      self.prompts_per_step, cfg.hot_reload and "; hot reload is off with more than one rank" or ""))
-  end
-  local before
-  if self.eval_ds and cfg.eval_on_start and self.step == 0 then
-    before = self:evaluate()
-    self.run:log_metrics(0, { eval_accuracy = before.accuracy, eval_reward = before.reward })
-  end
-  local interrupted = false
-  local function one()
-    self:check_reload()
-    return self:train_step()
-  end
-  if loop then
-    loop(self)
-    interrupted = self.dist:any(signal_pending())
-  else
-    while self.step < cfg.max_steps and not self:out_of_time() do
-      one()
-      if self.dist:any(signal_pending()) then interrupted = true break end
-    end
-  end
-  if interrupted then
-    self:save_checkpoint("interrupted")
-    self:draw_plots()
-    if self.progress then self.progress:finish() end
-    say(self, ("interrupted at step %d; resume with: remax run %s --resume %s"):format(self.step,
-      self.recipe_path or "RECIPE.lua", self.run_dir))
-    signals.clear()
-    return { interrupted = true, step = self.step, run_dir = self.run_dir, plot_error = self.plot_error }
-  end
-  local after = self.last_eval
-  if self.eval_ds and (not after or after.step ~= self.step) then
-    after = self:evaluate()
-    self.run:log_metrics(self.step, { eval_accuracy = after.accuracy, eval_reward = after.reward,
-      time_elapsed_train = self.train_seconds })
-  end
-  if self.last_saved ~= self.step then self:save_checkpoint() end
-  if cfg.save_final_model and self.dist.is_root then
-    self.model:save(cfg.save_final_model)
-    say(self, "final model saved to " .. cfg.save_final_model)
-  end
-  if cfg.save_merged then
-    require("remax.bind.lora").save_merged(self.model, cfg.save_merged)
-    say(self, "merged model saved to " .. cfg.save_merged)
-  end
-  if self.progress then self.progress:finish() end
-  self:draw_plots()
-  if after and not self.quiet then
-    local first = self.eval_history and self.eval_history[1]
-    print(("held-out greedy accuracy: %.1f%% at step %d -> %.1f%% at step %d (%d prompts)"):format(
-      100 * (first and first.accuracy or after.accuracy), first and first.step or self.step,
-      100 * after.accuracy, self.step, after.n))
-  end
-  return { before = before, after = after, step = self.step, run_dir = self.run_dir, history = self.history,
-    plot_error = self.plot_error }
-end
-
--- For recipe loops: run one standard step (with hot reload) and say whether to go on.
-function Trainer:should_continue()
-  return self.step < self.cfg.max_steps and not self:out_of_time() and not self.dist:any(signal_pending())
-end
-
--- max_time: the training time so far (steps only, evaluation excluded) has passed the budget
--- (on any rank: the ranks stop together).
-function Trainer:out_of_time()
-  local budget = self.cfg.max_time
-  return self.dist:any(budget > 0 and (self.train_seconds or 0) >= budget)
 end
 
 return M
