@@ -127,8 +127,18 @@ describe("command line", function()
     local p = progress.new({ total = 3, out = out, tty = false })
     p:update(1, { reward = 0.5 })
     p:log("saved")
+    p:status("eval 64/200 prompts")   -- a passing status: nothing in a log
     local text = table.concat(buf)
     assert.is_nil(text:find("[\r\27]"))
+    assert.is_nil(text:find("eval 64", 1, true))
     assert.matches("step 1/3", text, 1, true)
+    -- on a terminal the status follows the live line while an evaluation runs
+    buf = {}
+    local live_p = progress.new({ total = 3, out = out, tty = true })
+    live_p.width = 200
+    live_p:update(1, { reward = 0.5 })
+    live_p:status("eval 64/200 prompts")
+    text = table.concat(buf)
+    assert.matches("\r[^\r]*step 1/3[^\r]*eval 64/200 prompts\27%[K$", text)
   end)
 end)

@@ -41,6 +41,7 @@ function methods.evaluate(self, opts)
     for i = first, math.min(hi, first + bs - 1) do chunk[#chunk + 1] = rows[i] end
     local ro = self:rollout(chunk, { plan = rollout.plan(K, true, cfg.temperature), step = 0 })
     self:score(ro, { alone = true })
+    if self.progress then self.progress:status(("eval %d/%d prompts"):format(math.min(hi, first + bs - 1) - lo + 1, hi - lo + 1)) end
     local prompt_right, prompt_greedy = {}, {}
     for k, r in ipairs(ro.rows) do
       local a = self.accuracy_name and ro.per[self.accuracy_name][k] or 0

@@ -98,6 +98,17 @@ function Progress:update(step, metrics)
   return text
 end
 
+-- A passing status after the live line, on a terminal only ("eval 128/500 prompts" while an
+-- evaluation runs); the next update draws the line without it. Off a terminal nothing is written,
+-- so logs stay one line per step.
+function Progress:status(text)
+  if not self.tty then return end
+  local line = (self.line and (self.line .. "  ") or "") .. tostring(text)
+  if self.width and #line >= self.width then line = line:sub(1, self.width - 1) end
+  self.out:write("\r", line, "\27[K")
+  self.out:flush()
+end
+
 -- Prints a message; on a terminal it goes above the live line, which is drawn again.
 function Progress:log(text)
   if self.tty and self.line then
