@@ -236,7 +236,8 @@ function M.run_one(r, completions, batch, opts)
   local n = #completions
   local ok, scores, seconds
   if r.external then   -- a worker or server keeps its own deadline; its errors are whole messages
-    ok, scores = pcall(r.fn, completions, batch, { timeout = limit, step = opts and opts.step })
+    -- (no limit given, as in a hot reload's trial: the default reward_timeout, so a hung worker cannot hang the run)
+    ok, scores = pcall(r.fn, completions, batch, { timeout = limit or 600, step = opts and opts.step })
     if not ok then fail(r, ("reward '%s' (%s)%s: %s"):format(r.name, r.where, step_text(opts), tostring(scores)), opts) end
   else
     ok, scores, seconds = M.call_with_timeout(limit, r.fn, completions, batch)
