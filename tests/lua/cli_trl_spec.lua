@@ -140,5 +140,17 @@ describe("command line", function()
     live_p:status("eval 64/200 prompts")
     text = table.concat(buf)
     assert.matches("\r[^\r]*step 1/3[^\r]*eval 64/200 prompts\27%[K$", text)
+    -- and generation ticks about twice a second (a clock the test moves)
+    local t = 0
+    local ticking = progress.new({ total = 3, out = out, tty = true, clock = function() return t end })
+    ticking.width = 200
+    local tick = ticking:ticker("generating: token %d/%d")
+    buf = {}
+    tick(1, nil, nil, 256)
+    assert.are.equal("", table.concat(buf))   -- too soon
+    t = 0.6
+    tick(37, nil, nil, 256)
+    assert.matches("generating: token 37/256", table.concat(buf), 1, true)
+    assert.is_nil(p:ticker("x %d/%d"))         -- off a terminal: no callback at all
   end)
 end)

@@ -109,6 +109,20 @@ function Progress:status(text)
   self.out:flush()
 end
 
+-- A model:generate on_token callback that shows "generating: token 37/256" as a status about
+-- twice a second (nil off a terminal: nothing to show, nothing to call).
+function Progress:ticker(format)
+  if not self.tty then return nil end
+  local last = self.clock()
+  return function(step, _, _, max_new)
+    local t = self.clock()
+    if t - last >= 0.5 then
+      last = t
+      self:status(format:format(step, max_new))
+    end
+  end
+end
+
 -- Prints a message; on a terminal it goes above the live line, which is drawn again.
 function Progress:log(text)
   if self.tty and self.line then
