@@ -87,6 +87,8 @@ describe("rollout", function()
       local ro = make(prompts, 1, true, reward0)
       ro.adv = {}
       for i = 1, #prompts do ro.adv[i] = { reward0 + i } end
+      ro.groups = ro:grouped(ro.total)
+      ro.none = { [2] = true }   -- the first prompt's greedy row: no reward scored it
       return dist.decode(dist.encode(ro:pack()))   -- as another rank sends it
     end
     local whole = rollout.merge({ part({ "a", "b" }, 10), part({ "c" }, 20) })
@@ -100,5 +102,9 @@ describe("rollout", function()
     assert.are.equal(9, whole.tokens_generated)
     assert.are.equal(20, whole.time_generate)   -- the slowest rank's
     assert.are.equal(21, whole:advantage(5))   -- still a rollout
+    -- what the step's metrics read: rewards by prompt, and the rows no reward scored
+    assert.are.same({ { samples = { 11 }, greedy = 12 }, { samples = { 13 }, greedy = 14 }, { samples = { 21 }, greedy = 22 } },
+      whole.groups)
+    assert.are.same({ [2] = true, [6] = true }, whole.none)
   end)
 end)

@@ -159,6 +159,35 @@ end }
     assert.matches("noanswer.jsonl:1: missing prompt column 'question'", err, 1, true)
   end)
 
+  it("takes its data from a recipe function: train_size rows of 'train', eval_size of 'test'", function()
+    local dir = setup()
+    local calls = {}
+    local function rows_of(split, n, cfg)
+      calls[#calls + 1] = { split, n, cfg.seed }
+      local rows = {}
+      for i = 1, n do rows[i] = { prompt = split .. " " .. i, answer = "x" .. i } end
+      return rows
+    end
+    local t = new_trainer(dir, { data = rows_of, train_size = 6, eval_size = 3 })
+    assert.are.same({ { "train", 6, 7 }, { "test", 3, 7 } }, calls)
+    assert.are.equal(6, #t.train_ds.rows)
+    assert.are.same({ "test 1", "test 2", "test 3" }, { t.eval_ds.rows[1].prompt, t.eval_ds.rows[2].prompt, t.eval_ds.rows[3].prompt })
+    -- a file as data has no held-out split unless eval_data names one
+    assert.is_nil(new_trainer(dir, { eval_size = 3 }).eval_ds)
+    local err = capture_error(new_trainer, dir, { data = function() error("no rows today") end })
+    assert.matches("split train: ", err, 1, true)
+    assert.matches("no rows today", err, 1, true)
+  end)
+
+  it("stops without data, saying how to give it", function()
+    local dir = setup()
+    local s = settings(dir)
+    s.data = nil
+    local err = capture_error(function() return trainer.new(config.resolve(s), { quiet = true, signals = false }) end)
+    assert.matches("no training data: set data to a JSONL or JSON file (--data FILE)", err, 1, true)
+    assert.matches("remax.tasks.gsm8k.synthetic()", err, 1, true)
+  end)
+
   it("hot-reloads a changed reward file and keeps the old one when the new one fails", function()
     local dir = setup()
     local t = new_trainer(dir, { max_steps = 4 })

@@ -135,6 +135,7 @@ function Rollout:pack()
       finish = r.finish }
   end
   return { prompts = self.prompts, rows = rows, total = self.total, per = self.per, adv = self.adv, kl_k1 = self.kl_k1,
+    groups = self.groups, none = self.none,
     tokens_generated = self.tokens_generated, time_generate = self.time_generate, time_score = self.time_score,
     unscored = self.unscored, slots = self.slots, G = self.G, greedy = self.greedy, step = self.step }
 end
@@ -144,7 +145,8 @@ end
 function M.merge(parts)
   local first = parts[1]
   local whole = setmetatable({ slots = first.slots, G = first.G, greedy = first.greedy, step = first.step,
-    prompts = {}, rows = {}, total = {}, adv = first.adv and {} or nil,
+    prompts = {}, rows = {}, total = {}, adv = first.adv and {} or nil, groups = first.groups and {} or nil,
+    none = first.none and {} or nil,
     tokens_generated = 0, unscored = 0, time_generate = 0, time_score = 0 }, Rollout)
   local per, kl = {}, first.kl_k1 and {} or nil
   for name in pairs(first.per or {}) do per[name] = {} end
@@ -153,12 +155,14 @@ function M.merge(parts)
     local base = #whole.rows
     for i, prompt in ipairs(p.prompts) do whole.prompts[offset + i] = prompt end
     if whole.adv then for i, a in ipairs(p.adv) do whole.adv[offset + i] = a end end
+    if whole.groups then for i, g in ipairs(p.groups) do whole.groups[offset + i] = g end end
     for k, r in ipairs(p.rows) do
       r.prompt = r.prompt + offset
       whole.rows[base + k] = r
       whole.total[base + k] = p.total[k]
       for name, list in pairs(per) do list[base + k] = p.per[name][k] end
       if kl then kl[base + k] = p.kl_k1[k] end
+      if whole.none and p.none then whole.none[base + k] = p.none[k] end
     end
     whole.tokens_generated = whole.tokens_generated + p.tokens_generated
     whole.unscored = whole.unscored + (p.unscored or 0)
