@@ -127,6 +127,50 @@ describe("resume", function()
     assert.is_nil(again.run:latest_checkpoint())
   end)
 
+  it("prints a Ctrl-C hint that resumes the run when typed as printed", function()
+    local d = setup()
+    -- a recipe whose reward sends the process SIGINT during step 2 (as Ctrl-C at the terminal)
+    write(d .. "/recipe.lua", ([[
+local ipc = require("remax.bind.ipc")
+local calls = 0
+return {
+  model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
+    num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
+    rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true },
+  data = "p.jsonl", chat_template = "plain", num_generations = 2, max_completion_length = 6,
+  per_device_train_batch_size = 2, max_steps = 4, eval_size = 0, output_dir = "runs", run_name = "c",
+  save_steps = 0, log_completions = 0, seed = 7, learning_rate = 1e-3,
+  rewards = { { name = "interrupt", fn = function(c)
+    calls = calls + 1
+    -- (from a background shell: system() ignores SIGINT in its caller while it waits)
+    if calls == 3 and not os.getenv("NO_INTERRUPT") then os.execute("(sleep 0.3; kill -INT " .. ipc.pid() .. ") &"); ipc.sleep(1) end
+    local s = {}
+    for i in ipairs(c) do s[i] = #c[i] end
+    return s
+  end } },
+}
+]]))
+    local bin = require("remax.cli.main").build_dir() .. "/remax"
+    if bin:sub(1, 1) ~= "/" then bin = os.getenv("PWD") .. "/" .. bin end
+    local function sh(cmd)
+      local p = io.popen("cd " .. d .. " && " .. cmd .. " 2>&1; echo rc=$?")
+      local out = p:read("*a")
+      p:close()
+      return out
+    end
+    local out = sh(("%s run recipe.lua --learning_rate 0.002"):format(bin))
+    assert.matches("rc=130", out, 1, true)
+    local hint = out:match("resume with: (remax run [^\n]+)")
+    assert.are.equal("remax run recipe.lua --resume runs/c", hint, out)
+    -- typed as printed (remax is the program), the run goes on from its checkpoint with its own settings
+    out = sh("NO_INTERRUPT=1 " .. hint:gsub("^remax", bin))
+    assert.matches("rc=0", out, 1, true)
+    assert.matches("resumed runs/c from runs/c/checkpoints/step%-%d", out)
+    local rows = require("remax.train.runs").read_jsonl(d .. "/runs/c/metrics.jsonl")
+    assert.are.equal(4, rows[#rows].step)
+    for _, row in ipairs(rows) do assert.is_true(math.abs(row.lr - 0.002) < 1e-12) end   -- the first command line's lr
+  end)
+
   it("leaves no half-made run folder after a failed start", function()
     local d = setup()
     local err = capture_error(trainer.new, config.resolve(recipe(d, { model = d .. "/no-such-model", model_config = nil })),
