@@ -207,6 +207,42 @@ def other(completions, **kw):
     for _, r in ipairs(list) do r.close() end
   end)
 
+  it("scores an evaluation chunk while the next one generates, with the results of a Lua reward", function()
+    local config = require("remax.train.config")
+    local trainer = require("remax.train.trainer")
+    local d = dir()
+    write(d .. "/len.py", "def reward(completions, completion_ids, **kw):\n    return [len(ids) % 3 for ids in completion_ids]\n")
+    write(d .. "/len.lua", "return { name = 'len', fn = function(c, b) local s = {} for i in ipairs(c) do s[i] = #b.completion_ids[i] % 3 end return s end }")
+    local lines = {}
+    for i = 1, 8 do lines[i] = ('{"prompt": "say something %d", "answer": "x%d"}'):format(i, i) end
+    write(d .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+    local function new(reward)
+      return trainer.new(config.resolve({
+        model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
+          num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
+          rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true },
+        data = d .. "/p.jsonl", eval_data = d .. "/p.jsonl", eval_size = 7, per_device_eval_batch_size = 2,
+        rewards = { reward }, chat_template = "plain", max_completion_length = 8, max_steps = 1,
+        output_dir = d .. "/runs", save_steps = 0, log_completions = 0, seed = 7,
+      }), { quiet = true, signals = false })
+    end
+    local t = new("py:" .. d .. "/len.py")
+    -- watch how many batches are on their way to the worker at once
+    local impl, most = t.rewards[1].impl, 0
+    local send = impl.send
+    impl.send = function(self, ...)
+      send(self, ...)
+      most = math.max(most, #self.queue)
+    end
+    local e = t:evaluate()
+    assert.are.equal(2, most)   -- chunk k+1 was handed over before chunk k's scores were read
+    local want = new(d .. "/len.lua"):evaluate()
+    assert.are.equal(7, e.n)
+    assert.are.equal(want.reward, e.reward)
+    assert.are.equal(want.accuracy, e.accuracy)
+    t.rewards[1].close()
+  end)
+
   it("runs a cmd: program speaking the JSON-lines protocol, and names a malformed answer", function()
     local d = dir()
     write(d .. "/echo_len.py", [==[

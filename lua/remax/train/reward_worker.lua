@@ -156,11 +156,13 @@ function Worker:stop()
 end
 
 -- Sends a batch without waiting for the answer (receive reads it), so the worker scores while
--- the other rewards run. Never raises: what goes wrong is raised by receive.
+-- the other rewards run, or while the next batch generates. Several batches may be on their way
+-- (answered in order: the protocol is one line each). Never raises: what goes wrong is raised by
+-- receive. A batch already sent (the same completions table) is not sent again.
 function Worker:send(completions, batch, opts)
-  if self.pending then pcall(self.receive, self) end   -- an answer nobody read (an earlier reward failed)
+  for _, q in ipairs(self.queue) do if q.key == completions then return end end
   local p = { key = completions, n = #completions, timeout = opts and opts.timeout }
-  self.pending = p
+  self.queue[#self.queue + 1] = p
   local ok, err = pcall(function()
     p.req = request_json(completions, batch, opts and opts.step) .. "\n"
     self:transmit(p)
@@ -174,10 +176,20 @@ function Worker:transmit(p)
   p.sent, p.why = self.proc:write(p.req, p.deadline)
 end
 
--- The scores of the batch sent last.
-function Worker:receive()
-  local p = self.pending
-  self.pending = nil
+-- The scores of the batch sent with these completions (answers to batches sent before it, which
+-- nobody asked for after an earlier failure, are read and dropped).
+function Worker:receive(key)
+  local p
+  repeat
+    p = table.remove(self.queue, 1)
+    if not p then error("internal: no batch was sent to this worker", 0) end
+    if p.key ~= key then pcall(self.answer, self, p) end
+  until p.key == key
+  return self:answer(p)
+end
+
+-- Reads the answer to p, the oldest batch on its way.
+function Worker:answer(p)
   if p.error then error(p.error, 0) end
   while true do
     local line, why = nil, p.why
@@ -186,6 +198,7 @@ function Worker:receive()
     if why == "timeout" then
       self.proc:kill()
       self:stop()
+      self.queue = {}   -- what was sent after it went with the worker
       error(("took over reward_timeout = %g s scoring %d completions (the worker is stopped; make it faster, or raise reward_timeout, 0: no limit)")
         :format(p.timeout, p.n), 0)
     end
@@ -195,19 +208,27 @@ function Worker:receive()
     exit = exit or why
     self:stop()
     if self.restarts >= 1 then
+      self.queue = {}
       error(("the worker died again (%s) after it was restarted once; its error output is above"):format(exit), 0)
     end
     self.restarts = self.restarts + 1
     io.stderr:write(("reward '%s': the worker died (%s); starting it again (once per run)\n"):format(self.name, exit))
+    -- the new worker gets this batch and every later one still on its way, in order
     self:transmit(p)
+    for _, q in ipairs(self.queue) do
+      if not q.error then
+        local ok, err = pcall(self.transmit, self, q)
+        if not ok then q.error = err end
+      end
+    end
   end
 end
 
 -- One batch: the scores (the answer to an earlier send of the same completions, when there is one).
 -- opts.timeout: seconds (nil or 0: no limit); opts.step goes into the request.
 function Worker:call(completions, batch, opts)
-  if not (self.pending and self.pending.key == completions) then self:send(completions, batch, opts) end
-  return self:receive()
+  self:send(completions, batch, opts)   -- (nothing when it is on its way already)
+  return self:receive(completions)
 end
 
 ---------------------------------------------------------------------------------------------
@@ -291,13 +312,14 @@ end
 local Server = {}
 Server.__index = Server
 
--- Sends a batch (connects and posts) without waiting for the answer; never raises.
+-- Sends a batch (connects and posts) without waiting for the answer; never raises. Each batch on
+-- its way has its own connection. A batch already sent is not sent again.
 function Server:send(completions, batch, opts)
-  if self.pending and self.pending.conn then self.pending.conn:close() end
+  for _, q in ipairs(self.queue) do if q.key == completions then return end end
   local timeout = opts and opts.timeout
   local p = { key = completions, n = #completions, timeout = timeout,
     deadline = timeout and timeout > 0 and (ipc.now() + timeout) or nil }
-  self.pending = p
+  self.queue[#self.queue + 1] = p
   local ok, err = pcall(function()
     p.body = request_json(completions, batch, opts and opts.step)
     p.conn, p.why, p.kind = M.http_send(self.url, p.body, p.deadline)
@@ -305,11 +327,16 @@ function Server:send(completions, batch, opts)
   if not ok then p.error = err end
 end
 
--- The scores of the batch sent last. A connection that fails (refused, reset, closed without an
--- answer) is tried once more; a timeout or a bad answer stops at once.
-function Server:receive()
-  local p = self.pending
-  self.pending = nil
+-- The scores of the batch sent with these completions. A connection that fails (refused, reset,
+-- closed without an answer) is tried once more; a timeout or a bad answer stops at once.
+-- Batches sent before it and never asked for (after an earlier failure) are dropped.
+function Server:receive(key)
+  local p
+  repeat
+    p = table.remove(self.queue, 1)
+    if not p then error("internal: no batch was sent to this server", 0) end
+    if p.key ~= key and p.conn then p.conn:close() end
+  until p.key == key
   if p.error then error(p.error, 0) end
   for attempt = 1, 2 do
     local payload, why, kind = nil, p.why, p.kind
@@ -328,8 +355,8 @@ function Server:receive()
 end
 
 function Server:call(completions, batch, opts)
-  if not (self.pending and self.pending.key == completions) then self:send(completions, batch, opts) end
-  return self:receive()
+  self:send(completions, batch, opts)
+  return self:receive(completions)
 end
 
 ---------------------------------------------------------------------------------------------
@@ -366,18 +393,18 @@ function M.reward(spec, opts)
     r.path = file
     local python = os.getenv("REMAX_PYTHON") or "python3"
     impl = setmetatable({ argv = { python, "-u", "-c", M.PY_HARNESS, file, fname or "reward" }, hello = true,
-      restarts = 0, name = r.name }, Worker)
+      restarts = 0, name = r.name, queue = {} }, Worker)
   elseif s:match("^cmd:") then
     local command = s:sub(5):match("^%s*(.-)%s*$")
     if command == "" then error(("reward %s: expected cmd:PROGRAM [ARGS...]"):format(s), 0) end
     local last
     for word in command:gmatch("%S+") do if not word:match("^%-") then last = word end end
     r.name = name or (basename(last or "cmd"):gsub("%.%w+$", ""))
-    impl = setmetatable({ argv = { "/bin/sh", "-c", command }, restarts = 0, name = r.name }, Worker)
+    impl = setmetatable({ argv = { "/bin/sh", "-c", command }, restarts = 0, name = r.name, queue = {} }, Worker)
   else
     local host, port, path = parse_url(s)
     r.name = name or ((path:match("([^/]+)/*$") or host):gsub("[^%w_%-%.]", "_"))
-    impl = setmetatable({ url = s, name = r.name }, Server)
+    impl = setmetatable({ url = s, name = r.name, queue = {} }, Server)
     r.url = s
   end
   if type(r.name) ~= "string" or r.name == "" then error(("reward %s: name must be a non-empty string"):format(s), 0) end
@@ -387,7 +414,10 @@ function M.reward(spec, opts)
   r.fn = function(completions, batch, o) return impl:call(completions, batch, o) end
   -- send: start scoring now, fn collects the answer (rewards.score sends to every worker first)
   r.send = function(completions, batch, o) impl:send(completions, batch, o) end
-  r.close = function() if impl.stop then impl:stop() end end
+  r.close = function()
+    if impl.stop then impl:stop() end
+    impl.queue = {}
+  end
   r.reload = function()
     return M.reward(spec, opts)
   end

@@ -282,6 +282,14 @@ function M.run_one(r, completions, batch, opts)
   return scores
 end
 
+-- Hands the batch to every reward that runs outside Lua (a worker, a server), without waiting;
+-- score (or run_one) collects the answers later. A batch already sent is not sent again.
+function M.send(list, completions, batch, opts)
+  for _, r in ipairs(list) do
+    if r.send then r.send(completions, batch, { timeout = opts and opts.timeout, step = opts and opts.step }) end
+  end
+end
+
 -- Score with every reward. Returns per[name] = scores, total[i] = sum_k w_k * s_k[i] over the
 -- rewards that gave a score (0 when none did), how many rows had no score at all, and
 -- none[i] = true for those rows.
@@ -290,9 +298,7 @@ function M.score(list, weights, completions, batch, opts)
   for i = 1, #completions do total[i] = 0 end
   local any = {}
   -- workers and reward servers get the batch first and score while the Lua rewards run
-  for _, r in ipairs(list) do
-    if r.send then r.send(completions, batch, { timeout = opts and opts.timeout, step = opts and opts.step }) end
-  end
+  M.send(list, completions, batch, opts)
   for k, r in ipairs(list) do
     local scores = M.run_one(r, completions, batch, opts)
     per[r.name] = scores

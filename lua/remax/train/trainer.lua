@@ -118,7 +118,7 @@ end
 function Trainer:score(ro, opts)
   local t0 = now()
   local rows = ro.rows
-  local completions, batch = ro:reward_inputs(data.collate)
+  local completions, batch = self:reward_inputs(ro)
   local per, total, unscored, none
   if self.dist.size == 1 or (opts and opts.alone) then
     per, total, unscored, none = rewards.score(self.rewards, self.cfg.reward_weights, completions, batch, {
@@ -149,6 +149,19 @@ function Trainer:score(ro, opts)
   ro.time_score = now() - t0
   self.last_scored = ro
   return ro
+end
+
+-- The completions and batch columns the rewards get for a rollout (made once per rollout).
+function Trainer:reward_inputs(ro)
+  if not ro.reward_args then ro.reward_args = { ro:reward_inputs(data.collate) } end
+  return ro.reward_args[1], ro.reward_args[2]
+end
+
+-- Hands a rollout to the reward workers and servers now, so that they score it while something
+-- else runs (evaluation generates its next chunk); score(ro) then collects their answers.
+function Trainer:score_ahead(ro)
+  local completions, batch = self:reward_inputs(ro)
+  rewards.send(self.rewards, completions, batch, { step = ro.step, timeout = self.cfg.reward_timeout })
 end
 
 -- Policy (and reference) log-probabilities of the completion tokens of rows, without gradients.
