@@ -51,13 +51,21 @@ function methods.setup_model(self)
   else
     -- a fresh random model with the byte-level tokenizer, kept in the run folder
     local tok_dir = self.run_dir .. "/tokenizer"
-    if not self.dist.is_root then   -- rank 0 alone writes the run folder
-      tok_dir = os.tmpname()
-      os.remove(tok_dir)
+    if self.dist.is_root and not self.opts.eval_only then
+      mkdir(tok_dir)
+      remax.tokenizer.write_byte_level(tok_dir)
+      self.tok = remax.tokenizer.load(tok_dir)
+    else   -- rank 0 alone writes the run folder (and remax eval none): a copy, removed once loaded
+      local tmp = os.tmpname()
+      os.remove(tmp)
+      mkdir(tmp)
+      local ok, err = pcall(function()
+        remax.tokenizer.write_byte_level(tmp)
+        self.tok = remax.tokenizer.load(tmp)
+      end)
+      fs.remove_tree(tmp)
+      if not ok then error(err, 0) end
     end
-    mkdir(tok_dir)
-    remax.tokenizer.write_byte_level(tok_dir)
-    self.tok = remax.tokenizer.load(tok_dir)
     local mc = {}
     for k, v in pairs(cfg.model_config) do mc[k] = v end
     if mc.vocab_size == nil then mc.vocab_size = self.tok.vocab_size end
