@@ -37,4 +37,12 @@ function M.blas_core()
   return ffi.string(require("remax.bind.ffi").C.rx_blas_core())
 end
 
+-- The CUDA backend of this build, in words: not built, built for the GPU, or the CPU emulation.
+function M.cuda_backend()
+  local ffi = require("ffi")
+  local kind = ffi.string(require("remax.bind.ffi").C.rx_cuda_backend())
+  return ({ none = "not built", device = "built for the GPU",
+    emulated = "emulated on the CPU (for testing, not speed)" })[kind] or kind
+end
+
 return M

@@ -126,8 +126,13 @@ describe("reward_timeout", function()
   end)
 
   it("is a setting with a default, refused when negative", function()
-    assert.are.equal(600, config.resolve({}).reward_timeout)
-    assert.matches("reward_timeout must be >= 0", err_of(config.resolve, { reward_timeout = -1 }), 1, true)
+    -- unset: a minute, or four times the step's generation time when that is longer
+    assert.is_nil(config.resolve({}).reward_timeout)
+    assert.are.equal(60, rewards.limit(nil, 2))
+    assert.are.equal(400, rewards.limit(nil, 100))
+    assert.are.equal(0.5, rewards.limit(0.5, 100))
+    assert.are.equal(0, rewards.limit(0, 100))
+    assert.matches("reward_timeout = -1: expected a number in [0, inf)", err_of(config.resolve, { reward_timeout = -1 }), 1, true)
   end)
 end)
 

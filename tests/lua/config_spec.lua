@@ -143,9 +143,11 @@ describe("config.resolve's derived settings", function()
     assert.is_false(c.skip_zero_rows)
   end)
 
-  it("checks sampling settings with the model's one check", function()
-    assert.matches("config: temperature = -1 must be >= 0", err_of(config.resolve, { temperature = -1 }), 1, true)
-    assert.matches("config: top_p = 0 must be in (0, 1]", err_of(config.resolve, { top_p = 0 }), 1, true)
+  it("checks sampling settings once, in the schema, naming their source", function()
+    assert.matches("recipe: temperature = -1: expected a number in [0, inf)", err_of(config.resolve, { temperature = -1 }), 1, true)
+    assert.matches("recipe: top_p = 0: expected a number in (0, 1]", err_of(config.resolve, { top_p = 0 }), 1, true)
+    -- what the model's own check (the last guard) would let through
+    assert.matches("recipe: temperature = inf: expected a finite number", err_of(config.resolve, { temperature = 1 / 0 }), 1, true)
   end)
 
   it("keeps derived settings out of config.json and --help", function()
@@ -165,7 +167,7 @@ describe("the device setting", function()
 
   it("refuses cuda with the reason until the trainer runs there", function()
     local err = err_of(config.resolve, { device = "cuda" })
-    assert.matches("config: device = cuda: ", err, 1, true)
+    assert.matches("recipe: device = cuda: ", err, 1, true)
     assert.matches("use device = cpu", err, 1, true)
     if not require("remax.bind.tensor").has_cuda() then
       assert.matches("no CUDA device or was built without CUDA", err, 1, true)

@@ -140,6 +140,47 @@ local function read_text(path)
   return s
 end
 
+-- The whole of a text file a user named (a dataset, a config), or an error naming it: a folder,
+-- a file that cannot be opened, a binary file or a device (a NUL byte: text formats have none,
+-- and /dev/zero would otherwise fill the memory), or one over `limit` bytes (default 4 GiB).
+-- `what` says what the file is for ("--data", "config.json").
+M.TEXT_LIMIT = 2 ^ 32
+local function read_text_file(path, what, limit)
+  local label = what and (what .. " " .. path) or path
+  if type(path) ~= "string" or path == "" then error(("%s: expected a file path"):format(what or "file"), 0) end
+  if is_dir(path) then error(("%s is a folder, expected a file"):format(label), 0) end
+  local f, err = io.open(path, "rb")
+  if not f then error(("cannot open %s: %s"):format(label, (tostring(err):gsub("^.*: ", ""))), 0) end
+  limit = limit or M.TEXT_LIMIT
+  local parts, total = {}, 0
+  while true do
+    local ok, chunk = pcall(f.read, f, 2 ^ 20)
+    if not ok then
+      f:close()
+      error(("cannot read %s (%s)"):format(label, tostring(chunk)), 0)
+    end
+    if not chunk then break end
+    local nul = chunk:find("\0", 1, true)
+    if nul then
+      f:close()
+      error(("%s is not a text file: byte %d is NUL (a binary file, or a device such as /dev/zero?)"):format(
+        label, total + nul), 0)
+    end
+    total = total + #chunk
+    if total > limit then
+      f:close()
+      error(("%s is over %d MiB; remax reads it whole (split it, or is it a device or a pipe?)"):format(
+        label, limit / 2 ^ 20), 0)
+    end
+    parts[#parts + 1] = chunk
+  end
+  f:close()
+  local ok, text = pcall(table.concat, parts)
+  if not ok then error(("%s (%d bytes) does not fit in memory: %s"):format(label, total, tostring(text)), 0) end
+  return text
+end
+M.read_text_file = read_text_file
+
 M.is_dir, M.list_dir, M.mkdir_p, M.remove_tree = is_dir, list_dir, mkdir_p, remove_tree
 M.write_atomic, M.read_text, M.exists, M.fsync_path, M.dirname = write_atomic, read_text, file_exists, fsync_path, dirname
 M.crash_point, M.errno_text = crash_point, errno_text

@@ -207,6 +207,25 @@ function M.read_config(dir)
   end
   if cfg.bias ~= nil and cfg.bias ~= "none" then error(("%s: bias = %s is not supported (none)"):format(path, tostring(cfg.bias)), 0) end
   if type(cfg.r) ~= "number" or type(cfg.lora_alpha) ~= "number" then error(("%s: r and lora_alpha must be numbers"):format(path), 0) end
+  if not (cfg.r >= 1 and cfg.r <= 65536 and cfg.r == math.floor(cfg.r)) then
+    error(("%s: r = %s: expected a whole number from 1 to 65536"):format(path, tostring(cfg.r)), 0)
+  end
+  if not (cfg.lora_alpha > 0 and cfg.lora_alpha < math.huge) then
+    error(("%s: lora_alpha = %s: expected a finite number > 0"):format(path, tostring(cfg.lora_alpha)), 0)
+  end
+  local dropout = cfg.lora_dropout
+  if dropout ~= nil and dropout ~= cjson.null and not (type(dropout) == "number" and dropout >= 0 and dropout < 1) then
+    error(("%s: lora_dropout = %s: expected a number in [0, 1)"):format(path, tostring(dropout)), 0)
+  end
+  -- keys that change what the adapters are: remax would apply them to every layer, or drop the
+  -- fully trained modules PEFT saved beside them
+  for _, k in ipairs({ "layers_to_transform", "modules_to_save" }) do
+    local v = cfg[k]
+    if v ~= nil and v ~= cjson.null and not (type(v) == "table" and next(v) == nil) then
+      error(("%s: %s is set, which remax does not apply (adapters on every layer, no saved modules); the adapters would be misread")
+        :format(path, k), 0)
+    end
+  end
   cfg.path = path
   return cfg
 end

@@ -61,6 +61,7 @@ function M.resolve_config(cfg, where)
     end
     return v
   end
+  require("remax.bind.hf_files").check_model_config(cfg, where)
   local archs = json_value(cfg.architectures)
   if archs ~= nil and type(archs) ~= "table" then
     error(("%s: key 'architectures' is a %s, expected a list of names"):format(where, type(archs)), 2)

@@ -43,6 +43,8 @@ function M.load(path)
   -- (as in transformers, which writes the template to that file since 4.43)
   local dir = path:match("%.json$") and (path:match("^(.*)/[^/]*$") or ".") or path
   self.chat_template_path = self.chat_template and (dir .. "/tokenizer_config.json chat_template") or nil
+  if self.vocab_size < 1 then error(("%s: the tokenizer has no tokens (an empty vocabulary)"):format(path), 0) end
+  require("remax.bind.hf_files").check_tokenizer_config(dir, self)
   local f = io.open(dir .. "/chat_template.jinja", "rb")
   if f then
     self.chat_template = f:read("*a")
@@ -136,11 +138,17 @@ function M.stop_ids(tok, model_dir, opts)
   if tok and opts.chat_ends then
     for _, s in ipairs({ "<|im_end|>", "<|endoftext|>", "<|eot_id|>" }) do add(tok:token_to_id(s)) end
   end
-  local gen = model_dir and require("remax.bind.fs").read_text(model_dir .. "/generation_config.json")
+  -- generation_config.json, its ids checked against the model's vocabulary (config.json), else
+  -- the tokenizer's
+  local gen
+  if model_dir then
+    local hf_files = require("remax.bind.hf_files")
+    local mc = hf_files.read_json(model_dir .. "/config.json")
+    local vocab = mc and type(mc.vocab_size) == "number" and mc.vocab_size or (tok and tok.vocab_size)
+    gen = hf_files.generation_config(model_dir, vocab)
+  end
   if gen then
-    local ok, v = pcall(require("cjson").decode, gen)
-    if not ok or type(v) ~= "table" then error(("generate: %s/generation_config.json is not a JSON object"):format(model_dir), 0) end
-    local e = v.eos_token_id
+    local e = gen.eos_token_id
     if type(e) == "table" then for _, id in ipairs(e) do add(id) end else add(e) end
   end
   for _, s in ipairs(opts.names or {}) do

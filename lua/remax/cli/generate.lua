@@ -123,11 +123,13 @@ local function streamer(tok, out)
   return s
 end
 
--- Calls f(...), turning an error into a plain message (no Lua file:line: a user error).
+-- Calls f(...), turning an error into a plain message (no Lua file:line: a user error; a fault
+-- in remax stays an internal error, remax.cli.errors).
 local function plain(f, ...)
   local ok, a, b = pcall(f, ...)
   if not ok then
-    local msg = tostring(a):gsub("^[^\n]-%.lua:%d+: ", "")
+    local msg = require("remax.cli.errors").message(a)
+    if msg:match("^internal error: ") then error(msg, 0) end
     error(msg:match("^generate: ") and msg or "generate: " .. msg, 0)
   end
   return a, b

@@ -85,9 +85,28 @@ function M.run(file, ...)
     error(err, 0)
   end
   _G.arg = { [0] = file, ... }
-  local results = { chunk(...) }
-  if type(results[1]) == "table" then return M.train_recipe(file, results[1], { ... }) end
-  return type(results[1]) == "number" and results[1] or 0
+  local errors = require("remax.cli.errors")
+  local results = { xpcall(chunk, function(e) return e end, ...) }
+  if not results[1] then
+    local e = results[2]
+    -- the file itself ended the program: a script may choose its exit status
+    if errors.is_exit(e) then return tonumber(e.code) or (e.code == false and 1 or 0) end
+    -- a message that starts with the script's own position is the script's error: say whose
+    if type(e) == "string" and not errors.split_position(e) then error(("%s failed: %s"):format(file, e), 0) end
+    error(e, 0)
+  end
+  local r = results[2]
+  if type(r) == "table" then return M.train_recipe(file, r, { ... }) end
+  if r == nil then return 0 end
+  if type(r) == "number" and r == math.floor(r) and r >= 0 and r <= 255 then
+    if r ~= 0 then
+      io.stderr:write(("remax: %s returned %d, not a recipe table: exit status %d (a recipe returns a table of settings)\n")
+        :format(file, r, r))
+    end
+    return r
+  end
+  error(("%s returned a %s (%s); a recipe returns a table of settings, a script nothing or an exit status 0..255")
+    :format(file, type(r), tostring(r)), 0)
 end
 
 -- "--samples K" taken out of an eval command line: K (0 when absent) and the other arguments.
@@ -162,33 +181,55 @@ local function run_and_echo(cmd)
   return table.concat(out, "\n"), ok == true or ok == 0
 end
 
+-- Runs ctest in a build folder (only the tests labelled `label` when given); returns passed,
+-- failed and the names of the skipped tests.
+local function run_ctest(bdir, filter, label)
+  local ctest = ("ctest --test-dir %s --output-on-failure %s %s"):format(shell_quote(bdir),
+    filter and ("-R " .. shell_quote(filter)) or "", label and ("-L " .. label) or "")
+  local out = run_and_echo(ctest)
+  local _, nfail, total = out:match("(%d+)%% tests passed, (%d+) tests? failed out of (%d+)")
+  local skipped = {}
+  for name in out:gmatch("%d+ %- ([%w_]+) %(Skipped%)") do skipped[#skipped + 1] = name end
+  if total then return tonumber(total) - tonumber(nfail) - #skipped, tonumber(nfail), skipped end
+  if out:match("No tests were found") then return 0, 0, skipped end
+  return 0, 1, skipped   -- ctest itself failed to run
+end
+
 function M.test(...)
   local passed, failed = 0, 0
   local filter = select(1, ...)
   local bdir = build_dir()
 
   print("== C unit tests (ctest)")
-  local ctest = ("ctest --test-dir %s --output-on-failure %s"):format(shell_quote(bdir),
-    filter and ("-R " .. shell_quote(filter)) or "")
-  local out, ok = run_and_echo(ctest)
-  local pct, nfail, total = out:match("(%d+)%% tests passed, (%d+) tests? failed out of (%d+)")
-  local skipped = {}
-  for name in out:gmatch("%d+ %- ([%w_]+) %(Skipped%)") do skipped[#skipped + 1] = name end
-  if total then
-    failed = failed + tonumber(nfail)
-    passed = passed + tonumber(total) - tonumber(nfail) - #skipped
-  elseif not out:match("No tests were found") then
-    failed = failed + 1   -- ctest itself failed to run
-  end
+  local p, f, skipped = run_ctest(bdir, filter)
+  passed, failed = passed + p, failed + f
 
   if #skipped > 0 then
     print(("GPU tests skipped (no CUDA device here, or remax built without CUDA): %s"):format(table.concat(skipped, ", ")))
   end
 
+  -- The CUDA emulator's build (cmake -S . -B build-emu -DRX_CUDA=emulate), when there is one: the
+  -- GPU tests again, with device "cuda" executed on the CPU (docs/gpu.md, "Emulation").
+  local emu = os.getenv("REMAX_EMU_BUILD_DIR") or (home() .. "/build-emu")
+  local cache = io.open(emu .. "/CMakeCache.txt")
+  if cache then
+    cache:close()
+    print(("\n== GPU tests on the CUDA emulator (%s)"):format(emu))
+    local _, built = run_and_echo(("cmake --build %s --target gpu_tests -j 2 >%s 2>&1"):format(shell_quote(emu),
+      shell_quote(emu .. "/build.log")))
+    if built then
+      p, f = run_ctest(emu, filter, "gpu")
+      passed, failed = passed + p, failed + f
+    else
+      print(("the emulator build failed (log: %s/build.log)"):format(emu))
+      failed = failed + 1
+    end
+  end
+
   print("\n== Lua specs (busted)")
   local busted = ("cd %s && busted --lua=luajit %s tests/lua"):format(shell_quote(home()),
     filter and ("--filter=" .. shell_quote(filter)) or "")
-  out, ok = run_and_echo(busted)
+  local out = run_and_echo(busted)
   local s, f, e = out:match("(%d+) successe?s? / (%d+) failures? / (%d+) errors?")
   if s then
     passed = passed + tonumber(s)
@@ -217,7 +258,8 @@ function M.main(cmd, ...)
     return M.test(...)
   elseif cmd == "version" or cmd == "--version" then
     local remax = require("remax")
-    print(("remax %s (OpenBLAS kernels: %s)"):format(remax.version(), remax.blas_core()))
+    print(("remax %s (OpenBLAS kernels: %s; CUDA: %s)"):format(remax.version(), remax.blas_core(),
+      remax.cuda_backend()))
     return 0
   end
   io.stderr:write(("remax: unknown command '%s'\n\n"):format(cmd), usage)
@@ -225,5 +267,5 @@ function M.main(cmd, ...)
 end
 
 -- Run as the host's entry script (with arguments), or required as a module.
-if ... ~= "remax.cli.main" then return M.main(...) end
+if ... ~= "remax.cli.main" then return require("remax.cli.errors").run(M.main, ...) end
 return M

@@ -5,6 +5,8 @@
 --   print(config.help(cfg))
 --
 -- Names follow TRL's where the meaning is the same.
+local schema = require("remax.train.schema")
+
 local M = {}
 
 -- {name, default, type, meaning}. Types: number, integer, boolean, string, numbers (a list,
@@ -70,7 +72,7 @@ M.groups = {
     { "rewards", { "gsm8k" }, "rewards", "reward functions: names of rewards/*.lua files, paths, py:FILE.py (a Python function), cmd:PROGRAM, http://HOST:PORT/PATH (a reward server), model:DIR (a reward model), or (in a recipe) tables {name=, fn=} and functions" },
     { "reward_weights", nil, "numbers", "weight of each reward function (default: all 1)", hot = true },
     { "hot_reload", true, "boolean", "between steps, reload a changed reward file or recipe" },
-    { "reward_timeout", 600, "number", "seconds one reward function may take on one batch before the run stops, naming it (the last checkpoint is kept; 0: no limit; a blocking C call is only caught when it returns)", hot = true },
+    { "reward_timeout", nil, "number", "seconds one reward function may take on one batch before the run stops, naming it (the last checkpoint is kept; 0: no limit; a blocking C call is only caught when it returns); default: 60, or 4 times the step's generation time when longer", hot = true },
   } },
   { "Generation", {
     { "max_prompt_length", 512, "integer", "prompts longer than this keep their last tokens" },
@@ -368,26 +370,39 @@ function M.parse_args(argv)
 end
 
 -- recipe table + overrides -> resolved config (a table with every key; defaults filled in).
--- Recipe keys that are not settings stop with the closest valid name. opts.where names the recipe.
+-- Recipe keys that are not settings stop with the closest valid name. opts.where names the recipe;
+-- opts.running: a hot reload of a running run (its memory is already in use: not checked again).
+-- Every value is checked here once, before anything is loaded: its type (check), then what
+-- remax.train.schema says it may be, then the checks across settings. A refusal names the
+-- setting, the value and its source: "recipes/x.lua:7", "command line" or "default".
 function M.resolve(recipe, overrides, opts)
   opts = opts or {}
   recipe = recipe or {}
-  local cfg = {}
+  local cfg, sources = {}, {}
+  local where = opts.where or "recipe"
+  schema.forget_recipes()
+  local function recipe_source(k)
+    local line = schema.recipe_line(opts.where, k)
+    return line and (where .. ":" .. line) or where
+  end
+  local function take(k, v, source)
+    local decl = M.keys[k]
+    if not decl then error(unknown(k, source), 0) end
+    v = check(decl, v, source)
+    local problem = schema.value_problem(decl, v)
+    if problem then error(schema.refusal(source, k, v, problem), 0) end
+    cfg[k], sources[k] = v, source
+  end
   for k, v in pairs(recipe) do
     if type(k) ~= "string" then
-      error(("%s: the recipe table has a non-string key %s; settings are name = value"):format(opts.where or "recipe", tostring(k)), 0)
+      error(("%s: the recipe table has a non-string key %s; settings are name = value"):format(where, tostring(k)), 0)
     end
-    local decl = M.keys[k]
-    if not decl then error(unknown(k, opts.where or "recipe"), 0) end
-    cfg[k] = check(decl, v, opts.where or "recipe")
+    take(k, v, recipe_source(k))
   end
-  for k, v in pairs(overrides or {}) do
-    local decl = M.keys[k]
-    if not decl then error(unknown(k, "command line"), 0) end
-    cfg[k] = check(decl, v, "command line")
-  end
+  for k, v in pairs(overrides or {}) do take(k, v, "command line") end
   for _, k in ipairs(M.order) do
     if cfg[k] == nil and M.keys[k].default ~= nil then
+      sources[k] = "default"
       local d = M.keys[k].default
       if type(d) == "table" then
         local c = {}
@@ -398,7 +413,12 @@ function M.resolve(recipe, overrides, opts)
     end
   end
   -- only ReMax (and a recipe's own estimator, which may read it) needs the greedy row
-  if cfg.generate_greedy == nil then cfg.generate_greedy = cfg.algo == "remax" or cfg.advantage ~= nil end
+  if cfg.generate_greedy == nil then
+    cfg.generate_greedy = cfg.algo == "remax" or cfg.advantage ~= nil
+    sources.generate_greedy = sources.generate_greedy or "default"
+  end
+  M.sources[cfg] = sources
+  schema.cross_check(cfg, function(k) return M.source(cfg, k) end, { memory = not opts.running })
   M.validate(cfg)
   M.derive(cfg)
   local given = {}
@@ -430,82 +450,72 @@ function M.derive(cfg)
   cfg.aggregation = cfg.loss_type and require("remax.train.algos").loss_types[cfg.loss_type] or cfg.loss_agg_mode
   cfg.skip_zero_rows = rl and cfg.beta == 0 and cfg.skip_zero_advantage and cfg.top_entropy_quantile >= 1
     and cfg.entropy_coef == 0
-  M.check_device(cfg.device)
+  M.check_device(cfg.device, M.source(cfg, "device"))
   return cfg
 end
 
 -- device = cuda is refused, saying why, until the trainer runs there (the engine's CUDA ops do;
 -- the training path is CPU-only): a typo never falls back to the CPU (the enum catches it).
-function M.check_device(device)
+function M.check_device(device, source)
   if device ~= "cuda" then return end
   local built = require("remax.bind.tensor").has_cuda()
-  error(("config: device = cuda: %s; use device = cpu"):format(built
+  error(("%s: device = cuda: %s; use device = cpu"):format(source or "config", built
     and "the trainer does not run on CUDA yet (the engine's CUDA ops exist; the training path is CPU-only so far)"
     or "this remax has no CUDA device or was built without CUDA (rebuild where the CUDA toolkit is found)"), 0)
 end
 
--- Cross-key checks.
+-- Where the value of a key of a resolved cfg came from: "recipes/x.lua:7", "command line",
+-- "default" (a cfg that config.resolve did not make: "config").
+M.sources = setmetatable({}, { __mode = "k" })
+function M.source(cfg, key)
+  local s = M.sources[cfg]
+  return s and s[key] or "config"
+end
+
+-- Checks across keys (remax.train.schema.cross_check has the ones that need no other module).
+-- A refusal starts with the source of the setting it names first.
 function M.validate(cfg)
-  local function bad(msg) error("config: " .. msg, 0) end
-  if cfg.algo ~= "sft" and cfg.num_generations < 1 then bad("num_generations must be >= 1") end
+  local function bad(msg, key) error(("%s: %s"):format(M.source(cfg, key), msg), 0) end
   if cfg.algo == "remax" and not cfg.generate_greedy and not cfg.advantage then
-    bad("algo = remax needs generate_greedy = true (the greedy row is its baseline)")
+    bad("algo = remax needs generate_greedy = true (the greedy row is its baseline)", "generate_greedy")
   end
   if cfg.algo == "rloo" and cfg.num_generations < 2 and not cfg.advantage then
-    bad("algo = rloo needs num_generations >= 2")
+    bad("algo = rloo needs num_generations >= 2", "num_generations")
   end
   if cfg.algo == "grpo" and cfg.num_generations < 2 and not cfg.advantage then
-    bad("algo = grpo needs num_generations >= 2 (a group of one has no spread)")
+    bad("algo = grpo needs num_generations >= 2 (a group of one has no spread)", "num_generations")
   end
-  if cfg.per_device_train_batch_size < 1 then bad("per_device_train_batch_size must be >= 1") end
-  if cfg.gradient_accumulation_steps < 1 then bad("gradient_accumulation_steps must be >= 1") end
-  if cfg.max_completion_length < 1 then bad("max_completion_length must be >= 1") end
-  if cfg.max_prompt_length < 1 then bad("max_prompt_length must be >= 1") end
-  if cfg.reward_timeout < 0 then bad("reward_timeout must be >= 0 (0: no limit)") end
-  if cfg.warmup_ratio < 0 or cfg.warmup_ratio > 1 then bad("warmup_ratio must be in [0, 1]") end
-  local sampling = require("remax.bind.model").sampling_problem({ temperature = cfg.temperature, top_p = cfg.top_p,
-    top_k = cfg.top_k })
-  if sampling then bad(sampling) end
-  if cfg.beta < 0 then bad("beta must be >= 0") end
-  if cfg.num_iterations < 1 then bad("num_iterations must be >= 1") end
-  if cfg.epsilon < 0 then bad("epsilon must be >= 0") end
-  if cfg.epsilon_high and cfg.epsilon_high < 0 then bad("epsilon_high must be >= 0") end
   if cfg.delta and cfg.delta <= 1 + (cfg.epsilon_high or cfg.epsilon) then
-    bad(("delta = %s must be above 1 + epsilon_high = %s"):format(show(cfg.delta), show(1 + (cfg.epsilon_high or cfg.epsilon))))
+    bad(("delta = %s must be above 1 + epsilon_high = %s"):format(show(cfg.delta), show(1 + (cfg.epsilon_high or cfg.epsilon))), "delta")
   end
-  if not (cfg.top_entropy_quantile > 0 and cfg.top_entropy_quantile <= 1) then bad("top_entropy_quantile must be in (0, 1]") end
   if cfg.loss_type and cfg.loss_agg_mode ~= M.keys.loss_agg_mode.default then
     local implied = require("remax.train.algos").loss_types[cfg.loss_type]
     if implied ~= cfg.loss_agg_mode then
       bad(("loss_type = %s implies its own aggregation; it cannot be combined with loss_agg_mode = %s (set one of them)")
-        :format(cfg.loss_type, cfg.loss_agg_mode))
+        :format(cfg.loss_type, cfg.loss_agg_mode), "loss_type")
     end
   end
   if cfg.multi_objective_aggregation == "normalize_then_sum" then
     if cfg.algo ~= "grpo" or cfg.advantage then
-      bad("multi_objective_aggregation = normalize_then_sum is GRPO's advantage (TRL's GDPO): it needs algo = grpo and no recipe advantage function")
+      bad("multi_objective_aggregation = normalize_then_sum is GRPO's advantage (TRL's GDPO): it needs algo = grpo and no recipe advantage function", "multi_objective_aggregation")
     end
     if cfg.beta > 0 and cfg.kl_estimator == "k1" then
-      bad("multi_objective_aggregation = normalize_then_sum normalises each reward function; the k1 KL has no reward function to join: use kl_estimator = k3")
+      bad("multi_objective_aggregation = normalize_then_sum normalises each reward function; the k1 KL has no reward function to join: use kl_estimator = k3", "multi_objective_aggregation")
     end
   end
   for _, r in ipairs(cfg.report_to or {}) do
     local why = require("remax.train.report").refusal(r)
-    if why then bad(why) end
+    if why then bad(why, "report_to") end
   end
-  if cfg.num_train_epochs and not (cfg.num_train_epochs > 0) then bad("num_train_epochs must be > 0") end
-  if cfg.per_device_eval_batch_size < 1 then bad("per_device_eval_batch_size must be >= 1") end
-  if cfg.seed >= 2 ^ 32 then bad("seed must be below 2^32") end
+  if cfg.num_train_epochs and not (cfg.num_train_epochs > 0) then bad("num_train_epochs must be > 0", "num_train_epochs") end
   if cfg.use_lora then
-    if cfg.lora_r < 1 then bad("lora_r must be >= 1") end
-    if not (cfg.lora_dropout >= 0 and cfg.lora_dropout < 1) then bad("lora_dropout must be in [0, 1)") end
     require("remax.bind.lora").targets(cfg.lora_target_modules, "config: lora_target_modules")
   elseif cfg.save_merged then
-    bad("save_merged needs use_lora = true (without adapters, save_final_model writes the whole model)")
+    bad("save_merged needs use_lora = true (without adapters, save_final_model writes the whole model)", "save_merged")
   end
   if cfg.reward_weights and cfg.algo ~= "sft" and #cfg.reward_weights ~= #cfg.rewards then
     bad(("reward_weights has %d weights for %d reward functions (%s)"):format(#cfg.reward_weights, #cfg.rewards,
-      show(cfg.rewards)))
+      show(cfg.rewards)), "reward_weights")
   end
 end
 
@@ -535,8 +545,9 @@ function M.help(cfg, title)
       local decl = M.keys[d[1]]
       local value, default = show(cfg and cfg[decl.name]), show(decl.default)
       local mark = value ~= default and " *" or ""
-      lines[#lines + 1] = ("  --%-28s %s%s  (default %s; %s)"):format(decl.name, value, mark, default,
-        decl.type:gsub("^enum:", ""))
+      local range = schema.limit_of(decl).range
+      lines[#lines + 1] = ("  --%-28s %s%s  (default %s; %s%s)"):format(decl.name, value, mark, default,
+        (decl.type:gsub("^enum:", "")), range and (" in " .. range) or "")
       lines[#lines + 1] = "      " .. decl.help
     end
   end

@@ -10,11 +10,12 @@ local check_u53 = random.check_u53
 
 ---------------------------------------------------------------------------- reading files
 
+-- The file's text: a folder, a device, a binary file are named as such (remax.bind.fs); a
+-- UTF-8 byte-order mark (as Windows editors write) is dropped.
 local function read_all(path)
-  local f, err = io.open(path, "rb")
-  if not f then error("remax.data: cannot open " .. tostring(err), 0) end
-  local text = f:read("*a")
-  f:close()
+  local ok, text = pcall(require("remax.bind.fs").read_text_file, path)
+  if not ok then error("remax.data: " .. tostring(text), 0) end
+  if text:sub(1, 3) == "\239\187\191" then text = text:sub(4) end
   return text
 end
 
@@ -223,9 +224,21 @@ local function build(records, opts, source)
           prompt == cjson.null and "is null, expected a string or a list of messages" or err), 0)
       end
     end
+    if type(prompt) == "string" and not prompt:find("%S") then
+      error(("%s: prompt column '%s' is %s; every row needs a prompt to generate from (drop the row or fill it)")
+        :format(where, prompt_col, prompt == "" and "empty" or "only white space"), 0)
+    end
     if type(prompt) == "string" then check_utf8(prompt, where, ("prompt column '%s'"):format(prompt_col))
     else
-      for m, msg in ipairs(prompt) do check_utf8(msg.content, where, ("prompt column '%s', message %d"):format(prompt_col, m)) end
+      local said = false
+      for m, msg in ipairs(prompt) do
+        check_utf8(msg.content, where, ("prompt column '%s', message %d"):format(prompt_col, m))
+        said = said or msg.content:find("%S") ~= nil
+      end
+      if not said then
+        error(("%s: prompt column '%s': every message's content is empty; every row needs a prompt to generate from")
+          :format(where, prompt_col), 0)
+      end
     end
     if answer_col then check_utf8(raw[answer_col], where, ("answer column '%s'"):format(answer_col)) end
     row.prompt = prompt

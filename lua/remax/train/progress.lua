@@ -75,6 +75,7 @@ function Progress:format(step, m)
   if m.reward_greedy ~= nil then parts[#parts + 1] = "greedy " .. fmt(m.reward_greedy, "%.3f") end
   if m.kl ~= nil then parts[#parts + 1] = "kl " .. fmt(m.kl, "%.4g") end
   if m.loss ~= nil then parts[#parts + 1] = "loss " .. fmt(m.loss, "%.4g") end
+  if m.reward_slow ~= nil then parts[#parts + 1] = "reward slow " .. fmt(m.reward_slow, "%.1fs") end
   if m.tokens_per_s ~= nil then parts[#parts + 1] = fmt(m.tokens_per_s, "%.0f") .. " tok/s" end
   parts[#parts + 1] = M.duration(elapsed)
   if self.total then

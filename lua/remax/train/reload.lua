@@ -129,14 +129,14 @@ function methods.trial(self, r)
       for i = 1, n do batch[k][i] = col[i] end
     end
   end
-  rewards.run_one(r, comps, batch, {})
+  rewards.run_one(r, comps, batch, { timeout = rewards.limit(self.cfg.reward_timeout) })
 end
 
 -- Re-run the recipe with the same command-line overrides; take its rewards, advantage and the
 -- settings marked hot. Other changed settings need a restart (printed, ignored).
 function methods.reload_recipe(self)
   local rtab = recipe_mod.load(self.recipe_path)
-  local cfg = config.resolve(rtab, self.opts.overrides, { where = self.recipe_path })
+  local cfg = config.resolve(rtab, self.opts.overrides, { where = self.recipe_path, running = true })
   local list = rewards.load_all(cfg.rewards, { base = self.recipe_dir })
   for _, r in ipairs(list) do self:trial(r) end
   if cfg.reward_weights and #cfg.reward_weights ~= #list then

@@ -195,6 +195,14 @@ M.HOOK_COUNT = 10000   -- VM instructions between two looks at the clock
 -- returns; a coroutine fn starts has no hook; a pcall fn kept from before the call (a local
 -- pcall = pcall in its file) can swallow the timeout (the global pcall and xpcall pass it on).
 function M.call_with_timeout(limit, fn, ...)
+  -- a reward that calls os.exit raises instead (remax.cli.errors.Exit), so the run fails through
+  -- the reward's failure path: a checkpoint, and a message naming the reward
+  local ok, a, b, c = require("remax.train.guard").pcall(M.call_with_timeout_untrapped, limit, fn, ...)
+  if not ok then return false, a end
+  return a, b, c
+end
+
+function M.call_with_timeout_untrapped(limit, fn, ...)
   if not limit or limit <= 0 then return pcall(fn, ...) end
   local clock = M.clock
   local t0 = clock()
@@ -224,6 +232,26 @@ function M.call_with_timeout(limit, fn, ...)
   return ok, value
 end
 
+-- The limit of one reward call on one batch: reward_timeout when it is set (0: none), else
+-- DEFAULT_TIMEOUT seconds, or PER_GENERATE times the time generating the batch took when that
+-- is longer. A reward in plain Lua (matching, parsing) scores a batch in well under a second,
+-- so a minute only catches one that is stuck; a reward model reads the same tokens as the
+-- generation did, but in one pass, so four times the generation time leaves it room on any
+-- model and machine. A reward stuck in a loop is named after a minute, not ten.
+M.DEFAULT_TIMEOUT, M.PER_GENERATE = 60, 4
+function M.limit(setting, generate_seconds)
+  if setting ~= nil then return setting end
+  return math.max(M.DEFAULT_TIMEOUT, M.PER_GENERATE * (generate_seconds or 0))
+end
+
+-- Whether scoring a step was slow enough to say so in the progress line: a quarter of its
+-- limit, or over a second and longer than generating the completions took.
+function M.is_slow(score_seconds, generate_seconds, limit)
+  if not score_seconds then return false end
+  if limit and limit > 0 and score_seconds > limit / 4 then return true end
+  return score_seconds > 1 and score_seconds > (generate_seconds or 0)
+end
+
 -- Raise the error message for a reward failure; opts.on_failure() runs first (a checkpoint).
 local function fail(r, msg, opts)
   if opts and opts.on_failure then opts.on_failure(msg) end
@@ -237,7 +265,7 @@ function M.run_one(r, completions, batch, opts)
   local ok, scores, seconds
   if r.external then   -- a worker or server keeps its own deadline; its errors are whole messages
     -- (no limit given, as in a hot reload's trial: the default reward_timeout, so a hung worker cannot hang the run)
-    ok, scores = pcall(r.fn, completions, batch, { timeout = limit or 600, step = opts and opts.step })
+    ok, scores = pcall(r.fn, completions, batch, { timeout = limit or M.limit(nil), step = opts and opts.step })
     if not ok then fail(r, ("reward '%s' (%s)%s: %s"):format(r.name, r.where, step_text(opts), tostring(scores)), opts) end
   else
     ok, scores, seconds = M.call_with_timeout(limit, r.fn, completions, batch)

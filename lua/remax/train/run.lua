@@ -162,9 +162,9 @@ end
 
 -- The checkpoint a failing reward leaves behind (the state after the last finished step), and
 -- the plots of the steps so far.
-function methods.save_on_failure(self)
+function methods.save_on_failure(self, why)
   if self.step > 0 and self.last_saved ~= self.step then
-    local ok, err = pcall(self.save_checkpoint, self, "a reward failed")
+    local ok, err = pcall(self.save_checkpoint, self, why or "a reward failed")
     if not ok then io.stderr:write("remax: could not save a checkpoint: ", tostring(err), "\n") end
   end
   if self.step > 0 then self:draw_plots() end
@@ -208,7 +208,10 @@ function methods.finish_step(self, m, ro)
     self.run:log_completions(self.step, list)
   end
   if self.progress and (self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps) then
-    self.progress:update(self.step, { reward = m.reward, kl = m.kl, tokens_per_s = m.tokens_per_s, loss = m.loss })
+    local rewards = require("remax.train.rewards")
+    local slow = rewards.is_slow(m.time_score, m.time_generate, rewards.limit(cfg.reward_timeout, m.time_generate))
+    self.progress:update(self.step, { reward = m.reward, kl = m.kl, tokens_per_s = m.tokens_per_s, loss = m.loss,
+      reward_slow = slow and m.time_score or nil })
   end
   if not self.quiet and not self.progress and (self.step % cfg.logging_steps == 0) then
     print(("step %d/%d  reward %.4f  loss %.4f  kl %.4f  grad_norm %.3f  lr %.2e"):format(self.step, cfg.max_steps,
@@ -249,12 +252,21 @@ function methods.train(self, loop)
     self:check_reload()
     return self:train_step()
   end
+  -- user code that calls os.exit (a recipe's loop or advantage function) stops the run as a
+  -- failing reward does: with the checkpoint of the last finished step (remax.train.guard)
+  local guard = require("remax.train.guard")
+  local function guarded(f, ...)
+    local ok, err = guard.pcall(f, ...)
+    if ok then return end
+    if guard.is_exit(err) and self.dist.size == 1 then self:save_on_failure("user code called os.exit") end
+    error(err, 0)
+  end
   if loop then
-    loop(self)
+    guarded(loop, self)
     interrupted = self.dist:any(signal_pending())
   else
     while self.step < cfg.max_steps and not self:out_of_time() do
-      one()
+      guarded(one)
       if self.dist:any(signal_pending()) then interrupted = true break end
     end
   end

@@ -201,8 +201,8 @@ end
 
 function methods.setup_rewards(self)
   self.rewards = rewards.load_all(self.cfg.rewards, { base = self.recipe_dir })
-  rewards.probe(self.rewards, self.train_ds.rows, self.train_ds.source, data.collate, self.cfg.reward_timeout)
-  if self.eval_ds then rewards.probe(self.rewards, self.eval_ds.rows, self.eval_ds.source, data.collate, self.cfg.reward_timeout) end
+  rewards.probe(self.rewards, self.train_ds.rows, self.train_ds.source, data.collate, rewards.limit(self.cfg.reward_timeout))
+  if self.eval_ds then rewards.probe(self.rewards, self.eval_ds.rows, self.eval_ds.source, data.collate, rewards.limit(self.cfg.reward_timeout)) end
   -- evaluation's accuracy: the first reward marked accuracy = true (right or wrong per
   -- completion, as gsm8k_accuracy), else the first reward
   self.accuracy_name = self.rewards[1] and self.rewards[1].name
