@@ -20,7 +20,7 @@ describe("remax version", function()
   it("names the version, the OpenBLAS kernels in use and how CUDA was built", function()
     local out = version("env")
     assert.is_truthy(out:match("^remax %d+%.%d+%.%d+ %(OpenBLAS kernels: %w+; CUDA: [^\n]+%)\n$"), out)
-    local backend = require("ffi").string(require("remax.ffi").C.rx_cuda_backend())
+    local backend = require("ffi").string(require("remax.bind.ffi").C.rx_cuda_backend())
     local want = ({ none = "CUDA: not built", device = "CUDA: built for the GPU",
       emulated = "CUDA: emulated on the CPU (for testing, not speed)" })[backend]
     assert.is_truthy(want and out:find(want, 1, true), out)
