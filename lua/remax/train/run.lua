@@ -100,7 +100,18 @@ function methods.open_run(self)
   end
   self.run_dir = dir
   self.run_name = dir:match("([^/]+)$")
-  self.run = runs.open(dir, { config = config.serializable(cfg), resume = cfg.resume ~= nil })
+  if not cfg.resume and not fs.is_dir(dir) then self.fresh_run_dir = dir end   -- removed again if the start fails
+  local ok, run = pcall(runs.open, dir, { config = config.serializable(cfg), resume = cfg.resume ~= nil,
+    overwrite = cfg.overwrite_output_dir and not cfg.resume, report_to = cfg.report_to })
+  if not ok then
+    if tostring(run):match("already holds a run") then
+      error(("%s already holds a run: continue it with --resume %s, replace it with --overwrite_output_dir, or choose another --run_name")
+        :format(dir, dir), 0)
+    end
+    if self.fresh_run_dir then pcall(fs.remove_tree, self.fresh_run_dir) end
+    error(run, 0)
+  end
+  self.run = run
   if cfg.resume then
     local ckpt = self.run:latest_checkpoint()
     if not ckpt then error(("--resume %s: the run has no checkpoint yet"):format(cfg.resume), 0) end
@@ -263,7 +274,8 @@ function methods.train(self, loop)
     self:save_checkpoint("interrupted")
     self:draw_plots()
     if self.progress then self.progress:finish() end
-    self:say(("interrupted at step %d; resume with: --resume %s"):format(self.step, self.run_dir))
+    self:say(("interrupted at step %d; resume with: remax run %s --resume %s"):format(self.step,
+      self.recipe_path or "RECIPE.lua", self.run_dir))
     signals.clear()
     return { interrupted = true, step = self.step, run_dir = self.run_dir, plot_error = self.plot_error }
   end

@@ -33,8 +33,8 @@ function methods.setup_model(self)
   if self.opts.eval_only or cfg.use_lora then mopts.weight_dtype = cfg.frozen_dtype end
   local source
   if cfg.model then
-    source = resolve_dir(cfg.model)
-    if not source then error(("model %s: no config.json there"):format(cfg.model), 0) end
+    -- a folder, or a Hugging Face name found in the cache (Qwen/Qwen2.5-0.5B-Instruct)
+    source = resolve_dir(cfg.model) or require("remax.bind.hf_cache").model_dir(cfg.model, "model")
   elseif not cfg.model_config then
     source = resolve_dir(M.DEFAULT_MODEL)
     if not source then
@@ -192,6 +192,10 @@ function methods.setup_data(self)
   -- prompts_per_step: this rank's; the sampler draws the global batch and each rank takes its share
   self.prompts_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
   self.global_prompts_per_step = self.prompts_per_step * self.dist.size
+  if cfg.steps_from_epochs then   -- num_train_epochs without max_steps: that many passes over the data
+    cfg.max_steps = math.max(1, math.ceil(cfg.num_train_epochs * #self.train_ds.rows / self.global_prompts_per_step))
+    if self.run.write_config then self.run:write_config(config.serializable(cfg)) end
+  end
   self.sampler = self.train_ds:sampler({ seed = cfg.seed, shuffle = true, batch_size = self.global_prompts_per_step })
 end
 
