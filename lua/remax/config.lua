@@ -92,6 +92,7 @@ M.groups = {
     { "per_device_train_batch_size", 8, "integer", "prompts per micro-batch (each brings num_generations rows)" },
     { "gradient_accumulation_steps", 1, "integer", "micro-batches per optimizer step; prompts per step = this * per_device_train_batch_size" },
     { "gradient_checkpointing", false, "boolean", "recompute activations in the backward pass (less memory)" },
+    { "zero_stage", 0, "integer", "with several ranks (mpirun/srun): 1 shards AdamW's moments and the master weights over the ranks (ZeRO-1), 2 also reduce-scatters the gradients (ZeRO-2); 0: every rank holds everything (docs/distributed.md)" },
     { "max_steps", 100, "integer", "optimizer steps to train" },
     { "max_time", 0, "number", "also stop after the step that brings the training time (evaluation excluded) past this many seconds (0: no limit)", hot = true },
     { "max_bad_steps", 5, "integer", "stop after this many steps with a non-finite loss or gradient (each is skipped)" },
@@ -393,6 +394,7 @@ function M.validate(cfg)
     end
   end
   if cfg.per_device_eval_batch_size < 1 then bad("per_device_eval_batch_size must be >= 1") end
+  if cfg.zero_stage > 2 then bad(("zero_stage = %s: expected 0, 1 or 2"):format(show(cfg.zero_stage))) end
   if cfg.seed >= 2 ^ 32 then bad("seed must be below 2^32") end
   if #cfg.synth_steps ~= 2 then bad("synth_steps must be two numbers: min,max") end
   if cfg.use_lora then

@@ -58,7 +58,7 @@ end
 local function train_memory_mib(self)
   local m = self.model:memory()
   local bytes = m.params + m.grads + m.activations + m.head
-  for _, t in pairs(self.opt and self.opt:state().tensors or {}) do bytes = bytes + tonumber(t.numel) * 4 end
+  bytes = bytes + (self.opt and self.opt:state_bytes() or 0)
   if self.ref and self.ref.memory then
     local r = self.ref:memory()
     bytes = bytes + r.params + r.activations + r.head
@@ -125,6 +125,13 @@ end
 function Trainer:share_state()
   local d = self.dist
   if d.size == 1 then return end
+  if self.opt.zero then   -- ZeRO (remax.optim): each rank gets its shard of the moments
+    self.opt:share_from_root()
+    d:broadcast_model(self.model)
+    local s = d:broadcast(self:state(true))
+    if not d.is_root then self:restore(s) end
+    return
+  end
   local s = self:state()
   d:broadcast_model(self.model, s.tensors)
   s.tensors = nil
@@ -384,19 +391,23 @@ end
 function Trainer:setup_optimizer()
   local cfg = self.cfg
   local params, grads = self.model:trainable()
-  self.opt = optim.adamw(params, grads, {
-    lr = cfg.learning_rate, betas = { cfg.adam_beta1, cfg.adam_beta2 }, eps = cfg.adam_epsilon,
-    weight_decay = cfg.weight_decay,
-  })
+  local opts = { lr = cfg.learning_rate, betas = { cfg.adam_beta1, cfg.adam_beta2 }, eps = cfg.adam_epsilon,
+    weight_decay = cfg.weight_decay, stage = cfg.zero_stage }
+  if cfg.zero_stage > 0 then   -- ZeRO-1/2: this rank's shard of the moments (docs/distributed.md)
+    self.opt = optim.zero_adamw(self.dist, self.model, opts)
+  else
+    self.opt = optim.adamw(params, grads, opts)
+  end
   -- the schedule counts optimizer updates: num_iterations of them per step
   self.total_updates = cfg.max_steps * cfg.num_iterations
   self.warmup_steps = math.ceil(cfg.warmup_ratio * self.total_updates)
 end
 
 -- Everything an exact resume needs: data position, optimizer, counters (RNG seeds derive
--- from (seed, step), so they need no state).
-function Trainer:state()
-  local os_ = self.opt:state()
+-- from (seed, step), so they need no state). Collective under ZeRO (the moments are gathered)
+-- unless without_moments.
+function Trainer:state(without_moments)
+  local os_ = without_moments and { step = self.opt.step_count } or self.opt:state()
   return {
     step = self.step, sampler = self.sampler:state(), optimizer_step = os_.step,
     bad_steps = self.bad_steps, reloads = self.reloads, baseline = self.baseline_state,
@@ -852,10 +863,15 @@ function Trainer:update(ro)
       end
     end
     -- each rank's gradient is its share of the global loss: their sum is the whole batch's
-    self.dist:allreduce_grads(self.model)
     loss, kl_sum, tokens, trained, ent_sum, ent_n = self.dist:sum(loss, kl_sum, tokens, trained, ent_sum, ent_n)
-    local _, grads = self.model:trainable()
-    local norm = cfg.max_grad_norm > 0 and optim.clip_grad_norm(grads, cfg.max_grad_norm) or optim.grad_norm(grads)
+    local norm
+    if self.opt.zero then   -- ZeRO: the optimizer sums (stage 2: scatters) the gradients and clips
+      norm = self.opt:reduce_grads(cfg.max_grad_norm)
+    else
+      self.dist:allreduce_grads(self.model)
+      local _, grads = self.model:trainable()
+      norm = cfg.max_grad_norm > 0 and optim.clip_grad_norm(grads, cfg.max_grad_norm) or optim.grad_norm(grads)
+    end
     local lr = optim.schedule(cfg.lr_scheduler_type, cfg.learning_rate, (step - 1) * mu + it, self.total_updates,
       self.warmup_steps)
     if it == 1 then
