@@ -2,6 +2,7 @@
 -- the rest start `mpirun -np 2` on the CPU and compare with one process on the same global batch.
 -- They skip, saying why, when mpirun or the MPI backend (libremax_mpi.so) is not there.
 local ffi = require("ffi")
+pcall(ffi.cdef, "int memcmp(const void *a, const void *b, size_t n);")
 local dist = require("remax.dist")
 local cli = require("remax.cli")
 
@@ -118,6 +119,94 @@ describe("dist in a world of one", function()
     out = p:read("*a")
     p:close()
     assert.is_truthy(out:find("world\t0\t1\tsingle"), out)
+  end)
+end)
+
+describe("ZeRO in a world of one", function()
+  local remax = require("remax")
+  local optim = require("remax.optim")
+  local tensor = require("remax.tensor")
+  local function tiny()
+    return { architectures = { "Qwen2ForCausalLM" }, hidden_size = 16, intermediate_size = 40, num_hidden_layers = 2,
+      num_attention_heads = 2, num_key_value_heads = 1, max_position_embeddings = 64, rope_theta = 10000,
+      rms_norm_eps = 1e-6, vocab_size = 50, tie_word_embeddings = false }
+  end
+
+  it("cuts a flat buffer into equal aligned shards that cover it once", function()
+    for _, size in ipairs({ 1, 2, 3, 4, 8 }) do
+      for _, n in ipairs({ 1, 63, 64, 1000, 6544, 123457 }) do
+        local at = 0
+        for rank = 0, size - 1 do
+          local w = setmetatable({ rank = rank, size = size }, dist.World)
+          local shard = w:shard_size(n)
+          assert.are.equal(0, shard % dist.SHARD_ALIGN)
+          assert.is_true(shard * size >= n)
+          local lo, hi = w:shard_range(n, shard)
+          assert.are.equal(at, lo)
+          assert.is_true(hi - lo <= shard)
+          at = hi
+        end
+        assert.are.equal(n, at)
+      end
+    end
+  end)
+
+  it("sees a model's parameters as one flat arena, padding included", function()
+    local m = remax.model.new(tiny(), { seed = 1 })
+    local list = {}
+    for i = 1, #m.names do list[i] = m:param(m.names[i]) end
+    local flat = dist.flat(list, "params")
+    assert.are.equal(0, flat.offsets[1])
+    for i = 2, #list do assert.is_true(flat.offsets[i] >= flat.offsets[i - 1] + tonumber(list[i - 1].numel)) end
+    assert.are.equal(flat.offsets[#list] + tonumber(list[#list].numel), tonumber(flat.view.numel))
+    assert.has_error(function() dist.flat({ list[2], list[1] }, "params") end,
+      "dist: params: tensor 2 is not after tensor 1 in one arena (ZeRO shards the arena as one buffer)")
+  end)
+
+  -- the sharded optimizer in a world of one owns every shard: it must take AdamW's steps bit for bit
+  for _, stage in ipairs({ 1, 2 }) do
+    it(("takes AdamW's steps bit for bit, clipping included (stage %d)"):format(stage), function()
+      local a, b = remax.model.new(tiny(), { seed = 3 }), remax.model.new(tiny(), { seed = 3 })
+      local opts = { lr = 1e-2, weight_decay = 0.1, stage = stage }
+      local pa, ga = a:trainable()
+      local oa = optim.adamw(pa, ga, opts)
+      local ob = optim.zero_adamw(dist.world(), b, opts)
+      local _, gb = b:trainable()
+      for step = 1, 3 do
+        for i, name in ipairs(a.names) do
+          ga[name]:normal_(step, i * 4096, 0, 0.5)
+          gb[name]:normal_(step, i * 4096, 0, 0.5)
+        end
+        local na = optim.clip_grad_norm(ga, 1.0)
+        local nb = ob:reduce_grads(1.0)
+        assert.is_true(na > 1)   -- clipping happened
+        assert.is_true(math.abs(na - nb) <= 1e-12 * na)
+        oa:step()
+        ob:step()
+      end
+      local sa, sb = oa:state(), ob:state()
+      for i, name in ipairs(a.names) do
+        local x, y = pa[name], b:param(name)
+        assert.are.equal(0, ffi.C.memcmp(x.data, y.data, tonumber(x.numel) * 4), name)
+        for _, which in ipairs({ "m", "v" }) do
+          local u, v = sa.tensors[which .. "." .. name], sb.tensors[which .. "." .. name]
+          assert.are.equal(0, ffi.C.memcmp(u.data, v.data, tonumber(u.numel) * 4), which .. "." .. name)
+        end
+      end
+      -- and its state loads back into a fresh one
+      local oc = optim.zero_adamw(dist.world(), b, opts)
+      oc:load_state(sb)
+      assert.are.equal(3, oc.step_count)
+      assert.are.equal(0, ffi.C.memcmp(oc.m_flat.data, ob.m_flat.data, tonumber(ob.m_flat.numel) * 4))
+    end)
+  end
+
+  it("rejects a zero_stage other than 0, 1 or 2, naming it", function()
+    local config = require("remax.config")
+    assert.has_error(function() config.resolve({ zero_stage = 3 }) end)
+    local ok, err = pcall(config.resolve, { zero_stage = 3 })
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("zero_stage = 3: expected 0, 1 or 2", 1, true), tostring(err))
   end)
 end)
 
@@ -369,5 +458,91 @@ describe_mpi("mpirun -np 2 on the CPU", function()
     local killed_at = tonumber(read(stamp))
     assert.is_truthy(killed_at, out)
     assert.is_true(ended - killed_at <= 60, ("the run went on %d s after rank 1 died"):format(ended - killed_at))
+  end)
+end)
+
+-- ZeRO-1/2 against no sharding, at 2 and 4 ranks. The ranks' gradients are summed in rank
+-- order by every stage (engine/dist/mpi/mpi_backend.c), so all must agree bit for bit: the
+-- final weights and AdamW's moments.
+describe_mpi("ZeRO under mpirun", function()
+  local dir, rfile
+  setup(function()
+    dir = tmpdir()
+    rfile = recipe(dir)
+  end)
+
+  local function ckpt(name, step) return ("%s/runs/%s/checkpoints/step-%d"):format(dir, name, step) end
+
+  local function assert_same_checkpoints(a, b, weights)
+    for _, file in ipairs({ weights, "trainer_state.safetensors" }) do
+      local worst, bits = compare_weights(a .. "/" .. file, b .. "/" .. file)
+      assert.is_true(bits, ("%s of %s and %s differ: largest relative difference %g"):format(file, a, b, worst))
+    end
+  end
+
+  local cases = {
+    { name = "remax", args = "--algo remax", weights = "model.safetensors" },
+    { name = "grpo", args = "--algo grpo --generate_greedy false --num_generations 3", weights = "model.safetensors" },
+    { name = "lora", args = "--algo remax --use_lora true --lora_r 2", weights = "adapter_model.safetensors" },
+  }
+  for _, ranks in ipairs({ 2, 4 }) do
+    for _, case in ipairs(cases) do
+      it(("stages 1 and 2 train as stage 0 does, bit for bit (%s, %d ranks)"):format(case.name, ranks), function()
+        local per = 8 / ranks   -- 8 prompts per step in all
+        for stage = 0, 2 do
+          local out, rc = remax(ranks, ("run %s %s --per_device_train_batch_size %d --zero_stage %d --run_name z%d-%s-%d")
+            :format(rfile, case.args, per, stage, stage, case.name, ranks))
+          assert.are.equal(0, rc, out)
+        end
+        local base = ckpt(("z0-%s-%d"):format(case.name, ranks), 3)
+        for stage = 1, 2 do
+          local other = ckpt(("z%d-%s-%d"):format(stage, case.name, ranks), 3)
+          same_rollouts(base:gsub("/checkpoints/step%-3$", ""), other:gsub("/checkpoints/step%-3$", ""))
+          assert_same_checkpoints(base, other, case.weights)
+        end
+      end)
+    end
+  end
+
+  it("resumes bit for bit, with the same ranks and re-sharded onto another number", function()
+    local common = ("run %s --zero_stage 2"):format(rfile)
+    local out, rc = remax(2, common .. " --per_device_train_batch_size 4 --max_steps 4 --run_name zr-whole")
+    assert.are.equal(0, rc, out)
+    -- 2 steps, then 2 more on the same 2 ranks
+    out, rc = remax(2, common .. " --per_device_train_batch_size 4 --max_steps 2 --run_name zr-same")
+    assert.are.equal(0, rc, out)
+    out, rc = remax(2, ("%s --per_device_train_batch_size 4 --max_steps 4 --resume %s/runs/zr-same"):format(common, dir))
+    assert.are.equal(0, rc, out)
+    assert_same_checkpoints(ckpt("zr-whole", 4), ckpt("zr-same", 4), "model.safetensors")
+    -- Re-sharded: 4 ranks x 2 prompts throughout, against 2 steps of ZeRO-1 on 4 ranks, a third
+    -- step of ZeRO-2 in one process (one shard) and a fourth on 4 ranks again. One process adding
+    -- 4 micro-batches of 2 prompts in turn sums as 4 ranks do, so the bits must agree.
+    out, rc = remax(4, common .. " --per_device_train_batch_size 2 --max_steps 4 --run_name zr-four")
+    assert.are.equal(0, rc, out)
+    out, rc = remax(4, ("run %s --zero_stage 1 --per_device_train_batch_size 2 --max_steps 2 --run_name zr-moved"):format(rfile))
+    assert.are.equal(0, rc, out)
+    out, rc = remax(1, ("%s --per_device_train_batch_size 2 --gradient_accumulation_steps 4 --max_steps 3 --resume %s/runs/zr-moved")
+      :format(common, dir))
+    assert.are.equal(0, rc, out)
+    out, rc = remax(4, ("%s --per_device_train_batch_size 2 --max_steps 4 --resume %s/runs/zr-moved"):format(common, dir))
+    assert.are.equal(0, rc, out)
+    assert_same_checkpoints(ckpt("zr-four", 4), ckpt("zr-moved", 4), "model.safetensors")
+  end)
+
+  it("stops both ranks when one is killed, keeping the last finished step, which resumes", function()
+    local stamp = dir .. "/zkilled"
+    local out, rc = remax(2, ("run %s --zero_stage 2 --per_device_train_batch_size 4 --save_steps 1 --max_steps 4 --run_name zr-killed")
+      :format(rfile), "KILL_RANK=1 FAIL_CALL=3 KILL_STAMP=" .. stamp)   -- killed in step 2
+    local ended = os.time()
+    assert.are_not.equal(0, rc)
+    local killed_at = tonumber(read(stamp))
+    assert.is_truthy(killed_at, out)
+    assert.is_true(ended - killed_at <= 60, ("the run went on %d s after rank 1 died"):format(ended - killed_at))
+    assert.is_true(exists(ckpt("zr-killed", 1) .. "/trainer_state.json"), out)
+    assert.is_false(exists(ckpt("zr-killed", 2) .. "/trainer_state.json"))
+    out, rc = remax(2, ("run %s --zero_stage 2 --per_device_train_batch_size 4 --max_steps 4 --resume %s/runs/zr-killed")
+      :format(rfile, dir))
+    assert.are.equal(0, rc, out)
+    assert_same_checkpoints(ckpt("zr-whole", 4), ckpt("zr-killed", 4), "model.safetensors")
   end)
 end)
