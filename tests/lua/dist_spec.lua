@@ -504,6 +504,46 @@ describe_mpi("ZeRO under mpirun", function()
     end
   end
 
+  it("reduce-scatters and all-gathers a flat buffer in rank order, across chunks and short shards", function()
+    -- 3 ranks, 9 million f32 elements: more than two of the backend's 4M-element chunks per
+    -- shard, and a last shard shorter than the others
+    write(dir .. "/rs.lua", [[
+      local ffi = require("ffi")
+      local dist = require("remax.dist")
+      local tensor = require("remax.tensor")
+      local w = dist.world()
+      local n = 9000001
+      local function value(r, i) return ((i * 7919 + r * 104729) % 100003) / 1024 + r / 3 end
+      local t = tensor.new({ n }, "f32")
+      local x = ffi.cast("float*", t.data)
+      for i = 0, n - 1 do x[i] = value(w.rank, i) end
+      local shard = w:shard_size(n)
+      w:reduce_scatter(t, shard)
+      local lo, hi = w:shard_range(n, shard)
+      local f, g = ffi.new("float[1]"), ffi.new("float[1]")
+      local function expected(i)   -- f32 adds, in rank order
+        f[0] = value(0, i)
+        for r = 1, w.size - 1 do
+          g[0] = value(r, i)
+          f[0] = f[0] + g[0]
+        end
+        return f[0]
+      end
+      local bad = 0
+      for i = lo, hi - 1 do if x[i] ~= expected(i) then bad = bad + 1 end end
+      w:allgather(t, shard)
+      local gathered_bad = 0
+      for i = 0, n - 1 do if x[i] ~= expected(i) then gathered_bad = gathered_bad + 1 end end
+      print(("rank %d shard [%d, %d) wrong after reduce-scatter %d, after all-gather %d"):format(w.rank, lo, hi, bad, gathered_bad))
+    ]])
+    local out, rc = remax(3, ("run %s/rs.lua"):format(dir))
+    assert.are.equal(0, rc, out)
+    for r = 0, 2 do
+      assert.is_truthy(out:find(("rank %d shard %%[%%d+, %%d+%%) wrong after reduce%%-scatter 0, after all%%-gather 0"):format(r)), out)
+    end
+    assert.is_truthy(out:find("rank 2 shard [6000128, 9000001)", 1, true), out)   -- the short one
+  end)
+
   it("resumes bit for bit, with the same ranks and re-sharded onto another number", function()
     local common = ("run %s --zero_stage 2"):format(rfile)
     local out, rc = remax(2, common .. " --per_device_train_batch_size 4 --max_steps 4 --run_name zr-whole")

@@ -211,36 +211,46 @@ static void add_into(void *acc, const void *x, int64_t n, int32_t dtype) {
  * own algorithms would pick, so ZeRO-2's reduce-scatter, the all-reduce of stages 0 and 1
  * (reduce_scatter + allgather, engine/dist/dist.c) and one process adding its micro-batches in
  * turn give the same bits. The traffic is a ring reduce-scatter's: each rank sends and receives
- * (size - 1) shards. */
+ * (size - 1) shards. The shards go in chunks of CHUNK elements, so the scratch (the running sum
+ * and the piece received) stays 2 chunks whatever the model's size. */
+enum { CHUNK = 1 << 22 };
+
 static int reduce_scatter(void *buf, int64_t count, int64_t shard, int32_t dtype) {
   MPI_Datatype t = MPI_DATATYPE_NULL;
   if (mpi_type(dtype, &t)) return 1;
   int *counts, *displs;
   if (shard_layout(count, shard, &counts, &displs)) return 1;
-  const int64_t esize = dtype == RX_F32 ? 4 : 8, mine = counts[my_rank];
-  char *own = (char *)buf + (int64_t)displs[my_rank] * esize;
-  size_t need = (size_t)(2 * (mine > 0 ? mine : 1) * esize);
-  if (need > scratch_bytes) {
-    void *p = realloc(scratch, need);
-    if (!p) {
-      free(counts), free(displs);
-      return fail("out of memory for %zu bytes of reduce-scatter scratch", need);
-    }
-    scratch = p, scratch_bytes = need;
+  const int64_t esize = dtype == RX_F32 ? 4 : 8;
+  int *c = malloc(sizeof(int) * (size_t)my_size), *d = malloc(sizeof(int) * (size_t)my_size);
+  size_t need = (size_t)(2 * CHUNK * esize);
+  void *grown = need > scratch_bytes ? realloc(scratch, need) : scratch;
+  if (!c || !d || !grown) {
+    free(c), free(d), free(counts), free(displs);
+    return fail("out of memory for the reduce-scatter scratch (%zu bytes)", need);
   }
-  char *acc = scratch, *recv = acc + mine * esize;
+  if (need > scratch_bytes) scratch = grown, scratch_bytes = need;
+  char *acc = scratch, *recv = acc + CHUNK * esize;
   int rc = MPI_SUCCESS;
-  for (int k = 0; k < my_size && rc == MPI_SUCCESS; k++) {
-    int root = k == my_rank;
-    rc = MPI_Scatterv(buf, counts, displs, t, root ? MPI_IN_PLACE : recv, (int)mine, t, k, world);
-    const char *piece = root ? own : recv;
-    if (rc == MPI_SUCCESS && mine > 0) {
-      if (k == 0) memcpy(acc, piece, (size_t)(mine * esize));
-      else add_into(acc, piece, mine, dtype);
+  for (int64_t at = 0; at < shard && rc == MPI_SUCCESS; at += CHUNK) {
+    for (int r = 0; r < my_size; r++) {
+      int64_t n = counts[r] - at;
+      c[r] = (int)(n < 0 ? 0 : n < CHUNK ? n : CHUNK);
+      d[r] = displs[r] + (int)(at < counts[r] ? at : counts[r]);
     }
+    const int64_t n = c[my_rank];
+    char *own = (char *)buf + (int64_t)d[my_rank] * esize;
+    for (int k = 0; k < my_size && rc == MPI_SUCCESS; k++) {
+      int root = k == my_rank;
+      rc = MPI_Scatterv(buf, c, d, t, root ? MPI_IN_PLACE : recv, (int)n, t, k, world);
+      const char *piece = root ? own : recv;
+      if (rc == MPI_SUCCESS && n > 0) {
+        if (k == 0) memcpy(acc, piece, (size_t)(n * esize));
+        else add_into(acc, piece, n, dtype);
+      }
+    }
+    if (rc == MPI_SUCCESS && n > 0) memcpy(own, acc, (size_t)(n * esize));
   }
-  if (rc == MPI_SUCCESS && mine > 0) memcpy(own, acc, (size_t)(mine * esize));
-  free(counts), free(displs);
+  free(c), free(d), free(counts), free(displs);
   return rc == MPI_SUCCESS ? 0 : mpi_fail("MPI_Scatterv (reduce-scatter)", rc);
 }
 
