@@ -586,3 +586,58 @@ describe_mpi("ZeRO under mpirun", function()
     assert_same_checkpoints(ckpt("zr-whole", 4), ckpt("zr-killed", 4), "model.safetensors")
   end)
 end)
+
+---------------------------------------------------------------------------- Slurm
+
+-- A one-node Slurm cluster on this machine (tests/slurm/cluster.sh: munged, slurmctld and slurmd
+-- with their files in a temporary folder), and `srun -n 2` against one process.
+local function slurm_missing()
+  if skip then return skip end
+  for _, c in ipairs({ "munged", "slurmctld", "slurmd", "srun", "sinfo" }) do
+    if os.execute("command -v " .. c .. " >/dev/null 2>&1") ~= 0 then
+      return c .. " is not installed (apt-get install slurm-wlm munge)"
+    end
+  end
+  return nil
+end
+local slurm_skip = slurm_missing()
+if slurm_skip then print("dist_spec: skipping the srun test: " .. slurm_skip) end
+
+;(slurm_skip and pending or describe)("srun on a one-node Slurm cluster", function()
+  local dir, rfile, cluster, why
+  local home = require("remax.ffi").home
+  setup(function()
+    dir = tmpdir()
+    rfile = recipe(dir)
+    cluster = dir .. "/slurm"
+    os.execute("mkdir -p " .. cluster)
+    local p = assert(io.popen(("%s/tests/slurm/cluster.sh start %s 2>&1"):format(home, cluster)))
+    local out = p:read("*a")
+    p:close()
+    if not out:find("^ready") then
+      why = out:gsub("%s+$", "")
+      print("dist_spec: skipping the srun test: Slurm did not start here: " .. why)
+    end
+  end)
+  teardown(function()
+    if cluster then os.execute(("%s/tests/slurm/cluster.sh stop %s"):format(home, cluster)) end
+  end)
+
+  it("trains with srun -n 2 as one process does on the same global batch (ZeRO-2)", function()
+    if why then return end   -- said in setup, once
+    local out1, rc1 = remax(1, ("run %s --per_device_train_batch_size 4 --gradient_accumulation_steps 2 --run_name one"):format(rfile))
+    assert.are.equal(0, rc1, out1)
+    local cmd = ("OMP_NUM_THREADS=1 SLURM_CONF=%s/slurm.conf srun -n 2 --mpi=pmix --kill-on-bad-exit=1 %s/remax run %s "
+      .. "--per_device_train_batch_size 4 --zero_stage 2 --run_name srun 2>&1; echo \"rc=$?\""):format(cluster, cli.build_dir(), rfile)
+    local p = assert(io.popen(cmd))
+    local out = p:read("*a")
+    p:close()
+    assert.are.equal(0, tonumber(out:match("rc=(%d+)%s*$")), out)
+    assert.is_truthy(out:find("2 ranks (mpi", 1, true), out)
+    same_rollouts(dir .. "/runs/one", dir .. "/runs/srun")
+    for _, file in ipairs({ "model.safetensors", "trainer_state.safetensors" }) do
+      local worst, bits = compare_weights(dir .. "/runs/one/checkpoints/step-3/" .. file, dir .. "/runs/srun/checkpoints/step-3/" .. file)
+      assert.is_true(bits, ("%s differs: largest relative difference %g"):format(file, worst))
+    end
+  end)
+end)
