@@ -319,10 +319,7 @@ function World:broadcast_model(model, tensors)
   for name in pairs(tensors or {}) do names[#names + 1] = name end
   table.sort(names)
   for _, name in ipairs(names) do list[#list + 1] = tensors[name] end
-  for _, t in ipairs(list) do
-    if t.device ~= lib().RX_CPU then error("dist: broadcasting weights on a GPU is not supported yet", 0) end
-    check(lib().rx_dist_broadcast(t.data, t.numel * lib().rx_dtype_size(t.dtype), 0))
-  end
+  for _, t in ipairs(list) do check(lib().rx_dist_broadcast_tensor(t, 0)) end   -- CPU: MPI; CUDA: NCCL
 end
 
 ---------------------------------------------------------------------------- rollouts

@@ -255,12 +255,11 @@ end
 
 -- Collective (every rank calls it): the moments gathered whole on rank 0, keyed as AdamW:state
 -- keys them ("m.<name>", "v.<name>"), so a checkpoint is the same whatever the stage and the
--- number of ranks, and resumes under any of them. Other ranks get no tensors.
+-- number of ranks, and resumes under any of them (on the host: moments on a GPU come through a
+-- host copy, one piece at a time). Other ranks get no tensors.
 function Zero:state()
   local world, out = self.world, { step = self.step_count, tensors = {} }
-  if tonumber(self.m_flat.device) ~= tonumber(C.RX_CPU) then
-    error("zero_adamw: checkpoints of moments on a GPU are not supported yet (zero_stage with device cpu)", 2)
-  end
+  local on_host = tonumber(self.m_flat.device) == tonumber(C.RX_CPU)
   local counts = ffi.new("int64_t[?]", world.size)
   local mes = tonumber(C.rx_dtype_size(self.m_flat.dtype))
   local own = {}
@@ -274,8 +273,15 @@ function Zero:state()
     for _, which in ipairs({ "m", "v" }) do
       local full = world.is_root and tensor.new(self.params[i]:size(), self.m_flat.dtype) or nil
       local send = piece and piece[which].data or nil
+      if piece and not on_host then   -- moments on a GPU: through a host copy of this piece
+        local host = tensor.new({ piece.count }, self.m_flat.dtype)
+        check(C.rx_tensor_copy(host, piece[which]), 2)
+        send = host.data
+        piece.host = host   -- alive until the gather below has sent it
+      end
       check(C.rx_dist_gather(send, piece and piece.count * mes or 0, full and full.data or nil, counts, 0), 2)
       if full then out.tensors[which .. "." .. name] = full end
+      if piece then piece.host = nil end
     end
   end
   return out
