@@ -201,6 +201,23 @@ describe("ZeRO in a world of one", function()
     end)
   end
 
+  it("checks a flat buffer before any collective, naming what is wrong", function()
+    local C = require("remax.ffi").C
+    local function err(rc) assert.are_not.equal(0, rc); return ffi.string(C.rx_last_error()) end
+    local t = tensor.new({ 1000 }, "f32")
+    t:fill_(2)
+    -- a world of one owns the one shard: nothing moves
+    assert.are.equal(0, C.rx_dist_reduce_scatter(t, 1024))
+    assert.are.equal(0, C.rx_dist_allgather(t, 1000))
+    assert.are.equal(0, C.rx_dist_broadcast_tensor(t, 0))
+    assert.are.equal(2, t:get(1000))
+    assert.are.equal("rx_dist_reduce_scatter: 1 shards of 999 elements do not cover 1000 elements", err(C.rx_dist_reduce_scatter(t, 999)))
+    assert.are.equal("rx_dist_allgather: the flat buffer is i32 (f32 or f64; bf16 on cuda)",
+      err(C.rx_dist_allgather(tensor.new({ 8 }, "i32"), 8)))
+    assert.are.equal("rx_dist_reduce_scatter: the flat buffer is NULL", err(C.rx_dist_reduce_scatter(nil, 8)))
+    assert.are.equal("rx_dist_broadcast_tensor: root 1 outside 0..0", err(C.rx_dist_broadcast_tensor(t, 1)))
+  end)
+
   it("rejects a zero_stage other than 0, 1 or 2, naming it", function()
     local config = require("remax.config")
     assert.has_error(function() config.resolve({ zero_stage = 3 }) end)
