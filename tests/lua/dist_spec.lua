@@ -604,6 +604,26 @@ describe_mpi("ZeRO under mpirun", function()
   end)
 end)
 
+---------------------------------------------------------------------------- NCCL
+
+-- The NCCL path of the same collectives, and ZeRO-2 on CUDA tensors: where a CUDA device exists
+-- (a GPU, or the CPU emulation of CUDA once it has NCCL) and libremax_mpi.so was built with NCCL.
+local function nccl_missing()
+  if skip then return skip end
+  if not require("remax.tensor").has_cuda() then return "no CUDA device (a GPU, or the CUDA emulation with NCCL)" end
+  return nil
+end
+local nccl_skip = nccl_missing()
+if nccl_skip then print("dist_spec: skipping the NCCL test: " .. nccl_skip) end
+
+;(nccl_skip and pending or describe)("NCCL behind the same interface", function()
+  it("reduce-scatters, all-gathers, broadcasts and steps ZeRO-2 on CUDA tensors as the CPU does", function()
+    local out, rc = remax(1, ("run %s/tests/lua/nccl_probe.lua"):format(require("remax.ffi").home), "REMAX_DIST=mpi")
+    assert.are.equal(0, rc, out)
+    assert.is_truthy(out:find("nccl probe ok", 1, true), out)
+  end)
+end)
+
 ---------------------------------------------------------------------------- Slurm
 
 -- A one-node Slurm cluster on this machine (tests/slurm/cluster.sh: munged, slurmctld and slurmd
