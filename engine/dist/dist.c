@@ -144,7 +144,7 @@ int rx_dist_allreduce_tensors(rx_tensor *const *tensors, int64_t n) {
       /* a reduce-scatter that sums in rank order, then an all-gather: the same bits as ZeRO-2's
        * reduce-scatter and as one process adding the ranks' micro-batches in turn */
       int64_t shard = (count + world.size - 1) / world.size;
-      if (world.backend->reduce_scatter(t->data, count, shard, t->dtype)) return backend_fail("reduce-scatter (gradients)");
+      if (world.backend->reduce_scatter(t->data, count, shard, t->dtype)) return backend_fail("reduce-scatter of the gradients (MPI_Scatterv)");
       if (world.backend->allgather(t->data, count, shard, t->dtype)) return backend_fail("MPI_Allgatherv (gradients)");
     } else if (t->device == RX_CUDA) {
       if (!world.backend->allreduce_cuda)
@@ -221,7 +221,7 @@ int rx_dist_reduce_scatter(rx_tensor *flat, int64_t shard) {
     return world.backend->reduce_scatter_cuda(flat->data, flat->numel, shard, flat->dtype, flat->device_index)
                ? backend_fail("ncclReduceScatter") : RX_OK;
   }
-  return world.backend->reduce_scatter(flat->data, flat->numel, shard, flat->dtype) ? backend_fail("MPI_Reduce_scatter") : RX_OK;
+  return world.backend->reduce_scatter(flat->data, flat->numel, shard, flat->dtype) ? backend_fail("reduce-scatter (MPI_Scatterv)") : RX_OK;
 }
 
 int rx_dist_allgather(rx_tensor *flat, int64_t shard) {

@@ -170,11 +170,11 @@ static int64_t shard_count(int64_t count, int64_t shard, int r) {
   return n < 0 ? 0 : n < shard ? n : shard;
 }
 
-/* ZeRO over MPI: counts and displacements are int, so a flat buffer of up to 2^31 - 1 elements
- * (a CPU model of 2 billion trained parameters). */
+/* Counts and displacements of the shards, as MPI takes them (int: a buffer of up to 2^31 - 1
+ * elements, a CPU model of 2 billion trained parameters). */
 static int shard_layout(int64_t count, int64_t shard, int **counts, int **displs) {
   if (count > INT32_MAX || shard > INT32_MAX)
-    return fail("ZeRO over MPI: %lld elements in the flat buffer (at most 2^31 - 1 on the CPU)", (long long)count);
+    return fail("%lld elements in one buffer: MPI on the CPU takes at most 2^31 - 1 (MPI counts are int)", (long long)count);
   *counts = malloc(sizeof(int) * (size_t)my_size);
   *displs = malloc(sizeof(int) * (size_t)my_size);
   if (!*counts || !*displs) {
@@ -270,9 +270,10 @@ static int barrier(void) {
 }
 
 #ifdef RX_HAVE_NCCL
-/* NCCL for CUDA tensors. UNTESTED: written and compiled without a GPU; no CUDA tensor reaches it
- * yet. One communicator over all ranks, made on first use: rank 0's unique id is broadcast over
- * MPI, each rank uses the device its tensors live on (one GPU per rank, chosen by local rank). */
+/* NCCL for CUDA tensors. Run so far only through the CUDA emulator's one-rank NCCL
+ * (tests/lua/nccl_probe.lua); never on a GPU, never over several ranks. One communicator over all
+ * ranks, made on first use: rank 0's unique id is broadcast over MPI, each rank uses the device
+ * its tensors live on (one GPU per rank, chosen by local rank). */
 #define CUDA_CHECK(call)                                                          \
   do {                                                                            \
     cudaError_t e_ = (call);                                                      \
