@@ -108,6 +108,15 @@ local function model_tensors(model, which)
   return list
 end
 
+-- Every weight a rank must share with the others: the parameters, then the LoRA adapters.
+local function all_weights(model)
+  local list = model_tensors(model, "rx_model_param")
+  if model.lora then
+    for i = 1, #model.lora.names do list[#list + 1] = lib().rx_model_lora_param(model.handle, i - 1) end
+  end
+  return list
+end
+
 -- Sums a model's gradients over ranks: every rank then holds the whole batch's gradient.
 function World:allreduce_grads(model)
   if self.size == 1 then return end
@@ -292,7 +301,7 @@ end
 -- bit-identical: every rank takes the same optimizer step on the same summed gradients).
 function World:check_same_weights(model, where)
   if self.size == 1 then return end
-  local params = model_tensors(model, "rx_model_param")
+  local params = all_weights(model)
   local arr = ffi.new("const rx_tensor*[?]", #params)
   for i, t in ipairs(params) do arr[i - 1] = t end
   local h = ffi.new("uint64_t[1]")
@@ -310,11 +319,16 @@ function World:check_same_weights(model, where)
   end
 end
 
--- Rank 0's model weights, and tensors (name -> tensor: optimizer moments), copied into every
--- other rank's in place (CPU tensors).
+-- Rank 0's model weights (LoRA adapters and their dropout counter included), and tensors
+-- (name -> tensor: optimizer moments), copied into every other rank's in place.
 function World:broadcast_model(model, tensors)
   if self.size == 1 then return end
-  local list = model_tensors(model, "rx_model_param")
+  local list = all_weights(model)
+  if model.lora then   -- a resumed run's counter is rank 0's alone (the adapters' file)
+    local count = ffi.new("uint64_t[1]", lib().rx_model_lora_forward_count(model.handle))
+    check(lib().rx_dist_broadcast(count, 8, 0))
+    lib().rx_model_lora_set_forward_count(model.handle, count[0])
+  end
   local names = {}
   for name in pairs(tensors or {}) do names[#names + 1] = name end
   table.sort(names)

@@ -586,6 +586,22 @@ describe_mpi("ZeRO under mpirun", function()
     assert_same_checkpoints(ckpt("zr-four", 4), ckpt("zr-moved", 4), "model.safetensors")
   end)
 
+  -- rank 0 alone reads the checkpoint: the adapters and their dropout counter must reach the
+  -- other ranks (without them rank 1 trained its freshly initialised adapters)
+  for _, stage in ipairs({ 0, 2 }) do
+    it(("resumes a LoRA run on 2 ranks bit for bit (zero_stage %d)"):format(stage), function()
+      local common = ("run %s --use_lora true --lora_r 2 --zero_stage %d --per_device_train_batch_size 4"):format(rfile, stage)
+      local out, rc = remax(2, ("%s --max_steps 3 --run_name zl%d-whole"):format(common, stage))
+      assert.are.equal(0, rc, out)
+      out, rc = remax(2, ("%s --max_steps 2 --run_name zl%d-resumed"):format(common, stage))
+      assert.are.equal(0, rc, out)
+      out, rc = remax(2, ("%s --max_steps 3 --resume %s/runs/zl%d-resumed"):format(common, dir, stage))
+      assert.are.equal(0, rc, out)
+      assert_same_checkpoints(ckpt(("zl%d-whole"):format(stage), 3), ckpt(("zl%d-resumed"):format(stage), 3),
+        "adapter_model.safetensors")
+    end)
+  end
+
   it("stops both ranks when one is killed, keeping the last finished step, which resumes", function()
     local stamp = dir .. "/zkilled"
     local out, rc = remax(2, ("run %s --zero_stage 2 --per_device_train_batch_size 4 --save_steps 1 --max_steps 4 --run_name zr-killed")
