@@ -34,7 +34,7 @@ end
 local function train_memory_mib(self)
   local m = self.model:memory()
   local bytes = m.params + m.grads + m.activations + m.head
-  for _, t in pairs(self.opt and self.opt:state().tensors or {}) do bytes = bytes + tonumber(t.numel) * 4 end
+  bytes = bytes + (self.opt and self.opt:state_bytes() or 0)
   if self.ref and self.ref.memory then
     local r = self.ref:memory()
     bytes = bytes + r.params + r.activations + r.head
@@ -47,6 +47,13 @@ end
 function methods.share_state(self)
   local d = self.dist
   if d.size == 1 then return end
+  if self.opt.zero then   -- ZeRO (bind/optim): each rank gets its shard of the moments
+    self.opt:share_from_root()
+    d:broadcast_model(self.model)
+    local s = d:broadcast(self:state(true))
+    if not d.is_root then self:restore(s) end
+    return
+  end
   local s = self:state()
   d:broadcast_model(self.model, s.tensors)
   s.tensors = nil
@@ -122,9 +129,10 @@ function methods.open_run(self)
 end
 
 -- Everything an exact resume needs: data position, optimizer, counters (RNG seeds derive
--- from (seed, step), so they need no state).
-function methods.state(self)
-  local os_ = self.opt:state()
+-- from (seed, step), so they need no state). Collective under ZeRO (the moments are gathered)
+-- unless without_moments.
+function methods.state(self, without_moments)
+  local os_ = without_moments and { step = self.opt.step_count } or self.opt:state()
   return {
     step = self.step, sampler = self.sampler:state(), optimizer_step = os_.step,
     bad_steps = self.bad_steps, reloads = self.reloads, baseline = self.baseline_state,

@@ -215,10 +215,13 @@ end
 function methods.setup_optimizer(self)
   local cfg = self.cfg
   local params, grads = self.model:trainable()
-  self.opt = optim.adamw(params, grads, {
-    lr = cfg.learning_rate, betas = { cfg.adam_beta1, cfg.adam_beta2 }, eps = cfg.adam_epsilon,
-    weight_decay = cfg.weight_decay,
-  })
+  local opts = { lr = cfg.learning_rate, betas = { cfg.adam_beta1, cfg.adam_beta2 }, eps = cfg.adam_epsilon,
+    weight_decay = cfg.weight_decay, stage = cfg.zero_stage }
+  if cfg.zero_stage > 0 then   -- ZeRO-1/2: this rank's shard of the moments (docs/distributed.md)
+    self.opt = optim.zero_adamw(self.dist, self.model, opts)
+  else
+    self.opt = optim.adamw(params, grads, opts)
+  end
   -- the schedule counts optimizer updates: num_iterations of them per step
   self.total_updates = cfg.max_steps * cfg.num_iterations
   self.warmup_steps = math.ceil(cfg.warmup_ratio * self.total_updates)

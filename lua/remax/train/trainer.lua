@@ -372,10 +372,15 @@ function Trainer:update(ro)
       end
     end
     -- each rank's gradient is its share of the global loss: their sum is the whole batch's
-    self.dist:allreduce_grads(self.model)
     loss, kl_sum, tokens, trained, ent_sum, ent_n = self.dist:sum(loss, kl_sum, tokens, trained, ent_sum, ent_n)
-    local _, grads = self.model:trainable()
-    local norm = cfg.max_grad_norm > 0 and optim.clip_grad_norm(grads, cfg.max_grad_norm) or optim.grad_norm(grads)
+    local norm
+    if self.opt.zero then   -- ZeRO: the optimizer sums (stage 2: scatters) the gradients and clips
+      norm = self.opt:reduce_grads(cfg.max_grad_norm)
+    else
+      self.dist:allreduce_grads(self.model)
+      local _, grads = self.model:trainable()
+      norm = cfg.max_grad_norm > 0 and optim.clip_grad_norm(grads, cfg.max_grad_norm) or optim.grad_norm(grads)
+    end
     local lr = optim.schedule(cfg.lr_scheduler_type, cfg.learning_rate, (step - 1) * mu + it, self.total_updates,
       self.warmup_steps)
     if it == 1 then
