@@ -105,7 +105,7 @@ describe("command line", function()
     local both = trainer.new(config.resolve(recipe({ run_name = "b", max_steps = 3, num_train_epochs = 2.5 })),
       { quiet = true, signals = false })
     assert.are.equal(3, both.cfg.max_steps)
-    assert.matches("num_train_epochs must be > 0", err_of(config.resolve, { num_train_epochs = 0 }), 1, true)
+    assert.matches("num_train_epochs = 0: expected a number in (0, 1e6]", err_of(config.resolve, { num_train_epochs = 0 }), 1, true)
   end)
 
   it("draws no live line (carriage returns, escapes) under mpirun, srun or TERM=dumb", function()

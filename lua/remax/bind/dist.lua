@@ -159,30 +159,41 @@ function M.view(data, count, like)
   return t
 end
 
--- The flat buffer under tensors that live in one arena, in address order (gaps of alignment
--- padding between them allowed): { view = 1-D view from the first tensor's first element to the
--- last one's end, offsets = each tensor's first element in it, esize = bytes per element }.
--- what names the tensors in errors.
+-- The flat buffer under tensors that live in one arena, in any order (the engine keeps matrices
+-- first, then norms and biases; gaps of alignment padding between them allowed): { view = 1-D view
+-- from the lowest tensor's first element to the highest one's end, offsets = each tensor's first
+-- element in it, esize = bytes per element }. Tensors may not overlap. what names them in errors.
 function M.flat(tensors, what)
   local first = tensors[1]
   if not first then error(("dist: %s: no tensors to shard"):format(what), 0) end
   local c = lib()
   local esize = tonumber(c.rx_dtype_size(first.dtype))
-  local base = ffi.cast("char*", first.data)
-  local offsets, at = {}, 0
+  local lowest = 1
   for i, t in ipairs(tensors) do
     if t.dtype ~= first.dtype or t.device ~= first.device then
       error(("dist: %s: tensor %d differs in dtype or device from the first: ZeRO shards one arena"):format(what, i), 0)
     end
-    local bytes = tonumber(ffi.cast("char*", t.data) - base)
-    if bytes % esize ~= 0 or bytes / esize < at then
-      error(("dist: %s: tensor %d is not after tensor %d in one arena (ZeRO shards the arena as one buffer)")
-        :format(what, i, i - 1), 0)
-    end
-    offsets[i] = bytes / esize
-    at = offsets[i] + tonumber(t.numel)
+    if ffi.cast("char*", t.data) < ffi.cast("char*", tensors[lowest].data) then lowest = i end
   end
-  return { view = M.view(first.data, at, first), offsets = offsets, esize = esize, n = at }
+  local base = ffi.cast("char*", tensors[lowest].data)
+  local offsets, order = {}, {}
+  for i, t in ipairs(tensors) do
+    local bytes = tonumber(ffi.cast("char*", t.data) - base)
+    if bytes % esize ~= 0 then
+      error(("dist: %s: tensor %d is not element-aligned in the arena of the others"):format(what, i), 0)
+    end
+    offsets[i], order[i] = bytes / esize, i
+  end
+  table.sort(order, function(a, b) return offsets[a] < offsets[b] or (offsets[a] == offsets[b] and a < b) end)
+  local at = 0
+  for k, i in ipairs(order) do
+    if k > 1 and offsets[i] < at then
+      error(("dist: %s: tensor %d overlaps tensor %d (ZeRO shards the arena as one buffer)")
+        :format(what, i, order[k - 1]), 0)
+    end
+    at = offsets[i] + tonumber(tensors[i].numel)
+  end
+  return { view = M.view(base, at, tensors[lowest]), offsets = offsets, esize = esize, n = at }
 end
 
 -- In place over a flat view: rank r's shard of `shard` elements gets the sum over ranks of it.
