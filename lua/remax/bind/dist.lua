@@ -218,6 +218,9 @@ end
 function World:check_same_weights(model, where)
   if self.size == 1 then return end
   local params = model_tensors(model, "rx_model_param")
+  for i, t in ipairs(params) do   -- the checksum reads host memory: device weights through a copy
+    if t.device ~= lib().RX_CPU then params[i] = t:to("cpu") end
+  end
   local arr = ffi.new("const rx_tensor*[?]", #params)
   for i, t in ipairs(params) do arr[i - 1] = t end
   local h = ffi.new("uint64_t[1]")
@@ -236,7 +239,7 @@ function World:check_same_weights(model, where)
 end
 
 -- Rank 0's model weights, and tensors (name -> tensor: optimizer moments), copied into every
--- other rank's in place (CPU tensors).
+-- other rank's in place (device tensors through a host copy).
 function World:broadcast_model(model, tensors)
   if self.size == 1 then return end
   local list = model_tensors(model, "rx_model_param")
@@ -245,8 +248,10 @@ function World:broadcast_model(model, tensors)
   table.sort(names)
   for _, name in ipairs(names) do list[#list + 1] = tensors[name] end
   for _, t in ipairs(list) do
-    if t.device ~= lib().RX_CPU then error("dist: broadcasting weights on a GPU is not supported yet", 0) end
-    check(lib().rx_dist_broadcast(t.data, t.numel * lib().rx_dtype_size(t.dtype), 0))
+    -- a device tensor goes through a host copy (the broadcast reads and writes host memory)
+    local h = t.device == lib().RX_CPU and t or t:to("cpu")
+    check(lib().rx_dist_broadcast(h.data, h.numel * lib().rx_dtype_size(h.dtype), 0))
+    if h ~= t then t:copy_(h) end
   end
 end
 

@@ -1,0 +1,128 @@
+-- The training step on device "cuda": a GPU, or in CI the CPU emulation of CUDA (docs/gpu.md):
+--   REMAX_LIB=build-emu/libremax.so busted --lua=luajit --filter=cuda tests/lua/device_train_spec.lua
+-- (./remax test runs it that way when build-emu exists). Rollouts come from the CPU copy of the
+-- weights until generation runs on the device; everything else of the step runs on "cuda".
+local config = require("remax.train.config")
+local trainer = require("remax.train.trainer")
+local tensor = require("remax.bind.tensor")
+local ffi = require("ffi")
+local support = require("support")
+
+if not tensor.has_cuda() then
+  describe("training on cuda", function()
+    pending("skipped: no CUDA device in this build (run these against the emulator build, build-emu)")
+  end)
+  return
+end
+
+local function setup()
+  local dir = support.tmpdir()
+  support.write(dir .. "/lower.lua", support.LOWER)
+  local lines = {}
+  for i = 1, 8 do lines[i] = ('{"prompt": "say something %d", "answer": "x%d"}'):format(i, i) end
+  support.write(dir .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+  return dir
+end
+
+-- KL to a reference (beta > 0), two micro-batches (accumulation), clipping, weight decay and a
+-- schedule: every part of the update runs. No attention biases: the k_proj bias has an exactly
+-- zero gradient (it shifts every score of a query alike, which softmax ignores), so AdamW steps
+-- it by rounding noise scaled up to the learning rate, which no two devices share. AdamW divides
+-- each gradient element by its own scale, so where a gradient is close to zero (q and k at init,
+-- while attention is near uniform) the devices' different summation orders become a relative
+-- difference of the step itself: learning_rate 1e-3 keeps three steps' drift near 2e-6 (at
+-- 1e-2, q and k reach 1e-5).
+local function settings(dir, extra)
+  local s = {
+    model_config = support.tiny_model({ num_hidden_layers = 1, attention_bias = false }), data = dir .. "/p.jsonl",
+    rewards = { dir .. "/lower.lua" }, chat_template = "plain", num_generations = 2, max_completion_length = 6,
+    per_device_train_batch_size = 1, gradient_accumulation_steps = 2, learning_rate = 1e-3, max_steps = 3,
+    eval_size = 0, output_dir = dir .. "/runs", save_steps = 0, log_completions = 0, seed = 7, beta = 0.05,
+    weight_decay = 0.01, max_grad_norm = 0.5, lr_scheduler_type = "cosine", warmup_ratio = 0.34,
+  }
+  for k, v in pairs(extra or {}) do s[k] = v end
+  return s
+end
+
+local function new_trainer(dir, extra)
+  return trainer.new(config.resolve(settings(dir, extra)), { quiet = true, signals = false })
+end
+
+-- name -> host copy of each parameter
+local function host_params(model)
+  local out = {}
+  for name, p in pairs(model:params()) do out[name] = p:to("cpu") end
+  return out
+end
+
+local function bytes(t) return ffi.string(t.data, tonumber(t.numel) * 4) end
+
+describe("training on cuda", function()
+  it("cuda: three f32 steps equal three on the cpu within 1e-5 relative on every weight", function()
+    local dir = setup()
+    local cpu = new_trainer(dir, { run_name = "cpu", device = "cpu" })
+    local gpu = new_trainer(dir, { run_name = "cuda", device = "cuda" })
+    assert.are.equal("cuda", gpu.model:device_name())
+    assert.are.equal("cuda", gpu.ref:device_name())
+    for _, name in ipairs(gpu.opt.names) do
+      assert.are.equal("cuda", gpu.opt.m[name]:device_name())
+      assert.are.equal("cuda", gpu.opt.v[name]:device_name())
+    end
+    local start = host_params(cpu.model)
+    for step = 1, 3 do
+      local mc, mg = cpu:train_step(), gpu:train_step()
+      -- the same rollouts (generated from the same weights) and nearly the same update
+      assert.are.equal(mc.reward, mg.reward, "step " .. step .. ": reward")
+      assert.is_true(math.abs(mc.loss - mg.loss) <= 1e-5 * math.max(1, math.abs(mc.loss)),
+        ("step %d: loss %.9g on cpu, %.9g on cuda"):format(step, mc.loss, mg.loss))
+    end
+    local pc, pg = host_params(cpu.model), host_params(gpu.model)
+    local moved = 0
+    for name, a in pairs(pc) do
+      local b, s = pg[name], start[name]
+      local va, vb, vs = ffi.cast("float*", a.data), ffi.cast("float*", b.data), ffi.cast("float*", s.data)
+      local diff, scale = 0, 0
+      for i = 0, tonumber(a.numel) - 1 do
+        diff = math.max(diff, math.abs(va[i] - vb[i]))
+        scale = math.max(scale, math.abs(va[i]))
+        if va[i] ~= vs[i] then moved = moved + 1 end
+      end
+      assert.is_true(diff <= 1e-5 * scale, ("%s: max |cpu - cuda| = %.3g, max |cpu| = %.3g"):format(name, diff, scale))
+    end
+    assert.is_true(moved > 0, "the steps changed no weight")
+  end)
+
+  it("cuda: a resume on the device is bit-identical to an uninterrupted run", function()
+    local dir = setup()
+    local extra = { device = "cuda", max_steps = 4, run_name = "straight" }
+    local a = new_trainer(dir, extra)
+    a:train()
+    extra.run_name = "split"
+    local b = new_trainer(dir, extra)
+    for _ = 1, 2 do b:train_step() end
+    b:save_checkpoint()
+    extra.run_name, extra.resume = nil, dir .. "/runs/split"
+    local c = new_trainer(dir, extra)
+    assert.are.equal(2, c.step)
+    assert.are.equal("cuda", c.model:device_name())
+    c:train()
+    assert.are.equal(4, c.step)
+    local pa, pc = host_params(a.model), host_params(c.model)
+    for name, t in pairs(pa) do
+      assert.is_true(bytes(t) == bytes(pc[name]), "parameter " .. name .. " differs after resume")
+    end
+    local sa, sc = a.opt:state(), c.opt:state()
+    assert.are.equal(sa.step, sc.step)
+    for name, t in pairs(sa.tensors) do
+      assert.is_true(bytes(t:to("cpu")) == bytes(sc.tensors[name]:to("cpu")), "optimizer state " .. name .. " differs")
+    end
+    local ma, mc = a.run:metrics(), c.run:metrics()
+    assert.are.equal(ma[4].loss, mc[4].loss)
+  end)
+
+  it("cuda: refuses LoRA on the device, naming what is missing", function()
+    local ok, err = pcall(config.resolve, settings(support.tmpdir(), { device = "cuda", use_lora = true }))
+    assert.is_false(ok)
+    assert.matches("LoRA adapters run on CPU models only so far (engine/model/lora.c)", tostring(err), 1, true)
+  end)
+end)
