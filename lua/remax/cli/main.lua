@@ -189,11 +189,20 @@ function M.test(...)
   if cache then
     cache:close()
     print(("\n== GPU tests on the CUDA emulator (%s)"):format(emu))
-    local _, built = run_and_echo(("cmake --build %s --target gpu_tests -j 2 >%s 2>&1"):format(shell_quote(emu),
+    local _, built = run_and_echo(("cmake --build %s --target gpu_tests remax -j 2 >%s 2>&1"):format(shell_quote(emu),
       shell_quote(emu .. "/build.log")))
     if built then
       p, f = run_ctest(emu, filter, "gpu")
       passed, failed = passed + p, failed + f
+      -- the Lua specs named "cuda" (the trainer on the device) against the emulator's library
+      if not filter or filter:find("cuda", 1, true) then
+        print(("\n== Lua specs on the CUDA emulator (busted --filter=cuda, %s/libremax.so)"):format(emu))
+        local out = run_and_echo(("cd %s && REMAX_LIB=%s busted --lua=luajit --filter=%s tests/lua"):format(
+          shell_quote(home()), shell_quote(emu .. "/libremax.so"), shell_quote(filter or "cuda")))
+        local s, fl, e = out:match("(%d+) successe?s? / (%d+) failures? / (%d+) errors?")
+        if s then passed, failed = passed + tonumber(s), failed + tonumber(fl) + tonumber(e)
+        else failed = failed + 1 end
+      end
     else
       print(("the emulator build failed (log: %s/build.log)"):format(emu))
       failed = failed + 1

@@ -18,9 +18,8 @@ M.groups = {
   { "Model and data", {
     { "model", nil, "string", "model folder (Hugging Face layout); default: models/tiny-gsm8k, the built-in base model" },
     { "model_config", nil, "table", "recipe only: Hugging Face config table of a fresh random model, used when no model is given (with the byte-level tokenizer)" },
-    { "dtype", "f32", "enum:f32", "compute dtype of the trained model on this device (the CPU trains in f32; bf16 checkpoints load converted to f32)",
-      unavailable = { bf16 = "the CPU trains in f32: bf16 compute needs the CUDA backend (bf16 checkpoints load converted to f32, so leave --dtype at f32; frozen copies, such as the KL reference, keep bf16 weights with --frozen_dtype bf16 or auto)",
-        f16 = "f16 compute is not supported; the CPU computes in f32",
+    { "dtype", "f32", "enum:f32|bf16", "compute dtype of the trained model: f32, or on device cuda bf16 (bf16 activations and working weights, f32 master weights, gradients, optimizer state and statistics); the CPU trains in f32 (bf16 checkpoints load converted to f32)",
+      unavailable = { f16 = "f16 compute is not supported; compute in f32 (or bf16 on device cuda)",
         f64 = "f64 is for the engine's gradient checks, not training; use f32" } },
     { "device", "cpu", "enum:cpu|cuda", "where the model trains: cpu, or cuda (an NVIDIA GPU; needs remax built with CUDA): weights, gradients, optimizer state and the KL reference live there; rollouts are still generated on the CPU from a copy of the weights refreshed every step, until generation moves to the device" },
     { "frozen_dtype", "auto", "enum:auto|f32|bf16", "storage of the weights of frozen copies: the KL reference model, the base under LoRA adapters, the model of remax eval; bf16 halves their memory (compute stays f32); auto = bf16 when the checkpoint stores its weight matrices in bf16 (nothing lost), else f32" },
@@ -388,6 +387,11 @@ function M.derive(cfg)
   cfg.skip_zero_rows = rl and cfg.beta == 0 and cfg.skip_zero_advantage and cfg.top_entropy_quantile >= 1
     and cfg.entropy_coef == 0
   M.check_device(cfg.device, M.source(cfg, "device"), cfg)
+  if cfg.dtype == "bf16" and cfg.device ~= "cuda" then
+    error(("%s: dtype = 'bf16' is not available: the CPU trains in f32: bf16 compute needs the CUDA backend " ..
+      "(--device cuda; bf16 checkpoints load converted to f32, so leave --dtype at f32 on the cpu; frozen copies, " ..
+      "such as the KL reference, keep bf16 weights with --frozen_dtype bf16 or auto)"):format(M.source(cfg, "dtype")), 0)
+  end
   return cfg
 end
 
