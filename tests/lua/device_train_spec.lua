@@ -120,6 +120,34 @@ describe("training on cuda", function()
     assert.are.equal(ma[4].loss, mc[4].loss)
   end)
 
+  it("cuda: three bf16 SFT steps move the weights as f32 steps on the cpu do (relative L2 of the change <= 3e-2)", function()
+    -- SFT: no rollouts, so both devices train on the same rows; the comparison is of what the
+    -- steps changed (start -> after), bf16's rounding of activations against f32 on the cpu
+    local dir = setup()
+    local extra = { algo = "sft", beta = 0, max_grad_norm = 0, learning_rate = 1e-3 }
+    extra.run_name = "cpu"
+    local cpu = new_trainer(dir, extra)
+    extra.run_name, extra.device, extra.dtype = "bf16", "cuda", "bf16"
+    local gpu = new_trainer(dir, extra)
+    assert.are.equal(tonumber(require("remax.bind.ffi").C.RX_BF16), tonumber(gpu.model:cfg().dtype))
+    local start = host_params(cpu.model)
+    for _ = 1, 3 do
+      local mc, mg = cpu:train_step(), gpu:train_step()
+      assert.is_true(math.abs(mc.loss - mg.loss) <= 3e-2 * math.abs(mc.loss), ("loss %.6g on cpu, %.6g bf16"):format(mc.loss, mg.loss))
+    end
+    local pc, pg = host_params(cpu.model), host_params(gpu.model)
+    local d2, n2 = 0, 0
+    for name, a in pairs(pc) do
+      local va, vb, vs = ffi.cast("float*", a.data), ffi.cast("float*", pg[name].data), ffi.cast("float*", start[name].data)
+      for i = 0, tonumber(a.numel) - 1 do
+        d2 = d2 + (va[i] - vb[i]) ^ 2
+        n2 = n2 + (va[i] - vs[i]) ^ 2
+      end
+    end
+    assert.is_true(n2 > 0, "the steps changed no weight")
+    assert.is_true(math.sqrt(d2 / n2) <= 3e-2, ("relative L2 of the change: %.3g"):format(math.sqrt(d2 / n2)))
+  end)
+
   it("cuda: refuses LoRA on the device, naming what is missing", function()
     local ok, err = pcall(config.resolve, settings(support.tmpdir(), { device = "cuda", use_lora = true }))
     assert.is_false(ok)
