@@ -23,7 +23,7 @@ cache read once per token, over 4.8 TB/s (datasheet) and over a device copy meas
 
 --device cpu --shape tiny --impl plain runs the same harness on the CPU with bench/torch_peer.py's
 plain decoder (PyTorch 1.13 and up, no transformers) to check the script, never for numbers.
-Not a test (docs/gpu_window.md, docs/benchmarks.md).
+Not a test (docs/gpu.md ("Running on a GPU"), docs/benchmarks.md).
 """
 import argparse, copy, gc, json, math, os, statistics, sys, time
 

@@ -380,8 +380,8 @@ static void flat_buffers_update_like_tensors(void) {
   CHECK_OK(rx_model_new(&a, &c));
   CHECK_OK(rx_model_new(&b, &c));
   if (!a || !b) { rx_model_free(a); rx_model_free(b); return; }
-  randomise(a, 5);
-  randomise(b, 5);
+  check_randomise(a, 5);
+  check_randomise(b, 5);
   int64_t shape[2] = {B, T};
   rx_tensor *tok = i32_tensor(tokens), *msk = i32_tensor(mask), *lp, *dlp;
   rx_tensor_new(&lp, RX_F32, RX_CPU, 2, shape);

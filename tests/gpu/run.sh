@@ -7,7 +7,7 @@
 # model step, the loop), and the Lua specs' device tests (busted --filter=cuda on the specs that
 # mention it); compute-sanitizer memcheck, racecheck and synccheck on small cases;
 # every bench/gpu_*.sh benchmark; all behind one deadline: what would run past it is skipped and
-# named. The CPU suite is not run here (CI runs it). docs/gpu_window.md is the procedure.
+# named. The CPU suite is not run here (CI runs it). docs/gpu.md ("Running on a GPU") is the procedure.
 #
 #   here, once, on Debian 12 with network:  sh tests/gpu/prepare.sh          (fills .debs/)
 #   on the GPU machine:                     bash tests/gpu/run.sh            (carry .debs/)
@@ -303,7 +303,7 @@ if [ "${RX_USE_DEBS:-0}" != 1 ] && pkg-config --exists luajit libpcre2-8 2>/dev/
    [ -e /usr/lib/$A/openblas-openmp/libopenblas.so ] && [ -e /usr/lib/$A/lua/5.1/cjson.so ]; then
   echo "using the system's LuaJIT, OpenBLAS, PCRE2 and lua-cjson"
 elif ! ls .debs/*.deb >/dev/null 2>&1; then
-  echo "no .debs/ here: run 'sh tests/gpu/prepare.sh' on Debian 12 and carry .debs (docs/gpu_window.md)"
+  echo "no .debs/ here: run 'sh tests/gpu/prepare.sh' on Debian 12 and carry .debs (docs/gpu.md, Running on a GPU)"
   record deps debs fail 0 "no .debs/ (tests/gpu/prepare.sh)"
 else
   rm -rf "$prefix" && mkdir -p "$prefix"
