@@ -118,6 +118,9 @@ describe("training on cuda", function()
     end
     local ma, mc = a.run:metrics(), c.run:metrics()
     assert.are.equal(ma[4].loss, mc[4].loss)
+    -- device memory is reported: at least the policy's weights and AdamW's two moments
+    local m = c.model:memory()
+    assert.is_true(ma[4].peak_device_memory_mib * 1048576 >= m.params * 3, "peak_device_memory_mib")
   end)
 
   it("cuda: three bf16 SFT steps move the weights as f32 steps on the cpu do (relative L2 of the change <= 3e-2)", function()
