@@ -151,6 +151,23 @@ describe("training on cuda", function()
     assert.is_true(math.sqrt(d2 / n2) <= 3e-2, ("relative L2 of the change: %.3g"):format(math.sqrt(d2 / n2)))
   end)
 
+  it("cuda: a device model generates the cpu's tokens, greedy and sampled, after its weights change", function()
+    local model = require("remax.bind.model")
+    local cfg = support.tiny_model({ vocab_size = 64 })
+    local g, c = model.new(cfg, { device = "cuda", seed = 3 }), model.new(cfg, { device = "cpu", seed = 3 })
+    local prompts, opts = { { 1, 2, 3 }, { 9, 8 } }, { max_new_tokens = 6, temperature = { 0, 1.0 }, seed = 5 }
+    local function same()
+      local a, b = g:generate(prompts, opts), c:generate(prompts, opts)
+      for i, row in ipairs(a.rows) do
+        assert.are.same(b.rows[i].tokens, row.tokens, "row " .. i)
+      end
+    end
+    same()
+    -- a changed weight (an optimizer step) reaches the next generation
+    for _, m in ipairs({ g, c }) do m:param("model.norm.weight"):fill_(3) end
+    same()
+  end)
+
   it("cuda: refuses LoRA on the device, naming what is missing", function()
     local ok, err = pcall(config.resolve, settings(support.tmpdir(), { device = "cuda", use_lora = true }))
     assert.is_false(ok)

@@ -463,10 +463,11 @@ function M.sampling_problem(s, where)
   return nil
 end
 
--- A model on a device generates through a CPU copy of its weights until generation runs on the
--- device (engine/generate is CPU-only so far): made on first use, its weights refreshed from the
--- device before every call, so a rollout always sees the current policy. f32 compute on the CPU;
--- a bf16 model's copy stores its weight matrices in bf16, as its working copy does.
+-- A model on a device generates through a CPU copy of its weights where the engine's generation
+-- runs on the CPU only (it says so with RX_EDEVICE: "runs on the cpu in this build"): made on
+-- first use, its weights refreshed from the device before every call, so a rollout always sees
+-- the current policy. f32 compute on the CPU; a bf16 model's copy stores its weight matrices in
+-- bf16, as its working copy does. An engine that generates on the device is used directly.
 function Model:host_copy()
   if self:device_name() == "cpu" then return self end
   if not self.host_twin then
@@ -481,8 +482,13 @@ function Model:host_copy()
   return twin
 end
 
+-- Whether a failed engine call (rc) was the engine refusing a device model for a CPU-only op.
+local function cpu_only(self, rc)
+  return rc == C.RX_EDEVICE and self:device_name() ~= "cpu" and rx.last_error():find("runs on the cpu in this build", 1, true)
+end
+
 function Model:generate(prompts, opts)
-  if self:device_name() ~= "cpu" then return self:host_copy():generate(prompts, opts) end
+  if self.host_twin then return self:host_copy():generate(prompts, opts) end
   opts = opts or {}
   if type(prompts) ~= "table" or #prompts == 0 then error("generate: expected a non-empty list of prompts (token-id lists)", 2) end
   -- every per-slot list must have the same length; that length is the number of rows per prompt
@@ -571,7 +577,9 @@ function Model:generate(prompts, opts)
   local now = require("remax.bind.clock").now   -- wall clock (os.clock sums the CPU time of all threads)
   local t0 = now()
   local g = ffi.new("rx_generator*[1]")
-  check(C.rx_generate_begin(g, self.handle, req, res), 2)
+  local rc = C.rx_generate_begin(g, self.handle, req, res)
+  if rc ~= 0 and cpu_only(self, rc) then return self:host_copy():generate(prompts, opts) end
+  if rc ~= 0 then error(rx.last_error(), 2) end
   local gen = ffi.gc(g[0], C.rx_generate_end)
   local done = ffi.new("int32_t[1]")
   local step = 0
@@ -601,10 +609,12 @@ end
 
 -- Logits of the next token after each row (full forward, no cache): [B, vocab].
 function Model:next_logits(tokens, mask)
-  if self:device_name() ~= "cpu" then return self:host_copy():next_logits(tokens, mask) end
+  if self.host_twin then return self:host_copy():next_logits(tokens, mask) end
   if type(tokens) == "table" and not ffi.istype("rx_tensor", tokens) then tokens, mask = M.pad_rows(tokens) end
   local out = tensor.new({ tokens:size(1), tonumber(self:cfg().vocab_size) }, tonumber(self:cfg().dtype))
-  check(C.rx_model_next_logits(self.handle, tokens, mask, out), 2)
+  local rc = C.rx_model_next_logits(self.handle, tokens, mask, out)
+  if rc ~= 0 and cpu_only(self, rc) then return self:host_copy():next_logits(tokens, mask) end
+  if rc ~= 0 then error(rx.last_error(), 2) end
   return out
 end
 
