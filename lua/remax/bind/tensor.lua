@@ -206,7 +206,7 @@ end
 -- the completion part of prompt .. completion rows (log-probabilities, entropies).
 function Tensor:row_spans(starts, lens)
   local T = self:size(2)
-  local f32 = self:dtype_name() == "f32"
+  local f32 = self:dtype_name() == "f32" and self:device_name() == "cpu" and self:is_contiguous()
   local p = f32 and ffi.cast("float*", self.data) or nil
   local tab = not f32 and self:totable() or nil
   local out = {}
