@@ -168,6 +168,32 @@ describe("training on cuda", function()
     same()
   end)
 
+  it("cuda: a reward model on the device scores as on the cpu, also as a trainer's reward", function()
+    local remax = require("remax")
+    local dir = support.tmpdir()
+    remax.tokenizer.write_byte_level(dir)
+    local tok = remax.tokenizer.load(dir)
+    local dec = support.tiny_model({ vocab_size = tok.vocab_size, tie_word_embeddings = false })
+    local m = remax.model.new(dec, { seed = 4, init_std = 0.3 })
+    local tensors = { ["score.weight"] = tensor.new({ 1, dec.hidden_size }, "f32"):normal_(5, 0, 0, 0.5) }
+    for name, p in pairs(m:params()) do if name ~= "lm_head.weight" then tensors[name] = p end end
+    remax.safetensors.save(dir .. "/model.safetensors", tensors, { format = "pt" })
+    local cfg = {}
+    for k, v in pairs(dec) do cfg[k] = v end
+    cfg.architectures, cfg.id2label, cfg.pad_token_id = { "Qwen2ForSequenceClassification" }, { ["0"] = "LABEL_0" }, tok.pad_id
+    support.write(dir .. "/config.json", require("cjson").encode(cfg))
+    local reward_model = require("remax.bind.reward_model")
+    local on_cpu, on_gpu = reward_model.load(dir), reward_model.load(dir, { device = "cuda" })
+    assert.are.equal("cuda", on_gpu.model:device_name())
+    local prompts, completions = { "2+2?", "a longer question, 3+5?" }, { "4", "eight" }
+    local a, b = on_cpu:score(prompts, completions), on_gpu:score(prompts, completions)
+    for i = 1, 2 do assert.is_true(math.abs(a[i] - b[i]) <= 1e-5 * math.max(1, math.abs(a[i])), ("row %d: %g, %g"):format(i, a[i], b[i])) end
+    -- a run on cuda loads its reward models there
+    local data = setup()
+    local t = new_trainer(data, { device = "cuda", rewards = { { model = dir, name = "rm" } }, beta = 0 })
+    assert.are.equal("cuda", t.rewards[1].reward_model.model:device_name())
+  end)
+
   it("cuda: refuses LoRA on the device, naming what is missing", function()
     local ok, err = pcall(config.resolve, settings(support.tmpdir(), { device = "cuda", use_lora = true }))
     assert.is_false(ok)

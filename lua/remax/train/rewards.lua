@@ -95,7 +95,7 @@ function M.normalize(spec, index, opts)
   local r
   local reward_model = require("remax.bind.reward_model")
   if reward_model.is_spec(spec) then
-    return reward_model.reward(spec, { dtype = opts.dtype })
+    return reward_model.reward(spec, { dtype = opts.dtype, device = opts.device })
   elseif type(spec) == "string" then
     return M.load_file(M.find(spec, opts.base))
   elseif type(spec) == "function" then
