@@ -92,6 +92,25 @@ describe("training on cuda", function()
     assert.is_true(moved > 0, "the steps changed no weight")
   end)
 
+  it("cuda: a LoRA run resumed on the device is bit-identical to an uninterrupted one", function()
+    local dir = setup()
+    local extra = { device = "cuda", max_steps = 2, run_name = "straight", use_lora = true, lora_r = 2 }
+    local a = new_trainer(dir, extra)
+    a:train()
+    extra.run_name = "split"
+    local b = new_trainer(dir, extra)
+    b:train_step()
+    b:save_checkpoint()
+    extra.run_name, extra.resume = nil, dir .. "/runs/split"
+    local c = new_trainer(dir, extra)
+    assert.are.equal(1, c.step)
+    c:train()
+    local pa, pc = a.model:trainable(), c.model:trainable()
+    for name, t in pairs(pa) do
+      assert.is_true(bytes(t:to("cpu")) == bytes(pc[name]:to("cpu")), "adapter " .. name .. " differs after resume")
+    end
+  end)
+
   it("cuda: a resume on the device is bit-identical to an uninterrupted run", function()
     local dir = setup()
     local extra = { device = "cuda", max_steps = 4, run_name = "straight" }
