@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { RX_DIST_BACKEND_ABI = 1 };
+enum { RX_DIST_BACKEND_ABI = 2 };
 
 /* Every function returns 0, or non-zero with a message that last_error() returns. dtype is an
  * rx_dtype (RX_F32, RX_F64, RX_I64); op is RX_DIST_SUM / RX_DIST_MAX / RX_DIST_MIN. */
@@ -27,6 +27,16 @@ typedef struct rx_dist_backend {
   /* Sum of count elements of device memory on CUDA device `device_index` over NCCL; NULL when
    * the plugin was built without NCCL. */
   int (*allreduce_cuda)(void *buf, int64_t count, int32_t dtype, int32_t device_index);
+  /* ZeRO. buf holds count elements split into shards of `shard` elements, rank r owning
+   * [r * shard, min((r + 1) * shard, count)) (the last ones may be short or empty). In place:
+   * reduce_scatter leaves the sum over ranks of rank r's shard in rank r's shard (the rest of buf
+   * is then undefined); allgather copies every rank's shard into every rank's buf. */
+  int (*reduce_scatter)(void *buf, int64_t count, int64_t shard, int32_t dtype);
+  int (*allgather)(void *buf, int64_t count, int64_t shard, int32_t dtype);
+  /* The same on CUDA device memory over NCCL, and a broadcast of bytes; NULL without NCCL. */
+  int (*reduce_scatter_cuda)(void *buf, int64_t count, int64_t shard, int32_t dtype, int32_t device_index);
+  int (*allgather_cuda)(void *buf, int64_t count, int64_t shard, int32_t dtype, int32_t device_index);
+  int (*broadcast_cuda)(void *buf, int64_t bytes, int32_t root, int32_t device_index);
 } rx_dist_backend;
 
 typedef const rx_dist_backend *(*rx_dist_backend_fn)(void);

@@ -141,7 +141,11 @@ int rx_dist_allreduce_tensors(rx_tensor *const *tensors, int64_t n) {
       j++;
     }
     if (t->device == RX_CPU) {
-      if (world.backend->allreduce(t->data, count, t->dtype, RX_DIST_SUM)) return backend_fail("MPI_Allreduce (gradients)");
+      /* a reduce-scatter that sums in rank order, then an all-gather: the same bits as ZeRO-2's
+       * reduce-scatter and as one process adding the ranks' micro-batches in turn */
+      int64_t shard = (count + world.size - 1) / world.size;
+      if (world.backend->reduce_scatter(t->data, count, shard, t->dtype)) return backend_fail("reduce-scatter of the gradients (MPI_Scatterv)");
+      if (world.backend->allgather(t->data, count, shard, t->dtype)) return backend_fail("MPI_Allgatherv (gradients)");
     } else if (t->device == RX_CUDA) {
       if (!world.backend->allreduce_cuda)
         return rx_fail(RX_EDEVICE, "rx_dist_allreduce_tensors: tensor %lld is on CUDA but remax's MPI backend was "
@@ -187,6 +191,63 @@ int rx_dist_gather(const void *send, int64_t bytes, void *recv, const int64_t *c
     return RX_OK;
   }
   return world.backend->gather_bytes(send, bytes, recv, counts, root) ? backend_fail("MPI_Gatherv") : RX_OK;
+}
+
+/* ZeRO: a flat buffer (one arena viewed as a 1-D tensor) cut into shards of `shard` elements. */
+static int check_flat(const rx_tensor *flat, int64_t shard, const char *op) {
+  if (!flat) return rx_fail(RX_EINVAL, "%s: the flat buffer is NULL", op);
+  if (flat->dtype != RX_F32 && flat->dtype != RX_F64 && !(flat->device == RX_CUDA && flat->dtype == RX_BF16))
+    return rx_fail(RX_EINVAL, "%s: the flat buffer is %s (f32 or f64; bf16 on cuda)", op, rx_dtype_name(flat->dtype));
+  if (!rx_tensor_is_contiguous(flat)) return rx_fail(RX_EINVAL, "%s: the flat buffer is not contiguous", op);
+  if (shard < 1 || shard * (int64_t)world.size < flat->numel)
+    return rx_fail(RX_EINVAL, "%s: %d shards of %lld elements do not cover %lld elements", op, (int)world.size,
+                   (long long)shard, (long long)flat->numel);
+  if (flat->device != RX_CPU && flat->device != RX_CUDA)
+    return rx_fail(RX_EINVAL, "%s: the flat buffer has unknown device %d", op, (int)flat->device);
+  return RX_OK;
+}
+
+static int no_nccl(const char *op) {
+  return rx_fail(RX_EDEVICE, "%s: the flat buffer is on CUDA but remax's MPI backend was built without NCCL "
+                 "(install NCCL with the CUDA toolkit and rebuild)", op);
+}
+
+int rx_dist_reduce_scatter(rx_tensor *flat, int64_t shard) {
+  if (check_flat(flat, shard, "rx_dist_reduce_scatter")) return RX_EINVAL;
+  int a = active("rx_dist_reduce_scatter");
+  if (a <= 0) return a ? RX_EINVAL : RX_OK;
+  if (flat->device == RX_CUDA) {
+    if (!world.backend->reduce_scatter_cuda) return no_nccl("rx_dist_reduce_scatter");
+    return world.backend->reduce_scatter_cuda(flat->data, flat->numel, shard, flat->dtype, flat->device_index)
+               ? backend_fail("ncclReduceScatter") : RX_OK;
+  }
+  return world.backend->reduce_scatter(flat->data, flat->numel, shard, flat->dtype) ? backend_fail("reduce-scatter (MPI_Scatterv)") : RX_OK;
+}
+
+int rx_dist_allgather(rx_tensor *flat, int64_t shard) {
+  if (check_flat(flat, shard, "rx_dist_allgather")) return RX_EINVAL;
+  int a = active("rx_dist_allgather");
+  if (a <= 0) return a ? RX_EINVAL : RX_OK;
+  if (flat->device == RX_CUDA) {
+    if (!world.backend->allgather_cuda) return no_nccl("rx_dist_allgather");
+    return world.backend->allgather_cuda(flat->data, flat->numel, shard, flat->dtype, flat->device_index)
+               ? backend_fail("ncclAllGather") : RX_OK;
+  }
+  return world.backend->allgather(flat->data, flat->numel, shard, flat->dtype) ? backend_fail("MPI_Allgatherv") : RX_OK;
+}
+
+int rx_dist_broadcast_tensor(rx_tensor *t, int32_t root) {
+  if (!t || !rx_tensor_is_contiguous(t)) return rx_fail(RX_EINVAL, "rx_dist_broadcast_tensor: a contiguous tensor is needed");
+  if (root < 0 || root >= world.size) return rx_fail(RX_EINVAL, "rx_dist_broadcast_tensor: root %d outside 0..%d", (int)root, (int)world.size - 1);
+  int a = active("rx_dist_broadcast_tensor");
+  if (a <= 0) return a ? RX_EINVAL : RX_OK;
+  int64_t bytes = t->numel * rx_dtype_size(t->dtype);
+  if (t->device == RX_CUDA) {
+    if (!world.backend->broadcast_cuda) return no_nccl("rx_dist_broadcast_tensor");
+    return world.backend->broadcast_cuda(t->data, bytes, root, t->device_index) ? backend_fail("ncclBroadcast") : RX_OK;
+  }
+  if (t->device != RX_CPU) return rx_fail(RX_EINVAL, "rx_dist_broadcast_tensor: unknown device %d", (int)t->device);
+  return world.backend->broadcast(t->data, bytes, root) ? backend_fail("MPI_Bcast") : RX_OK;
 }
 
 int rx_dist_barrier(void) {

@@ -200,6 +200,9 @@ int rx_grad_norm(const rx_tensor *const *grads, int64_t n, double *norm);
 int rx_clip_grad_norm(rx_tensor *const *grads, int64_t n, double max_norm, double *norm);
 /* t *= s elementwise (gradient accumulation averaging). */
 int rx_scale(rx_tensor *t, double s);
+/* Sum of squares of n gradients (f32 / f64; f32 on cuda): a rank's ZeRO-2 shard, which the ranks
+ * add into the global norm (engine/optim/zero.c). */
+int rx_grad_sum_squares(const rx_tensor *const *grads, int64_t n, double *out);
 
 /* ---------------------------------------------------------------- model */
 
@@ -511,6 +514,16 @@ int rx_dist_allgather_i64(int64_t value, int64_t *out);
  * is rank r's byte count. */
 int rx_dist_gather(const void *send, int64_t bytes, void *recv, const int64_t *counts, int32_t root);
 int rx_dist_barrier(void);
+/* ZeRO collectives over a flat buffer: `flat` views one arena (gradients, parameters) as n
+ * elements (f32 or f64; bf16 too on CUDA) cut into shards of `shard` elements, rank r owning
+ * [r * shard, min((r + 1) * shard, n)) (the last shards may be short or empty; shard * size >= n).
+ * In place; CPU tensors over MPI, CUDA tensors over NCCL. reduce_scatter leaves in each rank's
+ * shard the sum over ranks of that shard (the rest of the buffer is then undefined); allgather
+ * copies every rank's shard into every rank's buffer. */
+int rx_dist_reduce_scatter(rx_tensor *flat, int64_t shard);
+int rx_dist_allgather(rx_tensor *flat, int64_t shard);
+/* Rank root's tensor into every rank's (contiguous; CPU over MPI, CUDA over NCCL). */
+int rx_dist_broadcast_tensor(rx_tensor *t, int32_t root);
 /* 64-bit hash of the bytes of n CPU tensors: equal on every rank while the weights are. */
 int rx_dist_checksum(const rx_tensor *const *tensors, int64_t n, uint64_t *out);
 

@@ -2,6 +2,7 @@
 -- the rest start `mpirun -np 2` on the CPU and compare with one process on the same global batch.
 -- They skip, saying why, when mpirun or the MPI backend (libremax_mpi.so) is not there.
 local ffi = require("ffi")
+pcall(ffi.cdef, "int memcmp(const void *a, const void *b, size_t n);")
 local dist = require("remax.bind.dist")
 local cli = require("remax.cli.main")
 
@@ -85,6 +86,111 @@ describe("dist in a world of one", function()
     out = p:read("*a")
     p:close()
     assert.is_truthy(out:find("world\t0\t1\tsingle"), out)
+  end)
+end)
+
+describe("ZeRO in a world of one", function()
+  local remax = require("remax")
+  local optim = require("remax.bind.optim")
+  local tensor = require("remax.bind.tensor")
+  local function tiny()
+    return { architectures = { "Qwen2ForCausalLM" }, hidden_size = 16, intermediate_size = 40, num_hidden_layers = 2,
+      num_attention_heads = 2, num_key_value_heads = 1, max_position_embeddings = 64, rope_theta = 10000,
+      rms_norm_eps = 1e-6, vocab_size = 50, tie_word_embeddings = false }
+  end
+
+  it("cuts a flat buffer into equal aligned shards that cover it once", function()
+    for _, size in ipairs({ 1, 2, 3, 4, 8 }) do
+      for _, n in ipairs({ 1, 63, 64, 1000, 6544, 123457 }) do
+        local at = 0
+        for rank = 0, size - 1 do
+          local w = setmetatable({ rank = rank, size = size }, dist.World)
+          local shard = w:shard_size(n)
+          assert.are.equal(0, shard % dist.SHARD_ALIGN)
+          assert.is_true(shard * size >= n)
+          local lo, hi = w:shard_range(n, shard)
+          assert.are.equal(at, lo)
+          assert.is_true(hi - lo <= shard)
+          at = hi
+        end
+        assert.are.equal(n, at)
+      end
+    end
+  end)
+
+  it("sees a model's parameters as one flat arena, padding included", function()
+    local m = remax.model.new(tiny(), { seed = 1 })
+    local list = {}
+    for i = 1, #m.names do list[i] = m:param(m.names[i]) end
+    local flat = dist.flat(list, "params")
+    assert.are.equal(0, flat.offsets[1])
+    for i = 2, #list do assert.is_true(flat.offsets[i] >= flat.offsets[i - 1] + tonumber(list[i - 1].numel)) end
+    assert.are.equal(flat.offsets[#list] + tonumber(list[#list].numel), tonumber(flat.view.numel))
+    assert.has_error(function() dist.flat({ list[2], list[1] }, "params") end,
+      "dist: params: tensor 2 is not after tensor 1 in one arena (ZeRO shards the arena as one buffer)")
+  end)
+
+  -- the sharded optimizer in a world of one owns every shard: it must take AdamW's steps bit for bit
+  for _, stage in ipairs({ 1, 2 }) do
+    it(("takes AdamW's steps bit for bit, clipping included (stage %d)"):format(stage), function()
+      local a, b = remax.model.new(tiny(), { seed = 3 }), remax.model.new(tiny(), { seed = 3 })
+      local opts = { lr = 1e-2, weight_decay = 0.1, stage = stage }
+      local pa, ga = a:trainable()
+      local oa = optim.adamw(pa, ga, opts)
+      local ob = optim.zero_adamw(dist.world(), b, opts)
+      local _, gb = b:trainable()
+      for step = 1, 3 do
+        for i, name in ipairs(a.names) do
+          ga[name]:normal_(step, i * 4096, 0, 0.5)
+          gb[name]:normal_(step, i * 4096, 0, 0.5)
+        end
+        local na = optim.clip_grad_norm(ga, 1.0)
+        local nb = ob:reduce_grads(1.0)
+        assert.is_true(na > 1)   -- clipping happened
+        assert.is_true(math.abs(na - nb) <= 1e-12 * na)
+        oa:step()
+        ob:step()
+      end
+      local sa, sb = oa:state(), ob:state()
+      for i, name in ipairs(a.names) do
+        local x, y = pa[name], b:param(name)
+        assert.are.equal(0, ffi.C.memcmp(x.data, y.data, tonumber(x.numel) * 4), name)
+        for _, which in ipairs({ "m", "v" }) do
+          local u, v = sa.tensors[which .. "." .. name], sb.tensors[which .. "." .. name]
+          assert.are.equal(0, ffi.C.memcmp(u.data, v.data, tonumber(u.numel) * 4), which .. "." .. name)
+        end
+      end
+      -- and its state loads back into a fresh one
+      local oc = optim.zero_adamw(dist.world(), b, opts)
+      oc:load_state(sb)
+      assert.are.equal(3, oc.step_count)
+      assert.are.equal(0, ffi.C.memcmp(oc.m_flat.data, ob.m_flat.data, tonumber(ob.m_flat.numel) * 4))
+    end)
+  end
+
+  it("checks a flat buffer before any collective, naming what is wrong", function()
+    local C = require("remax.bind.ffi").C
+    local function err(rc) assert.are_not.equal(0, rc); return ffi.string(C.rx_last_error()) end
+    local t = tensor.new({ 1000 }, "f32")
+    t:fill_(2)
+    -- a world of one owns the one shard: nothing moves
+    assert.are.equal(0, C.rx_dist_reduce_scatter(t, 1024))
+    assert.are.equal(0, C.rx_dist_allgather(t, 1000))
+    assert.are.equal(0, C.rx_dist_broadcast_tensor(t, 0))
+    assert.are.equal(2, t:get(1000))
+    assert.are.equal("rx_dist_reduce_scatter: 1 shards of 999 elements do not cover 1000 elements", err(C.rx_dist_reduce_scatter(t, 999)))
+    assert.are.equal("rx_dist_allgather: the flat buffer is i32 (f32 or f64; bf16 on cuda)",
+      err(C.rx_dist_allgather(tensor.new({ 8 }, "i32"), 8)))
+    assert.are.equal("rx_dist_reduce_scatter: the flat buffer is NULL", err(C.rx_dist_reduce_scatter(nil, 8)))
+    assert.are.equal("rx_dist_broadcast_tensor: root 1 outside 0..0", err(C.rx_dist_broadcast_tensor(t, 1)))
+  end)
+
+  it("rejects a zero_stage other than 0, 1 or 2, naming it", function()
+    local config = require("remax.train.config")
+    assert.has_error(function() config.resolve({ zero_stage = 3 }) end)
+    local ok, err = pcall(config.resolve, { zero_stage = 3 })
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("zero_stage = 3: expected 0, 1 or 2", 1, true), tostring(err))
   end)
 end)
 
@@ -336,5 +442,232 @@ describe_mpi("mpirun -np 2 on the CPU", function()
     local killed_at = tonumber(read(stamp))
     assert.is_truthy(killed_at, out)
     assert.is_true(ended - killed_at <= 60, ("the run went on %d s after rank 1 died"):format(ended - killed_at))
+  end)
+end)
+
+-- ZeRO-1/2 against no sharding, at 2 and 4 ranks. The ranks' gradients are summed in rank
+-- order by every stage (engine/dist/mpi/mpi_backend.c), so all must agree bit for bit: the
+-- final weights and AdamW's moments.
+describe_mpi("ZeRO under mpirun", function()
+  local dir, rfile
+  setup(function()
+    dir = tmpdir()
+    rfile = recipe(dir)
+  end)
+
+  local function ckpt(name, step) return ("%s/runs/%s/checkpoints/step-%d"):format(dir, name, step) end
+
+  local function assert_same_checkpoints(a, b, weights)
+    for _, file in ipairs({ weights, "trainer_state.safetensors" }) do
+      local worst, bits = compare_weights(a .. "/" .. file, b .. "/" .. file)
+      assert.is_true(bits, ("%s of %s and %s differ: largest relative difference %g"):format(file, a, b, worst))
+    end
+  end
+
+  local cases = {
+    { name = "remax", args = "--algo remax", weights = "model.safetensors" },
+    { name = "grpo", args = "--algo grpo --generate_greedy false --num_generations 3", weights = "model.safetensors" },
+    { name = "lora", args = "--algo remax --use_lora true --lora_r 2", weights = "adapter_model.safetensors" },
+  }
+  for _, ranks in ipairs({ 2, 4 }) do
+    for _, case in ipairs(cases) do
+      it(("stages 1 and 2 train as stage 0 does, bit for bit (%s, %d ranks)"):format(case.name, ranks), function()
+        local per = 8 / ranks   -- 8 prompts per step in all
+        for stage = 0, 2 do
+          local out, rc = remax(ranks, ("run %s %s --per_device_train_batch_size %d --zero_stage %d --run_name z%d-%s-%d")
+            :format(rfile, case.args, per, stage, stage, case.name, ranks))
+          assert.are.equal(0, rc, out)
+        end
+        local base = ckpt(("z0-%s-%d"):format(case.name, ranks), 3)
+        for stage = 1, 2 do
+          local other = ckpt(("z%d-%s-%d"):format(stage, case.name, ranks), 3)
+          same_rollouts(base:gsub("/checkpoints/step%-3$", ""), other:gsub("/checkpoints/step%-3$", ""))
+          assert_same_checkpoints(base, other, case.weights)
+        end
+      end)
+    end
+  end
+
+  it("reduce-scatters and all-gathers a flat buffer in rank order, across chunks and short shards", function()
+    -- 3 ranks, 9 million f32 elements: more than two of the backend's 4M-element chunks per
+    -- shard, and a last shard shorter than the others
+    write(dir .. "/rs.lua", [[
+      local ffi = require("ffi")
+      local dist = require("remax.bind.dist")
+      local tensor = require("remax.bind.tensor")
+      local w = dist.world()
+      local n = 9000001
+      local function value(r, i) return ((i * 7919 + r * 104729) % 100003) / 1024 + r / 3 end
+      local t = tensor.new({ n }, "f32")
+      local x = ffi.cast("float*", t.data)
+      for i = 0, n - 1 do x[i] = value(w.rank, i) end
+      local shard = w:shard_size(n)
+      w:reduce_scatter(t, shard)
+      local lo, hi = w:shard_range(n, shard)
+      local f, g = ffi.new("float[1]"), ffi.new("float[1]")
+      local function expected(i)   -- f32 adds, in rank order
+        f[0] = value(0, i)
+        for r = 1, w.size - 1 do
+          g[0] = value(r, i)
+          f[0] = f[0] + g[0]
+        end
+        return f[0]
+      end
+      local bad = 0
+      for i = lo, hi - 1 do if x[i] ~= expected(i) then bad = bad + 1 end end
+      w:allgather(t, shard)
+      local gathered_bad = 0
+      for i = 0, n - 1 do if x[i] ~= expected(i) then gathered_bad = gathered_bad + 1 end end
+      print(("rank %d shard [%d, %d) wrong after reduce-scatter %d, after all-gather %d"):format(w.rank, lo, hi, bad, gathered_bad))
+    ]])
+    local out, rc = remax(3, ("run %s/rs.lua"):format(dir))
+    assert.are.equal(0, rc, out)
+    for r = 0, 2 do
+      assert.is_truthy(out:find(("rank %d shard %%[%%d+, %%d+%%) wrong after reduce%%-scatter 0, after all%%-gather 0"):format(r)), out)
+    end
+    assert.is_truthy(out:find("rank 2 shard [6000128, 9000001)", 1, true), out)   -- the short one
+  end)
+
+  it("resumes bit for bit, with the same ranks and re-sharded onto another number", function()
+    local common = ("run %s --zero_stage 2"):format(rfile)
+    local out, rc = remax(2, common .. " --per_device_train_batch_size 4 --max_steps 4 --run_name zr-whole")
+    assert.are.equal(0, rc, out)
+    -- 2 steps, then 2 more on the same 2 ranks
+    out, rc = remax(2, common .. " --per_device_train_batch_size 4 --max_steps 2 --run_name zr-same")
+    assert.are.equal(0, rc, out)
+    out, rc = remax(2, ("%s --per_device_train_batch_size 4 --max_steps 4 --resume %s/runs/zr-same"):format(common, dir))
+    assert.are.equal(0, rc, out)
+    assert_same_checkpoints(ckpt("zr-whole", 4), ckpt("zr-same", 4), "model.safetensors")
+    -- Re-sharded: 4 ranks x 2 prompts throughout, against 2 steps of ZeRO-1 on 4 ranks, a third
+    -- step of ZeRO-2 in one process (one shard) and a fourth on 4 ranks again. One process adding
+    -- 4 micro-batches of 2 prompts in turn sums as 4 ranks do, so the bits must agree.
+    out, rc = remax(4, common .. " --per_device_train_batch_size 2 --max_steps 4 --run_name zr-four")
+    assert.are.equal(0, rc, out)
+    out, rc = remax(4, ("run %s --zero_stage 1 --per_device_train_batch_size 2 --max_steps 2 --run_name zr-moved"):format(rfile))
+    assert.are.equal(0, rc, out)
+    out, rc = remax(1, ("%s --per_device_train_batch_size 2 --gradient_accumulation_steps 4 --max_steps 3 --resume %s/runs/zr-moved")
+      :format(common, dir))
+    assert.are.equal(0, rc, out)
+    out, rc = remax(4, ("%s --per_device_train_batch_size 2 --max_steps 4 --resume %s/runs/zr-moved"):format(common, dir))
+    assert.are.equal(0, rc, out)
+    assert_same_checkpoints(ckpt("zr-four", 4), ckpt("zr-moved", 4), "model.safetensors")
+  end)
+
+  -- rank 0 alone reads the checkpoint: the adapters and their dropout counter must reach the
+  -- other ranks (without them rank 1 trained its freshly initialised adapters)
+  for _, stage in ipairs({ 0, 2 }) do
+    it(("resumes a LoRA run on 2 ranks bit for bit (zero_stage %d)"):format(stage), function()
+      local common = ("run %s --use_lora true --lora_r 2 --zero_stage %d --per_device_train_batch_size 4"):format(rfile, stage)
+      local out, rc = remax(2, ("%s --max_steps 3 --run_name zl%d-whole"):format(common, stage))
+      assert.are.equal(0, rc, out)
+      out, rc = remax(2, ("%s --max_steps 2 --run_name zl%d-resumed"):format(common, stage))
+      assert.are.equal(0, rc, out)
+      out, rc = remax(2, ("%s --max_steps 3 --resume %s/runs/zl%d-resumed"):format(common, dir, stage))
+      assert.are.equal(0, rc, out)
+      assert_same_checkpoints(ckpt(("zl%d-whole"):format(stage), 3), ckpt(("zl%d-resumed"):format(stage), 3),
+        "adapter_model.safetensors")
+    end)
+  end
+
+  it("stops both ranks when one is killed, keeping the last finished step, which resumes", function()
+    local stamp = dir .. "/zkilled"
+    local out, rc = remax(2, ("run %s --zero_stage 2 --per_device_train_batch_size 4 --save_steps 1 --max_steps 4 --run_name zr-killed")
+      :format(rfile), "KILL_RANK=1 FAIL_CALL=3 KILL_STAMP=" .. stamp)   -- killed in step 2
+    local ended = os.time()
+    assert.are_not.equal(0, rc)
+    local killed_at = tonumber(read(stamp))
+    assert.is_truthy(killed_at, out)
+    assert.is_true(ended - killed_at <= 60, ("the run went on %d s after rank 1 died"):format(ended - killed_at))
+    assert.is_true(exists(ckpt("zr-killed", 1) .. "/trainer_state.json"), out)
+    assert.is_false(exists(ckpt("zr-killed", 2) .. "/trainer_state.json"))
+    out, rc = remax(2, ("run %s --zero_stage 2 --per_device_train_batch_size 4 --max_steps 4 --resume %s/runs/zr-killed")
+      :format(rfile, dir))
+    assert.are.equal(0, rc, out)
+    assert_same_checkpoints(ckpt("zr-whole", 4), ckpt("zr-killed", 4), "model.safetensors")
+  end)
+end)
+
+---------------------------------------------------------------------------- NCCL
+
+-- The NCCL path of the same collectives, and ZeRO-2 on CUDA tensors: with this build when it has
+-- a CUDA device, else with the CUDA emulator's build (build-emu, as ./remax test runs its GPU
+-- tests: cmake -S . -B build-emu -DRX_CUDA=emulate), whose libremax_mpi.so is built against the
+-- emulator's one-rank NCCL.
+local function nccl_build()
+  if skip then return nil, skip end
+  if require("remax.bind.tensor").has_cuda() then return cli.build_dir() end
+  local emu = os.getenv("REMAX_EMU_BUILD_DIR") or (require("remax.bind.ffi").home .. "/build-emu")
+  if exists(emu .. "/libremax_mpi.so") and exists(emu .. "/remax") then return emu end
+  return nil, "no CUDA device here and no emulator build with its MPI plugin (cmake -S . -B build-emu "
+    .. "-DRX_CUDA=emulate; cmake --build build-emu)"
+end
+local nccl_dir, nccl_skip = nccl_build()
+if nccl_skip then print("dist_spec: skipping the NCCL test: " .. nccl_skip) end
+
+;(nccl_skip and pending or describe)("NCCL behind the same interface", function()
+  it("reduce-scatters, all-gathers, broadcasts and steps ZeRO-2 on CUDA tensors as the CPU does", function()
+    local cmd = ("REMAX_DIST=mpi OMP_NUM_THREADS=1 REMAX_BUILD_DIR=%s %s/remax run %s/tests/lua/nccl_probe.lua 2>&1; echo \"rc=$?\"")
+      :format(nccl_dir, nccl_dir, require("remax.bind.ffi").home)
+    local p = assert(io.popen(cmd))
+    local out = p:read("*a")
+    p:close()
+    print(("dist_spec: NCCL probe with %s: %s"):format(nccl_dir, out:match("nccl probe ok") or "failed"))
+    assert.are.equal(0, tonumber(out:match("rc=(%d+)%s*$")), out)
+    assert.is_truthy(out:find("nccl probe ok", 1, true), out)
+  end)
+end)
+
+---------------------------------------------------------------------------- Slurm
+
+-- A one-node Slurm cluster on this machine (tests/slurm/cluster.sh: munged, slurmctld and slurmd
+-- with their files in a temporary folder), and `srun -n 2` against one process.
+local function slurm_missing()
+  if skip then return skip end
+  for _, c in ipairs({ "munged", "slurmctld", "slurmd", "srun", "sinfo" }) do
+    if os.execute("command -v " .. c .. " >/dev/null 2>&1") ~= 0 then
+      return c .. " is not installed (apt-get install slurm-wlm munge)"
+    end
+  end
+  return nil
+end
+local slurm_skip = slurm_missing()
+if slurm_skip then print("dist_spec: skipping the srun test: " .. slurm_skip) end
+
+;(slurm_skip and pending or describe)("srun on a one-node Slurm cluster", function()
+  local dir, rfile, cluster, why
+  local home = require("remax.bind.ffi").home
+  setup(function()
+    dir = tmpdir()
+    rfile = recipe(dir)
+    cluster = dir .. "/slurm"
+    os.execute("mkdir -p " .. cluster)
+    local p = assert(io.popen(("%s/tests/slurm/cluster.sh start %s 2>&1"):format(home, cluster)))
+    local out = p:read("*a")
+    p:close()
+    if not out:find("^ready") then
+      why = out:gsub("%s+$", "")
+      print("dist_spec: skipping the srun test: Slurm did not start here: " .. why)
+    end
+  end)
+  teardown(function()
+    if cluster then os.execute(("%s/tests/slurm/cluster.sh stop %s"):format(home, cluster)) end
+  end)
+
+  it("trains with srun -n 2 as one process does on the same global batch (ZeRO-2)", function()
+    if why then return end   -- said in setup, once
+    local out1, rc1 = remax(1, ("run %s --per_device_train_batch_size 4 --gradient_accumulation_steps 2 --run_name one"):format(rfile))
+    assert.are.equal(0, rc1, out1)
+    local cmd = ("OMP_NUM_THREADS=1 SLURM_CONF=%s/slurm.conf srun -n 2 --mpi=pmix --kill-on-bad-exit=1 %s/remax run %s "
+      .. "--per_device_train_batch_size 4 --zero_stage 2 --run_name srun 2>&1; echo \"rc=$?\""):format(cluster, cli.build_dir(), rfile)
+    local p = assert(io.popen(cmd))
+    local out = p:read("*a")
+    p:close()
+    assert.are.equal(0, tonumber(out:match("rc=(%d+)%s*$")), out)
+    assert.is_truthy(out:find("2 ranks (mpi", 1, true), out)
+    same_rollouts(dir .. "/runs/one", dir .. "/runs/srun")
+    for _, file in ipairs({ "model.safetensors", "trainer_state.safetensors" }) do
+      local worst, bits = compare_weights(dir .. "/runs/one/checkpoints/step-3/" .. file, dir .. "/runs/srun/checkpoints/step-3/" .. file)
+      assert.is_true(bits, ("%s differs: largest relative difference %g"):format(file, worst))
+    end
   end)
 end)

@@ -258,6 +258,28 @@ describe("runs", function()
     assert.truthy(html:find("completion_length_mean", 1, true))   -- the last metrics row
   end)
 
+  it("draws the learning rate, steps on whole-number ticks, no flat KL chart, and counts steps not rows", function()
+    local run = runs.open(root .. "/r", { config = { beta = 0 } })
+    run:log_metrics(0, { eval_accuracy = 0.1 })
+    for s = 1, 3 do run:log_metrics(s, { reward = s / 3, kl = 0, lr = 1e-5 * s / 3 }) end
+    run:log_metrics(3, { eval_accuracy = 0.4 })
+    local files = run:plot()
+    table.sort(files)
+    assert.are.same({ "eval.svg", "index.html", "lr.svg", "reward.svg" }, files)   -- kl is 0 throughout: no chart
+    local reward = read(root .. "/r/reward.svg")
+    local labels = {}
+    for v in reward:gmatch('<text x="[%d.]+" y="%d+" text%-anchor="middle">([^<]*)</text>') do labels[#labels + 1] = v end
+    assert.is_true(#labels >= 3)
+    for _, v in ipairs(labels) do assert.matches("^%-?%d+$", v) end   -- 1, 2, 3, not 1.5
+    local html = read(root .. "/r/index.html")
+    assert.truthy(html:find("3 training steps logged", 1, true))   -- 5 rows, 3 steps
+    assert.truthy(html:find("width:100%", 1, true))
+    run:log_metrics(4, { kl = 0.02 })
+    files = run:plot()
+    table.sort(files)
+    assert.are.same({ "eval.svg", "index.html", "kl.svg", "lr.svg", "reward.svg" }, files)
+  end)
+
   it("plots entropy, the learning signal and clip ratios when a run logs them", function()
     local run = runs.open(root .. "/r", { config = {} })
     for s = 1, 4 do

@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include "remax.h"
@@ -17,6 +18,9 @@ static char last_error[1024];
 static char description[192];
 static MPI_Comm world = MPI_COMM_NULL;
 static int my_rank, my_size;
+/* Scratch for reduce_scatter, grown when a bigger shard comes, kept for the next step. */
+static void *scratch;
+static size_t scratch_bytes;
 
 static int fail(const char *fmt, ...) {
   va_list ap;
@@ -79,6 +83,8 @@ static void finalize_nccl(void);
 #endif
 
 static int finalize(void) {
+  free(scratch);
+  scratch = NULL, scratch_bytes = 0;
 #ifdef RX_HAVE_NCCL
   finalize_nccl();
 #endif
@@ -158,15 +164,116 @@ static int gather_bytes(const void *send, int64_t bytes, void *recv, const int64
   return 0;
 }
 
+/* rank r's part of a flat buffer of count elements cut into shards of `shard` elements */
+static int64_t shard_count(int64_t count, int64_t shard, int r) {
+  int64_t lo = (int64_t)r * shard, n = count - lo;
+  return n < 0 ? 0 : n < shard ? n : shard;
+}
+
+/* Counts and displacements of the shards, as MPI takes them (int: a buffer of up to 2^31 - 1
+ * elements, a CPU model of 2 billion trained parameters). */
+static int shard_layout(int64_t count, int64_t shard, int **counts, int **displs) {
+  if (count > INT32_MAX || shard > INT32_MAX)
+    return fail("%lld elements in one buffer: MPI on the CPU takes at most 2^31 - 1 (MPI counts are int)", (long long)count);
+  *counts = malloc(sizeof(int) * (size_t)my_size);
+  *displs = malloc(sizeof(int) * (size_t)my_size);
+  if (!*counts || !*displs) {
+    free(*counts), free(*displs);
+    return fail("out of memory for %d shard counts", my_size);
+  }
+  for (int r = 0; r < my_size; r++) {
+    (*counts)[r] = (int)shard_count(count, shard, r);
+    int64_t lo = (int64_t)r * shard;
+    (*displs)[r] = (int)(lo < count ? lo : count);
+  }
+  return 0;
+}
+
+static void add_into(void *acc, const void *x, int64_t n, int32_t dtype) {
+  if (dtype == RX_F32) {
+    float *a = acc;
+    const float *b = x;
+    for (int64_t i = 0; i < n; i++) a[i] += b[i];
+  } else if (dtype == RX_F64) {
+    double *a = acc;
+    const double *b = x;
+    for (int64_t i = 0; i < n; i++) a[i] += b[i];
+  } else {
+    int64_t *a = acc;
+    const int64_t *b = x;
+    for (int64_t i = 0; i < n; i++) a[i] += b[i];
+  }
+}
+
+/* The sum of a shard is formed in rank order, ((g0 + g1) + g2) + ..., on its owner: round k
+ * scatters rank k's buffer (MPI_Scatterv rooted at k), and each rank adds the piece it receives.
+ * Every element is thus summed in the same order whatever the shard layout and whatever MPI's
+ * own algorithms would pick, so ZeRO-2's reduce-scatter, the all-reduce of stages 0 and 1
+ * (reduce_scatter + allgather, engine/dist/dist.c) and one process adding its micro-batches in
+ * turn give the same bits. The traffic is a ring reduce-scatter's: each rank sends and receives
+ * (size - 1) shards. The shards go in chunks of CHUNK elements, so the scratch (the running sum
+ * and the piece received) stays 2 chunks whatever the model's size. */
+enum { CHUNK = 1 << 22 };
+
+static int reduce_scatter(void *buf, int64_t count, int64_t shard, int32_t dtype) {
+  MPI_Datatype t = MPI_DATATYPE_NULL;
+  if (mpi_type(dtype, &t)) return 1;
+  int *counts, *displs;
+  if (shard_layout(count, shard, &counts, &displs)) return 1;
+  const int64_t esize = dtype == RX_F32 ? 4 : 8;
+  int *c = malloc(sizeof(int) * (size_t)my_size), *d = malloc(sizeof(int) * (size_t)my_size);
+  size_t need = (size_t)(2 * CHUNK * esize);
+  void *grown = need > scratch_bytes ? realloc(scratch, need) : scratch;
+  if (!c || !d || !grown) {
+    free(c), free(d), free(counts), free(displs);
+    return fail("out of memory for the reduce-scatter scratch (%zu bytes)", need);
+  }
+  if (need > scratch_bytes) scratch = grown, scratch_bytes = need;
+  char *acc = scratch, *recv = acc + CHUNK * esize;
+  int rc = MPI_SUCCESS;
+  for (int64_t at = 0; at < shard && rc == MPI_SUCCESS; at += CHUNK) {
+    for (int r = 0; r < my_size; r++) {
+      int64_t n = counts[r] - at;
+      c[r] = (int)(n < 0 ? 0 : n < CHUNK ? n : CHUNK);
+      d[r] = displs[r] + (int)(at < counts[r] ? at : counts[r]);
+    }
+    const int64_t n = c[my_rank];
+    char *own = (char *)buf + (int64_t)d[my_rank] * esize;
+    for (int k = 0; k < my_size && rc == MPI_SUCCESS; k++) {
+      int root = k == my_rank;
+      rc = MPI_Scatterv(buf, c, d, t, root ? MPI_IN_PLACE : recv, (int)n, t, k, world);
+      const char *piece = root ? own : recv;
+      if (rc == MPI_SUCCESS && n > 0) {
+        if (k == 0) memcpy(acc, piece, (size_t)(n * esize));
+        else add_into(acc, piece, n, dtype);
+      }
+    }
+    if (rc == MPI_SUCCESS && n > 0) memcpy(own, acc, (size_t)(n * esize));
+  }
+  free(c), free(d), free(counts), free(displs);
+  return rc == MPI_SUCCESS ? 0 : mpi_fail("MPI_Scatterv (reduce-scatter)", rc);
+}
+
+static int allgather(void *buf, int64_t count, int64_t shard, int32_t dtype) {
+  MPI_Datatype t = MPI_DATATYPE_NULL;
+  if (mpi_type(dtype, &t)) return 1;
+  int *counts, *displs;
+  if (shard_layout(count, shard, &counts, &displs)) return 1;
+  int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, t, world);
+  free(counts), free(displs);
+  return rc == MPI_SUCCESS ? 0 : mpi_fail("MPI_Allgatherv", rc);
+}
+
 static int barrier(void) {
   CHECK(MPI_Barrier(world));
   return 0;
 }
 
 #ifdef RX_HAVE_NCCL
-/* NCCL for CUDA tensors. UNTESTED: written and compiled without a GPU; no CUDA tensor reaches it
- * yet. One communicator over all ranks, made on first use: rank 0's unique id is broadcast over
- * MPI, each rank uses the device its tensors live on (one GPU per rank, chosen by local rank). */
+/* NCCL for CUDA tensors. Run so far only through the CUDA emulator's one-rank NCCL
+ * (tests/lua/nccl_probe.lua); never on a GPU, never over several ranks. One communicator over all
+ * ranks, made on first use: rank 0's unique id is broadcast over MPI, each rank uses the device
+ * its tensors live on (one GPU per rank, chosen by local rank). */
 #define CUDA_CHECK(call)                                                          \
   do {                                                                            \
     cudaError_t e_ = (call);                                                      \
@@ -210,6 +317,67 @@ static int allreduce_cuda(void *buf, int64_t count, int32_t dtype, int32_t devic
   CUDA_CHECK(cudaStreamSynchronize(0));
   return 0;
 }
+static int nccl_type(int32_t dtype, ncclDataType_t *t) {
+  switch (dtype) {
+  case RX_F32: *t = ncclFloat32; return 0;
+  case RX_F64: *t = ncclFloat64; return 0;
+  case RX_BF16: *t = ncclBfloat16; return 0;
+  }
+  return fail("NCCL: no type for dtype %d", (int)dtype);
+}
+
+static int64_t dtype_bytes(int32_t dtype) { return dtype == RX_BF16 ? 2 : dtype == RX_F32 ? 4 : 8; }
+
+/* Equal shards go to ncclReduceScatter / ncclAllGather in place (the shard at rank * shard);
+ * a short last shard to one grouped ncclReduce / ncclBroadcast per rank, each rooted at the
+ * shard's owner. */
+static int reduce_scatter_cuda(void *buf, int64_t count, int64_t shard, int32_t dtype, int32_t device_index) {
+  ncclDataType_t t = ncclFloat32;
+  if (nccl_type(dtype, &t) || nccl_setup(device_index)) return 1;
+  CUDA_CHECK(cudaSetDevice(device_index));
+  const int64_t es = dtype_bytes(dtype);
+  char *b = buf;
+  if (shard * my_size == count) {
+    NCCL_CHECK(ncclReduceScatter(b, b + (int64_t)my_rank * shard * es, (size_t)shard, t, ncclSum, nccl_comm, 0));
+  } else {
+    NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < my_size; r++) {
+      int64_t n = shard_count(count, shard, r);
+      if (n > 0) NCCL_CHECK(ncclReduce(b + r * shard * es, b + r * shard * es, (size_t)n, t, ncclSum, r, nccl_comm, 0));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+  }
+  CUDA_CHECK(cudaStreamSynchronize(0));
+  return 0;
+}
+
+static int allgather_cuda(void *buf, int64_t count, int64_t shard, int32_t dtype, int32_t device_index) {
+  ncclDataType_t t = ncclFloat32;
+  if (nccl_type(dtype, &t) || nccl_setup(device_index)) return 1;
+  CUDA_CHECK(cudaSetDevice(device_index));
+  const int64_t es = dtype_bytes(dtype);
+  char *b = buf;
+  if (shard * my_size == count) {
+    NCCL_CHECK(ncclAllGather(b + (int64_t)my_rank * shard * es, b, (size_t)shard, t, nccl_comm, 0));
+  } else {
+    NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < my_size; r++) {
+      int64_t n = shard_count(count, shard, r);
+      if (n > 0) NCCL_CHECK(ncclBroadcast(b + r * shard * es, b + r * shard * es, (size_t)n, t, r, nccl_comm, 0));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+  }
+  CUDA_CHECK(cudaStreamSynchronize(0));
+  return 0;
+}
+
+static int broadcast_cuda(void *buf, int64_t bytes, int32_t root, int32_t device_index) {
+  if (nccl_setup(device_index)) return 1;
+  CUDA_CHECK(cudaSetDevice(device_index));
+  NCCL_CHECK(ncclBroadcast(buf, buf, (size_t)bytes, ncclUint8, root, nccl_comm, 0));
+  CUDA_CHECK(cudaStreamSynchronize(0));
+  return 0;
+}
 #endif
 
 static const rx_dist_backend backend = {
@@ -219,6 +387,12 @@ static const rx_dist_backend backend = {
   allreduce_cuda,
 #else
   NULL,
+#endif
+  reduce_scatter, allgather,
+#ifdef RX_HAVE_NCCL
+  reduce_scatter_cuda, allgather_cuda, broadcast_cuda,
+#else
+  NULL, NULL, NULL,
 #endif
 };
 

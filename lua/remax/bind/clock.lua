@@ -25,4 +25,13 @@ function M.now()
   return os.time()
 end
 
+-- Seconds since the epoch with a fraction (CLOCK_REALTIME), for timestamps in files (TensorBoard's
+-- wall_time); never for durations.
+function M.wall()
+  if monotonic and ffi.C.clock_gettime(0, tsp) == 0 then
+    return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+  end
+  return os.time()
+end
+
 return M

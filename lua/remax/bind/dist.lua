@@ -8,6 +8,8 @@
 --   local rows, tokens = world:sum(#rows, n)     -- numbers summed over ranks, on every rank
 --   world:allreduce_grads(model)                 -- gradients summed in place
 --   local all = world:gather(value)              -- rank 0: {value of rank 0, of rank 1, ...}
+--   world:reduce_scatter(flat, shard)            -- ZeRO: each rank's shard of a flat buffer summed
+--   world:allgather(flat, shard)                 -- ZeRO: every rank's shard to every rank
 --
 -- Every collective must be called by every rank, in the same order.
 local ffi = require("ffi")
@@ -106,6 +108,15 @@ local function model_tensors(model, which)
   return list
 end
 
+-- Every weight a rank must share with the others: the parameters, then the LoRA adapters.
+local function all_weights(model)
+  local list = model_tensors(model, "rx_model_param")
+  if model.lora then
+    for i = 1, #model.lora.names do list[#list + 1] = lib().rx_model_lora_param(model.handle, i - 1) end
+  end
+  return list
+end
+
 -- Sums a model's gradients over ranks: every rank then holds the whole batch's gradient.
 function World:allreduce_grads(model)
   if self.size == 1 then return end
@@ -114,6 +125,79 @@ end
 
 function World:barrier()
   if self.size > 1 then check(lib().rx_dist_barrier()) end
+end
+
+---------------------------------------------------------------------------- ZeRO: flat buffers
+
+-- Shards start at multiples of SHARD_ALIGN elements (256 bytes of f32): the arenas align every
+-- tensor to 64 bytes, so a shard boundary inside a tensor falls where the tensor's own vector
+-- loops would split it, and a kernel run over a piece gives the bits it gives over the whole.
+M.SHARD_ALIGN = 64
+
+-- Elements per shard of a flat buffer of n: equal shards, a multiple of SHARD_ALIGN, covering n
+-- (the last ones may be short or empty).
+function World:shard_size(n)
+  local a = M.SHARD_ALIGN
+  return math.max(a, math.ceil(math.ceil(n / self.size) / a) * a)
+end
+
+-- The 0-based element range [lo, hi) of the flat buffer that rank (default: this one) owns.
+function World:shard_range(n, shard, rank)
+  rank = rank or self.rank
+  local lo = math.min(rank * shard, n)
+  return lo, math.min(lo + shard, n)
+end
+
+-- A 1-D view (a Lua-owned rx_tensor, no storage of its own) of count elements of like's dtype
+-- and device at data. The memory must outlive the view.
+function M.view(data, count, like)
+  local t = ffi.new("rx_tensor")
+  t.data = data
+  t.ndim, t.numel = 1, count
+  t.shape[0], t.stride[0] = count, 1
+  t.dtype, t.device, t.device_index = like.dtype, like.device, like.device_index
+  return t
+end
+
+-- The flat buffer under tensors that live in one arena, in address order (gaps of alignment
+-- padding between them allowed): { view = 1-D view from the first tensor's first element to the
+-- last one's end, offsets = each tensor's first element in it, esize = bytes per element }.
+-- what names the tensors in errors.
+function M.flat(tensors, what)
+  local first = tensors[1]
+  if not first then error(("dist: %s: no tensors to shard"):format(what), 0) end
+  local c = lib()
+  local esize = tonumber(c.rx_dtype_size(first.dtype))
+  local base = ffi.cast("char*", first.data)
+  local offsets, at = {}, 0
+  for i, t in ipairs(tensors) do
+    if t.dtype ~= first.dtype or t.device ~= first.device then
+      error(("dist: %s: tensor %d differs in dtype or device from the first: ZeRO shards one arena"):format(what, i), 0)
+    end
+    local bytes = tonumber(ffi.cast("char*", t.data) - base)
+    if bytes % esize ~= 0 or bytes / esize < at then
+      error(("dist: %s: tensor %d is not after tensor %d in one arena (ZeRO shards the arena as one buffer)")
+        :format(what, i, i - 1), 0)
+    end
+    offsets[i] = bytes / esize
+    at = offsets[i] + tonumber(t.numel)
+  end
+  return { view = M.view(first.data, at, first), offsets = offsets, esize = esize, n = at }
+end
+
+-- In place over a flat view: rank r's shard of `shard` elements gets the sum over ranks of it.
+function World:reduce_scatter(flat, shard)
+  if self.size > 1 then check(lib().rx_dist_reduce_scatter(flat, shard)) end
+end
+
+-- In place: every rank's shard into every rank's flat view.
+function World:allgather(flat, shard)
+  if self.size > 1 then check(lib().rx_dist_allgather(flat, shard)) end
+end
+
+-- Rank root's tensor (CPU or CUDA) into every rank's, in place.
+function World:broadcast_tensor(t, root)
+  if self.size > 1 then check(lib().rx_dist_broadcast_tensor(t, root or 0)) end
 end
 
 ---------------------------------------------------------------------------- Lua values
@@ -217,7 +301,7 @@ end
 -- bit-identical: every rank takes the same optimizer step on the same summed gradients).
 function World:check_same_weights(model, where)
   if self.size == 1 then return end
-  local params = model_tensors(model, "rx_model_param")
+  local params = all_weights(model)
   for i, t in ipairs(params) do   -- the checksum reads host memory: device weights through a copy
     if t.device ~= lib().RX_CPU then params[i] = t:to("cpu") end
   end
@@ -238,21 +322,21 @@ function World:check_same_weights(model, where)
   end
 end
 
--- Rank 0's model weights, and tensors (name -> tensor: optimizer moments), copied into every
--- other rank's in place (device tensors through a host copy).
+-- Rank 0's model weights (LoRA adapters and their dropout counter included), and tensors
+-- (name -> tensor: optimizer moments), copied into every other rank's in place.
 function World:broadcast_model(model, tensors)
   if self.size == 1 then return end
-  local list = model_tensors(model, "rx_model_param")
+  local list = all_weights(model)
+  if model.lora then   -- a resumed run's counter is rank 0's alone (the adapters' file)
+    local count = ffi.new("uint64_t[1]", lib().rx_model_lora_forward_count(model.handle))
+    check(lib().rx_dist_broadcast(count, 8, 0))
+    lib().rx_model_lora_set_forward_count(model.handle, count[0])
+  end
   local names = {}
   for name in pairs(tensors or {}) do names[#names + 1] = name end
   table.sort(names)
   for _, name in ipairs(names) do list[#list + 1] = tensors[name] end
-  for _, t in ipairs(list) do
-    -- a device tensor goes through a host copy (the broadcast reads and writes host memory)
-    local h = t.device == lib().RX_CPU and t or t:to("cpu")
-    check(lib().rx_dist_broadcast(h.data, h.numel * lib().rx_dtype_size(h.dtype), 0))
-    if h ~= t then t:copy_(h) end
-  end
+  for _, t in ipairs(list) do check(lib().rx_dist_broadcast_tensor(t, 0)) end   -- CPU: MPI; CUDA: NCCL
 end
 
 M.World = World

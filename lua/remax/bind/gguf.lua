@@ -731,8 +731,9 @@ function M.parse_args(argv)
     local a = argv[i]
     if a == "--help" or a == "-h" then o.help = true; i = i + 1
     else
-      local key, inline = a:match("^%-%-([%w%-]+)=(.*)$")
-      key = key or a:match("^%-%-([%w%-]+)$")
+      local key, inline = a:match("^%-%-([%w%-_]+)=(.*)$")
+      key = key or a:match("^%-%-([%w%-_]+)$")
+      key = key and key:gsub("_", "-")   -- --tokenizer_pre is --tokenizer-pre
       if not key or not export_flags[key] then
         error(("export: unknown argument '%s'\n\n%s"):format(a, M.usage), 0)
       end
@@ -759,6 +760,7 @@ end
 function M.main(...)
   local o = M.parse_args({ ... })
   if o.help then io.write(M.usage) return 0 end
+  o.model = require("remax.bind.hf_cache").model_dir(o.model, "export: --model")   -- a folder or a cached name
   local remax = require("remax")
   local now = require("remax.bind.clock").now
   local t0 = now()

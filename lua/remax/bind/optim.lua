@@ -88,6 +88,15 @@ function AdamW:load_state(s)
   self.step_count = s.step
 end
 
+-- Bytes the moments take (memory reports).
+function AdamW:state_bytes()
+  local bytes = 0
+  for _, name in ipairs(self.names) do
+    bytes = bytes + 2 * tonumber(self.m[name].numel) * tonumber(C.rx_dtype_size(self.m[name].dtype))
+  end
+  return bytes
+end
+
 local function tensor_array(list)
   local arr = ffi.new("rx_tensor*[?]", math.max(#list, 1))
   for i, t in ipairs(list) do arr[i - 1] = t end
@@ -116,6 +125,212 @@ function M.clip_grad_norm(grads, max_norm)
   local out = ffi.new("double[1]")
   check(C.rx_clip_grad_norm(tensor_array(list), #list, max_norm, out), 2)
   return out[0]
+end
+
+---------------------------------------------------------------------------- ZeRO
+
+-- ZeRO-1 and ZeRO-2 (DeepSpeed's zero_stage): the trained tensors' arena is one flat buffer cut
+-- into equal shards, one per rank (remax.bind.dist's shard_size). A rank keeps AdamW's moments for
+-- its shard only, updates that shard of the weights (the f32 master weights) and all-gathers the
+-- weights. Stage 1 all-reduces the gradients, so clipping sees them whole, exactly as without
+-- ZeRO; stage 2 reduce-scatters them (a rank receives the sum of its shard only) and clips by the
+-- global norm, the square root of the ranks' sums of squares added.
+local Zero = {}
+Zero.__index = Zero
+
+local function piece_views(self)
+  local dist = require("remax.bind.dist")
+  local lo, hi = self.lo, self.hi
+  local pes, mes = self.pflat.esize, tonumber(C.rx_dtype_size(self.m_flat.dtype))
+  self.pieces = {}
+  for i, name in ipairs(self.names) do
+    local p, g = self.params[i], self.grads[i]
+    local a = self.pflat.offsets[i]
+    local b = a + tonumber(p.numel)
+    local x, y = math.max(a, lo), math.min(b, hi)
+    if x < y then
+      local n = y - x
+      self.pieces[#self.pieces + 1] = {
+        name = name, index = i, first = x - a, count = n, decay = self.decay[name] and 1 or 0,
+        p = dist.view(ffi.cast("char*", p.data) + (x - a) * pes, n, p),
+        g = dist.view(ffi.cast("char*", g.data) + (x - a) * pes, n, g),
+        m = dist.view(ffi.cast("char*", self.m_flat.data) + (x - lo) * mes, n, self.m_flat),
+        v = dist.view(ffi.cast("char*", self.v_flat.data) + (x - lo) * mes, n, self.v_flat),
+      }
+    end
+  end
+end
+
+-- world: a remax.bind.dist world. model: a remax.model (its trainable tensors: the adapters with
+-- LoRA, else every parameter). opts: adamw's, plus stage = 1 or 2.
+function M.zero_adamw(world, model, opts)
+  local dist = require("remax.bind.dist")
+  opts = opts or {}
+  local stage = opts.stage
+  if stage ~= 1 and stage ~= 2 then error(("zero_adamw: stage %s (1 or 2)"):format(tostring(stage)), 2) end
+  local ptable, gtable = model:trainable()
+  local order = model.lora and model.lora.names or model.names
+  local self = setmetatable({
+    zero = stage, world = world, lr = opts.lr or 1e-3,
+    beta1 = (opts.betas or {})[1] or 0.9, beta2 = (opts.betas or {})[2] or 0.999, eps = opts.eps or 1e-8,
+    weight_decay = opts.weight_decay or 0.0, step_count = 0,
+    names = {}, params = {}, grads = {}, decay = {}, grad_table = gtable,
+  }, Zero)
+  local no_decay = opts.no_decay or M.default_no_decay
+  for i, name in ipairs(order) do
+    self.names[i], self.params[i], self.grads[i] = name, ptable[name], gtable[name]
+    self.decay[name] = not matches_any(name, no_decay)
+  end
+  self.pflat = dist.flat(self.params, "the trained parameters")
+  self.gflat = dist.flat(self.grads, "their gradients")
+  for i = 1, #self.names do
+    if self.pflat.offsets[i] ~= self.gflat.offsets[i] then
+      error(("zero_adamw: %s sits at element %d of the parameters but %d of the gradients (the two arenas must match)")
+        :format(self.names[i], self.pflat.offsets[i], self.gflat.offsets[i]), 2)
+    end
+  end
+  local p1 = self.params[1]
+  local pdtype = ffi.string(C.rx_dtype_name(p1.dtype))
+  if pdtype ~= "f32" and pdtype ~= "f64" then
+    error(("zero_adamw: the trained parameters are %s (f32 or f64 master weights)"):format(pdtype), 2)
+  end
+  self.n = self.pflat.n
+  self.shard = world:shard_size(self.n)
+  self.lo, self.hi = world:shard_range(self.n, self.shard)
+  local device = tonumber(p1.device) == tonumber(C.RX_CUDA) and "cuda" or "cpu"
+  self.m_flat = tensor.new({ math.max(self.hi - self.lo, 1) }, pdtype, device)
+  self.v_flat = tensor.new({ math.max(self.hi - self.lo, 1) }, pdtype, device)
+  piece_views(self)
+  self.cfg = ffi.new("rx_adamw_config")
+  return self
+end
+
+-- Sums the gradients over ranks (stage 1: all of them; stage 2: this rank's shard), clips them
+-- by the global norm when max_norm > 0, and returns that norm (before clipping; inf or nan
+-- when a gradient is not finite: skip the update).
+function Zero:reduce_grads(max_norm)
+  if self.zero == 1 then
+    self.world:allreduce_tensors(self.grads)
+    return max_norm > 0 and M.clip_grad_norm(self.grad_table, max_norm) or M.grad_norm(self.grad_table)
+  end
+  self.world:reduce_scatter(self.gflat.view, self.shard)
+  local list = {}
+  for k, piece in ipairs(self.pieces) do list[k] = piece.g end
+  local out = ffi.new("double[1]")
+  check(C.rx_grad_sum_squares(ffi.cast("const rx_tensor *const *", tensor_array(list)), #list, out), 2)
+  local norm = math.sqrt(self.world:sum(out[0]))
+  if max_norm > 0 and norm == norm and norm ~= math.huge and norm > max_norm then
+    local scale = max_norm / (norm + 1e-6)   -- as rx_clip_grad_norm
+    for _, g in ipairs(list) do check(C.rx_scale(g, scale), 2) end
+  end
+  return norm
+end
+
+-- One update of this rank's shard, then every rank's shard of the weights to every rank.
+function Zero:step(lr)
+  self.step_count = self.step_count + 1
+  local cfg = self.cfg
+  cfg.lr, cfg.beta1, cfg.beta2, cfg.eps = lr or self.lr, self.beta1, self.beta2, self.eps
+  cfg.weight_decay, cfg.step = self.weight_decay, self.step_count
+  for _, piece in ipairs(self.pieces) do
+    local rc = C.rx_adamw_step(piece.p, piece.g, piece.m, piece.v, cfg, piece.decay)
+    if rc ~= 0 then error(piece.name .. ": " .. rx.last_error(), 2) end
+  end
+  self.world:allgather(self.pflat.view, self.shard)
+end
+
+function Zero:state_bytes()
+  return 2 * tonumber(self.m_flat.numel) * tonumber(C.rx_dtype_size(self.m_flat.dtype))
+end
+
+-- Rank r's part [first, first + count) of tensor i (0-based elements of the tensor).
+function Zero:part(i, r)
+  local a = self.pflat.offsets[i]
+  local b = a + tonumber(self.params[i].numel)
+  local lo, hi = self.world:shard_range(self.n, self.shard, r)
+  local x, y = math.max(a, lo), math.min(b, hi)
+  if x >= y then return 0, 0 end
+  return x - a, y - x
+end
+
+-- Collective (every rank calls it): the moments gathered whole on rank 0, keyed as AdamW:state
+-- keys them ("m.<name>", "v.<name>"), so a checkpoint is the same whatever the stage and the
+-- number of ranks, and resumes under any of them (on the host: moments on a GPU come through a
+-- host copy, one piece at a time). Other ranks get no tensors.
+function Zero:state()
+  local world, out = self.world, { step = self.step_count, tensors = {} }
+  local on_host = tonumber(self.m_flat.device) == tonumber(C.RX_CPU)
+  local counts = ffi.new("int64_t[?]", world.size)
+  local mes = tonumber(C.rx_dtype_size(self.m_flat.dtype))
+  local own = {}
+  for _, piece in ipairs(self.pieces) do own[piece.index] = piece end
+  for i, name in ipairs(self.names) do
+    for r = 0, world.size - 1 do
+      local _, n = self:part(i, r)
+      counts[r] = n * mes
+    end
+    local piece = own[i]
+    for _, which in ipairs({ "m", "v" }) do
+      local full = world.is_root and tensor.new(self.params[i]:size(), self.m_flat.dtype) or nil
+      local send = piece and piece[which].data or nil
+      if piece and not on_host then   -- moments on a GPU: through a host copy of this piece
+        local host = tensor.new({ piece.count }, self.m_flat.dtype)
+        check(C.rx_tensor_copy(host, piece[which]), 2)
+        send = host.data
+        piece.host = host   -- alive until the gather below has sent it
+      end
+      check(C.rx_dist_gather(send, piece and piece.count * mes or 0, full and full.data or nil, counts, 0), 2)
+      if full then out.tensors[which .. "." .. name] = full end
+      if piece then piece.host = nil end
+    end
+  end
+  return out
+end
+
+local function copy_part(dst, src, first)
+  local dist = require("remax.bind.dist")
+  local es = tonumber(C.rx_dtype_size(src.dtype))
+  check(C.rx_tensor_copy(dst, dist.view(ffi.cast("char*", src.data) + first * es, dst.numel, src)), 3)
+end
+
+-- s.tensors: whole moments keyed "m.<name>" / "v.<name>" (a checkpoint's, on rank 0), or none
+-- (the other ranks: share_from_root hands them their parts).
+function Zero:load_state(s)
+  self.step_count = s.step
+  if not s.tensors or next(s.tensors) == nil then return end
+  for _, name in ipairs(self.names) do
+    for _, which in ipairs({ "m", "v" }) do
+      if not s.tensors[which .. "." .. name] then error(("adamw state lacks '%s.%s'"):format(which, name), 2) end
+    end
+  end
+  for _, piece in ipairs(self.pieces) do
+    copy_part(piece.m, s.tensors["m." .. piece.name], piece.first)
+    copy_part(piece.v, s.tensors["v." .. piece.name], piece.first)
+  end
+  if self.world.size > 1 then self.from_root = s.tensors end
+end
+
+-- Collective: the moments rank 0 loaded (load_state) to every rank's shard, one tensor at a
+-- time; nothing moves when rank 0 loaded none.
+function Zero:share_from_root()
+  local world = self.world
+  if world.size == 1 then return end
+  if not world:broadcast(self.from_root ~= nil) then return end
+  local own = {}
+  for _, piece in ipairs(self.pieces) do own[piece.index] = piece end
+  local biggest = 0
+  for _, p in ipairs(self.params) do biggest = math.max(biggest, tonumber(p.numel)) end
+  local scratch = not world.is_root and tensor.new({ biggest }, self.m_flat.dtype) or nil
+  for i, name in ipairs(self.names) do
+    for _, which in ipairs({ "m", "v" }) do
+      local full = world.is_root and self.from_root[which .. "." .. name]
+        or require("remax.bind.dist").view(scratch.data, tonumber(self.params[i].numel), scratch)
+      world:broadcast_tensor(full, 0)
+      local piece = own[i]
+      if piece and not world.is_root then copy_part(piece[which], full, piece.first) end
+    end
+  end
+  self.from_root = nil
 end
 
 -- Learning rate of the step-th optimizer update (1-based) of total: a linear warmup over the

@@ -40,14 +40,26 @@ function M.parse(argv)
   local o = { dtype = "auto", n = 1, temperature = 1.0, ["top-p"] = 1.0, ["top-k"] = 0, ["max-new-tokens"] = 128, seed = 0 }
   local i = 1
   while i <= #argv do
-    local name = argv[i]:match("^%-%-([%w%-]+)$")
+    local name, inline = argv[i]:match("^%-%-([%w%-_]+)=(.*)$")
+    name = name or argv[i]:match("^%-%-([%w%-_]+)$")
+    if argv[i] == "-h" then name = "help" end
+    name = name and name:gsub("_", "-")   -- --max_new_tokens is --max-new-tokens
     local kind = name and flags[name]
     if not kind then fail(("unknown argument '%s'"):format(argv[i])) end
     if kind == "bool" then
-      o[name] = true
-      i = i + 1
+      -- a bare flag, or followed by true/false/1/0 (any case)
+      local v = inline or argv[i + 1]
+      local b = v and ({ ["true"] = true, ["1"] = true, yes = true, ["false"] = false, ["0"] = false, no = false })[v:lower()]
+      if inline and b == nil then fail(("--%s=%s: expected true or false"):format(name, inline)) end
+      if b == nil then
+        o[name] = true
+        i = i + 1
+      else
+        o[name] = b or nil
+        i = i + (inline and 1 or 2)
+      end
     else
-      local v = argv[i + 1]
+      local v = inline or argv[i + 1]
       if v == nil then fail(("--%s needs a value"):format(name)) end
       if kind ~= "string" then
         local x = tonumber(v)
@@ -57,7 +69,7 @@ function M.parse(argv)
         v = x
       end
       o[name] = v
-      i = i + 2
+      i = i + (inline and 1 or 2)
     end
   end
   if o.help then return o end
@@ -127,7 +139,7 @@ function M.main(...)
   local o = M.parse({ ... })
   if o.help then io.write(M.usage); return 0 end
   local remax = require("remax")
-  local dir = o.model
+  local dir = require("remax.bind.hf_cache").model_dir(o.model, "generate: --model")   -- a folder or a cached name
   local tok
   local has_tokenizer = io.open(dir .. "/tokenizer.json", "rb")
   if has_tokenizer then has_tokenizer:close(); tok = plain(remax.tokenizer.load, dir)

@@ -39,7 +39,15 @@ local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'
 local function recipe_config(file, recipe, argv)
   local config = require("remax.train.config")
   local overrides, help = config.parse_args(argv)
-  local cfg = config.resolve(recipe, overrides, { where = file })
+  local cfg
+  if overrides.resume or recipe.resume then   -- the run's own config.json, changed only by the command line
+    local resume = require("remax.train.resume")
+    local changes
+    cfg, changes = resume.resolve(recipe, overrides, { where = file })
+    if not help then for _, line in ipairs(resume.describe(cfg.resume, changes)) do print(line) end end
+  else
+    cfg = config.resolve(recipe, overrides, { where = file })
+  end
   if help then
     print(config.help(cfg, ("remax run %s: settings (recipe values, then --key value overrides):"):format(file)))
     return nil
@@ -57,7 +65,21 @@ function M.train_recipe(file, recipe, argv)
   return out.interrupted and 130 or 0
 end
 
+-- `remax run --help` / `remax eval --help` without a recipe: the usage and every setting with its default.
+local function command_help(usage_line)
+  local config = require("remax.train.config")
+  print(usage_line)
+  print(config.help(config.resolve({}, {}), "settings (defaults; a recipe sets its own, --key value overrides):"))
+  return 0
+end
+
+local function is_help(a) return a == "--help" or a == "-h" or a == "help" end
+
 function M.run(file, ...)
+  if is_help(file) then
+    return command_help("usage: remax run FILE.lua [--key value ...]\n  runs a Lua file; a file that returns a recipe table trains it"
+      .. " (--resume runs/<name> continues a run with its own settings)\n")
+  end
   if not file then error("remax run: missing FILE.lua (usage: remax run FILE.lua [args...])", 0) end
   local chunk, err = loadfile(file)
   if not chunk then
@@ -130,6 +152,10 @@ end
 -- Held-out greedy accuracy and mean reward of a model under a recipe's settings; with
 -- --samples K also sampled accuracy, pass@k and the headroom.
 function M.eval(file, ...)
+  if is_help(file) then
+    return command_help("usage: remax eval RECIPE.lua --model DIR [--samples K] [--key value ...]\n  held-out greedy accuracy "
+      .. "and reward of a model, no training; --samples K adds sampled accuracy, pass@1..K and the headroom\n")
+  end
   if not file then error("remax eval: missing RECIPE.lua (usage: remax eval RECIPE.lua --model DIR [--samples K])", 0) end
   local K, argv = take_samples({ ... })
   local recipe = require("remax.train.recipe").load(file, unpack(argv))

@@ -39,7 +39,7 @@ M.groups = {
     { "algo", "remax", "enum:remax|grpo|rloo|reinforce|sft", "remax, grpo, rloo, reinforce (RL with that advantage estimator), or sft (cross-entropy on prompt -> answer)" },
     { "advantage", nil, "advantage", "recipe only: function(groups, opts, state) -> advantages, overriding algo's estimator", hot = true },
     { "num_generations", 4, "integer", "sampled completions per prompt (the greedy baseline row comes on top)" },
-    { "generate_greedy", true, "boolean", "also generate one greedy completion per prompt (needed by remax; gives reward_greedy otherwise)" },
+    { "generate_greedy", nil, "boolean", "also generate one greedy completion per prompt: the baseline of remax (default true there and with a recipe advantage function); under grpo, rloo and reinforce it only adds reward_greedy and costs a row per prompt (default false)" },
     { "advantage_clip", 0, "number", "clip advantages to [-c, c] (0: no clipping)", hot = true },
     { "scale_rewards", "group", "enum:group|batch|none", "grpo: divide by the group's standard deviation, the whole batch's, or not at all (true = group, false = none, as in TRL)", hot = true, aliases = { [true] = "group", [false] = "none", ["true"] = "group", ["false"] = "none" } },
     { "multi_objective_aggregation", "sum_then_normalize", "enum:sum_then_normalize|normalize_then_sum", "grpo with several rewards: weighted sum then the group normalisation, or each reward normalised in its group, summed, then normalised over the batch (TRL's GDPO)", hot = true },
@@ -68,7 +68,7 @@ M.groups = {
     { "save_merged", nil, "string", "with use_lora: also write the final model with adapters merged (a full Hugging Face model) to this folder" },
   } },
   { "Rewards", {
-    { "rewards", { "gsm8k" }, "rewards", "reward functions: names of rewards/*.lua files, paths, or (in a recipe) tables {name=, fn=} and functions" },
+    { "rewards", { "gsm8k" }, "rewards", "reward functions: names of rewards/*.lua files, paths, py:FILE.py (a Python function), cmd:PROGRAM, http://HOST:PORT/PATH (a reward server), model:DIR (a reward model), or (in a recipe) tables {name=, fn=} and functions" },
     { "reward_weights", nil, "numbers", "weight of each reward function (default: all 1)", hot = true },
     { "hot_reload", true, "boolean", "between steps, reload a changed reward file or recipe" },
     { "reward_timeout", nil, "number", "seconds one reward function may take on one batch before the run stops, naming it (the last checkpoint is kept; 0: no limit; a blocking C call is only caught when it returns); default: 60, or 4 times the step's generation time when longer", hot = true },
@@ -92,15 +92,19 @@ M.groups = {
     { "per_device_train_batch_size", 8, "integer", "prompts per micro-batch (each brings num_generations rows)" },
     { "gradient_accumulation_steps", 1, "integer", "micro-batches per optimizer step; prompts per step = this * per_device_train_batch_size" },
     { "gradient_checkpointing", false, "boolean", "recompute activations in the backward pass (less memory)" },
+    { "zero_stage", 0, "integer", "with several ranks (mpirun/srun): 1 shards AdamW's moments and the master weights over the ranks (ZeRO-1), 2 also reduce-scatters the gradients (ZeRO-2); 0: every rank holds everything (docs/distributed.md)" },
     { "max_steps", 100, "integer", "optimizer steps to train" },
+    { "num_train_epochs", nil, "number", "passes over the training data: without max_steps, max_steps = ceil(epochs * rows / prompts per step) (with both, max_steps wins, as in TRL)" },
     { "max_time", 0, "number", "also stop after the step that brings the training time (evaluation excluded) past this many seconds (0: no limit)", hot = true },
     { "max_bad_steps", 5, "integer", "stop after this many steps with a non-finite loss or gradient (each is skipped)" },
   } },
   { "Run", {
     { "seed", 42, "integer", "seed of data order, synthetic data and sampling (seeds derive from (seed, step))" },
     { "output_dir", "runs", "string", "folder holding runs" },
-    { "run_name", nil, "string", "the run's folder name under output_dir (default: the recipe's name)" },
-    { "resume", nil, "string", "continue runs/<name> from its last checkpoint" },
+    { "run_name", nil, "string", "the run's folder name under output_dir (default: the recipe's name and the start time, e.g. gsm8k-20260101-120000)" },
+    { "resume", nil, "string", "continue runs/<name> from its last checkpoint, with the run's own config.json (settings given again on the command line change it; see docs/runs.md)" },
+    { "overwrite_output_dir", false, "boolean", "start afresh in a run folder (--run_name) that already holds a run, removing its metrics, checkpoints and charts" },
+    { "report_to", { "none" }, "strings", "where metrics go besides metrics.jsonl (always written): tensorboard (event files in runs/<name>/tensorboard/), csv (runs/<name>/metrics.csv), all (both), none; wandb and other services are refused (no network dependency in the engine)" },
     { "logging_steps", 1, "integer", "print a log line every this many steps (metrics are written every step)" },
     { "log_completions", 10, "integer", "write completions.jsonl every this many steps (0: never)" },
     { "eval_steps", 50, "integer", "evaluate every this many steps (0: only before and after training)" },
@@ -154,9 +158,57 @@ function M.closest(name)
   return best
 end
 
+-- Settings of TRL's GRPOConfig / transformers' TrainingArguments that remax does not have, with
+-- the reason and what to use instead (a TRL user brings them; "did you mean" would mislead).
+M.not_supported = {
+  use_vllm = "remax generates with its own engine (batched decode with a KV cache); there is no vLLM",
+  bf16 = "the CPU trains in f32 (bf16 compute needs the CUDA trainer); frozen copies can keep bf16 weights with --frozen_dtype bf16",
+  fp16 = "f16 compute is not supported; the CPU trains in f32",
+  tf32 = "a CUDA matmul setting; the CPU trains in f32",
+  logging_dir = "TensorBoard event files go to runs/<name>/tensorboard/ (--report_to tensorboard)",
+  push_to_hub = "the engine has no network code: upload runs/<name>/checkpoints/step-N with `hf upload`",
+  hub_model_id = "the engine has no network code: upload runs/<name>/checkpoints/step-N with `hf upload`",
+  deepspeed = "data parallel runs under mpirun (docs/distributed.md); ZeRO and DeepSpeed configs are not read",
+  fsdp = "data parallel runs under mpirun (docs/distributed.md); FSDP is not supported",
+  steps_per_generation = "one rollout per step: each step generates its own prompts' completions",
+  generation_batch_size = "one rollout per step: the step's prompts are generated in one call",
+  sync_ref_model = "the reference model stays the starting model",
+  ref_model_mixup_alpha = "the reference model stays the starting model",
+  ref_model_sync_steps = "the reference model stays the starting model",
+  resume_from_checkpoint = "use --resume runs/<name>: it continues from the run's newest checkpoint with its own settings",
+  eval_strategy = "remax counts steps: eval_steps (0: only before and after training)",
+  evaluation_strategy = "remax counts steps: eval_steps (0: only before and after training)",
+  save_strategy = "remax counts steps: save_steps (0: only at the end)",
+  logging_strategy = "remax counts steps: logging_steps",
+  optim = "the optimizer is AdamW (adam_beta1, adam_beta2, adam_epsilon, weight_decay)",
+  warmup_steps = "give warmup_ratio (a fraction of max_steps)",
+  min_p = "the sampler has temperature, top_p and top_k",
+  repetition_penalty = "the sampler has temperature, top_p and top_k",
+  generation_kwargs = "the sampler has temperature, top_p and top_k (and stop)",
+  remove_unused_columns = "every dataset column reaches the rewards already (TRL's False)",
+  shuffle_dataset = "the training data is always shuffled (seeded by seed, resumable)",
+  data_seed = "seed drives the data order",
+  model_init_kwargs = "the model loads as its folder says; --dtype and --frozen_dtype choose the storage",
+  disable_dropout = "remax's models have no dropout (only LoRA's lora_dropout)",
+  num_completions_to_print = "completions go to runs/<name>/completions.jsonl every log_completions steps",
+  torch_compile = "not applicable: no PyTorch",
+  use_liger_kernel = "not applicable: no PyTorch",
+  use_liger_loss = "not applicable: no PyTorch",
+  dataloader_num_workers = "not applicable: the data is read once, in the trainer",
+  gradient_checkpointing_kwargs = "gradient_checkpointing takes no options",
+}
+
 local function unknown(name, where)
-  return ("%sunknown setting '%s'; did you mean '%s'? (remax run RECIPE.lua --help lists every setting)")
-    :format(where and (where .. ": ") or "", name, M.closest(name))
+  local prefix = where and (where .. ": ") or ""
+  local why = M.not_supported[name] or (name:match("^vllm_") and M.not_supported.use_vllm)
+  if why then return ("%s%s is not a remax setting: %s"):format(prefix, name, why) end
+  -- a suggestion only when it is close: an unrelated key would mislead
+  local guess = M.closest(name)
+  if guess and M.edit_distance(name, guess) <= math.max(2, math.floor(#name / 3)) then
+    return ("%sunknown setting '%s'; did you mean '%s'? (remax run RECIPE.lua --help lists every setting)")
+      :format(prefix, name, guess)
+  end
+  return ("%sunknown setting '%s' (remax run RECIPE.lua --help lists every setting)"):format(prefix, name)
 end
 
 ---------------------------------------------------------------------------- values
@@ -217,11 +269,11 @@ local function check(decl, v, where)
     for _, c in ipairs(decl.choices) do if v == c then ok = true end end
     if not ok then bad("one of " .. table.concat(decl.choices, ", ")) end
   elseif t == "rewards" then
-    if type(v) == "string" or type(v) == "function" or (type(v) == "table" and (v.fn or v.model)) then v = { v } end
+    if type(v) == "string" or type(v) == "function" or (type(v) == "table" and (v.fn or v.model or v.worker)) then v = { v } end
     if type(v) ~= "table" then bad("a list of reward names, files, tables {name=, fn=}, reward models {model=} or functions") end
     for _, x in ipairs(v) do
       local tx = type(x)
-      if not (tx == "string" or tx == "function" or (tx == "table" and (type(x.fn) == "function" or type(x.model) == "string"))) then
+      if not (tx == "string" or tx == "function" or (tx == "table" and (type(x.fn) == "function" or type(x.model) == "string" or type(x.worker) == "string"))) then
         bad("a list of reward names, files, tables {name=, fn=}, reward models {model=} or functions")
       end
     end
@@ -291,11 +343,12 @@ function M.parse_args(argv)
       help = true
       i = i + 1
     else
-      local key, value = a:match("^%-%-([%w_]+)=(.*)$")
-      if not key then key = a:match("^%-%-([%w_]+)$") end
+      local key, value = a:match("^%-%-([%w_%-]+)=(.*)$")
+      if not key then key = a:match("^%-%-([%w_%-]+)$") end
       if not key then
         error(("unexpected argument '%s' (settings are given as --key value)"):format(a), 0)
       end
+      key = key:gsub("%-", "_")   -- --max-steps is --max_steps
       local decl = M.keys[key]
       if not decl then error(unknown(key, "command line"), 0) end
       if value == nil then
@@ -359,10 +412,21 @@ function M.resolve(recipe, overrides, opts)
       cfg[k] = d
     end
   end
+  -- only ReMax (and a recipe's own estimator, which may read it) needs the greedy row
+  if cfg.generate_greedy == nil then
+    cfg.generate_greedy = cfg.algo == "remax" or cfg.advantage ~= nil
+    sources.generate_greedy = sources.generate_greedy or "default"
+  end
   M.sources[cfg] = sources
   schema.cross_check(cfg, function(k) return M.source(cfg, k) end, { memory = not opts.running })
   M.validate(cfg)
   M.derive(cfg)
+  local given = {}
+  for k in pairs(recipe) do given[k] = true end
+  for k in pairs(overrides or {}) do given[k] = true end
+  -- num_train_epochs without max_steps: the trainer sets max_steps once it knows the data's size
+  cfg.steps_from_epochs = cfg.num_train_epochs ~= nil and not given.max_steps
+  cfg.inert_notes = require("remax.train.inert").check(cfg, given, M.keys)   -- printed once when a run starts
   return cfg
 end
 
@@ -449,6 +513,11 @@ function M.validate(cfg)
       bad("multi_objective_aggregation = normalize_then_sum normalises each reward function; the k1 KL has no reward function to join: use kl_estimator = k3", "multi_objective_aggregation")
     end
   end
+  for _, r in ipairs(cfg.report_to or {}) do
+    local why = require("remax.train.report").refusal(r)
+    if why then bad(why, "report_to") end
+  end
+  if cfg.num_train_epochs and not (cfg.num_train_epochs > 0) then bad("num_train_epochs must be > 0", "num_train_epochs") end
   if cfg.use_lora then
     require("remax.bind.lora").targets(cfg.lora_target_modules, "config: lora_target_modules")
   elseif cfg.save_merged then

@@ -36,11 +36,11 @@ function methods.evaluate(self, opts)
   local bs = cfg.per_device_eval_batch_size
   if K > 0 then bs = math.max(1, math.floor(bs / (K + 1))) end
   local lo, hi = self.dist:share_range(n)   -- each rank evaluates its share; the sums are gathered
-  for first = lo, hi, bs do
-    local chunk = {}
-    for i = first, math.min(hi, first + bs - 1) do chunk[#chunk + 1] = rows[i] end
-    local ro = self:rollout(chunk, { plan = rollout.plan(K, true, cfg.temperature), step = 0 })
+  -- a chunk's rewards outside Lua (workers, servers) score it while the next chunk generates:
+  -- each chunk is handed to them as soon as it is generated and collected one chunk later
+  local function tally(ro, chunk, last)
     self:score(ro, { alone = true })
+    if self.progress then self.progress:status(("eval %d/%d prompts"):format(last - lo + 1, hi - lo + 1)) end
     local prompt_right, prompt_greedy = {}, {}
     for k, r in ipairs(ro.rows) do
       local a = self.accuracy_name and ro.per[self.accuracy_name][k] or 0
@@ -66,6 +66,17 @@ function methods.evaluate(self, opts)
       end
     end
   end
+  local waiting   -- the chunk generated last, its rewards on their way
+  for first = lo, hi, bs do
+    local chunk = {}
+    local last = math.min(hi, first + bs - 1)
+    for i = first, last do chunk[#chunk + 1] = rows[i] end
+    local ro = self:rollout(chunk, { plan = rollout.plan(K, true, cfg.temperature), step = 0 })
+    self:score_ahead(ro)
+    if waiting then tally(waiting.ro, waiting.chunk, waiting.last) end
+    waiting = { ro = ro, chunk = chunk, last = last }
+  end
+  if waiting then tally(waiting.ro, waiting.chunk, waiting.last) end
   acc, rew, count, glen, sacc, greedy_wrong, headroom = self.dist:sum(acc, rew, count, glen, sacc, greedy_wrong, headroom)
   right = self.dist:concat(right)
   local e = { accuracy = count > 0 and acc / count or 0, reward = count > 0 and rew / count or 0, n = count,

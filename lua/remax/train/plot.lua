@@ -79,7 +79,8 @@ local function num(v) return ("%.2f"):format(v) end
 
 -- series: list of { name =, x = {...}, y = {...} } or { name =, points = { {x, y}, ... } },
 -- optional color. opts: title, xlabel, ylabel, width (640), height (360), markers (draw dots
--- when a series has at most this many points; default 40). Returns SVG text.
+-- when a series has at most this many points; default 40), integer_x (x ticks on whole numbers
+-- only: steps). Returns SVG text.
 function M.svg_lines(series, opts)
   opts = opts or {}
   if type(series) ~= "table" then error("plot.svg_lines: expected a list of series, got " .. type(series), 2) end
@@ -99,6 +100,10 @@ function M.svg_lines(series, opts)
   local empty = xmin > xmax
   if empty then xmin, xmax, ymin, ymax = 0, 1, 0, 1 end
   local xt, x0, x1, xstep = M.ticks(xmin, xmax, 6)
+  if opts.integer_x and xstep < 1 then   -- steps: whole numbers only
+    x0, x1, xstep, xt = math.floor(xmin + 1e-9) - (xmin == xmax and 1 or 0), math.ceil(xmax - 1e-9) + (xmin == xmax and 1 or 0), 1, {}
+    for v = x0, x1 do xt[#xt + 1] = v end
+  end
   local yt, y0, y1, ystep = M.ticks(ymin, ymax, 5)
   local function px(x) return L + (x - x0) / (x1 - x0) * pw end
   local function py(y) return T + ph - (y - y0) / (y1 - y0) * ph end

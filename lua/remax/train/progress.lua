@@ -30,6 +30,16 @@ local function fmt(v, spec)
   return spec:format(v)
 end
 
+-- Whether a live line (carriage returns, erase-line escapes) suits this output: a terminal, not
+-- TERM=dumb, and not a process an MPI or Slurm launcher started (Open MPI hands its ranks a
+-- pseudo-terminal even when mpirun's own output goes to a file, so isatty says yes there).
+M.LAUNCHER_VARS = { "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID", "MPI_LOCALNRANKS" }
+function M.live(fd)
+  if os.getenv("TERM") == "dumb" then return false end
+  for _, v in ipairs(M.LAUNCHER_VARS) do if os.getenv(v) then return false end end
+  return is_tty(fd)
+end
+
 -- opts: total (steps), label, out (a stream with :write and :flush; default io.stdout),
 -- tty (force the live-line mode on or off), clock (a function returning seconds), start_step
 -- (the step the run resumed after; default: the first update's step - 1).
@@ -38,7 +48,7 @@ function M.new(opts)
   local out = opts.out or io.stdout
   local fd = (out == io.stderr) and 2 or 1
   local tty = opts.tty
-  if tty == nil then tty = (out == io.stdout or out == io.stderr) and is_tty(fd) end
+  if tty == nil then tty = (out == io.stdout or out == io.stderr) and M.live(fd) end
   local clock = opts.clock or now
   return setmetatable({
     total = opts.total, label = opts.label or "remax", out = out, tty = tty, fd = fd,
@@ -87,6 +97,31 @@ function Progress:update(step, metrics)
   end
   self.out:flush()
   return text
+end
+
+-- A passing status after the live line, on a terminal only ("eval 128/500 prompts" while an
+-- evaluation runs); the next update draws the line without it. Off a terminal nothing is written,
+-- so logs stay one line per step.
+function Progress:status(text)
+  if not self.tty then return end
+  local line = (self.line and (self.line .. "  ") or "") .. tostring(text)
+  if self.width and #line >= self.width then line = line:sub(1, self.width - 1) end
+  self.out:write("\r", line, "\27[K")
+  self.out:flush()
+end
+
+-- A model:generate on_token callback that shows "generating: token 37/256" as a status about
+-- twice a second (nil off a terminal: nothing to show, nothing to call).
+function Progress:ticker(format)
+  if not self.tty then return nil end
+  local last = self.clock()
+  return function(step, _, _, max_new)
+    local t = self.clock()
+    if t - last >= 0.5 then
+      last = t
+      self:status(format:format(step, max_new))
+    end
+  end
 end
 
 -- Prints a message; on a terminal it goes above the live line, which is drawn again.

@@ -48,11 +48,16 @@ function methods.check_reload(self)
       if r.path == path then
         by_name = true
         local ok, new = pcall(function()
-          local nr = rewards.load_file(path)
-          self:trial(nr)
+          local nr = r.reload and r.reload() or rewards.load_file(path)   -- a "py:" reward starts a new worker
+          local tok, terr = pcall(self.trial, self, nr)
+          if not tok then
+            if nr.close then nr.close() end
+            error(terr, 0)
+          end
           return nr
         end)
         if ok then
+          if r.close then r.close() end
           self.rewards[i] = new
           self:note_reload(path)
           done[#done + 1] = path

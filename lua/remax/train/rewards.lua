@@ -94,8 +94,11 @@ function M.normalize(spec, index, opts)
   opts = opts or {}
   local r
   local reward_model = require("remax.bind.reward_model")
+  local reward_worker = require("remax.train.reward_worker")
   if reward_model.is_spec(spec) then
     return reward_model.reward(spec, { dtype = opts.dtype, device = opts.device })
+  elseif reward_worker.is_spec(spec) then   -- "py:", "cmd:", "http://": outside Lua
+    return reward_worker.reward(spec, { base = opts.base })
   elseif type(spec) == "string" then
     return M.load_file(M.find(spec, opts.base))
   elseif type(spec) == "function" then
@@ -258,8 +261,15 @@ end
 -- Run one reward on all completions, checking what it returns. Returns the scores list.
 function M.run_one(r, completions, batch, opts)
   local limit = opts and opts.timeout
-  local ok, scores, seconds = M.call_with_timeout(limit, r.fn, completions, batch)
   local n = #completions
+  local ok, scores, seconds
+  if r.external then   -- a worker or server keeps its own deadline; its errors are whole messages
+    -- (no limit given, as in a hot reload's trial: the default reward_timeout, so a hung worker cannot hang the run)
+    ok, scores = pcall(r.fn, completions, batch, { timeout = limit or M.limit(nil), step = opts and opts.step })
+    if not ok then fail(r, ("reward '%s' (%s)%s: %s"):format(r.name, r.where, step_text(opts), tostring(scores)), opts) end
+  else
+    ok, scores, seconds = M.call_with_timeout(limit, r.fn, completions, batch)
+  end
   if not ok and scores == TIMEOUT then
     fail(r, ("reward '%s' (%s) took over reward_timeout = %g s%s (stopped at %.1f s, scoring %d completions); " ..
       "make it faster, or raise reward_timeout (0: no limit)"):format(r.name, r.where, limit, step_text(opts), seconds, n), opts)
@@ -300,6 +310,14 @@ function M.run_one(r, completions, batch, opts)
   return scores
 end
 
+-- Hands the batch to every reward that runs outside Lua (a worker, a server), without waiting;
+-- score (or run_one) collects the answers later. A batch already sent is not sent again.
+function M.send(list, completions, batch, opts)
+  for _, r in ipairs(list) do
+    if r.send then r.send(completions, batch, { timeout = opts and opts.timeout, step = opts and opts.step }) end
+  end
+end
+
 -- Score with every reward. Returns per[name] = scores, total[i] = sum_k w_k * s_k[i] over the
 -- rewards that gave a score (0 when none did), how many rows had no score at all, and
 -- none[i] = true for those rows.
@@ -307,6 +325,8 @@ function M.score(list, weights, completions, batch, opts)
   local per, total, unscored = {}, {}, 0
   for i = 1, #completions do total[i] = 0 end
   local any = {}
+  -- workers and reward servers get the batch first and score while the Lua rewards run
+  M.send(list, completions, batch, opts)
   for k, r in ipairs(list) do
     local scores = M.run_one(r, completions, batch, opts)
     per[r.name] = scores
@@ -344,7 +364,12 @@ function M.probe(list, rows, source, collate, timeout)
   for k in pairs(rows[1]) do cols[#cols + 1] = k end
   table.sort(cols)
   for _, r in ipairs(list) do
-    local ok, err, seconds = M.call_with_timeout(timeout, r.fn, completions, batch)
+    local ok, err, seconds
+    if r.external then
+      ok, err = pcall(r.fn, completions, batch, { timeout = timeout })
+    else
+      ok, err, seconds = M.call_with_timeout(timeout, r.fn, completions, batch)
+    end
     if not ok and err == TIMEOUT then
       error(("reward '%s' (%s) took over reward_timeout = %g s on the first %d rows of %s (stopped at %.1f s)")
         :format(r.name, r.where, timeout, n, source, seconds), 0)

@@ -34,7 +34,7 @@ end
 local function train_memory_mib(self)
   local m = self.model:memory()
   local bytes = m.params + m.grads + m.activations + m.head
-  for _, t in pairs(self.opt and self.opt:state().tensors or {}) do bytes = bytes + tonumber(t.numel) * 4 end
+  bytes = bytes + (self.opt and self.opt:state_bytes() or 0)
   if self.ref and self.ref.memory then
     local r = self.ref:memory()
     bytes = bytes + r.params + r.activations + r.head
@@ -47,6 +47,13 @@ end
 function methods.share_state(self)
   local d = self.dist
   if d.size == 1 then return end
+  if self.opt.zero then   -- ZeRO (bind/optim): each rank gets its shard of the moments
+    self.opt:share_from_root()
+    d:broadcast_model(self.model)
+    local s = d:broadcast(self:state(true))
+    if not d.is_root then self:restore(s) end
+    return
+  end
   local s = self:state()
   d:broadcast_model(self.model, s.tensors)
   s.tensors = nil
@@ -100,7 +107,18 @@ function methods.open_run(self)
   end
   self.run_dir = dir
   self.run_name = dir:match("([^/]+)$")
-  self.run = runs.open(dir, { config = config.serializable(cfg), resume = cfg.resume ~= nil })
+  if not cfg.resume and not fs.is_dir(dir) then self.fresh_run_dir = dir end   -- removed again if the start fails
+  local ok, run = pcall(runs.open, dir, { config = config.serializable(cfg), resume = cfg.resume ~= nil,
+    overwrite = cfg.overwrite_output_dir and not cfg.resume, report_to = cfg.report_to })
+  if not ok then
+    if tostring(run):match("already holds a run") then
+      error(("%s already holds a run: continue it with --resume %s, replace it with --overwrite_output_dir, or choose another --run_name")
+        :format(dir, dir), 0)
+    end
+    if self.fresh_run_dir then pcall(fs.remove_tree, self.fresh_run_dir) end
+    error(run, 0)
+  end
+  self.run = run
   if cfg.resume then
     local ckpt = self.run:latest_checkpoint()
     if not ckpt then error(("--resume %s: the run has no checkpoint yet"):format(cfg.resume), 0) end
@@ -111,9 +129,10 @@ function methods.open_run(self)
 end
 
 -- Everything an exact resume needs: data position, optimizer, counters (RNG seeds derive
--- from (seed, step), so they need no state).
-function methods.state(self)
-  local os_ = self.opt:state()
+-- from (seed, step), so they need no state). Collective under ZeRO (the moments are gathered)
+-- unless without_moments.
+function methods.state(self, without_moments)
+  local os_ = without_moments and { step = self.opt.step_count } or self.opt:state()
   return {
     step = self.step, sampler = self.sampler:state(), optimizer_step = os_.step,
     bad_steps = self.bad_steps, reloads = self.reloads, baseline = self.baseline_state,
@@ -266,7 +285,8 @@ function methods.train(self, loop)
     self:save_checkpoint("interrupted")
     self:draw_plots()
     if self.progress then self.progress:finish() end
-    self:say(("interrupted at step %d; resume with: --resume %s"):format(self.step, self.run_dir))
+    self:say(("interrupted at step %d; resume with: remax run %s --resume %s"):format(self.step,
+      self.recipe_path or "RECIPE.lua", self.run_dir))
     signals.clear()
     return { interrupted = true, step = self.step, run_dir = self.run_dir, plot_error = self.plot_error }
   end

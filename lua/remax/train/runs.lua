@@ -233,6 +233,7 @@ end
 --   config            the resolved config, written to config.json (functions become strings)
 --   resume            continue an existing run: torn last lines are dropped, and rows past the
 --                     checkpoint that load_checkpoint reads (step 0 when there is none) too
+--   report_to         {"tensorboard", "csv", "none", "all"}: also write event files / metrics.csv
 --   overwrite         start afresh in a folder that holds an earlier run (removes its metrics,
 --                     completions, checkpoints and plots)
 --   save_total_limit  newest checkpoints to keep (default config.save_total_limit; nil = all)
@@ -260,7 +261,8 @@ function M.open(dir, opts)
   self:clean_leftovers()
   local earlier = (read_text(self.metrics_path) or ""):find("%S") or #self:checkpoints() > 0
   if opts.overwrite then
-    for _, f in ipairs({ self.metrics_path, self.completions_path, self.checkpoints_dir, dir .. "/index.html" }) do
+    for _, f in ipairs({ self.metrics_path, self.completions_path, self.checkpoints_dir, dir .. "/index.html",
+      dir .. "/metrics.csv", dir .. "/tensorboard" }) do
       remove_tree(f)
     end
     for _, name in ipairs(list_dir(dir)) do
@@ -275,11 +277,21 @@ function M.open(dir, opts)
     -- that will run again.
     local _, step = self:latest_checkpoint()
     self:truncate(step or 0)
+    self.resume_step = step or 0
   end
+  -- report_to: TensorBoard event files, metrics.csv (remax.train.report)
+  self.reporters = require("remax.train.report").open(self, opts.report_to, { resume_step = self.resume_step })
   if config ~= nil then
     write_atomic(dir .. "/config.json", M.encode(config, { pretty = true, where = "config" }) .. "\n")
   end
   return self
+end
+
+-- Writes config.json again (a setting decided after the run opened, such as max_steps from
+-- num_train_epochs).
+function Run:write_config(config)
+  self.config = config
+  write_atomic(self.dir .. "/config.json", M.encode(config, { pretty = true, where = "config" }) .. "\n")
 end
 
 -- The run's config.json as a table (nil when absent).
@@ -307,6 +319,7 @@ function Run:close()
     f:close()
     self.files[path] = nil
   end
+  require("remax.train.report").close(self.reporters)
 end
 
 -- Appends {step = step, ...metrics} as one line of metrics.jsonl and flushes it.
@@ -316,6 +329,7 @@ function Run:log_metrics(step, metrics)
   for k, v in pairs(metrics or {}) do row[k] = v end
   row.step = step
   append(self, self.metrics_path, M.encode(row, { precision = 10, where = "metrics" }))
+  require("remax.train.report").log(self.reporters, step, row)
   self.last_metrics = row
 end
 
@@ -514,7 +528,10 @@ end
 M.charts = {
   { file = "reward.svg", title = "Reward", ylabel = "reward",
     series = { { key = "reward", name = "sampled" }, { key = "reward_greedy", name = "greedy" } } },
-  { file = "kl.svg", title = "KL to the reference model", ylabel = "KL", series = { { key = "kl", name = "kl" } } },
+  -- no KL chart when every KL is 0 (beta = 0: no reference model, nothing to draw but a flat line)
+  { file = "kl.svg", title = "KL to the reference model", ylabel = "KL", series = { { key = "kl", name = "kl" } },
+    skip_when_zero = true },
+  { file = "lr.svg", title = "Learning rate", ylabel = "learning rate", series = { { key = "lr", name = "lr" } } },
   { file = "length.svg", title = "Completion length", ylabel = "tokens",
     series = { { key = "completion_length_mean", name = "mean length" }, { key = "completion_length_max", name = "max" },
       { key = "completion_length_min", name = "min" } } },
@@ -571,9 +588,16 @@ function Run:plot()
         series[#series + 1] = { name = s.name, x = xs, y = ys }
       end
     end
+    if present and chart.skip_when_zero then
+      present = false
+      for _, se in ipairs(series) do
+        for _, y in ipairs(se.y) do if y ~= 0 then present = true end end
+      end
+    end
     if present then
       write_atomic(self.dir .. "/" .. chart.file,
-        plot.svg_lines(series, { title = chart.title, xlabel = "step", ylabel = chart.ylabel }))
+        plot.svg_lines(series, { title = chart.title, xlabel = "step", ylabel = chart.ylabel, integer_x = true,
+          width = 960, height = 320 }))
       written[#written + 1] = chart.file
       charts[#charts + 1] = chart
     end
@@ -583,12 +607,18 @@ function Run:plot()
   local function add(s) h[#h + 1] = s end
   add("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">")
   add("<title>" .. html_escape(self.name) .. " - remax run</title>")
-  add("<style>body{font-family:sans-serif;margin:1.5em;color:#222}img{max-width:100%;margin:4px}"
+  add("<style>body{font-family:sans-serif;margin:1.5em;color:#222}img{display:block;width:100%;max-width:1400px;height:auto;margin:8px 0}"
     .. "table{border-collapse:collapse}td{padding:2px 10px;border-bottom:1px solid #ddd}"
     .. "td:first-child{color:#555}pre{background:#f6f6f6;padding:1em;overflow:auto}</style>")
   add("</head><body>")
   add("<h1>" .. html_escape(self.name) .. "</h1>")
-  add(("<p>%d steps logged. Files: metrics.jsonl, completions.jsonl, config.json, checkpoints/.</p>"):format(#rows))
+  -- steps, not rows: the evaluation before training is logged at step 0, the final one beside the last step
+  local steps, seen_step = 0, {}
+  for _, row in ipairs(rows) do
+    if type(row.step) == "number" and row.step > 0 and not seen_step[row.step] then seen_step[row.step], steps = true, steps + 1 end
+  end
+  add(("<p>%d training step%s logged. Files: metrics.jsonl, completions.jsonl, config.json, checkpoints/.</p>")
+    :format(steps, steps == 1 and "" or "s"))
   if #charts == 0 then add("<p>No metrics yet.</p>") end
   for _, chart in ipairs(charts) do
     add(("<img src=\"%s\" alt=\"%s\">"):format(html_escape(chart.file), html_escape(chart.title)))

@@ -34,8 +34,8 @@ function methods.setup_model(self)
   if (self.opts.eval_only or cfg.use_lora) and cfg.device == "cpu" then mopts.weight_dtype = cfg.frozen_dtype end
   local source
   if cfg.model then
-    source = resolve_dir(cfg.model)
-    if not source then error(("model %s: no config.json there"):format(cfg.model), 0) end
+    -- a folder, or a Hugging Face name found in the cache (Qwen/Qwen2.5-0.5B-Instruct)
+    source = resolve_dir(cfg.model) or require("remax.bind.hf_cache").model_dir(cfg.model, "model")
   elseif not cfg.model_config then
     source = resolve_dir(M.DEFAULT_MODEL)
     if not source then
@@ -195,6 +195,10 @@ function methods.setup_data(self)
   -- prompts_per_step: this rank's; the sampler draws the global batch and each rank takes its share
   self.prompts_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
   self.global_prompts_per_step = self.prompts_per_step * self.dist.size
+  if cfg.steps_from_epochs then   -- num_train_epochs without max_steps: that many passes over the data
+    cfg.max_steps = math.max(1, math.ceil(cfg.num_train_epochs * #self.train_ds.rows / self.global_prompts_per_step))
+    if self.run.write_config then self.run:write_config(config.serializable(cfg)) end
+  end
   self.sampler = self.train_ds:sampler({ seed = cfg.seed, shuffle = true, batch_size = self.global_prompts_per_step })
 end
 
@@ -215,10 +219,13 @@ end
 function methods.setup_optimizer(self)
   local cfg = self.cfg
   local params, grads = self.model:trainable()
-  self.opt = optim.adamw(params, grads, {
-    lr = cfg.learning_rate, betas = { cfg.adam_beta1, cfg.adam_beta2 }, eps = cfg.adam_epsilon,
-    weight_decay = cfg.weight_decay,
-  })
+  local opts = { lr = cfg.learning_rate, betas = { cfg.adam_beta1, cfg.adam_beta2 }, eps = cfg.adam_epsilon,
+    weight_decay = cfg.weight_decay, stage = cfg.zero_stage }
+  if cfg.zero_stage > 0 then   -- ZeRO-1/2: this rank's shard of the moments (docs/distributed.md)
+    self.opt = optim.zero_adamw(self.dist, self.model, opts)
+  else
+    self.opt = optim.adamw(params, grads, opts)
+  end
   -- the schedule counts optimizer updates: num_iterations of them per step
   self.total_updates = cfg.max_steps * cfg.num_iterations
   self.warmup_steps = math.ceil(cfg.warmup_ratio * self.total_updates)

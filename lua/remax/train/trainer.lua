@@ -59,12 +59,23 @@ function M.new(cfg, opts)
   self.recipe_path = opts.recipe_path
   self.recipe_dir = self.recipe_path and rewards.dirname(self.recipe_path) or nil
   self:setup_run()
-  self:setup_model()
-  self:setup_data()
-  self:setup_rewards()
-  self:setup_optimizer()
-  if self.resume_state then self:restore(self.resume_state) end
-  self:share_state()
+  for _, note in ipairs(cfg.inert_notes or {}) do self:say(note) end   -- settings that do nothing here
+  local ok, err = pcall(function()
+    self:setup_model()
+    self:setup_data()
+    self:setup_rewards()
+    self:setup_optimizer()
+    if self.resume_state then self:restore(self.resume_state) end
+    self:share_state()
+  end)
+  if not ok then
+    -- a failed start leaves no half-made run folder behind (a resumed or replaced run's folder stays)
+    if self.fresh_run_dir then
+      if self.run and self.run.close then pcall(self.run.close, self.run) end
+      pcall(require("remax.bind.fs").remove_tree, self.fresh_run_dir)
+    end
+    error(err, 0)
+  end
   return self
 end
 
@@ -93,7 +104,7 @@ function Trainer:rollout(prompt_rows, opts)
   local t0 = now()
   local out = self.model:generate(prompt_ids, {
     max_new_tokens = cfg.max_completion_length, temperature = plan.temperatures, top_p = cfg.top_p, top_k = cfg.top_k,
-    stop = self.stop, seed = self:seed_for(step),
+    stop = self.stop, seed = self:seed_for(step), on_token = self.progress and self.progress:ticker("generating: token %d/%d"),
   })
   local seconds = now() - t0
   for _, r in ipairs(out.rows) do r.text = self.tok:decode(r.tokens, { skip_special_tokens = true }) end
@@ -107,7 +118,7 @@ end
 function Trainer:score(ro, opts)
   local t0 = now()
   local rows = ro.rows
-  local completions, batch = ro:reward_inputs(data.collate)
+  local completions, batch = self:reward_inputs(ro)
   local per, total, unscored, none
   if self.dist.size == 1 or (opts and opts.alone) then
     per, total, unscored, none = rewards.score(self.rewards, self.cfg.reward_weights, completions, batch, {
@@ -138,6 +149,19 @@ function Trainer:score(ro, opts)
   ro.time_score = now() - t0
   self.last_scored = ro
   return ro
+end
+
+-- The completions and batch columns the rewards get for a rollout (made once per rollout).
+function Trainer:reward_inputs(ro)
+  if not ro.reward_args then ro.reward_args = { ro:reward_inputs(data.collate) } end
+  return ro.reward_args[1], ro.reward_args[2]
+end
+
+-- Hands a rollout to the reward workers and servers now, so that they score it while something
+-- else runs (evaluation generates its next chunk); score(ro) then collects their answers.
+function Trainer:score_ahead(ro)
+  local completions, batch = self:reward_inputs(ro)
+  rewards.send(self.rewards, completions, batch, { step = ro.step, timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate) })
 end
 
 -- Policy (and reference) log-probabilities of the completion tokens of rows, without gradients.
@@ -348,10 +372,15 @@ function Trainer:update(ro)
       end
     end
     -- each rank's gradient is its share of the global loss: their sum is the whole batch's
-    self.dist:allreduce_grads(self.model)
     loss, kl_sum, tokens, trained, ent_sum, ent_n = self.dist:sum(loss, kl_sum, tokens, trained, ent_sum, ent_n)
-    local _, grads = self.model:trainable()
-    local norm = cfg.max_grad_norm > 0 and optim.clip_grad_norm(grads, cfg.max_grad_norm) or optim.grad_norm(grads)
+    local norm
+    if self.opt.zero then   -- ZeRO: the optimizer sums (stage 2: scatters) the gradients and clips
+      norm = self.opt:reduce_grads(cfg.max_grad_norm)
+    else
+      self.dist:allreduce_grads(self.model)
+      local _, grads = self.model:trainable()
+      norm = cfg.max_grad_norm > 0 and optim.clip_grad_norm(grads, cfg.max_grad_norm) or optim.grad_norm(grads)
+    end
     local lr = optim.schedule(cfg.lr_scheduler_type, cfg.learning_rate, (step - 1) * mu + it, self.total_updates,
       self.warmup_steps)
     if it == 1 then

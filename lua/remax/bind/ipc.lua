@@ -1,0 +1,320 @@
+-- remax.bind.ipc: child processes joined by pipes to their stdin and stdout, and TCP client
+-- connections, each with deadlines: what the reward workers (remax.train.reward_worker) talk
+-- through. libc through the FFI (Linux x86_64/aarch64 layouts), as remax.bind.fs does.
+--
+--   local p = ipc.spawn({ "python3", "-u", "worker.py" })       -- stdin/stdout piped, stderr inherited
+--   p:write("line\n", ipc.now() + 5)                             -- true, or nil, "timeout"|"closed"
+--   local line, why = p:read_line(ipc.now() + 5)                 -- why: "timeout"|"closed"
+--   p:close()                                                     -- EOF to its stdin, reaped (killed after 1 s)
+--   local c = ipc.connect("127.0.0.1", 8000, deadline); c:write(...); c:read_all(deadline); c:close()
+--
+-- Children start in their own process group, so a Ctrl-C at the terminal reaches the trainer only
+-- (which saves and stops, closing the workers) and not a worker in the middle of a batch, and with
+-- SIGPIPE at its default even though this process ignores it (a write to a worker that died must
+-- be an error to report, not a signal that kills the run).
+local ffi = require("ffi")
+
+local M = {}
+
+for _, decl in ipairs({
+  "int pipe2(int fds[2], int flags);",
+  "int close(int fd);",
+  "int64_t read(int fd, void *buf, size_t n);",
+  "int64_t write(int fd, const void *buf, size_t n);",
+  "struct rx_ipc_pollfd { int fd; short events; short revents; };",
+  "int poll(struct rx_ipc_pollfd *fds, unsigned long nfds, int timeout);",
+  "int fcntl(int fd, int cmd, ...);",
+  "int posix_spawnp(int *pid, const char *file, const void *file_actions, const void *attrp, char *const argv[], char *const envp[]);",
+  "int posix_spawn_file_actions_init(void *fa);",
+  "int posix_spawn_file_actions_destroy(void *fa);",
+  "int posix_spawn_file_actions_adddup2(void *fa, int fd, int newfd);",
+  "int posix_spawnattr_init(void *attr);",
+  "int posix_spawnattr_destroy(void *attr);",
+  "int posix_spawnattr_setflags(void *attr, short flags);",
+  "int posix_spawnattr_setpgroup(void *attr, int pgroup);",
+  "int posix_spawnattr_setsigdefault(void *attr, const void *sigset);",
+  "int sigemptyset(void *set);",
+  "int sigaddset(void *set, int signum);",
+  "void *signal(int signum, void *handler);",
+  "extern char **environ;",
+  "int kill(int pid, int sig);",
+  "int waitpid(int pid, int *status, int options);",
+  "char *strerror(int errnum);",
+  "int getpid(void);",
+  "int socket(int domain, int type, int protocol);",
+  "int connect(int fd, const void *addr, uint32_t len);",
+  "int getsockopt(int fd, int level, int name, void *value, uint32_t *len);",
+  "int64_t send(int fd, const void *buf, size_t n, int flags);",
+  "struct rx_ipc_addrinfo { int ai_flags; int ai_family; int ai_socktype; int ai_protocol; uint32_t ai_addrlen; void *ai_addr; char *ai_canonname; struct rx_ipc_addrinfo *ai_next; };",
+  "int getaddrinfo(const char *node, const char *service, const struct rx_ipc_addrinfo *hints, struct rx_ipc_addrinfo **res);",
+  "void freeaddrinfo(struct rx_ipc_addrinfo *res);",
+  "const char *gai_strerror(int code);",
+}) do pcall(ffi.cdef, decl) end
+local C = ffi.C
+
+local O_CLOEXEC, O_NONBLOCK, F_SETFL, F_GETFL = 0x80000, 0x800, 4, 3
+local POLLIN, POLLOUT = 1, 4
+local EINTR, EAGAIN, EINPROGRESS = 4, 11, 115
+local SIGKILL, SIGPIPE, WNOHANG = 9, 13, 1
+local POSIX_SPAWN_SETPGROUP, POSIX_SPAWN_SETSIGDEF = 2, 4
+local AF_UNSPEC, SOCK_STREAM, SOCK_CLOEXEC, SOCK_NONBLOCK = 0, 1, 0x80000, 0x800
+local SOL_SOCKET, SO_ERROR, MSG_NOSIGNAL = 1, 4, 0x4000
+
+M.now = require("remax.bind.clock").now
+
+function M.pid() return C.getpid() end
+
+function M.sleep(seconds) C.poll(nil, 0, math.max(0, math.floor(seconds * 1000 + 0.5))) end
+
+local function errtext(code) return ffi.string(C.strerror(code)) end
+
+local sigpipe_ignored = false
+local function ignore_sigpipe()
+  if not sigpipe_ignored then
+    C.signal(SIGPIPE, ffi.cast("void *", 1))   -- SIG_IGN
+    sigpipe_ignored = true
+  end
+end
+
+-- Milliseconds left before a deadline (nil: wait without end), for poll.
+local function ms_left(deadline)
+  if not deadline then return -1 end
+  return math.max(0, math.floor((deadline - M.now()) * 1000 + 0.5))
+end
+
+-- Waits until fd is ready for `events`; true, or nil, "timeout".
+local function wait_fd(fd, events, deadline)
+  local p = ffi.new("struct rx_ipc_pollfd[1]")
+  p[0].fd, p[0].events = fd, events
+  while true do
+    local r = C.poll(p, 1, ms_left(deadline))
+    if r > 0 then return true end
+    if r == 0 then return nil, "timeout" end
+    local e = ffi.errno()
+    if e ~= EINTR then return nil, "poll: " .. errtext(e) end
+  end
+end
+
+local function set_nonblocking(fd)
+  C.fcntl(fd, F_SETFL, ffi.cast("int", bit.bor(C.fcntl(fd, F_GETFL), O_NONBLOCK)))
+end
+
+-- Writes all of `data` to a non-blocking fd; true, or nil, "timeout" | "closed" | message.
+local function write_all(fd, data, deadline, send)
+  local buf, n, done = ffi.cast("const char *", data), #data, 0
+  while done < n do
+    local w = send and C.send(fd, buf + done, n - done, MSG_NOSIGNAL) or C.write(fd, buf + done, n - done)
+    w = tonumber(w)
+    if w > 0 then
+      done = done + w
+    else
+      local e = ffi.errno()
+      if e == EAGAIN then
+        local ok, why = wait_fd(fd, POLLOUT, deadline)
+        if not ok then return nil, why end
+      elseif e ~= EINTR then
+        return nil, (e == 32 or e == 104) and "closed" or errtext(e)   -- EPIPE, ECONNRESET
+      end
+    end
+  end
+  return true
+end
+
+-- Reads what is there (at least one byte, waiting until the deadline): the bytes, or nil, why.
+local function read_some(fd, deadline, buf, size)
+  while true do
+    local ok, why = wait_fd(fd, POLLIN, deadline)
+    if not ok then return nil, why end
+    local r = tonumber(C.read(fd, buf, size))
+    if r > 0 then return ffi.string(buf, r) end
+    if r == 0 then return nil, "closed" end
+    local e = ffi.errno()
+    if e == 104 then return nil, "closed" end
+    if e ~= EINTR and e ~= EAGAIN then return nil, errtext(e) end
+  end
+end
+
+local READ_SIZE = 65536
+
+---------------------------------------------------------------------------------------------
+-- Child processes.
+
+local Proc = {}
+Proc.__index = Proc
+
+-- Starts argv[1] (looked up in PATH) with argv; its stdin and stdout are pipes to us, its stderr
+-- is ours. Returns the process, or raises an error naming the program.
+function M.spawn(argv)
+  ignore_sigpipe()
+  local to_child, from_child = ffi.new("int[2]"), ffi.new("int[2]")
+  if C.pipe2(to_child, O_CLOEXEC) ~= 0 or C.pipe2(from_child, O_CLOEXEC) ~= 0 then
+    error(("cannot start %s: pipe: %s"):format(argv[1], errtext(ffi.errno())), 0)
+  end
+  local fa = ffi.new("uint8_t[256]")      -- posix_spawn_file_actions_t (80 bytes on glibc)
+  local attr = ffi.new("uint8_t[512]")    -- posix_spawnattr_t (336 bytes on glibc)
+  local sigs = ffi.new("uint8_t[128]")    -- sigset_t
+  C.posix_spawn_file_actions_init(fa)
+  C.posix_spawn_file_actions_adddup2(fa, to_child[0], 0)
+  C.posix_spawn_file_actions_adddup2(fa, from_child[1], 1)
+  C.posix_spawnattr_init(attr)
+  C.sigemptyset(sigs)
+  C.sigaddset(sigs, SIGPIPE)
+  C.posix_spawnattr_setsigdefault(attr, sigs)
+  C.posix_spawnattr_setpgroup(attr, 0)
+  C.posix_spawnattr_setflags(attr, bit.bor(POSIX_SPAWN_SETPGROUP, POSIX_SPAWN_SETSIGDEF))
+  local cargs = ffi.new("char *[?]", #argv + 1)
+  local keep = {}
+  for i, a in ipairs(argv) do
+    keep[i] = ffi.new("char[?]", #a + 1, a)
+    cargs[i - 1] = keep[i]
+  end
+  cargs[#argv] = nil
+  local pid = ffi.new("int[1]")
+  local rc = C.posix_spawnp(pid, argv[1], fa, attr, cargs, C.environ)
+  C.posix_spawn_file_actions_destroy(fa)
+  C.posix_spawnattr_destroy(attr)
+  C.close(to_child[0])
+  C.close(from_child[1])
+  if rc ~= 0 then
+    C.close(to_child[1])
+    C.close(from_child[0])
+    error(("cannot start %s: %s"):format(argv[1], errtext(rc)), 0)
+  end
+  set_nonblocking(to_child[1])
+  set_nonblocking(from_child[0])
+  local p = setmetatable({ pid = pid[0], stdin = to_child[1], stdout = from_child[0], pending = "",
+    buf = ffi.new("char[?]", READ_SIZE), argv = argv }, Proc)
+  return p
+end
+
+function Proc:write(data, deadline)
+  if not self.stdin then return nil, "closed" end
+  return write_all(self.stdin, data, deadline)
+end
+
+-- The next line of the child's stdout, without its newline; or nil, "timeout" | "closed".
+function Proc:read_line(deadline)
+  while true do
+    local nl = self.pending:find("\n", 1, true)
+    if nl then
+      local line = self.pending:sub(1, nl - 1)
+      self.pending = self.pending:sub(nl + 1)
+      return line
+    end
+    if not self.stdout then return nil, "closed" end
+    local chunk, why = read_some(self.stdout, deadline, self.buf, READ_SIZE)
+    if not chunk then return nil, why end
+    self.pending = self.pending .. chunk
+  end
+end
+
+-- Whether the child still runs; when it has ended, false and a description of how.
+function Proc:running()
+  if self.exit then return false, self.exit end
+  local status = ffi.new("int[1]")
+  local r = C.waitpid(self.pid, status, WNOHANG)
+  if r == 0 then return true end
+  local s = status[0]
+  if bit.band(s, 0x7f) == 0 then
+    self.exit = ("exit status %d"):format(bit.rshift(bit.band(s, 0xff00), 8))
+  else
+    self.exit = ("killed by signal %d"):format(bit.band(s, 0x7f))
+  end
+  return false, self.exit
+end
+
+-- Waits up to `grace` seconds (default 1) for the child to end; false when it still runs.
+function Proc:wait(grace)
+  local deadline = M.now() + (grace or 1)
+  while true do
+    local running = self:running()
+    if not running then return true end
+    if M.now() >= deadline then return false end
+    C.poll(nil, 0, 10)
+  end
+end
+
+function Proc:kill()
+  -- the whole process group: a shell's children too
+  if self:running() then C.kill(-self.pid, SIGKILL) end
+  self:wait(5)
+end
+
+-- Closes the child's stdin (a worker's signal to finish), waits `grace` seconds, then kills it.
+function Proc:close(grace)
+  if self.stdin then C.close(self.stdin); self.stdin = nil end
+  if not self:wait(grace or 1) then self:kill() end
+  if self.stdout then C.close(self.stdout); self.stdout = nil end
+end
+
+---------------------------------------------------------------------------------------------
+-- TCP client connections.
+
+local Conn = {}
+Conn.__index = Conn
+
+-- Connects to host:port before the deadline; the connection, or nil and why.
+function M.connect(host, port, deadline)
+  ignore_sigpipe()
+  local hints = ffi.new("struct rx_ipc_addrinfo")
+  hints.ai_family, hints.ai_socktype = AF_UNSPEC, SOCK_STREAM
+  local res = ffi.new("struct rx_ipc_addrinfo *[1]")
+  local rc = C.getaddrinfo(host, tostring(port), hints, res)
+  if rc ~= 0 then return nil, ("cannot resolve %s: %s"):format(host, ffi.string(C.gai_strerror(rc))) end
+  local why = "no address"
+  local ai = res[0]
+  while ai ~= nil do
+    local fd = C.socket(ai.ai_family, bit.bor(SOCK_STREAM, SOCK_CLOEXEC, SOCK_NONBLOCK), 0)
+    if fd >= 0 then
+      local r = C.connect(fd, ai.ai_addr, ai.ai_addrlen)
+      local e = r == 0 and 0 or ffi.errno()
+      if e == EINPROGRESS then
+        local ok, w = wait_fd(fd, POLLOUT, deadline)
+        if ok then
+          local err, len = ffi.new("int[1]"), ffi.new("uint32_t[1]", 4)
+          C.getsockopt(fd, SOL_SOCKET, SO_ERROR, err, len)
+          e = err[0]
+          if e ~= 0 then why = errtext(e) end
+        else
+          e, why = -1, w == "timeout" and "connection timed out" or w
+        end
+      elseif e ~= 0 then
+        why = errtext(e)
+      end
+      if e == 0 then
+        C.freeaddrinfo(res[0])
+        return setmetatable({ fd = fd, buf = ffi.new("char[?]", READ_SIZE) }, Conn)
+      end
+      C.close(fd)
+    else
+      why = errtext(ffi.errno())
+    end
+    ai = ai.ai_next
+  end
+  C.freeaddrinfo(res[0])
+  return nil, why
+end
+
+function Conn:write(data, deadline)
+  if not self.fd then return nil, "closed" end
+  return write_all(self.fd, data, deadline, true)
+end
+
+-- Everything the peer sends until it closes the connection; or nil, why, what came so far.
+function Conn:read_all(deadline)
+  local parts = {}
+  while true do
+    local chunk, why = read_some(self.fd, deadline, self.buf, READ_SIZE)
+    if not chunk then
+      if why == "closed" then return table.concat(parts) end
+      return nil, why, table.concat(parts)
+    end
+    parts[#parts + 1] = chunk
+  end
+end
+
+function Conn:close()
+  if self.fd then C.close(self.fd); self.fd = nil end
+end
+
+return M

@@ -1,0 +1,184 @@
+-- Resume from the run's own config.json (command-line changes printed, immutable settings
+-- refused), --overwrite_output_dir, and no half-made run folder after a failed start.
+local config = require("remax.train.config")
+local trainer = require("remax.train.trainer")
+local resume = require("remax.train.resume")
+local fs = require("remax.bind.fs")
+local support = require("support")
+local tmpdir, write = support.tmpdir, support.write
+
+local LOWER = [[
+return { name = "lower", fn = function(completions, batch)
+  local s = {}
+  for i in ipairs(completions) do
+    local ids, n = batch.completion_ids[i], 0
+    for _, id in ipairs(ids) do if id >= 97 and id <= 122 then n = n + 1 end end
+    s[i] = n / math.max(1, #ids)
+  end
+  return s
+end }
+]]
+
+local dirs = {}
+local function setup()
+  local d = tmpdir()
+  dirs[#dirs + 1] = d
+  write(d .. "/lower.lua", LOWER)
+  local lines = {}
+  for i = 1, 16 do lines[i] = ('{"prompt": "say something %d", "answer": "x%d"}'):format(i, i) end
+  write(d .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+  return d
+end
+
+local function recipe(d, extra)
+  local r = {
+    model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
+      num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
+      rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true },
+    data = d .. "/p.jsonl", rewards = { d .. "/lower.lua" }, chat_template = "plain",
+    num_generations = 4, max_completion_length = 8, per_device_train_batch_size = 4, learning_rate = 1e-2,
+    max_steps = 2, eval_size = 0, output_dir = d .. "/runs", run_name = "r", save_steps = 1,
+    log_completions = 0, seed = 7,
+  }
+  for k, v in pairs(extra or {}) do r[k] = v end
+  return r
+end
+
+local function capture_error(f, ...)
+  local ok, err = pcall(f, ...)
+  assert.is_false(ok, "expected an error")
+  return tostring(err)
+end
+
+describe("resume", function()
+  teardown(function()
+    for _, d in ipairs(dirs) do os.execute("rm -rf '" .. d .. "'") end
+  end)
+
+  it("continues with the run's own settings; only the command line changes them, and says so", function()
+    local d = setup()
+    -- the first run: the recipe says learning_rate 1e-2, the command line said 2e-2 and top_k 5
+    local first = config.resolve(recipe(d), config.parse_args({ "--learning_rate", "0.02", "--top_k", "5" }))
+    local t = trainer.new(first, { quiet = true, signals = false })
+    t:train_step()
+    t:save_checkpoint("test")
+    local dir = d .. "/runs/r"
+
+    -- resumed with the recipe alone: the run's values, not the recipe's; the recipe's other edits are said
+    local cfg, changes = resume.resolve(recipe(d, { max_steps = 4 }), { resume = dir })
+    assert.are.equal(0.02, cfg.learning_rate)
+    assert.are.equal(5, cfg.top_k)
+    assert.are.equal(2, cfg.max_steps)
+    -- (the values the first run took from its command line differ from the recipe too: said as well)
+    local text = table.concat(resume.describe(dir, changes), "\n")
+    assert.matches("max_steps = 2 as the run had it (the recipe now says 4; give --max_steps to change it)", text, 1, true)
+    assert.matches("learning_rate = 0.02 as the run had it (the recipe now says 0.01", text, 1, true)
+    assert.is_nil(text:find("num_generations", 1, true))   -- unchanged settings are not listed
+
+    -- a setting given again on the command line changes it, and the change is printed
+    cfg, changes = resume.resolve(recipe(d), config.parse_args({ "--resume", dir, "--learning_rate", "0.005", "--max_steps", "3" }))
+    assert.are.equal(0.005, cfg.learning_rate)
+    assert.are.equal(3, cfg.max_steps)
+    local lines = {}
+    for _, line in ipairs(resume.describe(dir, changes)) do
+      if line:find("command line", 1, true) then lines[#lines + 1] = line end
+    end
+    assert.are.equal(2, #lines)
+    assert.matches("resume " .. dir .. ": learning_rate = 0.005 (was 0.02; from the command line)", table.concat(lines, "\n"), 1, true)
+    assert.matches("max_steps = 3 (was 2; from the command line)", table.concat(lines, "\n"), 1, true)
+
+    -- and the run goes on from its checkpoint with those settings
+    local r = trainer.new(cfg, { quiet = true, signals = false })
+    assert.are.equal(1, r.step)
+    local m = r:train_step()
+    assert.are.equal(2, r.step)
+    assert.is_true(math.abs(m.lr - 0.005) < 1e-12)
+    -- config.json now says what the run runs with
+    assert.are.equal(0.005, r.run:read_config().learning_rate)
+  end)
+
+  it("refuses settings that cannot change on resume, naming each", function()
+    local d = setup()
+    local t = trainer.new(config.resolve(recipe(d)), { quiet = true, signals = false })
+    t:train_step()
+    t:save_checkpoint("test")
+    local dir = d .. "/runs/r"
+    local err = capture_error(resume.resolve, recipe(d), config.parse_args({ "--resume", dir, "--seed", "8", "--algo", "grpo" }))
+    assert.matches("cannot change when a run resumes", err, 1, true)
+    assert.matches("seed (7 -> 8: the data order and the sampling seeds derive from it)", err, 1, true)
+    assert.matches("algo (remax -> grpo", err, 1, true)
+    assert.matches("--overwrite_output_dir", err, 1, true)
+    err = capture_error(resume.resolve, recipe(d), { resume = d .. "/runs/none" })
+    assert.matches("--resume " .. d .. "/runs/none: no run there (no config.json)", err, 1, true)
+  end)
+
+  it("replaces a run with --overwrite_output_dir, and says how otherwise", function()
+    local d = setup()
+    local t = trainer.new(config.resolve(recipe(d)), { quiet = true, signals = false })
+    t:train_step()
+    t:train_step()
+    assert.are.equal(2, #t.run:metrics())
+    local err = capture_error(trainer.new, config.resolve(recipe(d)), { quiet = true, signals = false })
+    assert.matches("runs/r already holds a run: continue it with --resume", err, 1, true)
+    assert.matches("replace it with --overwrite_output_dir", err, 1, true)
+    local again = trainer.new(config.resolve(recipe(d), config.parse_args({ "--overwrite_output_dir" })),
+      { quiet = true, signals = false })
+    assert.are.equal(0, #again.run:metrics())
+    assert.is_nil(again.run:latest_checkpoint())
+  end)
+
+  it("prints a Ctrl-C hint that resumes the run when typed as printed", function()
+    local d = setup()
+    -- a recipe whose reward sends the process SIGINT during step 2 (as Ctrl-C at the terminal)
+    write(d .. "/recipe.lua", ([[
+local ipc = require("remax.bind.ipc")
+local calls = 0
+return {
+  model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
+    num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
+    rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true },
+  data = "p.jsonl", chat_template = "plain", num_generations = 2, max_completion_length = 6,
+  per_device_train_batch_size = 2, max_steps = 4, eval_size = 0, output_dir = "runs", run_name = "c",
+  save_steps = 0, log_completions = 0, seed = 7, learning_rate = 1e-3,
+  rewards = { { name = "interrupt", fn = function(c)
+    calls = calls + 1
+    -- (from a background shell: system() ignores SIGINT in its caller while it waits)
+    if calls == 3 and not os.getenv("NO_INTERRUPT") then os.execute("(sleep 0.3; kill -INT " .. ipc.pid() .. ") &"); ipc.sleep(1) end
+    local s = {}
+    for i in ipairs(c) do s[i] = #c[i] end
+    return s
+  end } },
+}
+]]))
+    local bin = require("remax.cli.main").build_dir() .. "/remax"
+    if bin:sub(1, 1) ~= "/" then bin = os.getenv("PWD") .. "/" .. bin end
+    local function sh(cmd)
+      local p = io.popen("cd " .. d .. " && " .. cmd .. " 2>&1; echo rc=$?")
+      local out = p:read("*a")
+      p:close()
+      return out
+    end
+    local out = sh(("%s run recipe.lua --learning_rate 0.002"):format(bin))
+    assert.matches("rc=130", out, 1, true)
+    local hint = out:match("resume with: (remax run [^\n]+)")
+    assert.are.equal("remax run recipe.lua --resume runs/c", hint, out)
+    -- typed as printed (remax is the program), the run goes on from its checkpoint with its own settings
+    out = sh("NO_INTERRUPT=1 " .. hint:gsub("^remax", bin))
+    assert.matches("rc=0", out, 1, true)
+    assert.matches("resumed runs/c from runs/c/checkpoints/step%-%d", out)
+    local rows = require("remax.train.runs").read_jsonl(d .. "/runs/c/metrics.jsonl")
+    assert.are.equal(4, rows[#rows].step)
+    for _, row in ipairs(rows) do assert.is_true(math.abs(row.lr - 0.002) < 1e-12) end   -- the first command line's lr
+  end)
+
+  it("leaves no half-made run folder after a failed start", function()
+    local d = setup()
+    local err = capture_error(trainer.new, config.resolve(recipe(d, { model = d .. "/no-such-model", model_config = nil })),
+      { quiet = true, signals = false })
+    assert.matches("no%-such%-model", err)
+    assert.is_false(fs.is_dir(d .. "/runs/r"))
+    err = capture_error(trainer.new, config.resolve(recipe(d, { data = d .. "/missing.jsonl" })), { quiet = true, signals = false })
+    assert.matches("missing.jsonl", err, 1, true)
+    assert.is_false(fs.is_dir(d .. "/runs/r"))
+  end)
+end)
