@@ -34,6 +34,9 @@ struct rx_lora {
   int64_t *of_param;           /* base parameter -> index of A, or -1 */
   void *scratch;               /* chunk rows of: dropped x [in], x A^T [r], dout B [r], y / dx [max(in, out)] */
   int64_t max_in, max_out;
+  int32_t device;              /* the model's: adapters, their gradients and the scratch live there */
+  void *param_handle, *grad_handle, *scratch_handle;   /* their allocator's pieces (rx_arena_free) */
+  float *host;                 /* a device model's dropout: 3 chunks of [rows, max(in, out)] f32 on the host */
 };
 
 static void proj_param(const rx_model *m, int64_t l, int32_t proj, int64_t *w, int64_t *b) {
@@ -59,9 +62,10 @@ void rx_lora_free(rx_lora *lo) {
   free(lo->grads);
   free(lo->index);
   free(lo->of_param);
-  rx_free(lo->param_arena);
-  rx_free(lo->grad_arena);
-  rx_free(lo->scratch);
+  rx_arena_free(lo->device, lo->param_arena, lo->param_handle);
+  rx_arena_free(lo->device, lo->grad_arena, lo->grad_handle);
+  rx_arena_free(lo->device, lo->scratch, lo->scratch_handle);
+  free(lo->host);
   free(lo);
 }
 
@@ -71,7 +75,8 @@ int rx_model_lora_init(rx_model *m, const rx_lora_config *cfg) {
   const rx_model_config *c = &m->cfg;
   const int64_t L = c->num_hidden_layers;
   if (m->lora) return rx_fail(RX_EINVAL, "lora: the model already has adapters");
-  if (c->device != RX_CPU) return rx_fail(RX_EDEVICE, "lora: adapters run on CPU models only in this build (the model is on device %d)", c->device);
+  if (c->device != RX_CPU && c->dtype != RX_F32)
+    return rx_fail(RX_EINVAL, "lora: adapters on device cuda need f32 compute (the model computes in %s)", rx_dtype_name(c->dtype));
   if (!cfg->targets || (cfg->targets >> RX_PROJ_COUNT))
     return rx_fail(RX_EINVAL, "lora: targets = 0x%x names no projection (bits 0..6: q, k, v, o, gate, up, down)",
                    cfg->targets);
@@ -132,9 +137,12 @@ int rx_model_lora_init(rx_model *m, const rx_lora_config *cfg) {
     }
   lo->bytes = total;
   const int64_t wide = lo->max_in > lo->max_out ? lo->max_in : lo->max_out;
-  lo->param_arena = rx_alloc((size_t)total, "LoRA adapters");
-  lo->scratch = rx_alloc((size_t)(LORA_CHUNK_ROWS * (lo->max_in + 2 * cfg->r + wide) * es), "LoRA scratch");
-  if (!lo->param_arena || !lo->scratch) {
+  lo->device = c->device;
+  lo->param_arena = rx_arena_alloc(c->device, (size_t)total, "LoRA adapters", 0, &lo->param_handle);
+  lo->scratch = rx_arena_alloc(c->device, (size_t)(LORA_CHUNK_ROWS * (lo->max_in + 2 * cfg->r + wide) * es),
+                               "LoRA scratch", 0, &lo->scratch_handle);
+  if (c->device != RX_CPU && cfg->dropout > 0) lo->host = malloc(sizeof(float) * 3 * (size_t)(LORA_CHUNK_ROWS * wide));
+  if (!lo->param_arena || !lo->scratch || (c->device != RX_CPU && cfg->dropout > 0 && !lo->host)) {
     free(offsets);
     rx_lora_free(lo);
     return RX_ENOMEM;
@@ -161,16 +169,15 @@ int rx_model_lora_init(rx_model *m, const rx_lora_config *cfg) {
 int rx_lora_ensure_grads(rx_model *m) {
   rx_lora *lo = m->lora;
   if (lo->grad_arena) return RX_OK;
-  lo->grad_arena = rx_alloc((size_t)lo->bytes, "LoRA gradients");
+  lo->grad_arena = rx_arena_alloc(lo->device, (size_t)lo->bytes, "LoRA gradients", 1, &lo->grad_handle);
   if (!lo->grad_arena) return RX_ENOMEM;
-  memset(lo->grad_arena, 0, (size_t)lo->bytes);
   for (int64_t i = 0; i < lo->n; i++)
     lo->grads[i].data = (char *)lo->grad_arena + ((char *)lo->params[i].data - (char *)lo->param_arena);
   return RX_OK;
 }
 
 void rx_lora_zero_grad(rx_model *m) {
-  if (m->lora && m->lora->grad_arena) memset(m->lora->grad_arena, 0, (size_t)m->lora->bytes);
+  if (m->lora && m->lora->grad_arena) rx_memzero(m->lora->device, m->lora->grad_arena, (size_t)m->lora->bytes);
 }
 
 void rx_lora_begin_train_forward(rx_model *m) {
@@ -240,6 +247,26 @@ static int dropout_rows(const rx_model *m, int64_t l, int32_t proj, chunk *ch, r
   const int64_t in = ch->x.shape[1], n = ch->n * in;
   int rc = rx_tensor_uniform(&ch->xd, lo->cfg.seed ^ 0x9e3779b97f4a7c15ull, mask_offset(m, l, proj) + (uint64_t)(ch->r0 * in), 0, 1);
   if (rc) return rc;
+  if (lo->device != RX_CPU) {   /* f32 on a device: the same arithmetic on host copies (no kernel yet) */
+    const int64_t wide = LORA_CHUNK_ROWS * (lo->max_in > lo->max_out ? lo->max_in : lo->max_out);
+    float *d = lo->host, *x = lo->host + wide, *g = lo->host + 2 * wide;
+    rx_tensor hd, hx, hg;
+    rx_view_init(&hd, d, RX_F32, RX_CPU, 2, ch->xd.shape);
+    rx_view_init(&hx, x, RX_F32, RX_CPU, 2, ch->x.shape);
+    if ((rc = rx_tensor_copy(&hd, &ch->xd)) || (rc = rx_tensor_copy(&hx, &ch->x))) return rc;
+    if (dy) {
+      rx_view_init(&hg, g, RX_F32, RX_CPU, 2, dy->shape);
+      if ((rc = rx_tensor_copy(&hg, dy))) return rc;
+    }
+    const float k = (float)keep;
+    for (int64_t i = 0; i < n; i++) {
+      const float f = d[i] >= p ? k : 0.0f;
+      if (dy) g[i] *= f;
+      d[i] = x[i] * f;
+    }
+    if ((rc = rx_tensor_copy(&ch->xd, &hd))) return rc;
+    return dy ? rx_tensor_copy(dy, &hg) : RX_OK;
+  }
   if (ch->x.dtype == RX_F32) {
     float *d = ch->xd.data, *g = dy ? dy->data : NULL;
     const float *x = ch->x.data, k = (float)keep;
@@ -352,6 +379,7 @@ int rx_model_lora_merged(rx_model *m, int64_t param, rx_tensor *out) {
     return rx_fail(RX_EINVAL, "lora_merged: out must be a contiguous %s %s like %s, got %s %s", rx_dtype_name(W->dtype),
                    rx_shape_str(W, a, sizeof a), m->names[param], out ? rx_dtype_name(out->dtype) : "NULL",
                    out ? rx_shape_str(out, b, sizeof b) : "");
+  if (out->device != RX_CPU) return rx_fail(RX_EINVAL, "lora_merged: out must be a cpu tensor (got device %d)", out->device);
   TRY(rx_tensor_copy(out, W));
   const int64_t k = m->lora ? m->lora->of_param[param] : -1;
   if (k < 0) return RX_OK;

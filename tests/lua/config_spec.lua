@@ -71,14 +71,14 @@ describe("config", function()
       err_of(config.resolve, { rewards = { "gsm8k", "format" }, reward_weights = { 1 } }), 1, true)
     assert.matches("algo = rloo needs num_generations >= 2",
       err_of(config.resolve, { algo = "rloo", num_generations = 1 }), 1, true)
-    -- the CPU computes in f32: bf16 is refused with the reason, not offered
+    -- the CPU computes in f32: bf16 (compute on device cuda) is refused there with the reason
     assert.matches("dtype = 'bf16' is not available: the CPU trains in f32: bf16 compute needs the CUDA backend",
-      err_of(config.parse_args, { "--dtype", "bf16" }), 1, true)
-    assert.matches("--frozen_dtype bf16", err_of(config.parse_args, { "--dtype", "bf16" }), 1, true)
+      err_of(config.resolve, { dtype = "bf16" }), 1, true)
+    assert.matches("--frozen_dtype bf16", err_of(config.resolve, {}, { dtype = "bf16" }), 1, true)
     assert.matches("frozen_dtype = 'f16': expected one of auto, f32, bf16",
       err_of(config.parse_args, { "--frozen_dtype", "f16" }), 1, true)
     assert.matches("dtype = 'bf16' is not available", err_of(config.resolve, { dtype = "bf16" }), 1, true)
-    assert.matches("dtype = 'f8': expected one of f32", err_of(config.parse_args, { "--dtype", "f8" }), 1, true)
+    assert.matches("dtype = 'f8': expected one of f32, bf16", err_of(config.parse_args, { "--dtype", "f8" }), 1, true)
     assert.matches("chat_template = 'mistral': expected auto, tokenizer, qa, chatml, llama3, plain",
       err_of(config.resolve, { chat_template = "mistral" }), 1, true)
   end)
@@ -165,13 +165,15 @@ describe("the device setting", function()
     assert.matches("command line: device = 'gpu': expected one of cpu, cuda", err_of(config.parse_args, { "--device", "gpu" }), 1, true)
   end)
 
-  it("refuses cuda with the reason until the trainer runs there", function()
+  it("takes cuda where a device exists, and otherwise refuses it saying why", function()
+    if require("remax.bind.tensor").has_cuda() then
+      assert.are.equal("cuda", config.resolve({ device = "cuda" }).device)
+      return
+    end
     local err = err_of(config.resolve, { device = "cuda" })
     assert.matches("recipe: device = cuda: ", err, 1, true)
+    assert.matches("no CUDA device or was built without CUDA", err, 1, true)
     assert.matches("use device = cpu", err, 1, true)
-    if not require("remax.bind.tensor").has_cuda() then
-      assert.matches("no CUDA device or was built without CUDA", err, 1, true)
-    end
   end)
 
   it("is checked by model.new too: a typo there is an error", function()

@@ -481,6 +481,7 @@ local function pad_to(n) return (M.ALIGNMENT - n % M.ALIGNMENT) % M.ALIGNMENT en
 -- The bytes of one planned tensor: (pointer, size, keep-alive).
 local function tensor_bytes(t)
   local src = t.produce()
+  if src:device_name() ~= "cpu" then src = src:to("cpu") end   -- a device model's weights, through a host copy
   if t.type == "q8_0" then
     local buf, size = M.quantize_q8_0(src)
     return buf, size, buf

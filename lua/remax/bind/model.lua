@@ -262,6 +262,16 @@ end
 function Model:tied() return C.rx_model_get_config(self.handle).tie_word_embeddings ~= 0 end
 function Model:cfg() return C.rx_model_get_config(self.handle) end
 
+local device_names = { [tonumber(C.RX_CPU)] = "cpu", [tonumber(C.RX_CUDA)] = "cuda" }
+-- Where the parameters, gradients and activations live: "cpu" or "cuda".
+function Model:device_name() return device_names[tonumber(self:cfg().device)] end
+
+-- The dtype of statistics (log-probs, entropies and their gradients): f32 for a bf16 model.
+local function stats_dtype(self)
+  local dt = tonumber(self:cfg().dtype)
+  return dt == tonumber(C.RX_BF16) and tonumber(C.RX_F32) or dt
+end
+
 -- name -> tensor views of the parameters (valid while the model lives).
 function Model:params()
   local t = {}
@@ -322,7 +332,7 @@ function Model:hold_grads()
   local grads = self:trainable_grads()
   if not self.held then
     self.held = {}
-    for i, g in ipairs(grads) do self.held[i] = tensor.new(g:size(), g:dtype_name()) end
+    for i, g in ipairs(grads) do self.held[i] = tensor.new(g:size(), g:dtype_name(), g:device_name()) end
   end
   for i, g in ipairs(grads) do self.held[i]:copy_(g) end
   self:zero_grad()
@@ -378,7 +388,7 @@ function Model:logprobs(tokens, mask, opts)
     tokens, mask = M.pad_rows(tokens, opts.pad_left)
   end
   local B, T = tokens:size(1), tokens:size(2)
-  local dtype = tonumber(self:cfg().dtype)
+  local dtype = stats_dtype(self)
   local logp = tensor.new({ B, T }, dtype)
   local ent = opts.entropy and tensor.new({ B, T }, dtype) or nil
   local fo = ffi.new("rx_forward_opts")
@@ -394,7 +404,7 @@ end
 -- Accumulates d(sum(dlogp * logp))/d(params) for the last train forward; with dentropy (same
 -- shape), d(sum(dlogp * logp + dentropy * entropy))/d(params) (an entropy bonus).
 function Model:backward(dlogp, dentropy)
-  local dt = tonumber(self:cfg().dtype)
+  local dt = stats_dtype(self)
   if type(dlogp) == "table" and not ffi.istype("rx_tensor", dlogp) then dlogp = tensor.from(dlogp, dt) end
   if dentropy == nil then
     check(C.rx_model_backward(self.handle, dlogp), 2)
@@ -453,7 +463,32 @@ function M.sampling_problem(s, where)
   return nil
 end
 
+-- A model on a device generates through a CPU copy of its weights where the engine's generation
+-- runs on the CPU only (it says so with RX_EDEVICE: "runs on the cpu in this build"): made on
+-- first use, its weights refreshed from the device before every call, so a rollout always sees
+-- the current policy. f32 compute on the CPU; a bf16 model's copy stores its weight matrices in
+-- bf16, as its working copy does. An engine that generates on the device is used directly.
+function Model:host_copy()
+  if self:device_name() == "cpu" then return self end
+  if not self.host_twin then
+    local o = { dtype = "f32" }
+    if tonumber(self:cfg().dtype) == tonumber(C.RX_BF16) then o.weight_dtype = "bf16" end
+    self.host_twin = create(self.config, o, "model (cpu copy for generation)")
+  end
+  local twin = self.host_twin
+  for i = 1, #self.names do
+    C.rx_model_param(twin.handle, i - 1):copy_(C.rx_model_param(self.handle, i - 1))
+  end
+  return twin
+end
+
+-- Whether a failed engine call (rc) was the engine refusing a device model for a CPU-only op.
+local function cpu_only(self, rc)
+  return rc == C.RX_EDEVICE and self:device_name() ~= "cpu" and rx.last_error():find("runs on the cpu in this build", 1, true)
+end
+
 function Model:generate(prompts, opts)
+  if self.host_twin then return self:host_copy():generate(prompts, opts) end
   opts = opts or {}
   if type(prompts) ~= "table" or #prompts == 0 then error("generate: expected a non-empty list of prompts (token-id lists)", 2) end
   -- every per-slot list must have the same length; that length is the number of rows per prompt
@@ -542,7 +577,9 @@ function Model:generate(prompts, opts)
   local now = require("remax.bind.clock").now   -- wall clock (os.clock sums the CPU time of all threads)
   local t0 = now()
   local g = ffi.new("rx_generator*[1]")
-  check(C.rx_generate_begin(g, self.handle, req, res), 2)
+  local rc = C.rx_generate_begin(g, self.handle, req, res)
+  if rc ~= 0 and cpu_only(self, rc) then return self:host_copy():generate(prompts, opts) end
+  if rc ~= 0 then error(rx.last_error(), 2) end
   local gen = ffi.gc(g[0], C.rx_generate_end)
   local done = ffi.new("int32_t[1]")
   local step = 0
@@ -572,9 +609,12 @@ end
 
 -- Logits of the next token after each row (full forward, no cache): [B, vocab].
 function Model:next_logits(tokens, mask)
+  if self.host_twin then return self:host_copy():next_logits(tokens, mask) end
   if type(tokens) == "table" and not ffi.istype("rx_tensor", tokens) then tokens, mask = M.pad_rows(tokens) end
   local out = tensor.new({ tokens:size(1), tonumber(self:cfg().vocab_size) }, tonumber(self:cfg().dtype))
-  check(C.rx_model_next_logits(self.handle, tokens, mask, out), 2)
+  local rc = C.rx_model_next_logits(self.handle, tokens, mask, out)
+  if rc ~= 0 and cpu_only(self, rc) then return self:host_copy():next_logits(tokens, mask) end
+  if rc ~= 0 then error(rx.last_error(), 2) end
   return out
 end
 

@@ -46,8 +46,8 @@ function M.adamw(params, grads, opts)
     local p, g = params[name], grads[name]
     if not g then error(("adamw: parameter '%s' has no gradient tensor"):format(name), 2) end
     local moment_dtype = p:dtype_name() == "f64" and "f64" or "f32"
-    self.m[name] = tensor.new(p:size(), moment_dtype)
-    self.v[name] = tensor.new(p:size(), moment_dtype)
+    self.m[name] = tensor.new(p:size(), moment_dtype, p:device_name())   -- on the parameter's device
+    self.v[name] = tensor.new(p:size(), moment_dtype, p:device_name())
     self.decay[name] = not matches_any(name, no_decay)
   end
   self.cfg = ffi.new("rx_adamw_config")

@@ -62,8 +62,11 @@ function M.load(dir, opts)
   for k, v in pairs(cfg) do dcfg[k] = v end
   dcfg.architectures = { decoder }
   dcfg.tie_word_embeddings = true
+  -- bf16 storage under f32 compute ("auto") is a CPU feature of the engine: on a device the
+  -- decoder keeps its compute dtype
+  local on_cpu = (opts.device or "cpu") == "cpu"
   local okm, model = pcall(model_mod.load, dir, { config = dcfg, dtype = opts.dtype, device = opts.device,
-    weight_dtype = opts.weight_dtype or "auto",
+    weight_dtype = opts.weight_dtype or (on_cpu and "auto" or nil),
     skip = { ["score.weight"] = true, ["lm_head.weight"] = true } })
   if not okm then error(("reward model %s: %s"):format(dir, tostring(model)), 0) end
   local st = require("remax.bind.safetensors").open(dir)
@@ -171,7 +174,7 @@ function M.reward(spec, opts)
   if batch_size ~= nil and (type(batch_size) ~= "number" or batch_size < 1 or batch_size ~= math.floor(batch_size)) then
     error(("reward model %s: batch_size = %s must be an integer >= 1"):format(path, tostring(batch_size)), 0)
   end
-  local rm = M.load(path, { dtype = opts.dtype })
+  local rm = M.load(path, { dtype = opts.dtype, device = opts.device })
   local r = { name = name or ("rm:" .. (path:gsub("/+$", ""):match("([^/]+)$") or path)), weight = weight,
     model_dir = path, reward_model = rm, where = "reward model " .. path, file = nil }
   r.fn = function(completions, batch)

@@ -104,10 +104,15 @@ function M.save(path, tensors, metadata)
   local names = sorted_keys(tensors, "tensor")
   local cnames = ffi.new("const char*[?]", math.max(#names, 1))
   local ctensors = ffi.new("rx_tensor*[?]", math.max(#names, 1))
+  local keep = {}   -- host copies of device tensors, alive while C writes them
   for i, name in ipairs(names) do
     local t = tensors[name]
     if not ffi.istype("rx_tensor*", t) then
       error(("safetensors.save: '%s' is a %s, expected a tensor"):format(name, type(t)), 2)
+    end
+    if t:device_name() ~= "cpu" then   -- a device tensor is written through a host copy
+      t = t:to("cpu")
+      keep[#keep + 1] = t
     end
     cnames[i - 1], ctensors[i - 1] = name, t
   end

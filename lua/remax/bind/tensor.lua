@@ -179,6 +179,15 @@ end
 -- Whether remax was built with CUDA and a device is present.
 function M.has_cuda() return C.rx_has_cuda() == 1 end
 
+-- The CUDA device's memory in bytes: allocated (in live tensors), peak (of allocated), reserved
+-- (held by remax's caching allocator), free and total (the device's). Fails without a device.
+function M.cuda_memory()
+  local v = ffi.new("int64_t[5]")
+  check(C.rx_cuda_memory(v, v + 1, v + 2, v + 3, v + 4), 2)
+  return { allocated = tonumber(v[0]), peak = tonumber(v[1]), reserved = tonumber(v[2]), free = tonumber(v[3]),
+    total = tonumber(v[4]) }
+end
+
 function Tensor:clone() return self:to(tonumber(self.dtype)) end
 
 function Tensor:reshape(shape)
@@ -197,7 +206,7 @@ end
 -- the completion part of prompt .. completion rows (log-probabilities, entropies).
 function Tensor:row_spans(starts, lens)
   local T = self:size(2)
-  local f32 = self:dtype_name() == "f32"
+  local f32 = self:dtype_name() == "f32" and self:device_name() == "cpu" and self:is_contiguous()
   local p = f32 and ffi.cast("float*", self.data) or nil
   local tab = not f32 and self:totable() or nil
   local out = {}

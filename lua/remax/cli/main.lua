@@ -7,7 +7,9 @@ usage: remax <command> [arguments]
 commands:
   run FILE.lua [args...]   run a Lua file with the engine loaded; a file that returns a recipe
                            table trains it: remax run RECIPE.lua [--key value ...] [--help]
-                           (--resume runs/<name> continues a run from its last checkpoint)
+                           (--resume runs/<name> continues a run from its last checkpoint;
+                           --device cuda trains on an NVIDIA GPU, f32 or --dtype bf16: rollouts
+                           are still generated on the CPU from a copy of the weights)
   eval RECIPE.lua --model DIR [--samples K] [--key value ...]
                            held-out greedy accuracy and reward of a model, no training; with
                            --samples K also sampled accuracy, pass@1..K and the headroom
@@ -215,11 +217,20 @@ function M.test(...)
   if cache then
     cache:close()
     print(("\n== GPU tests on the CUDA emulator (%s)"):format(emu))
-    local _, built = run_and_echo(("cmake --build %s --target gpu_tests -j 2 >%s 2>&1"):format(shell_quote(emu),
+    local _, built = run_and_echo(("cmake --build %s --target gpu_tests remax -j 2 >%s 2>&1"):format(shell_quote(emu),
       shell_quote(emu .. "/build.log")))
     if built then
       p, f = run_ctest(emu, filter, "gpu")
       passed, failed = passed + p, failed + f
+      -- the Lua specs named "cuda" (the trainer on the device) against the emulator's library
+      if not filter or filter:find("cuda", 1, true) then
+        print(("\n== Lua specs on the CUDA emulator (busted --filter=cuda, %s/libremax.so)"):format(emu))
+        local out = run_and_echo(("cd %s && REMAX_LIB=%s busted --lua=luajit --filter=%s tests/lua"):format(
+          shell_quote(home()), shell_quote(emu .. "/libremax.so"), shell_quote(filter or "cuda")))
+        local s, fl, e = out:match("(%d+) successe?s? / (%d+) failures? / (%d+) errors?")
+        if s then passed, failed = passed + tonumber(s), failed + tonumber(fl) + tonumber(e)
+        else failed = failed + 1 end
+      end
     else
       print(("the emulator build failed (log: %s/build.log)"):format(emu))
       failed = failed + 1

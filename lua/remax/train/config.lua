@@ -18,11 +18,10 @@ M.groups = {
   { "Model and data", {
     { "model", nil, "string", "model folder (Hugging Face layout); default: models/tiny-gsm8k, the built-in base model" },
     { "model_config", nil, "table", "recipe only: Hugging Face config table of a fresh random model, used when no model is given (with the byte-level tokenizer)" },
-    { "dtype", "f32", "enum:f32", "compute dtype of the trained model on this device (the CPU trains in f32; bf16 checkpoints load converted to f32)",
-      unavailable = { bf16 = "the CPU trains in f32: bf16 compute needs the CUDA backend (bf16 checkpoints load converted to f32, so leave --dtype at f32; frozen copies, such as the KL reference, keep bf16 weights with --frozen_dtype bf16 or auto)",
-        f16 = "f16 compute is not supported; the CPU computes in f32",
+    { "dtype", "f32", "enum:f32|bf16", "compute dtype of the trained model: f32, or on device cuda bf16 (bf16 activations and working weights, f32 master weights, gradients, optimizer state and statistics); the CPU trains in f32 (bf16 checkpoints load converted to f32)",
+      unavailable = { f16 = "f16 compute is not supported; compute in f32 (or bf16 on device cuda)",
         f64 = "f64 is for the engine's gradient checks, not training; use f32" } },
-    { "device", "cpu", "enum:cpu|cuda", "where the model trains: cpu, or cuda (an NVIDIA GPU; needs remax built with CUDA and a trainer path that runs there)" },
+    { "device", "cpu", "enum:cpu|cuda", "where the model trains: cpu, or cuda (an NVIDIA GPU; needs remax built with CUDA): weights, gradients, optimizer state and the KL reference live there; rollouts are still generated on the CPU from a copy of the weights refreshed every step, until generation moves to the device" },
     { "frozen_dtype", "auto", "enum:auto|f32|bf16", "storage of the weights of frozen copies: the KL reference model, the base under LoRA adapters, the model of remax eval; bf16 halves their memory (compute stays f32); auto = bf16 when the checkpoint stores its weight matrices in bf16 (nothing lost), else f32" },
     { "data", nil, "data", "training data: a JSONL or JSON-array file, or in a recipe a function(split, n, cfg) -> rows that makes train_size rows of split \"train\" (and eval_size of \"test\"), such as remax.tasks.gsm8k.synthetic()" },
     { "eval_data", nil, "data", "held-out data, a file or a function as data; default: a data function's \"test\" split (none when data is a file)" },
@@ -451,18 +450,28 @@ function M.derive(cfg)
   cfg.aggregation = cfg.loss_type and require("remax.train.algos").loss_types[cfg.loss_type] or cfg.loss_agg_mode
   cfg.skip_zero_rows = rl and cfg.beta == 0 and cfg.skip_zero_advantage and cfg.top_entropy_quantile >= 1
     and cfg.entropy_coef == 0
-  M.check_device(cfg.device, M.source(cfg, "device"))
+  M.check_device(cfg.device, M.source(cfg, "device"), cfg)
+  if cfg.dtype == "bf16" and cfg.device ~= "cuda" then
+    error(("%s: dtype = 'bf16' is not available: the CPU trains in f32: bf16 compute needs the CUDA backend " ..
+      "(--device cuda; bf16 checkpoints load converted to f32, so leave --dtype at f32 on the cpu; frozen copies, " ..
+      "such as the KL reference, keep bf16 weights with --frozen_dtype bf16 or auto)"):format(M.source(cfg, "dtype")), 0)
+  end
   return cfg
 end
 
--- device = cuda is refused, saying why, until the trainer runs there (the engine's CUDA ops do;
--- the training path is CPU-only): a typo never falls back to the CPU (the enum catches it).
-function M.check_device(device, source)
+-- device = cuda needs a CUDA device in this build (a typo never falls back to the CPU: the enum
+-- catches it), and what the engine cannot yet do there is refused by name: LoRA adapters under
+-- bf16 compute (engine/model/lora.c keeps a device model's adapters in f32).
+function M.check_device(device, source, cfg)
   if device ~= "cuda" then return end
-  local built = require("remax.bind.tensor").has_cuda()
-  error(("%s: device = cuda: %s; use device = cpu"):format(source or "config", built
-    and "the trainer does not run on CUDA yet (the engine's CUDA ops exist; the training path is CPU-only so far)"
-    or "this remax has no CUDA device or was built without CUDA (rebuild where the CUDA toolkit is found)"), 0)
+  if not require("remax.bind.tensor").has_cuda() then
+    error(("%s: device = cuda: this remax has no CUDA device or was built without CUDA (rebuild where the CUDA toolkit is found); use device = cpu")
+      :format(source or "config"), 0)
+  end
+  if cfg and cfg.use_lora and cfg.dtype ~= "f32" then
+    error(("%s: device = cuda with use_lora = true and dtype = %s: LoRA adapters on the device need f32 compute " ..
+      "so far (engine/model/lora.c); use --dtype f32"):format(source or "config", tostring(cfg.dtype)), 0)
+  end
 end
 
 -- Where the value of a key of a resolved cfg came from: "recipes/x.lua:7", "command line",

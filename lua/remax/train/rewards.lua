@@ -96,7 +96,7 @@ function M.normalize(spec, index, opts)
   local reward_model = require("remax.bind.reward_model")
   local reward_worker = require("remax.train.reward_worker")
   if reward_model.is_spec(spec) then
-    return reward_model.reward(spec, { dtype = opts.dtype })
+    return reward_model.reward(spec, { dtype = opts.dtype, device = opts.device })
   elseif reward_worker.is_spec(spec) then   -- "py:", "cmd:", "http://": outside Lua
     return reward_worker.reward(spec, { base = opts.base })
   elseif type(spec) == "string" then

@@ -197,6 +197,9 @@ function methods.finish_step(self, m, ro)
   m.bad_steps, m.reloads = self.bad_steps, self.reloads
   m.peak_memory_mib = peak_memory_mib(self.model)
   m.train_memory_mib = train_memory_mib(self)
+  if cfg.device == "cuda" then   -- the peak of device memory in tensors (remax's allocator)
+    m.peak_device_memory_mib = require("remax.bind.tensor").cuda_memory().peak / 1048576
+  end
   if self.pending_reloads then m.reloaded = self.pending_reloads; self.pending_reloads = nil end
   if self.eval_ds and ((cfg.eval_steps > 0 and self.step % cfg.eval_steps == 0) or self.step == cfg.max_steps) then
     local e = self:evaluate()

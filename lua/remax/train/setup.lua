@@ -28,9 +28,10 @@ end
 
 function methods.setup_model(self)
   local cfg = self.cfg
-  local mopts = { dtype = cfg.dtype, seed = cfg.seed }
+  local mopts = { dtype = cfg.dtype, seed = cfg.seed, device = cfg.device }
   -- a model that is not trained (remax eval) or whose base is frozen (LoRA) may keep bf16 weights
-  if self.opts.eval_only or cfg.use_lora then mopts.weight_dtype = cfg.frozen_dtype end
+  -- (bf16 storage under f32 compute is a CPU feature of the engine; on cuda they stay in dtype)
+  if (self.opts.eval_only or cfg.use_lora) and cfg.device == "cpu" then mopts.weight_dtype = cfg.frozen_dtype end
   local source
   if cfg.model then
     -- a folder, or a Hugging Face name found in the cache (Qwen/Qwen2.5-0.5B-Instruct)
@@ -99,7 +100,9 @@ function methods.load_reference(self)
     return self.ref
   end
   local src = self.model_source
-  local ropts = { weight_dtype = self.cfg.frozen_dtype }
+  -- on the policy's device; frozen_dtype's bf16 storage on the cpu only (the engine keeps a cuda
+  -- model's weights in its compute dtype)
+  local ropts = { weight_dtype = self.cfg.device == "cpu" and self.cfg.frozen_dtype or nil }
   for k, v in pairs(self.model_opts) do if k ~= "weight_dtype" then ropts[k] = v end end
   self.ref = src and remax.model.load(src, ropts) or remax.model.new(self.fresh_config, ropts)
   return self.ref
@@ -200,7 +203,8 @@ function methods.setup_data(self)
 end
 
 function methods.setup_rewards(self)
-  self.rewards = rewards.load_all(self.cfg.rewards, { base = self.recipe_dir })
+  -- reward models run on the policy's device
+  self.rewards = rewards.load_all(self.cfg.rewards, { base = self.recipe_dir, device = self.cfg.device })
   rewards.probe(self.rewards, self.train_ds.rows, self.train_ds.source, data.collate, rewards.limit(self.cfg.reward_timeout))
   if self.eval_ds then rewards.probe(self.rewards, self.eval_ds.rows, self.eval_ds.source, data.collate, rewards.limit(self.cfg.reward_timeout)) end
   -- evaluation's accuracy: the first reward marked accuracy = true (right or wrong per

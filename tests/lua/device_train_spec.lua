@@ -1,0 +1,255 @@
+-- The training step on device "cuda": a GPU, or in CI the CPU emulation of CUDA (docs/gpu.md):
+--   REMAX_LIB=build-emu/libremax.so busted --lua=luajit --filter=cuda tests/lua/device_train_spec.lua
+-- (./remax test runs it that way when build-emu exists). Rollouts come from the CPU copy of the
+-- weights until generation runs on the device; everything else of the step runs on "cuda".
+local config = require("remax.train.config")
+local trainer = require("remax.train.trainer")
+local tensor = require("remax.bind.tensor")
+local ffi = require("ffi")
+local support = require("support")
+
+if not tensor.has_cuda() then
+  describe("training on cuda", function()
+    pending("skipped: no CUDA device in this build (run these against the emulator build, build-emu)")
+  end)
+  return
+end
+
+local function setup()
+  local dir = support.tmpdir()
+  support.write(dir .. "/lower.lua", support.LOWER)
+  local lines = {}
+  for i = 1, 8 do lines[i] = ('{"prompt": "say something %d", "answer": "x%d"}'):format(i, i) end
+  support.write(dir .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+  return dir
+end
+
+-- KL to a reference (beta > 0), two micro-batches (accumulation), clipping, weight decay and a
+-- schedule: every part of the update runs. No attention biases: the k_proj bias has an exactly
+-- zero gradient (it shifts every score of a query alike, which softmax ignores), so AdamW steps
+-- it by rounding noise scaled up to the learning rate, which no two devices share. AdamW divides
+-- each gradient element by its own scale, so where a gradient is close to zero (q and k at init,
+-- while attention is near uniform) the devices' different summation orders become a relative
+-- difference of the step itself: learning_rate 1e-3 keeps three steps' drift near 2e-6 (at
+-- 1e-2, q and k reach 1e-5).
+local function settings(dir, extra)
+  local s = {
+    model_config = support.tiny_model({ num_hidden_layers = 1, attention_bias = false }), data = dir .. "/p.jsonl",
+    rewards = { dir .. "/lower.lua" }, chat_template = "plain", num_generations = 2, max_completion_length = 6,
+    per_device_train_batch_size = 1, gradient_accumulation_steps = 2, learning_rate = 1e-3, max_steps = 3,
+    eval_size = 0, output_dir = dir .. "/runs", save_steps = 0, log_completions = 0, seed = 7, beta = 0.05,
+    weight_decay = 0.01, max_grad_norm = 0.5, lr_scheduler_type = "cosine", warmup_ratio = 0.34,
+  }
+  for k, v in pairs(extra or {}) do s[k] = v end
+  return s
+end
+
+local function new_trainer(dir, extra)
+  return trainer.new(config.resolve(settings(dir, extra)), { quiet = true, signals = false })
+end
+
+-- name -> host copy of each parameter
+local function host_params(model)
+  local out = {}
+  for name, p in pairs(model:params()) do out[name] = p:to("cpu") end
+  return out
+end
+
+local function bytes(t) return ffi.string(t.data, tonumber(t.numel) * 4) end
+
+describe("training on cuda", function()
+  it("cuda: three f32 steps equal three on the cpu within 1e-5 relative on every weight", function()
+    local dir = setup()
+    local cpu = new_trainer(dir, { run_name = "cpu", device = "cpu" })
+    local gpu = new_trainer(dir, { run_name = "cuda", device = "cuda" })
+    assert.are.equal("cuda", gpu.model:device_name())
+    assert.are.equal("cuda", gpu.ref:device_name())
+    for _, name in ipairs(gpu.opt.names) do
+      assert.are.equal("cuda", gpu.opt.m[name]:device_name())
+      assert.are.equal("cuda", gpu.opt.v[name]:device_name())
+    end
+    local start = host_params(cpu.model)
+    for step = 1, 3 do
+      local mc, mg = cpu:train_step(), gpu:train_step()
+      -- the same rollouts (generated from the same weights) and nearly the same update
+      assert.are.equal(mc.reward, mg.reward, "step " .. step .. ": reward")
+      assert.is_true(math.abs(mc.loss - mg.loss) <= 1e-5 * math.max(1, math.abs(mc.loss)),
+        ("step %d: loss %.9g on cpu, %.9g on cuda"):format(step, mc.loss, mg.loss))
+    end
+    local pc, pg = host_params(cpu.model), host_params(gpu.model)
+    local moved = 0
+    for name, a in pairs(pc) do
+      local b, s = pg[name], start[name]
+      local va, vb, vs = ffi.cast("float*", a.data), ffi.cast("float*", b.data), ffi.cast("float*", s.data)
+      local diff, scale = 0, 0
+      for i = 0, tonumber(a.numel) - 1 do
+        diff = math.max(diff, math.abs(va[i] - vb[i]))
+        scale = math.max(scale, math.abs(va[i]))
+        if va[i] ~= vs[i] then moved = moved + 1 end
+      end
+      assert.is_true(diff <= 1e-5 * scale, ("%s: max |cpu - cuda| = %.3g, max |cpu| = %.3g"):format(name, diff, scale))
+    end
+    assert.is_true(moved > 0, "the steps changed no weight")
+  end)
+
+  it("cuda: a LoRA run resumed on the device is bit-identical to an uninterrupted one", function()
+    local dir = setup()
+    local extra = { device = "cuda", max_steps = 2, run_name = "straight", use_lora = true, lora_r = 2 }
+    local a = new_trainer(dir, extra)
+    a:train()
+    extra.run_name = "split"
+    local b = new_trainer(dir, extra)
+    b:train_step()
+    b:save_checkpoint()
+    extra.run_name, extra.resume = nil, dir .. "/runs/split"
+    local c = new_trainer(dir, extra)
+    assert.are.equal(1, c.step)
+    c:train()
+    local pa, pc = a.model:trainable(), c.model:trainable()
+    for name, t in pairs(pa) do
+      assert.is_true(bytes(t:to("cpu")) == bytes(pc[name]:to("cpu")), "adapter " .. name .. " differs after resume")
+    end
+  end)
+
+  it("cuda: a resume on the device is bit-identical to an uninterrupted run", function()
+    local dir = setup()
+    local extra = { device = "cuda", max_steps = 4, run_name = "straight" }
+    local a = new_trainer(dir, extra)
+    a:train()
+    extra.run_name = "split"
+    local b = new_trainer(dir, extra)
+    for _ = 1, 2 do b:train_step() end
+    b:save_checkpoint()
+    extra.run_name, extra.resume = nil, dir .. "/runs/split"
+    local c = new_trainer(dir, extra)
+    assert.are.equal(2, c.step)
+    assert.are.equal("cuda", c.model:device_name())
+    c:train()
+    assert.are.equal(4, c.step)
+    local pa, pc = host_params(a.model), host_params(c.model)
+    for name, t in pairs(pa) do
+      assert.is_true(bytes(t) == bytes(pc[name]), "parameter " .. name .. " differs after resume")
+    end
+    local sa, sc = a.opt:state(), c.opt:state()
+    assert.are.equal(sa.step, sc.step)
+    for name, t in pairs(sa.tensors) do
+      assert.is_true(bytes(t:to("cpu")) == bytes(sc.tensors[name]:to("cpu")), "optimizer state " .. name .. " differs")
+    end
+    local ma, mc = a.run:metrics(), c.run:metrics()
+    assert.are.equal(ma[4].loss, mc[4].loss)
+    -- device memory is reported: at least the policy's weights and AdamW's two moments
+    local m = c.model:memory()
+    assert.is_true(ma[4].peak_device_memory_mib * 1048576 >= m.params * 3, "peak_device_memory_mib")
+  end)
+
+  it("cuda: three bf16 SFT steps move the weights as f32 steps on the cpu do (relative L2 of the change <= 3e-2)", function()
+    -- SFT: no rollouts, so both devices train on the same rows; the comparison is of what the
+    -- steps changed (start -> after), bf16's rounding of activations against f32 on the cpu
+    local dir = setup()
+    local extra = { algo = "sft", beta = 0, max_grad_norm = 0, learning_rate = 1e-3 }
+    extra.run_name = "cpu"
+    local cpu = new_trainer(dir, extra)
+    extra.run_name, extra.device, extra.dtype = "bf16", "cuda", "bf16"
+    local gpu = new_trainer(dir, extra)
+    assert.are.equal(tonumber(require("remax.bind.ffi").C.RX_BF16), tonumber(gpu.model:cfg().dtype))
+    local start = host_params(cpu.model)
+    for _ = 1, 3 do
+      local mc, mg = cpu:train_step(), gpu:train_step()
+      assert.is_true(math.abs(mc.loss - mg.loss) <= 3e-2 * math.abs(mc.loss), ("loss %.6g on cpu, %.6g bf16"):format(mc.loss, mg.loss))
+    end
+    local pc, pg = host_params(cpu.model), host_params(gpu.model)
+    local d2, n2 = 0, 0
+    for name, a in pairs(pc) do
+      local va, vb, vs = ffi.cast("float*", a.data), ffi.cast("float*", pg[name].data), ffi.cast("float*", start[name].data)
+      for i = 0, tonumber(a.numel) - 1 do
+        d2 = d2 + (va[i] - vb[i]) ^ 2
+        n2 = n2 + (va[i] - vs[i]) ^ 2
+      end
+    end
+    assert.is_true(n2 > 0, "the steps changed no weight")
+    assert.is_true(math.sqrt(d2 / n2) <= 3e-2, ("relative L2 of the change: %.3g"):format(math.sqrt(d2 / n2)))
+  end)
+
+  it("cuda: a device model generates the cpu's tokens, greedy and sampled, after its weights change", function()
+    local model = require("remax.bind.model")
+    local cfg = support.tiny_model({ vocab_size = 64 })
+    local g, c = model.new(cfg, { device = "cuda", seed = 3 }), model.new(cfg, { device = "cpu", seed = 3 })
+    local prompts, opts = { { 1, 2, 3 }, { 9, 8 } }, { max_new_tokens = 6, temperature = { 0, 1.0 }, seed = 5 }
+    local function same()
+      local a, b = g:generate(prompts, opts), c:generate(prompts, opts)
+      for i, row in ipairs(a.rows) do
+        assert.are.same(b.rows[i].tokens, row.tokens, "row " .. i)
+      end
+    end
+    same()
+    -- a changed weight (an optimizer step) reaches the next generation
+    for _, m in ipairs({ g, c }) do m:param("model.norm.weight"):fill_(3) end
+    same()
+  end)
+
+  it("cuda: a reward model on the device scores as on the cpu, also as a trainer's reward", function()
+    local remax = require("remax")
+    local dir = support.tmpdir()
+    remax.tokenizer.write_byte_level(dir)
+    local tok = remax.tokenizer.load(dir)
+    local dec = support.tiny_model({ vocab_size = tok.vocab_size, tie_word_embeddings = false })
+    local m = remax.model.new(dec, { seed = 4, init_std = 0.3 })
+    local tensors = { ["score.weight"] = tensor.new({ 1, dec.hidden_size }, "f32"):normal_(5, 0, 0, 0.5) }
+    for name, p in pairs(m:params()) do if name ~= "lm_head.weight" then tensors[name] = p end end
+    remax.safetensors.save(dir .. "/model.safetensors", tensors, { format = "pt" })
+    local cfg = {}
+    for k, v in pairs(dec) do cfg[k] = v end
+    cfg.architectures, cfg.id2label, cfg.pad_token_id = { "Qwen2ForSequenceClassification" }, { ["0"] = "LABEL_0" }, tok.pad_id
+    support.write(dir .. "/config.json", require("cjson").encode(cfg))
+    local reward_model = require("remax.bind.reward_model")
+    local on_cpu, on_gpu = reward_model.load(dir), reward_model.load(dir, { device = "cuda" })
+    assert.are.equal("cuda", on_gpu.model:device_name())
+    local prompts, completions = { "2+2?", "a longer question, 3+5?" }, { "4", "eight" }
+    local a, b = on_cpu:score(prompts, completions), on_gpu:score(prompts, completions)
+    for i = 1, 2 do assert.is_true(math.abs(a[i] - b[i]) <= 1e-5 * math.max(1, math.abs(a[i])), ("row %d: %g, %g"):format(i, a[i], b[i])) end
+    -- a run on cuda loads its reward models there
+    local data = setup()
+    local t = new_trainer(data, { device = "cuda", rewards = { { model = dir, name = "rm" } }, beta = 0 })
+    assert.are.equal("cuda", t.rewards[1].reward_model.model:device_name())
+  end)
+
+  it("cuda: LoRA on the device (dropout included) equals LoRA on the cpu (A within 1e-5, B within 1e-4 relative)", function()
+    local dir = setup()
+    local extra = { use_lora = true, lora_r = 4, lora_dropout = 0.1, lora_target_modules = { "all-linear" },
+      learning_rate = 1e-3 }
+    extra.run_name = "cpu"
+    local cpu = new_trainer(dir, extra)
+    extra.run_name, extra.device = "cuda", "cuda"
+    local gpu = new_trainer(dir, extra)
+    assert.are.equal("cuda", gpu.model:device_name())
+    for step = 1, 3 do
+      local mc, mg = cpu:train_step(), gpu:train_step()
+      assert.are.equal(mc.reward, mg.reward, "step " .. step .. ": reward")
+    end
+    local pc, pg = cpu.model:trainable(), gpu.model:trainable()
+    local n, moved = 0, 0
+    for name, t in pairs(pc) do
+      local a, b = t:to("cpu"), pg[name]:to("cpu")
+      assert.are.equal("cuda", pg[name]:device_name())
+      local va, vb = ffi.cast("float*", a.data), ffi.cast("float*", b.data)
+      local diff, scale = 0, 0
+      for i = 0, tonumber(a.numel) - 1 do
+        diff, scale = math.max(diff, math.abs(va[i] - vb[i])), math.max(scale, math.abs(va[i]))
+      end
+      if name:match("lora_B") and scale > 0 then moved = moved + 1 end
+      -- B starts at 0: after 3 steps it is 3 AdamW steps, each element divided by its own
+      -- gradient scale, which lifts the devices' rounding in near-zero gradient elements (seen
+      -- <= 3e-5); A starts random and moves little (seen <= 3e-7)
+      local tol = name:match("lora_B") and 1e-4 or 1e-5
+      assert.is_true(diff <= tol * scale, ("%s: max |cpu - cuda| = %.3g, max |cpu| = %.3g"):format(name, diff, scale))
+      n = n + 1
+    end
+    assert.is_true(n > 0 and moved > 0, "no adapter trained")
+  end)
+
+  it("cuda: refuses LoRA under bf16 compute on the device, naming what is missing", function()
+    local ok, err = pcall(config.resolve, settings(support.tmpdir(), { device = "cuda", dtype = "bf16", use_lora = true }))
+    assert.is_false(ok)
+    assert.matches("LoRA adapters on the device need f32 compute so far (engine/model/lora.c)", tostring(err), 1, true)
+  end)
+end)
