@@ -191,7 +191,9 @@ function M.main(cmd, ...)
     return M.test(...)
   elseif cmd == "version" or cmd == "--version" then
     local C = require("remax.ffi").C
-    print(("remax %s (OpenBLAS kernels: %s)"):format(require("remax").version(), require("ffi").string(C.rx_blas_core())))
+    local ffi = require("ffi")
+    print(("remax %s (OpenBLAS kernels: %s; bf16 kernels: %s)"):format(require("remax").version(),
+      ffi.string(C.rx_blas_core()), ffi.string(C.rx_bf16_kernels())))
     return 0
   end
   io.stderr:write(("remax: unknown command '%s'\n\n"):format(cmd), usage)

@@ -19,7 +19,18 @@ end
 describe("remax version", function()
   it("names the version and the OpenBLAS kernels in use", function()
     local out = version("env")
-    assert.is_truthy(out:match("^remax %d+%.%d+%.%d+ %(OpenBLAS kernels: %w+%)\n$"), out)
+    assert.is_truthy(out:match("^remax %d+%.%d+%.%d+ %(OpenBLAS kernels: %w+; bf16 kernels: [^\n]+%)\n$"), out)
+  end)
+
+  it("names the bf16 kernels in use: vdpbf16ps where the CPU has AVX-512 BF16, else why none", function()
+    local out = version("env -u REMAX_NO_BF16_DOT")
+    if cpu_has("avx512_bf16") then
+      assert.is_truthy(out:find("bf16 kernels: vdpbf16ps (AVX-512 BF16)", 1, true), out)
+    else
+      assert.is_truthy(out:find("bf16 kernels: none: ", 1, true), out)
+    end
+    out = version("env REMAX_NO_BF16_DOT=1")
+    assert.is_truthy(out:find("bf16 kernels: none: REMAX_NO_BF16_DOT is set", 1, true), out)
   end)
 
   it("leaves an OPENBLAS_CORETYPE the user set alone", function()
