@@ -89,6 +89,16 @@ int rx_cpu_bf16_dot(void);
 void rx_cpu_bf16_dot_set(int on);
 void rx_cpu_embedding_forward_f32_bf16(float *out, const int32_t *tokens, const uint16_t *weight, int64_t N, int64_t C);
 
+/* bf16 GEMM through oneDNN (dnnl.c; built when CMake finds libdnnl): c[M,N] = a[M,K] b[K,N]
+ * (+ c when accumulate), a and b bf16 with strides {row, column} (a transpose is a stride), c f32
+ * with rows ldc apart, f32 sums. Returns 1 when done, 0 when oneDNN is absent or failed (nothing
+ * written). rx_cpu_dnnl: 1 when it can run here (oneDNN built in, a CPU with AVX-512);
+ * rx_cpu_dnnl_kernel: its version and the instruction set it runs bf16 on, or why none. */
+int rx_cpu_dnnl_gemm_bf16(float *c, int64_t ldc, const uint16_t *a, const int64_t sa[2], const uint16_t *b,
+                          const int64_t sb[2], int64_t M, int64_t N, int64_t K, int accumulate);
+int rx_cpu_dnnl(void);
+const char *rx_cpu_dnnl_kernel(void);
+
 /* matmul: out[N,OC] = inp[N,C] W[OC,C]^T (+ bias[OC]); OpenBLAS GEMM, or for a few rows a
  * kernel that reads W in place (matmul_rows.c: out = inp W^T + bias; returns 0, writing nothing,
  * where it does not apply: no AVX-512, more than 48 rows, C = 0). */

@@ -17,6 +17,7 @@
  * Compiled for AVX-512 BF16 with a target pragma whatever the build's -march, and used only where
  * the CPU reports the instruction (rx_cpu_bf16_dot): one binary runs everywhere. */
 #include "cpu.h"
+#include <stdio.h>
 #include <stdlib.h>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10
@@ -202,8 +203,8 @@ int rx_cpu_bf16_dot(void) {
 
 void rx_cpu_bf16_dot_set(int on) { __atomic_store_n(&bf16_dot, on ? detect() : 0, __ATOMIC_RELAXED); }
 
-const char *rx_bf16_kernels(void) {
-  if (rx_cpu_bf16_dot()) return "vdpbf16ps (AVX-512 BF16) for bf16 weights' decode matmuls";
+/* Why the decode kernel does not run here. */
+static const char *no_dot(void) {
   const char *off = getenv("REMAX_NO_BF16_DOT");
   if (off && *off && *off != '0') return "none: REMAX_NO_BF16_DOT is set (bf16 weights are widened to f32)";
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10
@@ -211,4 +212,11 @@ const char *rx_bf16_kernels(void) {
 #else
   return "none: built without the AVX-512 BF16 kernels (GCC 10+ on x86-64; bf16 weights are widened to f32)";
 #endif
+}
+
+const char *rx_bf16_kernels(void) {
+  static char text[320];
+  snprintf(text, sizeof text, "%s; %s%s", rx_cpu_bf16_dot() ? "vdpbf16ps (AVX-512 BF16) for bf16 weights' decode matmuls" : no_dot(),
+           rx_cpu_dnnl_kernel(), rx_cpu_dnnl() ? " (bf16 GEMMs built in; training still runs in f32)" : "");
+  return text;
 }

@@ -229,6 +229,49 @@ static void backward_gives_input_and_bias_gradients(void) {
   }
 }
 
+/* oneDNN's bf16 GEMM (engine/cpu/dnnl.c), the training step's three products of a linear layer
+ * (y = x W^T, dx = dy W, dW += dy^T x: transposes as strides), against a double reference on the
+ * bf16 inputs: f32 sums, so within the f32 bound; accumulate adds onto what is there. */
+static void dnnl_gemm_matches_reference(void) {
+  if (!rx_cpu_dnnl()) {
+    fprintf(stderr, "skip: no oneDNN bf16 GEMM here (%s)\n", rx_cpu_dnnl_kernel());
+    return;
+  }
+  static const int64_t shapes[3][3] = {{37, 19, 45}, {128, 96, 64}, {5, 300, 7}};   /* {M, N, K} */
+  for (int s = 0; s < 3; s++)
+    for (int form = 0; form < 3; form++)   /* b transposed, plain, a transposed */
+      for (int acc = 0; acc < 2; acc++) {
+        const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        uint16_t *a = malloc((size_t)(M * K) * 2), *b = malloc((size_t)(K * N) * 2);
+        for (int64_t i = 0; i < M * K; i++) a[i] = rx_f32_to_bf16((float)sin(0.37 * (double)i + s) * 2);
+        for (int64_t i = 0; i < K * N; i++) b[i] = rx_f32_to_bf16((float)cos(0.53 * (double)i - form));
+        /* a[m,k] at sa[0] m + sa[1] k, b[k,n] at sb[0] k + sb[1] n */
+        const int64_t sa[2] = {form == 2 ? 1 : K, form == 2 ? M : 1}, sb[2] = {form == 0 ? 1 : N, form == 0 ? K : 1};
+        const int64_t ldc = N + 3;   /* rows of c apart by more than N: the gap stays untouched */
+        float *c = malloc(sizeof(float) * (size_t)(M * ldc));
+        for (int64_t i = 0; i < M * ldc; i++) c[i] = 0.5f;
+        CHECK(rx_cpu_dnnl_gemm_bf16(c, ldc, a, sa, b, sb, M, N, K, acc) == 1, "oneDNN failed");
+        double worst = 0;
+        int gap = 1;
+        for (int64_t m = 0; m < M; m++) {
+          for (int64_t n = 0; n < N; n++) {
+            double want = acc ? 0.5 : 0, scale = acc ? 0.5 : 0;
+            for (int64_t k = 0; k < K; k++) {
+              const double p = (double)rx_bf16_to_f32(a[m * sa[0] + k * sa[1]]) * rx_bf16_to_f32(b[k * sb[0] + n * sb[1]]);
+              want += p;
+              scale += fabs(p);
+            }
+            worst = fmax(worst, fabs(c[m * ldc + n] - want) / (scale > 0 ? scale : 1));
+          }
+          for (int64_t n = N; n < ldc; n++) gap &= c[m * ldc + n] == 0.5f;
+        }
+        CHECK(worst < 1e-6, "M=%lld N=%lld K=%lld form %d accumulate %d: error %.3g of the f32 bound", (long long)M,
+              (long long)N, (long long)K, form, acc, worst);
+        CHECK(gap, "form %d: wrote between the rows of c", form);
+        free(a); free(b); free(c);
+      }
+}
+
 static void embedding_widens_rows(void) {
   const int64_t V = 50, C = 37, N = 300;
   int64_t ws[2] = {V, C}, ts[1] = {N}, ys[2] = {N, C};
@@ -301,6 +344,7 @@ int main(void) {
   RUN(forward_matches_reference_at_every_row_count);
   RUN(dot_kernel_matches_f32_kernel_on_rounded_inputs);
   RUN(backward_gives_input_and_bias_gradients);
+  RUN(dnnl_gemm_matches_reference);
   RUN(embedding_widens_rows);
   RUN(mismatched_dtypes_are_refused);
   RUN(model_keeps_matrices_in_bf16);
