@@ -20,7 +20,7 @@ extern "C" int rx_cuda_adamw(float *param, const float *grad, float *m, float *v
                              double beta2, double eps, double shrink, double bc1, double sqrt_bc2) {
   RX_STREAM(s);
   if (n == 0) return RX_OK;
-  adamw_kernel<<<rx_blocks(n, 256), 256, 0, s>>>(param, grad, m, v, n, beta1, beta2, eps, shrink, lr / bc1, sqrt_bc2);
+  RX_LAUNCH(adamw_kernel, rx_blocks(n, 256), 256, 0, s, param, grad, m, v, n, beta1, beta2, eps, shrink, lr / bc1, sqrt_bc2);
   RX_LAUNCHED("adamw", "n=%lld", (long long)n);
   return RX_OK;
 }
@@ -52,12 +52,13 @@ extern "C" int rx_cuda_sum_squares(double *acc, const float *x, int64_t n) {
   if (n == 0) return RX_OK;
   int64_t nb = (n + SUM_THREADS - 1) / SUM_THREADS;
   if (nb > SUM_BLOCKS) nb = SUM_BLOCKS;
+  if (nb > rx_cuda_block_cap()) nb = rx_cuda_block_cap();
   double *partial;
   void *handle;
   int rc = rx_cuda_malloc((void **)&partial, &handle, (size_t)nb * sizeof(double), "grad norm partials");
   if (rc) return rc;
-  sum_squares_partial<<<(unsigned)nb, SUM_THREADS, 0, s>>>(partial, x, n);
-  sum_squares_final<<<1, 1024, 0, s>>>(acc, partial, (int)nb);
+  RX_LAUNCH(sum_squares_partial, (unsigned)nb, SUM_THREADS, 0, s, partial, x, n);
+  RX_LAUNCH(sum_squares_final, 1, 1024, 0, s, acc, partial, (int)nb);
   rx_cuda_release(handle);
   RX_LAUNCHED("grad_norm", "n=%lld", (long long)n);
   return RX_OK;
@@ -70,7 +71,7 @@ __global__ void scale_kernel(float *x, int64_t n, float f) {
 extern "C" int rx_cuda_scale(float *x, int64_t n, double f) {
   RX_STREAM(s);
   if (n == 0) return RX_OK;
-  scale_kernel<<<rx_blocks(n, 256), 256, 0, s>>>(x, n, (float)f);
+  RX_LAUNCH(scale_kernel, rx_blocks(n, 256), 256, 0, s, x, n, (float)f);
   RX_LAUNCHED("scale", "n=%lld", (long long)n);
   return RX_OK;
 }

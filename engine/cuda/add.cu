@@ -11,7 +11,7 @@ extern "C" int rx_cuda_add(void *out, const void *a, const void *b, int64_t n, i
   RX_STREAM(s);
   if (n == 0) return RX_OK;
   RX_DISPATCH_FLOAT(dtype, "add",
-    add_kernel<T><<<rx_blocks(n, 256), 256, 0, s>>>((T *)out, (const T *)a, (const T *)b, n));
+    RX_LAUNCH((add_kernel<T>), rx_blocks(n, 256), 256, 0, s, (T *)out, (const T *)a, (const T *)b, n));
   RX_LAUNCHED("add", "n=%lld", (long long)n);
   return RX_OK;
 }

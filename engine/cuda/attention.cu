@@ -50,7 +50,7 @@ template <typename T, int NJ>
 __global__ void __launch_bounds__(WARPS * 32) attn_forward_kernel(T *out, float *lse, const T *q, const T *k,
                                                                   const T *v, const int32_t *mask, attn_args a) {
   constexpr int RPW = attn_cfg<NJ>::RPW, TILE = attn_cfg<NJ>::TILE;
-  extern __shared__ float smem[];
+  RX_DYNAMIC_SHARED(float, smem);
   float *Ks = smem, *Vs = smem + TILE * a.D;
   int *keep = (int *)(Vs + TILE * a.D);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_dq_kernel(T *dq, const T *dou
                                                              const float *lse, const float *delta, const int32_t *mask,
                                                              attn_args a) {
   constexpr int RPW = attn_cfg<NJ>::RPW, TILE = attn_cfg<NJ>::TILE;
-  extern __shared__ float smem[];
+  RX_DYNAMIC_SHARED(float, smem);
   float *Ks = smem, *Vs = smem + TILE * a.D;
   int *keep = (int *)(Vs + TILE * a.D);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_dkdv_kernel(T *dk, T *dv, con
                                                                const T *v, const float *lse, const float *delta,
                                                                const int32_t *mask, attn_args a) {
   constexpr int RPW = attn_cfg<NJ>::RPW, TILE = attn_cfg<NJ>::TILE;
-  extern __shared__ float smem[];
+  RX_DYNAMIC_SHARED(float, smem);
   float *Qs = smem, *Os = smem + TILE * a.D, *Ls = Os + TILE * a.D, *Ds = Ls + TILE;
   int *qkeep = (int *)(Ds + TILE);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -339,7 +339,7 @@ static void launch_forward(T *out, float *lse, const T *q, const T *k, const T *
                            cudaStream_t s) {
   const int rows = WARPS * attn_cfg<NJ>::RPW;
   dim3 grid((unsigned)((a.Tq + rows - 1) / rows), (unsigned)a.H, (unsigned)a.B);
-  attn_forward_kernel<T, NJ><<<grid, WARPS * 32, smem_forward<NJ>(a.D), s>>>(out, lse, q, k, v, mask, a);
+  RX_LAUNCH((attn_forward_kernel<T, NJ>), grid, WARPS * 32, smem_forward<NJ>(a.D), s, out, lse, q, k, v, mask, a);
 }
 
 template <typename T, int NJ>
@@ -348,11 +348,11 @@ static void launch_backward(T *dq, T *dk, T *dv, const T *dout, const T *q, cons
   const int rows = WARPS * attn_cfg<NJ>::RPW;
   if (dq) {
     dim3 grid((unsigned)((a.Tq + rows - 1) / rows), (unsigned)a.H, (unsigned)a.B);
-    attn_dq_kernel<T, NJ><<<grid, WARPS * 32, smem_forward<NJ>(a.D), s>>>(dq, dout, q, k, v, lse, delta, mask, a);
+    RX_LAUNCH((attn_dq_kernel<T, NJ>), grid, WARPS * 32, smem_forward<NJ>(a.D), s, dq, dout, q, k, v, lse, delta, mask, a);
   }
   if (dk || dv) {
     dim3 grid((unsigned)((a.Tk + rows - 1) / rows), (unsigned)a.KV, (unsigned)a.B);
-    attn_dkdv_kernel<T, NJ><<<grid, WARPS * 32, smem_dkdv<NJ>(a.D), s>>>(dk, dv, dout, q, k, v, lse, delta, mask, a);
+    RX_LAUNCH((attn_dkdv_kernel<T, NJ>), grid, WARPS * 32, smem_dkdv<NJ>(a.D), s, dk, dv, dout, q, k, v, lse, delta, mask, a);
   }
 }
 
@@ -410,7 +410,7 @@ extern "C" int rx_cuda_attention_backward(void *dq, void *dk, void *dv, const vo
   if (rc) return rx_fail_context(rc, "%s", op);
   const int64_t rows = a.B * a.Tq * a.H;
   RX_DISPATCH_FLOAT(dtype, op, {
-    attn_delta_kernel<T><<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(delta, (const T *)dout, (const T *)out, a);
+    RX_LAUNCH((attn_delta_kernel<T>), (unsigned)((rows + 7) / 8), 256, 0, s, delta, (const T *)dout, (const T *)out, a);
     RX_DISPATCH_NJ(a.D, launch_backward<T, NJ>((T *)dq, (T *)dk, (T *)dv, (const T *)dout, (const T *)q, (const T *)k,
                                                (const T *)v, lse, delta, mask, a, s));
   });

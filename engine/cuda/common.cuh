@@ -1,5 +1,18 @@
-// common.cuh: what every engine/cuda/*.cu shares: the checking helpers, the stream, float <-> bf16
-// loads and stores, deterministic block reductions, and the dtype switch of the launchers.
+// common.cuh: what every engine/cuda/*.cu shares: the launch macro, the checking helpers, the
+// stream, float <-> bf16 loads and stores, deterministic block reductions, and the dtype switch of
+// the launchers.
+//
+// The same sources build with nvcc (-DRX_CUDA=ON) and with the host C++ compiler against the CUDA
+// emulator in engine/cuda/emu (-DRX_CUDA=emulate, docs/gpu.md "Emulation"), so two things are
+// written through macros instead of CUDA syntax:
+//   RX_LAUNCH(kernel, grid, block, shared_bytes, stream, args...)
+//       launches a kernel: kernel<<<grid, block, shared_bytes, stream>>>(args...) under nvcc, the
+//       emulator's scheduler otherwise. A template kernel goes in parentheses so that its commas
+//       stay together: RX_LAUNCH((attn_forward_kernel<T, NJ>), grid, 128, smem, s, ...).
+//   RX_DYNAMIC_SHARED(type, name);
+//       inside a kernel, the block's dynamic shared memory as `type *name` (extern __shared__
+//       type name[] under nvcc).
+// Static __shared__ arrays, __syncthreads, __shfl_*_sync, atomics and __ldg are written as usual.
 #ifndef RX_CUDA_COMMON_CUH
 #define RX_CUDA_COMMON_CUH
 #include <cuda_runtime.h>
@@ -7,10 +20,24 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <utility>
 extern "C" {
 #include "internal.h"
 #include "cuda/cuda.h"
 }
+
+#define RX_LAUNCH(kernel, grid, block, smem, stream, ...) \
+  rx_launch(#kernel, kernel, grid, block, smem, stream, __VA_ARGS__)
+#ifdef RX_CUDA_EMULATE
+#define RX_DYNAMIC_SHARED(type, name) type *name = (type *)rx_emu_dynamic_shared()
+#else
+#define RX_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+template <typename... P, typename... A>
+static inline void rx_launch(const char *name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+                             cudaStream_t s, A &&...args) {
+  kernel<<<grid, block, smem, s>>>(std::forward<A>(args)...);
+}
+#endif
 
 // remax's one stream (created on first use, with the cuBLAS handle); NULL when CUDA is unusable
 // (the error is set).
@@ -81,10 +108,14 @@ __device__ __forceinline__ float rx_block_max(float v, float *shared) {
   return rx_warp_max(v);
 }
 
+// The most blocks a grid-stride kernel gets: 65535 * 8, or REMAX_CUDA_MAX_BLOCKS (tests set a
+// small one so that every grid-stride loop runs more than once).
+int64_t rx_cuda_block_cap(void);
+
 // Blocks for n items at `threads` per block, capped so that grid-stride loops cover the rest.
 static inline unsigned rx_blocks(int64_t n, int threads) {
-  int64_t b = (n + threads - 1) / threads;
-  return (unsigned)(b < 1 ? 1 : b > 65535 * 8 ? 65535 * 8 : b);
+  const int64_t b = (n + threads - 1) / threads, cap = rx_cuda_block_cap();
+  return (unsigned)(b < 1 ? 1 : b > cap ? cap : b);
 }
 
 // The dtype switch of a launcher: runs BODY with T = float or bf16.
@@ -132,13 +163,15 @@ static int rx_colsum(float *out, F f, int64_t N, int64_t C, const char *op) {
   if (N == 0 || C == 0) return RX_OK;
   int64_t R = (N + 127) / 128;
   if (R > 1024) R = 1024;
+  if (R > rx_cuda_block_cap()) R = rx_cuda_block_cap();
   const int64_t rows_per = (N + R - 1) / R;
   float *partial;
   void *handle;
   int rc = rx_cuda_malloc((void **)&partial, &handle, (size_t)(R * C) * sizeof(float), "column-sum scratch");
   if (rc) return rx_fail_context(rc, "%s", op);
-  rx_colsum_partial_kernel<F><<<dim3((unsigned)((C + 31) / 32), (unsigned)R), dim3(32, 8), 0, s>>>(partial, f, N, C, rows_per);
-  rx_colsum_final_kernel<float><<<(unsigned)((C + 255) / 256), 256, 0, s>>>(out, partial, R, C);
+  RX_LAUNCH((rx_colsum_partial_kernel<F>), dim3((unsigned)((C + 31) / 32), (unsigned)R), dim3(32, 8), 0, s, partial, f,
+            N, C, rows_per);
+  RX_LAUNCH((rx_colsum_final_kernel<float>), (unsigned)((C + 255) / 256), 256, 0, s, out, partial, R, C);
   rx_cuda_release(handle);   // stream order: the next user of this memory runs after these kernels
   RX_LAUNCHED(op, "column sums of N=%lld C=%lld", (long long)N, (long long)C);
   return RX_OK;

@@ -16,6 +16,14 @@ extern "C" int rx_cuda_device_count(void) {
   return n;
 }
 
+extern "C" const char *rx_cuda_backend(void) {
+#ifdef RX_CUDA_EMULATE
+  return "emulated";
+#else
+  return "device";
+#endif
+}
+
 int rx_cuda_error(cudaError_t e, const char *call, const char *op, const char *fmt, ...) {
   char sizes[256] = "";
   va_list ap;
@@ -26,6 +34,16 @@ int rx_cuda_error(cudaError_t e, const char *call, const char *op, const char *f
   cudaGetLastError();   // clear a non-sticky error so that the next call starts clean
   return rx_fail(code, "%s: %s failed: %s (%s)%s%s", op, call, cudaGetErrorName(e), cudaGetErrorString(e),
                  sizes[0] ? " with " : "", sizes);
+}
+
+int64_t rx_cuda_block_cap(void) {
+  static int64_t cap = -1;
+  if (cap < 0) {
+    const char *s = getenv("REMAX_CUDA_MAX_BLOCKS");
+    long long v = s && *s ? atoll(s) : 0;
+    cap = v >= 1 && v <= 65535 * 8 ? v : 65535 * 8;
+  }
+  return cap;
 }
 
 static int sync_each_launch(void) {
@@ -84,6 +102,10 @@ extern "C" int rx_cuda_synchronize(void) {
 // split, neighbours merged on release). All work runs on one stream, so a piece released while
 // kernels that use it are still queued may be handed out at once: the next user's work is queued
 // after them. Blocks are returned to the driver only when an allocation would otherwise fail.
+//
+// REMAX_CUDA_ALLOC=plain gives every allocation its own cudaMalloc and frees it on release, so a
+// memory checker (compute-sanitizer memcheck, the emulator under AddressSanitizer) sees an access
+// past the end of a tensor instead of a neighbour in the same block.
 
 enum { ALIGN = 512 };
 static const size_t MIN_BLOCK = (size_t)64 << 20, BLOCK_ROUND = (size_t)2 << 20;
@@ -169,10 +191,50 @@ static seg *new_block(size_t size) {
   return s;
 }
 
+// 1 for REMAX_CUDA_ALLOC=plain, 0 for caching (unset or "caching"), -1 for anything else.
+static int plain_allocator(void) {
+  static int v = -2;
+  if (v == -2) {
+    const char *s = getenv("REMAX_CUDA_ALLOC");
+    v = !s || !*s || !strcmp(s, "caching") ? 0 : !strcmp(s, "plain") ? 1 : -1;
+  }
+  return v;
+}
+
+// REMAX_CUDA_ALLOC=plain: one cudaMalloc per piece (a seg without a block).
+static int plain_malloc(void **ptr, void **handle, size_t bytes, const char *what) {
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+  seg *s = e == cudaSuccess ? (seg *)calloc(1, sizeof *s) : NULL;
+  if (!s) {
+    size_t free_b = 0, total_b = 0;
+    if (e == cudaSuccess) cudaFree(p);
+    cudaGetLastError();
+    cudaMemGetInfo(&free_b, &total_b);
+    cudaGetLastError();
+    return rx_fail(RX_ENOMEM, "cuda: out of device memory: %s needs %zu bytes; %zu bytes free on the device of %zu "
+                   "(remax holds %zu in tensors; REMAX_CUDA_ALLOC=plain)", what ? what : "tensor", bytes, free_b,
+                   total_b, bytes_allocated);
+  }
+  s->ptr = (char *)p;
+  s->size = bytes;
+  pthread_mutex_lock(&alloc_lock);
+  bytes_allocated += bytes;
+  bytes_reserved += bytes;
+  if (bytes_allocated > bytes_peak) bytes_peak = bytes_allocated;
+  pthread_mutex_unlock(&alloc_lock);
+  *ptr = p;
+  *handle = s;
+  return RX_OK;
+}
+
 extern "C" int rx_cuda_malloc(void **ptr, void **handle, size_t bytes, const char *what) {
   *ptr = NULL;
   *handle = NULL;
   if (!rx_cuda_stream()) return RX_EDEVICE;
+  if (plain_allocator() < 0)
+    return rx_fail(RX_EINVAL, "cuda: REMAX_CUDA_ALLOC=%s: expected plain or caching", getenv("REMAX_CUDA_ALLOC"));
+  if (plain_allocator()) return plain_malloc(ptr, handle, bytes, what);
   size_t size = round_up(bytes ? bytes : 1, ALIGN);
   pthread_mutex_lock(&alloc_lock);
   seg *s = best_fit(size);
@@ -214,6 +276,15 @@ extern "C" int rx_cuda_malloc(void **ptr, void **handle, size_t bytes, const cha
 extern "C" void rx_cuda_release(void *handle) {
   seg *s = (seg *)handle;
   if (!s) return;
+  if (!s->block) {   // REMAX_CUDA_ALLOC=plain
+    cudaFree(s->ptr);
+    pthread_mutex_lock(&alloc_lock);
+    bytes_allocated -= s->size;
+    bytes_reserved -= s->size;
+    pthread_mutex_unlock(&alloc_lock);
+    free(s);
+    return;
+  }
   pthread_mutex_lock(&alloc_lock);
   s->free = 1;
   bytes_allocated -= s->size;
@@ -323,7 +394,7 @@ static int copy_on_device(rx_tensor *dst, const rx_tensor *src) {
           "copy", "numel=%lld", (long long)n);
     return RX_OK;
   }
-  copy_kernel<<<rx_blocks(n, 256), 256, 0, s>>>(dst->data, strided_of(dst), dst->dtype, src->data, strided_of(src),
+  RX_LAUNCH(copy_kernel, rx_blocks(n, 256), 256, 0, s, dst->data, strided_of(dst), dst->dtype, src->data, strided_of(src),
                                                src->dtype, n);
   RX_LAUNCHED("copy", "numel=%lld %s -> %s", (long long)n, rx_dtype_name(src->dtype), rx_dtype_name(dst->dtype));
   return RX_OK;
@@ -387,7 +458,7 @@ extern "C" int rx_cuda_fill(rx_tensor *t, double value) {
   RX_STREAM(s);
   if (t->numel == 0) return RX_OK;
   if (value == 0 && !signbit(value)) return rx_cuda_memset0(t->data, (size_t)(t->numel * rx_dtype_size(t->dtype)));
-  fill_kernel<<<rx_blocks(t->numel, 256), 256, 0, s>>>(t->data, t->dtype, t->numel, value);
+  RX_LAUNCH(fill_kernel, rx_blocks(t->numel, 256), 256, 0, s, t->data, t->dtype, t->numel, value);
   RX_LAUNCHED("fill", "numel=%lld dtype=%s", (long long)t->numel, rx_dtype_name(t->dtype));
   return RX_OK;
 }
@@ -418,7 +489,7 @@ extern "C" int rx_cuda_first_bad_index(int64_t *bad, int32_t *bad_value, const i
   unsigned long long none = ~0ull, got = none;
   cudaError_t e = cudaMemcpyAsync(scratch, &none, sizeof none, cudaMemcpyHostToDevice, s);
   if (e == cudaSuccess) {
-    first_bad_kernel<<<rx_blocks(n, 256), 256, 0, s>>>(scratch, idx, n, limit, allow_negative);
+    RX_LAUNCH(first_bad_kernel, rx_blocks(n, 256), 256, 0, s, scratch, idx, n, limit, allow_negative);
     e = cudaGetLastError();
   }
   if (e == cudaSuccess) e = cudaMemcpyAsync(&got, scratch, sizeof got, cudaMemcpyDeviceToHost, s);

@@ -27,7 +27,9 @@ static const char *cublas_status_name(cublasStatus_t st) {
   return "unknown cuBLAS status";
 }
 
-// Every cuBLAS call goes through this, like RX_CU for the runtime.
+// Every cuBLAS call goes through this, like RX_CU for the runtime. A GEMM is a launch like any
+// other: its asynchronous failure is checked as a kernel's is (RX_LAUNCHED: with REMAX_CUDA_SYNC=1
+// the stream is synchronised), so that it is blamed on this op and not on the next one.
 #define RX_CUBLAS(call, op, ...)                                                                         \
   do {                                                                                                   \
     cublasStatus_t rx_st_ = (call);                                                                      \
@@ -37,6 +39,7 @@ static const char *cublas_status_name(cublasStatus_t st) {
       return rx_fail(rx_st_ == CUBLAS_STATUS_ALLOC_FAILED ? RX_ENOMEM : RX_EDEVICE, "%s: %s failed: %s with %s", \
                      op, #call, cublas_status_name(rx_st_), rx_sz_);                                     \
     }                                                                                                    \
+    RX_LAUNCHED(op, __VA_ARGS__);                                                                        \
   } while (0)
 
 // One handle on remax's stream, with a fixed workspace from the caching allocator (so cuBLAS never
@@ -106,13 +109,17 @@ extern "C" int rx_cuda_matmul_forward(void *out, const void *inp, const void *we
   if (N == 0 || OC == 0) return RX_OK;
   const float one = 1, zero = 0;
   const cudaDataType_t t = data_type(dtype);
-  if (C == 0) return rx_cuda_memset0(out, (size_t)(N * OC * rx_dtype_size(dtype)));
-  RX_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)OC, (int)N, (int)C, &one, weight, t, (int)C, inp, t, (int)C,
-                         &zero, out, t, (int)OC, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-            op, "N=%lld C=%lld OC=%lld dtype=%s", (long long)N, (long long)C, (long long)OC, rx_dtype_name(dtype));
+  if (C == 0) {   // no inputs: out is the bias alone (zeros without one)
+    int rc = rx_cuda_memset0(out, (size_t)(N * OC * rx_dtype_size(dtype)));
+    if (rc) return rc;
+  } else {
+    RX_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)OC, (int)N, (int)C, &one, weight, t, (int)C, inp, t, (int)C,
+                           &zero, out, t, (int)OC, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              op, "N=%lld C=%lld OC=%lld dtype=%s", (long long)N, (long long)C, (long long)OC, rx_dtype_name(dtype));
+  }
   if (bias) {
     RX_DISPATCH_FLOAT(dtype, op,
-      add_bias_kernel<T><<<rx_blocks(N * OC, 256), 256, 0, s>>>((T *)out, (const T *)bias, N, OC));
+      RX_LAUNCH((add_bias_kernel<T>), rx_blocks(N * OC, 256), 256, 0, s, (T *)out, (const T *)bias, N, OC));
     RX_LAUNCHED(op, "bias N=%lld OC=%lld", (long long)N, (long long)OC);
   }
   return RX_OK;

@@ -9,6 +9,7 @@ static int none(void) {
 }
 
 int rx_cuda_device_count(void) { return 0; }
+const char *rx_cuda_backend(void) { return "none"; }
 int rx_cuda_memory(int64_t *allocated, int64_t *peak, int64_t *reserved, int64_t *free_bytes, int64_t *total_bytes) {
   return none();
 }

@@ -55,7 +55,7 @@ extern "C" int rx_cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, 
   RX_STREAM(s);
   if (N == 0) return RX_OK;
   RX_DISPATCH_FLOAT(dtype, "rmsnorm",
-    rmsnorm_forward_kernel<T><<<(unsigned)N, THREADS, 0, s>>>((T *)out, rstd, (const T *)inp, (const T *)weight, C, eps));
+    RX_LAUNCH((rmsnorm_forward_kernel<T>), (unsigned)N, THREADS, 0, s, (T *)out, rstd, (const T *)inp, (const T *)weight, C, eps));
   RX_LAUNCHED("rmsnorm", "N=%lld C=%lld", (long long)N, (long long)C);
   return RX_OK;
 }
@@ -64,16 +64,17 @@ extern "C" int rx_cuda_rmsnorm_backward(void *dinp, float *dweight, const void *
                                         const void *weight, const float *rstd, int64_t N, int64_t C, int32_t dtype) {
   RX_STREAM(s);
   if (N == 0) return RX_OK;
+  // dweight first: dinp may be dout's memory (the backward in place), and the column sums read dout
   RX_DISPATCH_FLOAT(dtype, "rmsnorm_backward", {
-    if (dinp) {
-      rmsnorm_backward_kernel<T><<<(unsigned)N, THREADS, 0, s>>>((T *)dinp, (const T *)dout, (const T *)inp,
-                                                                 (const T *)weight, rstd, C);
-      RX_LAUNCHED("rmsnorm_backward", "N=%lld C=%lld", (long long)N, (long long)C);
-    }
     if (dweight) {
       dweight_term<T> f = {(const T *)dout, (const T *)inp, rstd, C};
       int rc = rx_colsum(dweight, f, N, C, "rmsnorm_backward (dweight)");
       if (rc) return rc;
+    }
+    if (dinp) {
+      RX_LAUNCH((rmsnorm_backward_kernel<T>), (unsigned)N, THREADS, 0, s, (T *)dinp, (const T *)dout, (const T *)inp,
+                (const T *)weight, rstd, C);
+      RX_LAUNCHED("rmsnorm_backward", "N=%lld C=%lld", (long long)N, (long long)C);
     }
   });
   return RX_OK;

@@ -38,7 +38,7 @@ static int rope(const char *op, void *out, const void *inp, const int32_t *posit
   RX_CU(cudaMemcpyToSymbolAsync(rope_inv_freq, inv_freq, (size_t)(D / 2) * sizeof(double), 0, cudaMemcpyHostToDevice, s),
         op, "D=%lld", (long long)D);
   RX_DISPATCH_FLOAT(dtype, op,
-    rope_kernel<T><<<rx_blocks(total, 256), 256, 0, s>>>((T *)out, (const T *)inp, positions, P, H, D, sign));
+    RX_LAUNCH((rope_kernel<T>), rx_blocks(total, 256), 256, 0, s, (T *)out, (const T *)inp, positions, P, H, D, sign));
   RX_LAUNCHED(op, "P=%lld H=%lld D=%lld", (long long)P, (long long)H, (long long)D);
   return RX_OK;
 }

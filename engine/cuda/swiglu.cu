@@ -25,7 +25,7 @@ extern "C" int rx_cuda_swiglu_forward(void *out, const void *gate, const void *u
   RX_STREAM(s);
   if (n == 0) return RX_OK;
   RX_DISPATCH_FLOAT(dtype, "swiglu",
-    swiglu_forward_kernel<T><<<rx_blocks(n, 256), 256, 0, s>>>((T *)out, (const T *)gate, (const T *)up, n));
+    RX_LAUNCH((swiglu_forward_kernel<T>), rx_blocks(n, 256), 256, 0, s, (T *)out, (const T *)gate, (const T *)up, n));
   RX_LAUNCHED("swiglu", "n=%lld", (long long)n);
   return RX_OK;
 }
@@ -35,7 +35,7 @@ extern "C" int rx_cuda_swiglu_backward(void *dgate, void *dup, const void *dout,
   RX_STREAM(s);
   if (n == 0 || (!dgate && !dup)) return RX_OK;
   RX_DISPATCH_FLOAT(dtype, "swiglu_backward",
-    swiglu_backward_kernel<T><<<rx_blocks(n, 256), 256, 0, s>>>((T *)dgate, (T *)dup, (const T *)dout,
+    RX_LAUNCH((swiglu_backward_kernel<T>), rx_blocks(n, 256), 256, 0, s, (T *)dgate, (T *)dup, (const T *)dout,
                                                                 (const T *)gate, (const T *)up, n));
   RX_LAUNCHED("swiglu_backward", "n=%lld", (long long)n);
   return RX_OK;

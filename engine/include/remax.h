@@ -20,6 +20,9 @@ const char *rx_last_error(void);     /* message of the last failure on this thre
 void rx_clear_error(void);
 const char *rx_version(void);
 int rx_has_cuda(void);               /* 1 when built with CUDA and a device is present */
+/* How this build runs device "cuda": "none" (built without CUDA), "device" (nvcc, a real GPU), or
+ * "emulated" (-DRX_CUDA=emulate: the CUDA sources run on the CPU, for testing, not speed). */
+const char *rx_cuda_backend(void);
 /* CUDA device memory (device 0): bytes in live tensors, their peak, bytes reserved from the driver
  * by remax's caching allocator, and the device's free and total bytes. Fails without a device. */
 int rx_cuda_memory(int64_t *allocated, int64_t *peak, int64_t *reserved, int64_t *free_bytes, int64_t *total_bytes);

@@ -136,33 +136,55 @@ local function run_and_echo(cmd)
   return table.concat(out, "\n"), ok == true or ok == 0
 end
 
+-- Runs ctest in a build folder (only the tests labelled `label` when given); returns passed,
+-- failed and the names of the skipped tests.
+local function run_ctest(bdir, filter, label)
+  local ctest = ("ctest --test-dir %s --output-on-failure %s %s"):format(shell_quote(bdir),
+    filter and ("-R " .. shell_quote(filter)) or "", label and ("-L " .. label) or "")
+  local out = run_and_echo(ctest)
+  local _, nfail, total = out:match("(%d+)%% tests passed, (%d+) tests? failed out of (%d+)")
+  local skipped = {}
+  for name in out:gmatch("%d+ %- ([%w_]+) %(Skipped%)") do skipped[#skipped + 1] = name end
+  if total then return tonumber(total) - tonumber(nfail) - #skipped, tonumber(nfail), skipped end
+  if out:match("No tests were found") then return 0, 0, skipped end
+  return 0, 1, skipped   -- ctest itself failed to run
+end
+
 function M.test(...)
   local passed, failed = 0, 0
   local filter = select(1, ...)
   local bdir = build_dir()
 
   print("== C unit tests (ctest)")
-  local ctest = ("ctest --test-dir %s --output-on-failure %s"):format(shell_quote(bdir),
-    filter and ("-R " .. shell_quote(filter)) or "")
-  local out, ok = run_and_echo(ctest)
-  local pct, nfail, total = out:match("(%d+)%% tests passed, (%d+) tests? failed out of (%d+)")
-  local skipped = {}
-  for name in out:gmatch("%d+ %- ([%w_]+) %(Skipped%)") do skipped[#skipped + 1] = name end
-  if total then
-    failed = failed + tonumber(nfail)
-    passed = passed + tonumber(total) - tonumber(nfail) - #skipped
-  elseif not out:match("No tests were found") then
-    failed = failed + 1   -- ctest itself failed to run
-  end
+  local p, f, skipped = run_ctest(bdir, filter)
+  passed, failed = passed + p, failed + f
 
   if #skipped > 0 then
     print(("GPU tests skipped (no CUDA device here, or remax built without CUDA): %s"):format(table.concat(skipped, ", ")))
   end
 
+  -- The CUDA emulator's build (cmake -S . -B build-emu -DRX_CUDA=emulate), when there is one: the
+  -- GPU tests again, with device "cuda" executed on the CPU (docs/gpu.md, "Emulation").
+  local emu = os.getenv("REMAX_EMU_BUILD_DIR") or (home() .. "/build-emu")
+  local cache = io.open(emu .. "/CMakeCache.txt")
+  if cache then
+    cache:close()
+    print(("\n== GPU tests on the CUDA emulator (%s)"):format(emu))
+    local _, built = run_and_echo(("cmake --build %s --target gpu_tests -j 2 >%s 2>&1"):format(shell_quote(emu),
+      shell_quote(emu .. "/build.log")))
+    if built then
+      p, f = run_ctest(emu, filter, "gpu")
+      passed, failed = passed + p, failed + f
+    else
+      print(("the emulator build failed (log: %s/build.log)"):format(emu))
+      failed = failed + 1
+    end
+  end
+
   print("\n== Lua specs (busted)")
   local busted = ("cd %s && busted --lua=luajit %s tests/lua"):format(shell_quote(home()),
     filter and ("--filter=" .. shell_quote(filter)) or "")
-  out, ok = run_and_echo(busted)
+  local out = run_and_echo(busted)
   local s, f, e = out:match("(%d+) successe?s? / (%d+) failures? / (%d+) errors?")
   if s then
     passed = passed + tonumber(s)
@@ -192,8 +214,10 @@ function M.main(cmd, ...)
   elseif cmd == "version" or cmd == "--version" then
     local C = require("remax.ffi").C
     local ffi = require("ffi")
-    print(("remax %s (OpenBLAS kernels: %s; bf16 kernels: %s)"):format(require("remax").version(),
-      ffi.string(C.rx_blas_core()), ffi.string(C.rx_bf16_kernels())))
+    local cuda = ({ none = "not built", device = "built for the GPU",
+      emulated = "emulated on the CPU (for testing, not speed)" })[ffi.string(C.rx_cuda_backend())]
+    print(("remax %s (OpenBLAS kernels: %s; CUDA: %s; bf16 kernels: %s)"):format(require("remax").version(),
+      ffi.string(C.rx_blas_core()), cuda, ffi.string(C.rx_bf16_kernels())))
     return 0
   end
   io.stderr:write(("remax: unknown command '%s'\n\n"):format(cmd), usage)

@@ -100,6 +100,25 @@ static void test_rmsnorm(void) {
   rx_tensor_free(y); rx_tensor_free(rstd); rx_tensor_free(dx);
 }
 
+/* The backward in place, as the model runs it: dinp is dout's memory. The column sums of dweight
+ * read dout, so they must run before dinp overwrites it. */
+static void test_rmsnorm_in_place(void) {
+  int64_t s[2] = {37, 300}, sc[1] = {300}, sn[1] = {37};
+  pair x = input(2, s, 60, -3, 3), w = input(1, sc, 61, 0.5, 1.5), dy = input(2, s, 62, -1, 1);
+  pair dw0 = input_f32(1, sc, 63, -1, 1);
+  rx_tensor *y = cpu_zeros(2, s), *rstd = cpu_zeros(1, sn), *dx = cpu_zeros(2, s), *grstd;
+  gpu_must(rx_tensor_new(&grstd, RX_F32, RX_CUDA, 1, sn), NULL);
+  gpu_guarded gdw = gpu_guarded_new(RX_F32, 1, sc, dw0.c);
+  CHECK_OK(rx_rmsnorm_forward(y, rstd, x.c, w.c, 1e-6));
+  CHECK_OK(rx_rmsnorm_backward(dx, dw0.c, dy.c, x.c, w.c, rstd));   /* the reference, out of place */
+  CHECK_OK(rx_tensor_copy(grstd, rstd));
+  CHECK_OK(rx_rmsnorm_backward(dy.g, gdw.t, dy.g, x.g, w.g, grstd));
+  CHECK(gpu_nrmse(dy.g, dx) <= gpu_tol(dt), "rmsnorm dinp in place (dinp == dout): error %.3g", gpu_nrmse(dy.g, dx));
+  EXPECT_CLOSE(gdw, dw0.c, gpu_tol(dt), "rmsnorm dweight with dinp == dout");
+  pair_free(x); pair_free(w); pair_free(dy); pair_free(dw0);
+  rx_tensor_free(y); rx_tensor_free(rstd); rx_tensor_free(dx); rx_tensor_free(grstd);
+}
+
 static void test_rope(void) {
   int64_t s[4] = {2, 17, 3, 64};
   int32_t pos[34];
@@ -117,6 +136,8 @@ static void test_rope(void) {
   /* frequencies of a scaled rope (as Llama 3.1's rope_scaling makes them): no longer theta^(-2i/D) */
   double inv_freq[32];
   for (int i = 0; i < 32; i++) inv_freq[i] = (i % 3 == 0 ? 0.125 : 1.0) * pow(5e5, -2.0 * i / 64.0);
+  gy = gpu_guarded_new(dt, 4, s, NULL);   /* EXPECT_CLOSE freed the first ones */
+  gdx = gpu_guarded_new(dt, 4, s, NULL);
   CHECK_OK(rx_rope_forward_freq(y, x.c, pc, inv_freq));
   CHECK_OK(rx_rope_forward_freq(gy.t, x.g, pg, inv_freq));
   CHECK_OK(rx_rope_backward_freq(dx, x.c, pc, inv_freq));
@@ -183,6 +204,33 @@ static void test_matmul(void) {
   rx_tensor_free(y); rx_tensor_free(y0); rx_tensor_free(dx);
 }
 
+/* A layer with no inputs (C = 0) still adds its bias: out = bias on every row. */
+static void test_matmul_without_inputs(void) {
+  int64_t sx[2] = {5, 0}, sw[2] = {7, 0}, sy[2] = {5, 7}, sb[1] = {7};
+  pair x = input(2, sx, 70, -1, 1), w = input(2, sw, 71, -1, 1), b = input(1, sb, 72, -1, 1);
+  rx_tensor *y = cpu_zeros(2, sy);
+  gpu_guarded gy = gpu_guarded_new(dt, 2, sy, NULL);
+  CHECK_OK(rx_matmul_forward(y, x.c, w.c, b.c));
+  CHECK_OK(rx_matmul_forward(gy.t, x.g, w.g, b.g));
+  CHECK(((float *)y->data)[7 + 3] == ((float *)b.c->data)[3], "the CPU reference lost the bias");
+  EXPECT_CLOSE(gy, y, 0.0, "matmul with C = 0 and a bias");
+  pair_free(x); pair_free(w); pair_free(b); rx_tensor_free(y);
+}
+
+/* dbias sums more rows than the column sums' 1024 row chunks of 128 hold (N > 131072): each
+ * thread then walks more than its first stretch of rows. */
+static void test_matmul_dbias_many_rows(void) {
+  enum { N = 140001, C = 2, OC = 3 };
+  int64_t sx[2] = {N, C}, sw[2] = {OC, C}, sy[2] = {N, OC}, sb[1] = {OC};
+  pair x = input(2, sx, 73, -1, 1), w = input(2, sw, 74, -1, 1), dy = input(2, sy, 75, -1, 1);
+  pair db = input_f32(1, sb, 76, -1, 1);
+  gpu_guarded gdb = gpu_guarded_new(RX_F32, 1, sb, db.c);
+  CHECK_OK(rx_matmul_backward(NULL, NULL, db.c, dy.c, x.c, w.c));
+  CHECK_OK(rx_matmul_backward(NULL, NULL, gdb.t, dy.g, x.g, w.g));
+  EXPECT_CLOSE(gdb, db.c, 1e-5, "matmul dbias over 140001 rows");
+  pair_free(x); pair_free(w); pair_free(dy); pair_free(db);
+}
+
 static void test_logprob(void) {
   enum { N = 29, V = 3001 };
   int64_t sl[2] = {N, V}, sn[1] = {N};
@@ -212,6 +260,28 @@ static void test_logprob(void) {
   gpu_must(rx_tensor_new(&o, RX_F32, RX_CUDA, 1, sn), NULL);
   CHECK_FAILS(rx_logprob_forward(o, NULL, NULL, x.g, bg), "target 3001 at row 5");
   rx_tensor_free(o); rx_tensor_free(bc); rx_tensor_free(bg);
+  pair_free(x); pair_free(dlp);
+  rx_tensor_free(lp); rx_tensor_free(lse); rx_tensor_free(ent); rx_tensor_free(dx); rx_tensor_free(tc); rx_tensor_free(tgd);
+}
+
+/* The head at Qwen2's vocabulary (151936): a row is longer than a block's threads cover 296 times. */
+static void test_logprob_large_vocab(void) {
+  enum { N = 3, V = 151936 };
+  int64_t sl[2] = {N, V}, sn[1] = {N};
+  int32_t tg[N] = {0, V - 1, 77777};
+  rx_tensor *tc = cpu_i32(N, tg), *tgd = to_gpu(tc, RX_I32);
+  pair x = input(2, sl, 77, -12, 12), dlp = input_f32(1, sn, 78, -1, 1);
+  rx_tensor *lp = cpu_zeros(1, sn), *lse = cpu_zeros(1, sn), *ent = cpu_zeros(1, sn), *dx = cpu_zeros(2, sl);
+  gpu_guarded glp = gpu_guarded_new(RX_F32, 1, sn, NULL), glse = gpu_guarded_new(RX_F32, 1, sn, NULL);
+  gpu_guarded gent = gpu_guarded_new(RX_F32, 1, sn, NULL), gdx = gpu_guarded_new(dt, 2, sl, NULL);
+  CHECK_OK(rx_logprob_forward(lp, lse, ent, x.c, tc));
+  CHECK_OK(rx_logprob_forward(glp.t, glse.t, gent.t, x.g, tgd));
+  CHECK_OK(rx_logprob_backward(dx, dlp.c, x.c, tc, lse));
+  CHECK_OK(rx_logprob_backward(gdx.t, dlp.g, x.g, tgd, glse.t));
+  EXPECT_CLOSE(glp, lp, 1e-5, "logprob at V = 151936");
+  EXPECT_CLOSE(glse, lse, 1e-5, "logprob lse at V = 151936");
+  EXPECT_CLOSE(gent, ent, 1e-5, "logprob entropy at V = 151936");
+  EXPECT_CLOSE(gdx, dx, gpu_tol(dt), "logprob dlogits at V = 151936");
   pair_free(x); pair_free(dlp);
   rx_tensor_free(lp); rx_tensor_free(lse); rx_tensor_free(ent); rx_tensor_free(dx); rx_tensor_free(tc); rx_tensor_free(tgd);
 }
@@ -314,20 +384,38 @@ static void test_adamw_and_norm(void) {
   pair_free(p); pair_free(gr); pair_free(m); pair_free(v); pair_free(g2);
 }
 
+/* Qwen2.5-1.5B's attention (head_dim 128, 12 query heads over 2 key/value heads) over T = 1024
+ * keys: the last 16 queries of the sequence, so that every query sees up to 1024 keys (32 key
+ * tiles) and every key block loops over 6 query heads. All 1024 queries would cost the emulator
+ * 60 times as much for no other code path (the grid only grows in x). */
+static void test_attention_long(void) { attention_case(1, 16, 1024, 1024, 12, 2, 128, 0); }
+
 int main(void) {
   if (gpu_skip_unless_present("gpu_test_ops")) return GPU_SKIP;
+  /* REMAX_CUDA_MAX_BLOCKS (a small cap, so that every grid-stride loop runs more than once) runs
+   * the ops whose kernels have such loops; attention has none. */
+  const int capped = getenv("REMAX_CUDA_MAX_BLOCKS") != NULL;
   for (int k = 0; k < 2; k++) {
     dt = k == 0 ? RX_F32 : RX_BF16;
     fprintf(stderr, "-- dtype %s\n", rx_dtype_name(dt));
     RUN(test_add);
     RUN(test_swiglu);
     RUN(test_rmsnorm);
+    RUN(test_rmsnorm_in_place);
     RUN(test_rope);
     RUN(test_embedding);
     RUN(test_matmul);
+    RUN(test_matmul_without_inputs);
+    RUN(test_matmul_dbias_many_rows);
     RUN(test_logprob);
+    RUN(test_logprob_large_vocab);
+    if (capped) continue;
     RUN(test_attention);
     RUN(test_attention_determinism);
+  }
+  if (!capped) {
+    dt = RX_F32;
+    RUN(test_attention_long);
   }
   dt = RX_F32;
   RUN(test_adamw_and_norm);

@@ -17,9 +17,13 @@ local function cpu_has(flag)
 end
 
 describe("remax version", function()
-  it("names the version and the OpenBLAS kernels in use", function()
+  it("names the version, the OpenBLAS kernels in use and how CUDA was built", function()
     local out = version("env")
-    assert.is_truthy(out:match("^remax %d+%.%d+%.%d+ %(OpenBLAS kernels: %w+; bf16 kernels: [^\n]+%)\n$"), out)
+    assert.is_truthy(out:match("^remax %d+%.%d+%.%d+ %(OpenBLAS kernels: %w+; CUDA: [^;]+; bf16 kernels: [^\n]+%)\n$"), out)
+    local backend = require("ffi").string(require("remax.ffi").C.rx_cuda_backend())
+    local want = ({ none = "CUDA: not built", device = "CUDA: built for the GPU",
+      emulated = "CUDA: emulated on the CPU (for testing, not speed)" })[backend]
+    assert.is_truthy(want and out:find(want, 1, true), out)
   end)
 
   it("names the bf16 kernels in use: vdpbf16ps where the CPU has AVX-512 BF16, else why none", function()
