@@ -4,7 +4,7 @@
  * accumulation (engine/cpu/dnnl.c; what bf16 mixed-precision training would run), the bf16
  * version paying for rounding its activations and gradients to bf16 on every call and the
  * weights once per step (the bf16 working copy). Not a test. Build and run with
- * bench/train_step_gemm.sh. Prints the best of 3 steps each. */
+ * bench/train_step_gemm.sh. Prints the best of REPS steps each (default 3). */
 #include <cblas.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -47,7 +47,8 @@ int main(int argc, char **argv) {
         *dx = fill(N * FF, 0);
   uint16_t *w16 = malloc((size_t)maxw * 2), *x16 = malloc((size_t)(N * FF) * 2), *dy16 = malloc((size_t)maxa * 2);
   double best[2] = {1e30, 1e30}, flops = 0;
-  for (int rep = 0; rep < 3; rep++)
+  const int reps = getenv("REPS") ? atoi(getenv("REPS")) : 3;
+  for (int rep = 0; rep < reps; rep++)
     for (int how = 0; how < 2; how++) {
       flops = 0;
       const double t0 = now();
