@@ -2,9 +2,10 @@
  * q|k|v, o, gate|up and down, then the tied head: 2 GB of f32 weights, more than any cache) for
  * a given number of rows, in the same run: remax's f32 decode kernel (matmul_rows.c with
  * AVX-512, else the register tiles of matmul_bf16.c), remax with the same weights stored in bf16
- * (1 GB; matmul_bf16.c), and OpenBLAS sgemm on the f32 weights. The weights are bf16 values, so
- * all three multiply the same numbers. Not a test. Build and run with bench/decode_matmul.sh.
- * Prints the best of 6 steps each. */
+ * (1 GB): the AVX-512 BF16 dot product (matmul_bf16dot.c) where the CPU has it, and the weights
+ * widened to f32 in registers (matmul_bf16.c), and OpenBLAS sgemm on the f32 weights. The weights
+ * are bf16 values, so all of them multiply the same weights (the bf16 paths round the inputs).
+ * Not a test. Build and run with bench/decode_matmul.sh. Prints the best of 6 steps each. */
 #include <cblas.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,13 +20,14 @@ static double now(void) {
   return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 
-enum { LAYERS = 24, KINDS = 4, F32 = 0, BF16 = 1, SGEMM = 2 };
+enum { LAYERS = 24, KINDS = 4, F32 = 0, BF16 = 1, WIDEN = 2, SGEMM = 3, HOWS = 4 };
 static const int64_t shape[KINDS + 1][2] = {{896, 1152}, {896, 896}, {896, 9728}, {4864, 896}, {896, 151936}};
 
 static float *w32[LAYERS * KINDS + 1];
 static uint16_t *w16[LAYERS * KINDS + 1];
 
 static double step(int64_t N, const float *x, float *y, int how) {
+  if (how == WIDEN) rx_cpu_bf16_dot_set(0);
   double t0 = now();
   for (int l = 0; l <= LAYERS * KINDS; l++) {
     const int k = l == LAYERS * KINDS ? KINDS : l % KINDS;
@@ -34,14 +36,16 @@ static double step(int64_t N, const float *x, float *y, int how) {
     if (how == SGEMM)
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OC, (int)C, 1, x, (int)C, w32[l], (int)C, 0,
                   y, (int)OC);
-    else if (how == BF16) ok = rx_cpu_matmul_forward_f32_bf16(y, x, w16[l], NULL, N, C, OC);
+    else if (how == BF16 || how == WIDEN) ok = rx_cpu_matmul_forward_f32_bf16(y, x, w16[l], NULL, N, C, OC);
     else ok = rx_cpu_matmul_rows_f32(y, x, w32[l], NULL, N, C, OC) || rx_cpu_matmul_rows_any_f32(y, x, w32[l], NULL, N, C, OC);
     if (!ok) {
       fprintf(stderr, "decode_matmul: %lld rows: more than the decode kernels take (48), or out of memory\n", (long long)N);
       exit(1);
     }
   }
-  return now() - t0;
+  const double t = now() - t0;
+  rx_cpu_bf16_dot_set(1);
+  return t;
 }
 
 int main(int argc, char **argv) {
@@ -64,15 +68,19 @@ int main(int argc, char **argv) {
   }
   float *x = aligned_alloc(64, (size_t)(N * 9728 * 4)), *y = aligned_alloc(64, (size_t)(N * 151936 * 4));
   for (int64_t i = 0; i < N * 9728; i++) x[i] = 0.01f * (float)(i % 13);
-  double best[3] = {1e30, 1e30, 1e30};
+  const int dot = rx_cpu_bf16_dot();
+  double best[HOWS] = {1e30, 1e30, 1e30, 1e30};
   for (int rep = 0; rep < 6; rep++)
-    for (int how = 0; how < 3; how++) {
+    for (int how = 0; how < HOWS; how++) {
+      if (how == WIDEN && !dot) continue;   /* BF16 is the widening kernel already */
       double t = step(N, x, y, how);
       if (t < best[how]) best[how] = t;
     }
-  printf("rows=%-3lld f32 %6.1f ms (%4.1f GB/s)  bf16 %6.1f ms (%4.1f GB/s, %3.0f GFLOP/s)  sgemm %6.1f ms  "
-         "bf16/f32 %.2fx  f32/sgemm %.2fx\n", (long long)N, best[F32] * 1e3, params * 4.0 / best[F32] / 1e9,
-         best[BF16] * 1e3, params * 2.0 / best[BF16] / 1e9, 2.0 * N * params / best[BF16] / 1e9, best[SGEMM] * 1e3,
-         best[F32] / best[BF16], best[SGEMM] / best[F32]);
+  if (!dot) best[WIDEN] = best[BF16];
+  printf("rows=%-3lld f32 %6.1f ms (%4.1f GB/s)  bf16 %s %6.1f ms (%4.1f GB/s, %3.0f GFLOP/s)  bf16 widened %6.1f ms  "
+         "sgemm %6.1f ms  bf16/f32 %.2fx  f32/sgemm %.2fx\n", (long long)N, best[F32] * 1e3,
+         params * 4.0 / best[F32] / 1e9, dot ? "vdpbf16ps" : "widened", best[BF16] * 1e3, params * 2.0 / best[BF16] / 1e9,
+         2.0 * N * params / best[BF16] / 1e9, best[WIDEN] * 1e3, best[SGEMM] * 1e3, best[F32] / best[BF16],
+         best[SGEMM] / best[F32]);
   return 0;
 }

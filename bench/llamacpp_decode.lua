@@ -1,10 +1,13 @@
--- bench/llamacpp_decode.lua: greedy batched decoding, remax beside llama.cpp (node-llama-cpp
--- 3.21.1, bench/llamacpp_install.sh), in one run on the same random weights: remax's model of a
--- bench/common.lua shape, and the GGUF file remax exports of it at each weight dtype. Every row
--- decodes exactly `new` tokens after a `prompt`-token random prompt; each side times one run
--- after one warm-up run, prefill included; tokens/s = rows * new / seconds. Not a test.
---   bench/llamacpp_decode.sh                       # the wrapper: threads, OpenBLAS kernels
---   ./remax run bench/llamacpp_decode.lua --shape qwen0.5b --rows 1,8,16,32 --dtypes f32,bf16
+-- bench/llamacpp_decode.lua: greedy batched decoding, remax beside llama.cpp, in one run on the
+-- same random weights: remax's model of a bench/common.lua shape, and the GGUF file remax exports
+-- of it at each weight dtype. Every row decodes exactly `new` tokens after a `prompt`-token
+-- prompt; each side times one run after a warm-up, prefill included; tokens/s = rows * new /
+-- seconds. The peer (--peer) is llama.cpp's own batched decoder, llama-batched-bench built
+-- natively from the source node-llama-cpp ships (bench/llamacpp_install.sh --batched; every row
+-- in one batch, as remax decodes): "batched", the default; or node-llama-cpp 3.21.1's prebuilt
+-- binary evaluating the sequences one at a time: "node" (slower from 8 rows on). Not a test.
+--   bench/llamacpp_decode.sh                       # the wrapper: threads, OpenBLAS kernels, the build
+--   ./remax run bench/llamacpp_decode.lua --shape qwen0.5b --rows 1,8,16,32 --dtypes f32,bf16 --peer batched
 -- remax's weights at a dtype are its weight_dtype (f32, bf16); a dtype remax cannot keep
 -- weights in (f16, q8_0) is skipped, saying why: llama.cpp alone at it is no comparison.
 local cjson = require("cjson")
@@ -16,7 +19,7 @@ local now = require("remax.bind.clock").now
 local here = arg[0]:match("^(.-)[^/]*$")
 local common = dofile(here .. "common.lua")
 local opts = common.options({ shape = "qwen0.5b", rows = "1,8,16,32", prompt = 64, new = 128, dtypes = "f32,bf16",
-  threads = tonumber(os.getenv("OMP_NUM_THREADS") or "") or 2, warmup = 1, keep = false }, arg)
+  threads = tonumber(os.getenv("OMP_NUM_THREADS") or "") or 2, warmup = 1, keep = false, peer = "batched" }, arg)
 
 local function list(v)
   local out = {}
@@ -27,6 +30,13 @@ end
 local llamacpp = os.getenv("REMAX_LLAMACPP_HOME") or ".cache/llamacpp"
 if not fs.exists(llamacpp .. "/node_modules/node-llama-cpp/package.json") then
   error("node-llama-cpp is not installed in " .. llamacpp .. ": run bench/llamacpp_install.sh", 0)
+end
+
+local batched = llamacpp .. "/batched/bin/llama-batched-bench"
+if opts.peer == "batched" and not fs.exists(batched) then
+  error("llama-batched-bench is not built in " .. batched .. ": run bench/llamacpp_install.sh --batched", 0)
+elseif opts.peer ~= "batched" and opts.peer ~= "node" then
+  error("--peer " .. tostring(opts.peer) .. ": expected batched or node", 0)
 end
 
 local function sh(cmd)
@@ -44,9 +54,10 @@ fs.mkdir_p(tok_dir)
 remax.tokenizer.write_byte_level(tok_dir)   -- 260 tokens; the GGUF pads the vocabulary to the model's
 local tok = remax.tokenizer.load(tok_dir)
 
-print(("remax %s (OpenBLAS kernels: %s), %s, %d threads each; shape %s, prompt %d, new %d"):format(remax.version(),
-  require("ffi").string(remax.ffi.C.rx_blas_core()), sh("lscpu | sed -n 's/^Model name: *//p'"), opts.threads,
-  opts.shape, opts.prompt, opts.new))
+print(("remax %s (OpenBLAS kernels: %s; bf16 kernels: %s), %s, %d threads each; shape %s, prompt %d, new %d; peer %s"):format(
+  remax.version(), require("ffi").string(remax.ffi.C.rx_blas_core()), require("ffi").string(remax.ffi.C.rx_bf16_kernels()),
+  sh("lscpu | sed -n 's/^Model name: *//p'"), opts.threads, opts.shape, opts.prompt, opts.new,
+  opts.peer == "batched" and "llama-batched-bench" or "node-llama-cpp"))
 
 -- The remax model that decodes with weights stored in a dtype (its weight_dtype: f32, or bf16
 -- since remax keeps frozen weights in bf16), holding the f32 model's weights rounded, or nil and
@@ -80,6 +91,19 @@ local function llamacpp_decode(path, prompts)
   return r
 end
 
+-- llama-batched-bench: rows sequences of `prompt` tokens each (not shared), then `new` tokens
+-- each, all in one batch per step, after its own warm-up; llama.cpp's default CPU settings.
+local function batched_decode(path, rows)
+  local cmd = ("%s -m %s -c %d -b 2048 -ub 512 -npp %d -ntg %d -npl %d -t %d -tb %d --output-format jsonl 2>&1")
+    :format(batched, path, rows * (opts.prompt + opts.new), opts.prompt, opts.new, rows, opts.threads, opts.threads)
+  local out = sh(cmd)
+  local line = out:match("(%b{})%s*[^{]*$")
+  local ok, r = pcall(cjson.decode, line or "")
+  if not ok or not r.t then error("llama-batched-bench failed: " .. out:sub(-2000), 0) end
+  return { tokens = rows * opts.new, tokens_per_s = rows * opts.new / r.t, seconds = r.t, threads = r.n_threads,
+    flash_attention = r.flash_attn, kernels = "GGML_NATIVE" }
+end
+
 -- the widest vector extension llama.cpp's CPU build reports using
 local function simd(info)
   for _, f in ipairs({ "AVX512_BF16", "AVX512", "AVX2", "AVX", "SSE3" }) do
@@ -100,11 +124,11 @@ for _, dtype in ipairs(list(opts.dtypes)) do
     for _, rows in ipairs(list(opts.rows)) do
       local prompts = common.prompts(cfg, rows, opts.prompt)
       local r_tps = remax_decode(m, prompts)
-      local l = llamacpp_decode(path, prompts)
+      local l = opts.peer == "batched" and batched_decode(path, rows) or llamacpp_decode(path, prompts)
       assert(l.tokens == rows * opts.new, "llama.cpp decoded " .. tostring(l.tokens) .. " tokens")
       print(("%-9s %-5s rows=%-3d remax %8.1f tok/s   llama.cpp %8.1f tok/s   ratio %.2fx   (llama.cpp: %d threads, flash attention %s, %s kernels)")
         :format(opts.shape, dtype, rows, r_tps, l.tokens_per_s, r_tps / l.tokens_per_s, l.threads,
-          tostring(l.flash_attention), simd(l.cpu)))
+          tostring(l.flash_attention), l.kernels or simd(l.cpu)))
       io.stdout:flush()
     end
     if not opts.keep then os.remove(path) end

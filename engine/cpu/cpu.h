@@ -29,9 +29,20 @@ static inline float rx_cpu_bf16_to_f32(uint16_t h) {
   return v.f;
 }
 
-/* Weights stored in bf16, inputs and outputs f32 (matmul_bf16.c): out = inp W^T (+ bias), the
- * f32 layer of the bf16 weights; dinp = dout W (backward through a frozen weight); an embedding
- * gather. Up to RX_BF16_FEW_ROWS rows take the decode kernel, more widen blocks of W for sgemm.
+/* f32 -> bf16, nearest even, NaN kept (quiet): rx_f32_to_bf16 of core/dtype.c, inline here so
+ * that the kernels' loops vectorise. */
+static inline uint16_t rx_cpu_f32_to_bf16(float f) {
+  union { uint32_t u; float f; } v;
+  v.f = f;
+  if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
+  return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+/* Weights stored in bf16, inputs and outputs f32 (matmul_bf16.c): out = inp W^T (+ bias) with the
+ * inputs rounded to bf16 (the bf16 dot product: exact products, f32 sums), on every path and CPU;
+ * dinp = dout W (backward through a frozen weight, dout not rounded); an embedding gather. Up to
+ * RX_BF16_FEW_ROWS rows take a decode kernel (vdpbf16ps where the CPU has AVX-512 BF16, else
+ * weights widened in registers), more widen blocks of W for sgemm.
  * The matmuls return 0 when out of memory for their buffer (writing nothing), else 1. */
 enum { RX_BF16_FEW_ROWS = 48 };
 int rx_cpu_matmul_forward_f32_bf16(float *out, const float *inp, const uint16_t *weight, const float *bias, int64_t N,
@@ -42,7 +53,27 @@ int rx_cpu_matmul_dinp_f32_bf16(float *dinp, const float *dout, const uint16_t *
  * writing nothing, for more than RX_BF16_FEW_ROWS rows or C = 0. */
 int rx_cpu_matmul_rows_any_f32(float *out, const float *inp, const float *weight, const float *bias, int64_t N,
                                int64_t C, int64_t OC);
+/* The AVX-512 BF16 decode kernel (matmul_bf16dot.c), compiled whatever the build's -march: 1 when
+ * it computed out, 0 where it does not apply (writing nothing: more than RX_BF16_FEW_ROWS rows,
+ * C = 0, or rx_cpu_bf16_dot() is 0), -1 when out of memory for the rounded inputs. */
+int rx_cpu_matmul_rows_bf16dot(float *out, const float *inp, const uint16_t *weight, const float *bias, int64_t N,
+                               int64_t C, int64_t OC);
+/* 1 when the CPU has the AVX-512 BF16 dot product and the build can use it (asked once; the
+ * environment variable REMAX_NO_BF16_DOT=1 turns it off); rx_cpu_bf16_dot_set(0) turns it off,
+ * (1) back to what the CPU allows (tests and benchmarks compare both paths). */
+int rx_cpu_bf16_dot(void);
+void rx_cpu_bf16_dot_set(int on);
 void rx_cpu_embedding_forward_f32_bf16(float *out, const int32_t *tokens, const uint16_t *weight, int64_t N, int64_t C);
+
+/* bf16 GEMM through oneDNN (dnnl.c; built when CMake finds libdnnl): c[M,N] = a[M,K] b[K,N]
+ * (+ c when accumulate), a and b bf16 with strides {row, column} (a transpose is a stride), c f32
+ * with rows ldc apart, f32 sums. Returns 1 when done, 0 when oneDNN is absent or failed (nothing
+ * written). rx_cpu_dnnl: 1 when it can run here (oneDNN built in, a CPU with AVX-512);
+ * rx_cpu_dnnl_kernel: its version and the instruction set it runs bf16 on, or why none. */
+int rx_cpu_dnnl_gemm_bf16(float *c, int64_t ldc, const uint16_t *a, const int64_t sa[2], const uint16_t *b,
+                          const int64_t sb[2], int64_t M, int64_t N, int64_t K, int accumulate);
+int rx_cpu_dnnl(void);
+const char *rx_cpu_dnnl_kernel(void);
 
 /* matmul: out[N,OC] = inp[N,C] W[OC,C]^T (+ bias[OC]); OpenBLAS GEMM, or for a few rows a
  * kernel that reads W in place (matmul_rows.c: out = inp W^T + bias; returns 0, writing nothing,

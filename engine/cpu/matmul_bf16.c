@@ -1,22 +1,24 @@
 /* matmul_bf16.c: linear layers and embeddings whose weights are stored in bf16, computed in f32.
  *
  * A frozen model (the KL reference, a model that only generates or evaluates) keeps its weight
- * matrices in bf16: half the bytes of f32, and decoding is bound by reading those bytes. Every
- * product is exact in f32 (a bf16 value is an f32 with the low 16 bits zero: widening is a
- * shift), and sums are f32, so the result is the f32 layer applied to the bf16-rounded weights;
- * for a checkpoint stored in bf16 (as the hub ships them) nothing is lost at all.
+ * matrices in bf16: half the bytes of f32, and decoding is bound by reading those bytes. The
+ * forward is the bf16 matmul as the AVX-512 BF16 dot product computes it, on every CPU: the inputs
+ * rounded to bf16 (nearest even), every product exact in f32 (a bf16 value is an f32 with the low
+ * 16 bits zero: widening is a shift), sums in f32. So a model's numbers do not depend on whether
+ * the CPU has the instruction, nor on the number of rows, beyond the order of the sums.
  *
- *  - A few rows (decoding, N <= RX_BF16_FEW_ROWS): register tiles of up to 4 input rows x a few
- *    weight rows, the weights widened in registers as they stream in (in blocks of 4 rows when
- *    there are more; the tile is in L1 after the first block). Every output is one accumulator
- *    vector over k, reduced in a fixed order, plus a scalar tail: the same bits whatever the
- *    tile, block or thread count.
+ *  - A few rows (decoding, N <= RX_BF16_FEW_ROWS): vdpbf16ps where the CPU has it
+ *    (matmul_bf16dot.c); else register tiles of up to 4 input rows x a few weight rows, the
+ *    weights widened in registers as they stream in (in blocks of 4 rows when there are more;
+ *    the tile is in L1 after the first block). Every output is one accumulator vector over k,
+ *    reduced in a fixed order, plus a scalar tail: the same bits whatever the tile, block or
+ *    thread count.
  *  - Many rows (prefill, training forwards of a frozen model): blocks of weight rows are widened
- *    into an f32 buffer and multiplied by OpenBLAS's sgemm; the widening costs OC*C per call
- *    against 2*N*OC*C flops. dinp = dout W (backward through a frozen weight, e.g. LoRA on a bf16
- *    base) walks the same blocks.
- * The many-rows buffer is the calling thread's, grown to the largest shape seen and kept
- * (allocated once per shape, not per call). */
+ *    into an f32 buffer and multiplied by OpenBLAS's sgemm with the rounded inputs; the widening
+ *    costs OC*C per call against 2*N*OC*C flops. dinp = dout W (backward through a frozen weight,
+ *    e.g. LoRA on a bf16 base; dout is not rounded) walks the same blocks.
+ * The buffers are the calling thread's, grown to the largest shape seen and kept (allocated once
+ * per shape, not per call). */
 #include "cpu.h"
 #include <cblas.h>
 #include <omp.h>
@@ -69,18 +71,32 @@ static inline float vsum(vf v) { return v; }
 
 /* ------------------------------------------------------------------ scratch */
 
-static _Thread_local float *scratch;
-static _Thread_local size_t scratch_floats;
+/* A calling thread's buffer, grown to the largest size asked and kept. */
+typedef struct { float *p; size_t n; } scratch;
+static _Thread_local scratch widened, rounded;   /* blocks of W for sgemm; the inputs rounded to bf16 */
 
-/* The calling thread's buffer of at least n floats (NULL when out of memory). */
-static float *scratch_get(size_t n) {
-  if (n <= scratch_floats) return scratch;
+/* s's buffer of at least n floats (NULL when out of memory). */
+static float *scratch_get(scratch *s, size_t n) {
+  if (n <= s->n) return s->p;
   float *p = NULL;
   if (posix_memalign((void **)&p, 64, n * sizeof(float))) return NULL;
-  free(scratch);
-  scratch = p;
-  scratch_floats = n;
+  free(s->p);
+  s->p = p;
+  s->n = n;
   return p;
+}
+
+/* The inputs as the bf16 dot product sees them: inp [N, C] rounded to bf16 (nearest even), in the
+ * thread's buffer; NULL when out of memory. */
+static const float *round_inputs(const float *inp, int64_t N, int64_t C) {
+  float *x = scratch_get(&rounded, (size_t)(N * C));
+  if (!x) return NULL;
+  #pragma omp parallel for schedule(static) if (N * C > 65536)
+  for (int64_t n = 0; n < N; n++) {
+    #pragma omp simd
+    for (int64_t k = 0; k < C; k++) x[n * C + k] = rx_cpu_bf16_to_f32(rx_cpu_f32_to_bf16(inp[n * C + k]));
+  }
+  return x;
 }
 
 /* dst[k] = the bf16 row src[k], widened. */
@@ -199,9 +215,15 @@ int rx_cpu_matmul_forward_f32_bf16(float *out, const float *inp, const uint16_t 
       for (int64_t o = 0; o < OC; o++) out[n * OC + o] = bias ? bias[o] : 0.0f;
     return 1;
   }
+  if (N <= RX_BF16_FEW_ROWS) {
+    const int dot = rx_cpu_matmul_rows_bf16dot(out, inp, weight, bias, N, C, OC);   /* AVX-512 BF16 */
+    if (dot) return dot > 0;
+  }
+  inp = round_inputs(inp, N, C);
+  if (!inp) return 0;
   if (N <= RX_BF16_FEW_ROWS) { matmul_rows(out, inp, weight, 1, bias, N, C, OC); return 1; }
   const int64_t OB = block_rows(C, OC);
-  float *buf = scratch_get((size_t)(OB * C));
+  float *buf = scratch_get(&widened, (size_t)(OB * C));
   if (!buf) return 0;
   #pragma omp parallel for schedule(static) if (N * OC > 65536)
   for (int64_t n = 0; n < N; n++) {
@@ -222,7 +244,7 @@ int rx_cpu_matmul_dinp_f32_bf16(float *dinp, const float *dout, const uint16_t *
   if (N == 0 || C == 0) return 1;
   if (OC == 0) { memset(dinp, 0, (size_t)(N * C) * sizeof(float)); return 1; }
   const int64_t OB = block_rows(C, OC);
-  float *buf = scratch_get((size_t)(OB * C));
+  float *buf = scratch_get(&widened, (size_t)(OB * C));
   if (!buf) return 0;
   for (int64_t o0 = 0; o0 < OC; o0 += OB) {
     const int64_t ob = OC - o0 < OB ? OC - o0 : OB;

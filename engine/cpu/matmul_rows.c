@@ -15,6 +15,7 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #include <omp.h>
+#include "reduce4.h"
 
 /* Two register tiles, each 24 accumulators + its weight vectors + 1 input vector <= 32 zmm:
  *  - up to 8 rows: every row in one pass over W (4 rows x 6 outputs up to 4 rows, else 8 x 3),
@@ -27,21 +28,6 @@
  * in L1 across the row blocks; a block's accumulators wait in `part` between chunks, unreduced
  * (the same bits as without chunks). */
 enum { MAX_RB = 8, MAX_NW = 6, MAX_ROWS = 48, KC = 1024, PF_TILES = 2 };   /* measured: see docs/kernels.md */
-
-/* The sums of four vectors, [sum a, sum b, sum c, sum d], in 13 instructions instead of 4 x 9.
- * Each result adds its own vector's lanes in a fixed order (128-bit quarters 0+2 and 1+3, those
- * two, then within the quarter elements 0+2 and 1+3, those two), whatever the other three are:
- * an output's bits do not depend on which outputs share its reduction. */
-static inline __attribute__((always_inline)) __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
-  /* quarter q of t holds four partial sums of vector q (a, b, c, d) */
-  __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
-  t = _mm512_add_ps(t, _mm512_permute_ps(t, 0x4E));   /* elements 0+2, 1+3 */
-  t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1));   /* (0+2)+(1+3) in element 0 */
-  const __m512i first = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
-  return _mm512_castps512_ps128(_mm512_permutexvar_ps(first, t));
-}
 
 /* Rows [0, rb) x weight rows [0, nw) over k in [k0, k1): accumulators start at 0 (k0 == 0) or
  * from part, and end reduced into y plus the bias (k1 == C) or back in part. Prefetches npf
@@ -83,7 +69,7 @@ static inline __attribute__((always_inline)) void tile(float *restrict y, int64_
         const int n = nw - j < 4 ? nw - j : 4;
         const __mmask8 m = (__mmask8)((1u << n) - 1);
         const __m512 z = _mm512_setzero_ps();
-        __m128 sum = reduce4(acc[i][j], n > 1 ? acc[i][j + 1] : z, n > 2 ? acc[i][j + 2] : z, n > 3 ? acc[i][j + 3] : z);
+        __m128 sum = rx_reduce4(acc[i][j], n > 1 ? acc[i][j + 1] : z, n > 2 ? acc[i][j + 2] : z, n > 3 ? acc[i][j + 3] : z);
         if (bias) sum = _mm_add_ps(_mm_maskz_loadu_ps(m, bias + j), sum);
         _mm_mask_storeu_ps(y + i * ldy + j, m, sum);
       }

@@ -33,6 +33,9 @@ int rx_cuda_synchronize(void);
  * (NULL when the choice is already right, or when OPENBLAS_CORETYPE is set). */
 const char *rx_blas_core(void);
 const char *rx_blas_better_core(void);
+/* The bf16 kernels this CPU runs, or why none (for `remax version`): e.g. "vdpbf16ps (AVX-512
+ * BF16) for bf16 weights' decode matmuls". */
+const char *rx_bf16_kernels(void);
 const char *rx_abi_layout(void);     /* "name size\nname.field offset\n..." for every struct here */
 /* Ctrl-C: after install, the first SIGINT/SIGTERM only sets a flag (its signal number) that
  * rx_signal_pending returns; a second one ends the process at once. */

@@ -37,6 +37,12 @@ function M.blas_core()
   return ffi.string(require("remax.bind.ffi").C.rx_blas_core())
 end
 
+-- The bf16 kernels this CPU uses for bf16 weights ("vdpbf16ps (AVX-512 BF16)"), or why none.
+function M.bf16_kernels()
+  local ffi = require("ffi")
+  return ffi.string(require("remax.bind.ffi").C.rx_bf16_kernels())
+end
+
 -- The CUDA backend of this build, in words: not built, built for the GPU, or the CPU emulation.
 function M.cuda_backend()
   local ffi = require("ffi")

@@ -1,10 +1,13 @@
 /* test_bf16.c: weights stored in bf16 under f32 compute (engine/cpu/matmul_bf16.c): the linear
- * layer, its input gradient and the embedding gather against double references on the widened
- * weights, at every row count of the decode kernel and past it into the widened-block GEMM, with
- * sentinels around outputs; a row's result independent of the rows beside it and of the thread
- * count; and the refusals (no gradient for a bf16 weight, mismatched dtypes). */
+ * layer (inputs rounded to bf16, exact products, f32 sums), its input gradient and the embedding
+ * gather against double references on the widened weights, at every row count of the decode
+ * kernels and past them into the widened-block GEMM, with sentinels around outputs; the AVX-512
+ * BF16 kernel (matmul_bf16dot.c) against the f32 kernels on the rounded inputs, where the CPU has
+ * it; a row's result independent of the rows beside it and of the thread count; and the refusals
+ * (no gradient for a bf16 weight, mismatched dtypes). */
 #include "check.h"
 #include "cpu/cpu.h"
+#include "internal.h"
 #include <omp.h>
 
 static uint64_t offset = 1;
@@ -48,19 +51,29 @@ static double worst_rel(const rx_tensor *got, const double *want, const double *
   return worst;
 }
 
-/* For bf16 weights and for f32 ones (whose decode path is the same kernel where the build has no
- * AVX-512, and matmul_rows.c's where it has). */
+/* x rounded to bf16 (nearest even) in place: what a bf16-stored weight multiplies. */
+static void round_to_bf16(double *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) x[i] = rx_bf16_to_f32(rx_f32_to_bf16((float)x[i]));
+}
+
+/* For bf16 weights (with and without the AVX-512 BF16 kernel, where the CPU has it) and for f32
+ * ones (whose decode path is the widening kernel where the build has no AVX-512, and
+ * matmul_rows.c's where it has). */
 static void forward_matches_reference_at_every_row_count(void) {
   /* {C, OC}: tails of the 8/16-lane loops, partial tiles, and one shape large enough to thread */
   static const int64_t shapes[4][2] = {{37, 19}, {64, 131}, {300, 301}, {1, 5}};
-  for (int s = 0; s < 8; s++) {
-    const int32_t wdt = s < 4 ? RX_BF16 : RX_F32;
+  const int dot = rx_cpu_bf16_dot();
+  for (int s = 0; s < 12; s++) {
+    const int32_t wdt = s < 8 ? RX_BF16 : RX_F32;
+    rx_cpu_bf16_dot_set(s < 4);   /* shapes 4..7: the widening kernel on a CPU with the instruction */
+    if (s >= 4 && s < 8 && !dot) continue;   /* the same path as shapes 0..3 */
     const int64_t C = shapes[s % 4][0], OC = shapes[s % 4][1], NMAX = 70;
     int64_t xs[2] = {NMAX, C}, ws[2] = {OC, C}, bs[1] = {OC};
     rx_tensor *x = randn(RX_F32, 2, xs), *w32 = randn(RX_F32, 2, ws), *b = randn(RX_F32, 1, bs), *w = NULL;
     CHECK_OK(rx_tensor_new(&w, wdt, RX_CPU, 2, ws));
     CHECK_OK(rx_tensor_copy(w, w32));   /* rounded to bf16, or the same */
     double *xv = values(x), *wv = values(w), *bv = values(b), *ref = malloc(sizeof(double) * (size_t)(NMAX * OC));
+    if (wdt == RX_BF16) round_to_bf16(xv, NMAX * C);
     ref_forward(ref, xv, wv, bv, NMAX, C, OC);
     for (int64_t n = 1; n <= NMAX; n++) {
       for (int with_bias = 0; with_bias < 2; with_bias++) {
@@ -77,8 +90,8 @@ static void forward_matches_reference_at_every_row_count(void) {
           r = nob;
         }
         double e = worst_rel(y.t, r, xv, wv, with_bias ? bv : NULL, n, C, OC);
-        CHECK(e < 1e-6, "%s C=%lld OC=%lld rows=%lld bias=%d: error %.3g of the f32 bound", rx_dtype_name(wdt),
-              (long long)C, (long long)OC, (long long)n, with_bias, e);
+        CHECK(e < 1e-6, "%s%s C=%lld OC=%lld rows=%lld bias=%d: error %.3g of the f32 bound", rx_dtype_name(wdt),
+              rx_cpu_bf16_dot() ? " (vdpbf16ps)" : "", (long long)C, (long long)OC, (long long)n, with_bias, e);
         if (n <= RX_BF16_FEW_ROWS && with_bias) {   /* the last row alone gives the same bits */
           rx_tensor *x1 = NULL, *y1 = NULL;
           CHECK_OK(rx_tensor_narrow(&x1, x, 0, n - 1, 1));
@@ -118,6 +131,62 @@ static void forward_matches_reference_at_every_row_count(void) {
     free(xv); free(wv); free(bv); free(ref);
     rx_tensor_free(x); rx_tensor_free(w32); rx_tensor_free(b); rx_tensor_free(w);
   }
+  rx_cpu_bf16_dot_set(1);
+}
+
+/* The AVX-512 BF16 kernel against remax's f32 kernel on the bf16-rounded inputs and widened
+ * weights: equal up to the order of the sums, at every row count it takes, at the Qwen2.5-0.5B
+ * widths (k chunks, a 4864 tail) and odd ones; and its rounding is nearest even, as rx_f32_to_bf16. */
+static void dot_kernel_matches_f32_kernel_on_rounded_inputs(void) {
+  if (!rx_cpu_bf16_dot()) {
+    fprintf(stderr, "skip: no AVX-512 BF16 (vdpbf16ps) here (the CPU lacks it, or REMAX_NO_BF16_DOT is set): its kernel is not tested\n");
+    return;
+  }
+  static const int64_t shapes[4][2] = {{896, 160}, {4864, 37}, {33, 301}, {5000, 13}};   /* {C, OC} */
+  for (int s = 0; s < 4; s++) {
+    const int64_t C = shapes[s][0], OC = shapes[s][1], N = RX_BF16_FEW_ROWS;
+    int64_t xs[2] = {N, C}, ws[2] = {OC, C};
+    rx_tensor *x = randn(RX_F32, 2, xs), *w32 = randn(RX_F32, 2, ws), *w = NULL;
+    CHECK_OK(rx_tensor_new(&w, RX_BF16, RX_CPU, 2, ws));
+    CHECK_OK(rx_tensor_copy(w, w32));
+    float *xr = malloc(sizeof(float) * (size_t)(N * C)), *wr = malloc(sizeof(float) * (size_t)(OC * C));
+    float *yd = malloc(sizeof(float) * (size_t)(N * OC + 1)), *yf = malloc(sizeof(float) * (size_t)(N * OC));
+    for (int64_t i = 0; i < N * C; i++) xr[i] = rx_bf16_to_f32(rx_f32_to_bf16(((float *)x->data)[i]));
+    for (int64_t i = 0; i < OC * C; i++) wr[i] = rx_bf16_to_f32(((uint16_t *)w->data)[i]);
+    for (int64_t n = 1; n <= N; n++) {
+      yd[n * OC] = 12345.0f;   /* sentinel past the output */
+      CHECK(rx_cpu_matmul_rows_bf16dot(yd, x->data, w->data, NULL, n, C, OC) == 1, "rows=%lld: kernel declined",
+            (long long)n);
+      rx_cpu_matmul_forward_f32(yf, xr, wr, NULL, n, C, OC);
+      double worst = 0;
+      for (int64_t r = 0; r < n; r++)
+        for (int64_t o = 0; o < OC; o++) {
+          double scale = 0;
+          for (int64_t c = 0; c < C; c++) scale += fabs((double)xr[r * C + c] * wr[o * C + c]);
+          worst = fmax(worst, fabs((double)yd[r * OC + o] - yf[r * OC + o]) / scale);
+        }
+      CHECK(worst < 2e-6, "C=%lld OC=%lld rows=%lld: vdpbf16ps and the f32 kernel differ by %.3g of sum |x w|",
+            (long long)C, (long long)OC, (long long)n, worst);
+      CHECK(yd[n * OC] == 12345.0f, "rows=%lld: write past the output", (long long)n);
+    }
+    free(xr); free(wr); free(yd); free(yf);
+    rx_tensor_free(x); rx_tensor_free(w32); rx_tensor_free(w);
+  }
+  /* rounding: one input value per row against a weight of 1 picks out round(x) exactly */
+  static const float probe[] = {1.00390625f, 1.01171875f, -1.00390625f, 3.14159265f, 1e-3f, -7.77e5f, 65504.0f,
+                                1.0f + 1.0f / 512 + 1.0f / 4096, INFINITY, -INFINITY};
+  const int64_t P = sizeof probe / sizeof probe[0], C = 40;
+  float x[10 * 40] = {0}, y[10];
+  uint16_t w[40] = {0};
+  w[C - 1] = rx_f32_to_bf16(1.0f);   /* the masked tail */
+  for (int64_t i = 0; i < P; i++) x[i * C + C - 1] = probe[i];
+  CHECK(rx_cpu_matmul_rows_bf16dot(y, x, w, NULL, P, C, 1) == 1, "kernel declined");
+  for (int64_t i = 0; i < P; i++) {
+    const float want = rx_bf16_to_f32(rx_f32_to_bf16(probe[i]));
+    CHECK(y[i] == want, "round(%.9g): %.9g, want %.9g", probe[i], y[i], want);
+    CHECK(rx_cpu_f32_to_bf16(probe[i]) == rx_f32_to_bf16(probe[i]), "rx_cpu_f32_to_bf16(%.9g)", probe[i]);
+  }
+  CHECK(rx_cpu_f32_to_bf16(NAN) == rx_f32_to_bf16(NAN), "NaN");
 }
 
 /* dinp = dout W (overwritten) and dbias (accumulated) through a frozen bf16 weight. */
@@ -158,6 +227,49 @@ static void backward_gives_input_and_bias_gradients(void) {
     free(wv); free(dv);
     rx_tensor_free(dw); rx_tensor_free(x); rx_tensor_free(w32); rx_tensor_free(dout); rx_tensor_free(w);
   }
+}
+
+/* oneDNN's bf16 GEMM (engine/cpu/dnnl.c), the training step's three products of a linear layer
+ * (y = x W^T, dx = dy W, dW += dy^T x: transposes as strides), against a double reference on the
+ * bf16 inputs: f32 sums, so within the f32 bound; accumulate adds onto what is there. */
+static void dnnl_gemm_matches_reference(void) {
+  if (!rx_cpu_dnnl()) {
+    fprintf(stderr, "skip: no oneDNN bf16 GEMM here (%s)\n", rx_cpu_dnnl_kernel());
+    return;
+  }
+  static const int64_t shapes[3][3] = {{37, 19, 45}, {128, 96, 64}, {5, 300, 7}};   /* {M, N, K} */
+  for (int s = 0; s < 3; s++)
+    for (int form = 0; form < 3; form++)   /* b transposed, plain, a transposed */
+      for (int acc = 0; acc < 2; acc++) {
+        const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        uint16_t *a = malloc((size_t)(M * K) * 2), *b = malloc((size_t)(K * N) * 2);
+        for (int64_t i = 0; i < M * K; i++) a[i] = rx_f32_to_bf16((float)sin(0.37 * (double)i + s) * 2);
+        for (int64_t i = 0; i < K * N; i++) b[i] = rx_f32_to_bf16((float)cos(0.53 * (double)i - form));
+        /* a[m,k] at sa[0] m + sa[1] k, b[k,n] at sb[0] k + sb[1] n */
+        const int64_t sa[2] = {form == 2 ? 1 : K, form == 2 ? M : 1}, sb[2] = {form == 0 ? 1 : N, form == 0 ? K : 1};
+        const int64_t ldc = N + 3;   /* rows of c apart by more than N: the gap stays untouched */
+        float *c = malloc(sizeof(float) * (size_t)(M * ldc));
+        for (int64_t i = 0; i < M * ldc; i++) c[i] = 0.5f;
+        CHECK(rx_cpu_dnnl_gemm_bf16(c, ldc, a, sa, b, sb, M, N, K, acc) == 1, "oneDNN failed");
+        double worst = 0;
+        int gap = 1;
+        for (int64_t m = 0; m < M; m++) {
+          for (int64_t n = 0; n < N; n++) {
+            double want = acc ? 0.5 : 0, scale = acc ? 0.5 : 0;
+            for (int64_t k = 0; k < K; k++) {
+              const double p = (double)rx_bf16_to_f32(a[m * sa[0] + k * sa[1]]) * rx_bf16_to_f32(b[k * sb[0] + n * sb[1]]);
+              want += p;
+              scale += fabs(p);
+            }
+            worst = fmax(worst, fabs(c[m * ldc + n] - want) / (scale > 0 ? scale : 1));
+          }
+          for (int64_t n = N; n < ldc; n++) gap &= c[m * ldc + n] == 0.5f;
+        }
+        CHECK(worst < 1e-6, "M=%lld N=%lld K=%lld form %d accumulate %d: error %.3g of the f32 bound", (long long)M,
+              (long long)N, (long long)K, form, acc, worst);
+        CHECK(gap, "form %d: wrote between the rows of c", form);
+        free(a); free(b); free(c);
+      }
 }
 
 static void embedding_widens_rows(void) {
@@ -230,7 +342,9 @@ static void model_keeps_matrices_in_bf16(void) {
 
 int main(void) {
   RUN(forward_matches_reference_at_every_row_count);
+  RUN(dot_kernel_matches_f32_kernel_on_rounded_inputs);
   RUN(backward_gives_input_and_bias_gradients);
+  RUN(dnnl_gemm_matches_reference);
   RUN(embedding_widens_rows);
   RUN(mismatched_dtypes_are_refused);
   RUN(model_keeps_matrices_in_bf16);

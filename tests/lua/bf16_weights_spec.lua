@@ -1,4 +1,5 @@
--- bf16 weight storage with f32 compute: the frozen copies (KL reference, generation, evaluation).
+-- bf16 weight storage with f32 compute (bf16-rounded inputs in the matmuls): the frozen copies
+-- (KL reference, generation, evaluation).
 local remax = require("remax")
 local tensor, model_mod = remax.tensor, remax.model
 
@@ -42,9 +43,22 @@ local function bf16_checkpoint(extra)
   return dir
 end
 
+-- The generated tokens of each prompt decoded alone.
+local function alone(m, prompts, n)
+  local out = {}
+  for i, p in ipairs(prompts) do out[i] = m:generate({ p }, { temperature = 0, max_new_tokens = n }).rows[1].tokens end
+  return out
+end
+
+-- A bf16-stored weight multiplies bf16-rounded inputs (the bf16 dot product: exact products, f32
+-- sums) on every path: vdpbf16ps where the CPU has AVX-512 BF16, the widening kernels elsewhere,
+-- sgemm on widened weights for many rows. So it is within bf16's precision of f32 storage, and
+-- the same, up to the order of the sums, whichever path a row takes.
+local BF16_LOGP = 7e-2   -- twice the largest difference these models show (0.035), as gguf_spec's bf16 bound
+
 describe("bf16 weight storage", function()
   for _, arch in ipairs({ { "Qwen2ForCausalLM", {} }, { "LlamaForCausalLM", { tie_word_embeddings = true } } }) do
-    it(("keeps a bf16 checkpoint's %s weights in bf16 and computes what f32 storage computes"):format(arch[1]), function()
+    it(("keeps a bf16 checkpoint's %s weights in bf16, within bf16's precision of f32 storage, the same on every path"):format(arch[1]), function()
       local extra = { architectures = { arch[1] } }
       for k, v in pairs(arch[2]) do extra[k] = v end
       local dir = bf16_checkpoint(extra)
@@ -62,32 +76,38 @@ describe("bf16 weight storage", function()
       -- long rows (the widened GEMM path) and a short batch (the decode kernel)
       for _, rows in ipairs({ batch(3, 40, 1), batch(2, 3, 2) }) do
         local d = max_diff(f:logprobs(rows):totable(), h:logprobs(rows):totable())
-        assert.is_true(d < 2e-5, ("log-probs differ by %g"):format(d))
+        assert.is_true(d < BF16_LOGP and d > 0, ("log-probs differ by %g"):format(d))
       end
-      -- generation: greedy tokens equal, and the logits of every step close
+      -- a row in a long batch (sgemm, > 48 rows) and alone (the decode kernel): the same rounding
+      local rows = batch(3, 40, 1)
+      local together, first = h:logprobs(rows):totable()[1], h:logprobs({ rows[1] }):totable()[1]
+      local d = 0
+      for j = 1, #first do d = math.max(d, math.abs(first[j] - together[j])) end
+      assert.is_true(d < 2e-5, ("a row alone and in a batch differ by %g"):format(d))
+      -- generation: the prompts together decode what each decodes alone; logits close to f32's
       local prompts = { { 1, 2, 3, 4 }, { 9, 8 }, { 20, 21, 22 } }
-      local gf = f:generate(prompts, { temperature = 0, max_new_tokens = 12 })
       local gh = h:generate(prompts, { temperature = 0, max_new_tokens = 12 })
-      for i = 1, #prompts do assert.are.same(gf.rows[i].tokens, gh.rows[i].tokens) end
+      local each = alone(h, prompts, 12)
+      for i = 1, #prompts do assert.are.same(each[i], gh.rows[i].tokens) end
       local nf = f:next_logits(batch(3, 40, 3)):totable()
       local nh = h:next_logits(batch(3, 40, 3)):totable()
-      assert.is_true(max_diff(nf, nh) < 1e-4)
+      assert.is_true(max_diff(nf, nh) < 0.1, ("next logits differ by %g"):format(max_diff(nf, nh)))
     end)
   end
 
-  it("matches the f32 model of the rounded weights when the checkpoint is f32", function()
+  it("keeps an f32 checkpoint's weights rounded to bf16: the model of its bf16 save", function()
     local dir = tmpdir()
     local m = model_mod.new(tiny(), { seed = 6, init_std = 0.2 })
     m:save_full(dir)
     local h = model_mod.load(dir, { weight_dtype = "bf16" })
     local auto = model_mod.load(dir, { weight_dtype = "auto" })
     assert.are.equal("f32", auto:weight_dtype())   -- auto never rounds an f32 checkpoint
-    -- the same weights rounded to bf16 and kept in f32
+    -- the same weights rounded to bf16 by the save, kept in bf16
     local rdir = tmpdir()
     m:save_full(rdir, { dtype = "bf16" })
-    local r = model_mod.load(rdir)
+    local r = model_mod.load(rdir, { weight_dtype = "bf16" })
     local rows = batch(4, 30, 4)
-    assert.is_true(max_diff(r:logprobs(rows):totable(), h:logprobs(rows):totable()) < 2e-5)
+    assert.are.same(r:logprobs(rows):totable(), h:logprobs(rows):totable())
     -- and the rounding is visible against the f32 weights (so the check above can fail)
     assert.is_true(max_diff(m:logprobs(rows):totable(), h:logprobs(rows):totable()) > 1e-4)
   end)
@@ -107,19 +127,21 @@ describe("bf16 weight storage", function()
     end
   end)
 
-  it("decodes the same tokens with 1 to 48 rows (the few-rows kernel at every row count)", function()
+  it("decodes the same tokens with 1 to 48 rows as each prompt alone (the few-rows kernel at every row count)", function()
     local dir = bf16_checkpoint()
-    local f, h = model_mod.load(dir), model_mod.load(dir, { weight_dtype = "bf16" })
-    for _, R in ipairs({ 1, 3, 4, 5, 9, 17, 33 }) do
-      local prompts = {}
-      for i = 1, R do prompts[i] = { (i * 3) % 48, (i * 7 + 1) % 48 } end
-      local gf = f:generate(prompts, { temperature = 0, max_new_tokens = 4 })
-      local gh = h:generate(prompts, { temperature = 0, max_new_tokens = 4 })
-      for i = 1, R do assert.are.same(gf.rows[i].tokens, gh.rows[i].tokens, ("rows %d, row %d"):format(R, i)) end
+    local h = model_mod.load(dir, { weight_dtype = "bf16" })
+    local prompts = {}
+    for i = 1, 33 do prompts[i] = { (i * 3) % 48, (i * 7 + 1) % 48 } end
+    local each = alone(h, prompts, 4)
+    for _, R in ipairs({ 3, 4, 5, 9, 17, 33 }) do
+      local some = {}
+      for i = 1, R do some[i] = prompts[i] end
+      local gh = h:generate(some, { temperature = 0, max_new_tokens = 4 })
+      for i = 1, R do assert.are.same(each[i], gh.rows[i].tokens, ("rows %d, row %d"):format(R, i)) end
     end
   end)
 
-  it("is frozen: backward names the storage, and LoRA trains on a bf16 base like on an f32 one", function()
+  it("is frozen: backward names the storage, and LoRA trains on a bf16 base like on an f32 one (within bf16's precision)", function()
     local dir = bf16_checkpoint()
     local h = model_mod.load(dir, { weight_dtype = "bf16" })
     local rows = batch(2, 20, 5)
@@ -151,7 +173,8 @@ describe("bf16 weight storage", function()
       end
       walk(gf, gh)
       assert.is_true(den > 0, name)
-      assert.is_true(math.sqrt(num / den) < 1e-4, ("%s: relative difference %g"):format(name, math.sqrt(num / den)))
+      -- the base's inputs are rounded to bf16 in its matmuls: bf16's precision (issue #29's 2e-2)
+      assert.is_true(math.sqrt(num / den) < 2e-2, ("%s: relative difference %g"):format(name, math.sqrt(num / den)))
       n = n + 1
     end
     assert.is_true(n >= 14)
@@ -202,7 +225,7 @@ describe("frozen copies in training", function()
     return t
   end
 
-  it("keeps the KL reference of a bf16 checkpoint in bf16 (auto) with the same KL as f32 storage", function()
+  it("keeps the KL reference of a bf16 checkpoint in bf16 (auto) with the KL of f32 storage within bf16's precision", function()
     local dir = setup()
     local a = run(dir, { run_name = "auto" })
     local f = run(dir, { run_name = "f32", frozen_dtype = "f32" })
@@ -212,7 +235,7 @@ describe("frozen copies in training", function()
     assert.is_true(a.ref:memory().params < 0.6 * f.ref:memory().params)
     local ma, mf = a.run:metrics(), f.run:metrics()
     for step = 1, 2 do
-      assert.is_true(math.abs(ma[step].kl - mf[step].kl) < 1e-6 + 1e-4 * math.abs(mf[step].kl),
+      assert.is_true(math.abs(ma[step].kl - mf[step].kl) < 1e-6 + 2e-2 * math.abs(mf[step].kl),
         ("step %d: kl %g vs %g"):format(step, ma[step].kl, mf[step].kl))
     end
   end)

@@ -19,12 +19,23 @@ end
 describe("remax version", function()
   it("names the version, the OpenBLAS kernels in use and how CUDA was built", function()
     local out = version("env")
-    assert.is_truthy(out:match("^remax %d+%.%d+%.%d+ %(OpenBLAS kernels: %w+; CUDA: [^\n]+%)\n$"), out)
+    assert.is_truthy(out:match("^remax %d+%.%d+%.%d+ %(OpenBLAS kernels: %w+; CUDA: [^;]+; bf16 kernels: [^\n]+%)\n$"), out)
     local backend = require("ffi").string(require("remax.bind.ffi").C.rx_cuda_backend())
     local want = ({ none = "CUDA: not built", device = "CUDA: built for the GPU",
       emulated = "CUDA: emulated on the CPU (for testing, not speed)" })[backend]
     assert.is_truthy(want and out:find(want, 1, true), out)
     assert.are.equal(want, "CUDA: " .. require("remax").cuda_backend())
+  end)
+
+  it("names the bf16 kernels in use: vdpbf16ps where the CPU has AVX-512 BF16, else why none", function()
+    local out = version("env -u REMAX_NO_BF16_DOT")
+    if cpu_has("avx512_bf16") then
+      assert.is_truthy(out:find("bf16 kernels: vdpbf16ps (AVX-512 BF16)", 1, true), out)
+    else
+      assert.is_truthy(out:find("bf16 kernels: none: ", 1, true), out)
+    end
+    out = version("env REMAX_NO_BF16_DOT=1")
+    assert.is_truthy(out:find("bf16 kernels: none: REMAX_NO_BF16_DOT is set", 1, true), out)
   end)
 
   it("leaves an OPENBLAS_CORETYPE the user set alone", function()

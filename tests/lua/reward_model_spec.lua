@@ -122,7 +122,7 @@ describe("reward model", function()
     assert.are.equal(dir, cfg.rewards[2].model)
   end)
 
-  it("keeps a bf16 checkpoint's decoder in bf16 and scores as with f32 weights", function()
+  it("keeps a bf16 checkpoint's decoder in bf16 and scores as with f32 weights, within bf16's precision", function()
     local dir = make_rm({ seed = 21, bf16 = true })
     local auto = reward_model.load(dir)
     local f32 = reward_model.load(dir, { weight_dtype = "f32" })
@@ -131,7 +131,8 @@ describe("reward model", function()
     local prompts, texts = { "p", "q", "r" }, { "a short one", "a somewhat longer text to score", "x" }
     local sa, sf = auto:score(prompts, texts), f32:score(prompts, texts)
     for i = 1, #texts do
-      assert.is_true(math.abs(sa[i] - sf[i]) < 1e-5 * (1 + math.abs(sf[i])), ("%g vs %g"):format(sa[i], sf[i]))
+      -- its matmuls round their inputs to bf16 (engine/cpu/matmul_bf16.c): about 1% here
+      assert.is_true(math.abs(sa[i] - sf[i]) < 3e-2 * (1 + math.abs(sf[i])), ("%g vs %g"):format(sa[i], sf[i]))
     end
     -- an f32 checkpoint stays f32 under auto
     assert.are.equal("f32", reward_model.load(make_rm({ seed = 22 })).model:weight_dtype())

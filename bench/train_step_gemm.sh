@@ -1,0 +1,16 @@
+#!/bin/sh
+# bench/train_step_gemm.sh: one training step's GEMMs, OpenBLAS sgemm (f32) beside oneDNN's bf16
+# matmul (engine/cpu/dnnl.c), at the small and Qwen2.5-0.5B shapes of bench/train_step.sh, in one
+# run, 2 threads (kernels chosen by bench/blas_core.sh). Not a test.
+#   bench/train_step_gemm.sh [small|qwen0.5b ...]      REPS=1 for one step of each (default 3)
+set -eu
+cd "$(dirname "$0")/.."
+. bench/blas_core.sh   # builds first
+build=${REMAX_BUILD:-build}
+blas=$(sed -n 's/^OPENBLAS_LIB:FILEPATH=//p' "$build/CMakeCache.txt")
+inc=$(sed -n 's/^CBLAS_INCLUDE_DIR:PATH=//p' "$build/CMakeCache.txt")
+cc -O2 -fopenmp -o "$build/train_step_gemm" bench/train_step_gemm.c -I"$inc" -Iengine/cpu -Iengine/core -L"$build" -lremax \
+  -Wl,-rpath,"$(pwd)/$build" "$blas" -Wl,-rpath,"$(dirname "$blas")"
+for shape in ${*:-small qwen0.5b}; do
+  OMP_NUM_THREADS=${THREADS:-2} "$build/train_step_gemm" "$shape"
+done
