@@ -4,7 +4,12 @@
  * sits at the same cache index), their keys and values are copied to every row that continues
  * them, and then all rows decode in lockstep: one token per row per step, attention of one
  * query against the row's cache. Randomness comes from Philox keyed by (seed, row key,
- * position), so a row's tokens do not depend on which other rows share its batch. */
+ * position), so a row's tokens do not depend on which other rows share its batch.
+ *
+ * On a device (model on "cuda") the KV cache, the decode activations and the step's ids
+ * (tokens, positions, mask) live in device memory; the host keeps the rows' bookkeeping, stages
+ * the ids before each step and reads back only the logits the sampler needs (f32), so the
+ * same sampler picks the tokens on every device. */
 #include "model/model_internal.h"
 #include "fastmath.h"
 #include <math.h>
@@ -30,13 +35,16 @@ struct rx_generator {
   int64_t active;
   int32_t *place_row, *row_place;        /* [R]: the row in each place, the place of each row */
   void *kcache, *vcache;                 /* [L][R][S][KV*D] in the compute dtype, per place */
+  void *kcache_handle, *vcache_handle, *scratch_handle, *ids_handle;   /* device pieces (rx_arena_free) */
+  int32_t *ids;                          /* device: [R] tokens, [R] positions, [R*S] mask; NULL on the CPU */
+  int32_t *d_tok, *d_pos, *d_mask;       /* where the step's ops read them: ids, or the host arrays on the CPU */
   int32_t *cache_mask;                   /* [R][S], per place */
   int32_t *step_mask;                    /* [active][Tk] contiguous copy for the attention call */
   int32_t *prompt_len, *positions, *current, *done;   /* per place */
   void *scratch;                         /* decode activations */
   rx_tensor x, xn, rstd, q, k, v, att, tmp, gate, up, h, lse, logits, tok;
   int64_t step_slot;                     /* cache slot of the token the current step decodes */
-  float *logits_f32;                     /* [R][V] for the sampler: the logits themselves in f32 */
+  float *logits_f32;                     /* [R][V] on the host for the sampler (the logits themselves on a CPU f32 model) */
   float *sample_buf;                     /* per thread [V] */
   int32_t *index_buf;                    /* per thread [V] */
   cand *cand_buf;                        /* per thread [V]: top-p candidates */
@@ -206,6 +214,30 @@ static void view2(rx_tensor *t, void *data, int32_t dtype, int32_t device, int64
 
 static double gib(int64_t bytes) { return bytes / 1073741824.0; }
 
+/* n elements of the compute dtype from src to dst, both on the model's device. */
+static int dev_copy(const rx_generator *g, void *dst, const void *src, int64_t n) {
+  const rx_model_config *c = &g->m->cfg;
+  if (c->device == RX_CPU) {
+    memcpy(dst, src, (size_t)(n * rx_dtype_size(c->dtype)));
+    return RX_OK;
+  }
+  rx_tensor d, s;
+  int64_t shape[1] = {n};
+  rx_view_init(&d, dst, c->dtype, c->device, 1, shape);
+  rx_view_init(&s, (void *)src, c->dtype, c->device, 1, shape);
+  return rx_tensor_copy(&d, &s);
+}
+
+/* n host ids to where the step's ops read them (nothing to do on the CPU: the same memory). */
+static int stage_ids(const rx_generator *g, int32_t *dst, const int32_t *src, int64_t n) {
+  if (dst == src) return RX_OK;
+  rx_tensor d, s;
+  int64_t shape[1] = {n};
+  rx_view_init(&d, dst, RX_I32, g->m->cfg.device, 1, shape);
+  rx_view_init(&s, (void *)src, RX_I32, RX_CPU, 1, shape);
+  return rx_tensor_copy(&d, &s);
+}
+
 /* ------------------------------------------------------------------ prefill */
 
 /* The prefill's KV-cache hook: each prompt's (roped) keys and values of layer l go to the cache
@@ -219,8 +251,8 @@ static int copy_prompt_kv(void *ctx, int64_t l, const layer_acts *a, rx_tensor *
   char *K = (char *)g->kcache + l * g->R * row_bytes, *Vc = (char *)g->vcache + l * g->R * row_bytes;
   for (int64_t r = 0; r < g->R; r++) {
     int64_t p = g->req.row_prompt[r];
-    memcpy(K + r * row_bytes, (char *)a->k.data + p * block, (size_t)block);
-    memcpy(Vc + r * row_bytes, (char *)a->v.data + p * block, (size_t)block);
+    TRY(dev_copy(g, K + r * row_bytes, (char *)a->k.data + p * block, g->Pmax * KD));
+    TRY(dev_copy(g, Vc + r * row_bytes, (char *)a->v.data + p * block, g->Pmax * KD));
   }
   return RX_OK;
 }
@@ -238,17 +270,24 @@ static float token_logprob(const rx_generator *g, int64_t place, int32_t token, 
     return (float)(x[token] - mx - log(s));
   }
   /* f32: vectorised passes, the exponentials in f32 (relative error <= 3e-7), summed in double */
-  const float *x = (const float *)g->logits.data + place * V;
+  const float *x = g->logits_f32 + place * V;
   #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < V; i++) s += (double)rx_exp_f32(x[i] - mf);
   return (float)((double)x[token] - mf - log(s));
 }
 
-/* The sampler reads f32 logits (an f64 model's are rounded once here). */
-static void logits_to_f32(rx_generator *g) {
-  const int64_t n = g->active * g->m->cfg.vocab_size;
-  if (g->logits.dtype == RX_F32) return;   /* logits_f32 points at them */
+/* The sampler reads f32 logits on the host: a CPU f32 model's in place, an f64 model's rounded
+ * once here, a device model's (f32 or bf16) copied from the device as f32. */
+static int logits_to_f32(rx_generator *g) {
+  const int64_t V = g->m->cfg.vocab_size, n = g->active * V;
+  if (g->logits.device != RX_CPU) {
+    rx_tensor h;
+    view2(&h, g->logits_f32, RX_F32, RX_CPU, g->active, V);
+    return rx_tensor_copy(&h, &g->logits);
+  }
+  if (g->logits.dtype == RX_F32) return RX_OK;   /* logits_f32 points at them */
   for (int64_t i = 0; i < n; i++) g->logits_f32[i] = (float)((const double *)g->logits.data)[i];
+  return RX_OK;
 }
 
 static int is_stop(const rx_generator *g, int32_t t) {
@@ -323,10 +362,12 @@ static int check_request(rx_model *m, const rx_generate_request *q) {
 
 void rx_generate_end(rx_generator *g) {
   if (!g) return;
-  rx_free(g->kcache);
-  rx_free(g->vcache);
-  if (g->logits_f32 != g->logits.data) rx_free(g->logits_f32);   /* f32: a view of the scratch */
-  rx_free(g->scratch);
+  const int32_t dev = g->m->cfg.device;
+  rx_arena_free(dev, g->kcache, g->kcache_handle);
+  rx_arena_free(dev, g->vcache, g->vcache_handle);
+  if (g->logits_f32 != g->logits.data) rx_free(g->logits_f32);   /* CPU f32: a view of the scratch */
+  rx_arena_free(dev, g->scratch, g->scratch_handle);
+  if (g->ids) rx_arena_free(dev, g->ids, g->ids_handle);
   free(g->cache_mask);
   free(g->step_mask);
   free(g->prompt_len);
@@ -343,9 +384,10 @@ void rx_generate_end(rx_generator *g) {
 
 int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request *req, rx_generate_result *res) {
   *out = NULL;
-  TRY(rx_model_on_cpu(m, "generate"));
   TRY(check_request(m, req));
   const rx_model_config *c = &m->cfg;
+  const int on_device = c->device != RX_CPU;
+  const int32_t st = rx_model_master_dtype(c);   /* rstd and lse: f32 for bf16 compute */
   const int64_t L = c->num_hidden_layers, C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
   const int64_t H = c->num_attention_heads, KD = c->num_key_value_heads * c->head_dim, HD = H * c->head_dim;
   const int64_t es = rx_dtype_size(c->dtype), R = req->num_rows, P = req->num_prompts;
@@ -363,9 +405,15 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   const int64_t nthreads = omp_get_max_threads();
   const int64_t sampler = nthreads * V * (int64_t)(sizeof(float) + sizeof(int32_t) + sizeof(cand));
   const int64_t decode = R * (4 * C + 2 * HD + 2 * KD + 3 * I + H + 1) * es + R * V * es +
-                         (c->dtype == RX_F32 ? 0 : R * V * 4) + sampler;   /* f32 logits are sampled in place */
+                         (c->dtype == RX_F32 && !on_device ? 0 : R * V * 4) + sampler;   /* CPU f32 logits are sampled in place */
   const int64_t prefill = P * Pmax * ((L + 4) * C + 2 * HD + 2 * KD + 3 * I + H + 8) * es + (32ll << 20);
-  const int64_t need = cache + decode + prefill, avail = available_memory();
+  const int64_t need = cache + decode + prefill;
+  int64_t avail = available_memory();
+  if (c->device == RX_CUDA) {   /* the cache and activations live on the device: its free memory and remax's unused cache */
+    int64_t held = 0, peak = 0, reserved = 0, free_bytes = 0, total = 0;
+    if (rx_cuda_memory(&held, &peak, &reserved, &free_bytes, &total)) return rx_fail_context(RX_EDEVICE, "generate");
+    avail = free_bytes + (reserved - held);
+  }
   res->cache_bytes = cache;
   if (need > avail) {
     /* what would fit: the KV cache and decode buffers grow with the rows, the rest does not */
@@ -384,8 +432,8 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   g->res = res;
   g->R = R; g->P = P; g->Pmax = Pmax; g->S = S;
   g->nthreads = (int)nthreads;
-  g->kcache = rx_alloc((size_t)(cache / 2), "KV cache");
-  g->vcache = rx_alloc((size_t)(cache / 2), "KV cache");
+  g->kcache = rx_arena_alloc(c->device, (size_t)(cache / 2), "KV cache", 1, &g->kcache_handle);
+  g->vcache = g->kcache ? rx_arena_alloc(c->device, (size_t)(cache / 2), "KV cache", 1, &g->vcache_handle) : NULL;
   g->cache_mask = calloc((size_t)(R * S), sizeof(int32_t));
   g->step_mask = calloc((size_t)(R * S), sizeof(int32_t));
   g->prompt_len = calloc((size_t)R, sizeof(int32_t));
@@ -394,31 +442,37 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   g->done = calloc((size_t)R, sizeof(int32_t));
   g->place_row = calloc((size_t)R, sizeof(int32_t));
   g->row_place = calloc((size_t)R, sizeof(int32_t));
-  g->logits_f32 = c->dtype == RX_F32 ? NULL : rx_alloc((size_t)(R * V * 4), "logits");
+  g->logits_f32 = c->dtype == RX_F32 && !on_device ? NULL : rx_alloc((size_t)(R * V * 4), "logits");
   g->sample_buf = rx_alloc((size_t)(g->nthreads * V * 4), "sampler");
   g->index_buf = rx_alloc((size_t)(g->nthreads * V * 4), "sampler");
   g->cand_buf = rx_alloc((size_t)g->nthreads * (size_t)V * sizeof(cand), "sampler");
-  int64_t sizes[] = {R * C, R * C, R, R * HD, R * KD, R * KD, R * HD, R * C, R * I, R * I, R * I, R * H, R * V};
-  int64_t total = 0;
-  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] * es + 63) & ~(int64_t)63;
-  g->scratch = rx_alloc((size_t)total + 64, "decode activations");
-  if (!g->kcache || !g->vcache || !g->cache_mask || !g->step_mask || !g->prompt_len || !g->positions || !g->current ||
-      !g->done || !g->place_row || !g->row_place || (!g->logits_f32 && c->dtype != RX_F32) || !g->sample_buf ||
-      !g->index_buf || !g->cand_buf || !g->scratch) {
-    rx_generate_end(g);
-    return rx_fail(RX_ENOMEM, "generate: out of memory for the KV cache (%.2f GiB)", gib(cache));
-  }
-  memset(g->kcache, 0, (size_t)(cache / 2));
-  memset(g->vcache, 0, (size_t)(cache / 2));
   rx_tensor *views[] = {&g->x, &g->xn, &g->rstd, &g->q, &g->k, &g->v, &g->att, &g->tmp, &g->gate, &g->up, &g->h, &g->lse, &g->logits};
   int64_t cols[] = {C, C, 1, HD, KD, KD, HD, C, I, I, I, H, V};
+  int32_t dts[] = {c->dtype, c->dtype, st, c->dtype, c->dtype, c->dtype, c->dtype, c->dtype, c->dtype, c->dtype, c->dtype, st, c->dtype};
+  int64_t total = 0;
+  for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) total += (R * cols[i] * rx_dtype_size(dts[i]) + 63) & ~(int64_t)63;
+  int alloc_ok = g->kcache && g->vcache;
+  if (alloc_ok) g->scratch = rx_arena_alloc(c->device, (size_t)total + 64, "decode activations", 0, &g->scratch_handle);
+  if (alloc_ok && on_device)
+    g->ids = rx_arena_alloc(c->device, sizeof(int32_t) * (size_t)(2 * R + R * S), "decode ids", 1, &g->ids_handle);
+  alloc_ok = alloc_ok && g->scratch && (!on_device || g->ids);
+  if (!alloc_ok || !g->cache_mask || !g->step_mask || !g->prompt_len || !g->positions || !g->current ||
+      !g->done || !g->place_row || !g->row_place || (!g->logits_f32 && (c->dtype != RX_F32 || on_device)) || !g->sample_buf ||
+      !g->index_buf || !g->cand_buf) {
+    rx_generate_end(g);
+    if (!alloc_ok) return rx_fail_context(RX_ENOMEM, "generate: a %.2f GiB KV cache and its decode buffers", gib(cache));
+    return rx_fail(RX_ENOMEM, "generate: out of memory for the KV cache (%.2f GiB)", gib(cache));
+  }
   char *at = g->scratch;
   for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
-    view2(views[i], at, c->dtype, c->device, R, cols[i]);
-    at += (R * cols[i] * es + 63) & ~(int64_t)63;
+    view2(views[i], at, dts[i], c->device, R, cols[i]);
+    at += (R * cols[i] * rx_dtype_size(dts[i]) + 63) & ~(int64_t)63;
   }
-  if (c->dtype == RX_F32) g->logits_f32 = g->logits.data;
-  view2(&g->tok, g->current, RX_I32, c->device, R, 1);
+  if (c->dtype == RX_F32 && !on_device) g->logits_f32 = g->logits.data;
+  g->d_tok = on_device ? g->ids : g->current;
+  g->d_pos = on_device ? g->ids + R : g->positions;
+  g->d_mask = on_device ? g->ids + 2 * R : g->step_mask;
+  view2(&g->tok, g->d_tok, RX_I32, c->device, R, 1);
   g->tok.ndim = 1;
   g->active = R;
   for (int64_t r = 0; r < R; r++) {
@@ -432,7 +486,8 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
 
   /* prefill: each prompt once, left-padded to Pmax */
   rx_forward_opts fo = {0, 0, 0, 0};
-  int rc = rx_model_plan(m, P, Pmax, &fo);
+  int rc = rx_model_refresh_work(m);   /* a bf16 model's working weights from its master */
+  if (!rc) rc = rx_model_plan(m, P, Pmax, &fo);
   int32_t *ptok = calloc((size_t)(P * Pmax), sizeof(int32_t)), *pmask = calloc((size_t)(P * Pmax), sizeof(int32_t));
   if (!rc && (!ptok || !pmask)) rc = rx_fail(RX_ENOMEM, "generate: out of memory for prompts");
   if (!rc) {
@@ -452,11 +507,11 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   if (!rc) {
     /* logits after each row's prompt: gather its prompt's last hidden state, one GEMM over
      * the rows (so every row's logits sit in its own row, as after a decode step) */
-    for (int64_t r = 0; r < R; r++)
-      memcpy((char *)g->xn.data + r * C * es, (char *)m->plan.xf.data + (req->row_prompt[r] * Pmax + Pmax - 1) * C * es,
-             (size_t)(C * es));
-    rc = rx_matmul_forward(&g->logits, &g->xn, rx_model_w(m, m->lm_head), NULL);
-    if (!rc) logits_to_f32(g);
+    for (int64_t r = 0; r < R && !rc; r++)
+      rc = dev_copy(g, (char *)g->xn.data + r * C * es,
+                    (char *)m->plan.xf.data + (req->row_prompt[r] * Pmax + Pmax - 1) * C * es, C);
+    if (!rc) rc = rx_matmul_forward(&g->logits, &g->xn, rx_model_w(m, m->lm_head), NULL);
+    if (!rc) rc = logits_to_f32(g);
   }
   if (!rc) rc = choose_tokens(g);
   if (rc) { rx_generate_end(g); return rc; }
@@ -480,7 +535,7 @@ static void cache_view(rx_generator *g, rx_tensor *t, void *base, int64_t l, int
  * (its cache rows [0, filled), mask and state), so a step computes only the rows still decoding.
  * A row's numbers do not depend on its place, or on the rows beside it (up to 48 rows, see
  * engine/cpu/matmul_rows.c), so moving it changes none of its tokens. */
-static void compact(rx_generator *g) {
+static int compact(rx_generator *g) {
   const rx_model_config *c = &g->m->cfg;
   const int64_t L = c->num_hidden_layers, KD = c->num_key_value_heads * c->head_dim, es = rx_dtype_size(c->dtype);
   const int64_t S = g->S, filled = g->Pmax + g->generated - 1;
@@ -492,8 +547,8 @@ static void compact(rx_generator *g) {
     if (s == last) break;
     for (int64_t l = 0; l < L; l++) {
       char *K = (char *)g->kcache + l * g->R * row, *Vc = (char *)g->vcache + l * g->R * row;
-      memcpy(K + s * row, K + last * row, (size_t)(filled * KD * es));
-      memcpy(Vc + s * row, Vc + last * row, (size_t)(filled * KD * es));
+      TRY(dev_copy(g, K + s * row, K + last * row, filled * KD));
+      TRY(dev_copy(g, Vc + s * row, Vc + last * row, filled * KD));
     }
     memcpy(g->cache_mask + s * S, g->cache_mask + last * S, sizeof(int32_t) * (size_t)S);
     const int32_t finished = g->place_row[s], moved = g->place_row[last];
@@ -506,6 +561,7 @@ static void compact(rx_generator *g) {
     g->done[s] = g->done[last];   /* when it had finished too, the loop looks at s again */
     g->done[last] = 1;
   }
+  return RX_OK;
 }
 
 /* The decode activations as views of their first n rows. */
@@ -528,9 +584,20 @@ static int append_kv(void *ctx, int64_t l, const layer_acts *a, rx_tensor *keys,
   const int64_t KD = c->num_key_value_heads * c->head_dim, es = rx_dtype_size(c->dtype), S = g->S;
   const int64_t idx = g->step_slot;
   char *K = (char *)g->kcache + l * g->R * S * KD * es, *Vc = (char *)g->vcache + l * g->R * S * KD * es;
-  for (int64_t r = 0; r < g->active; r++) {
-    memcpy(K + (r * S + idx) * KD * es, (char *)a->k.data + r * KD * es, (size_t)(KD * es));
-    memcpy(Vc + (r * S + idx) * KD * es, (char *)a->v.data + r * KD * es, (size_t)(KD * es));
+  if (c->device == RX_CPU) {
+    for (int64_t r = 0; r < g->active; r++) {
+      memcpy(K + (r * S + idx) * KD * es, (char *)a->k.data + r * KD * es, (size_t)(KD * es));
+      memcpy(Vc + (r * S + idx) * KD * es, (char *)a->v.data + r * KD * es, (size_t)(KD * es));
+    }
+  } else {   /* one strided copy per tensor: row r's slot idx is S*KD elements after row r-1's */
+    rx_tensor dk, dv, sk, sv;
+    view2(&dk, K + idx * KD * es, c->dtype, c->device, g->active, KD);
+    view2(&dv, Vc + idx * KD * es, c->dtype, c->device, g->active, KD);
+    dk.stride[0] = dv.stride[0] = S * KD;
+    view2(&sk, a->k.data, c->dtype, c->device, g->active, KD);
+    view2(&sv, a->v.data, c->dtype, c->device, g->active, KD);
+    TRY(rx_tensor_copy(&dk, &sk));
+    TRY(rx_tensor_copy(&dv, &sv));
   }
   cache_view(g, keys, g->kcache, l, idx + 1);
   cache_view(g, values, g->vcache, l, idx + 1);
@@ -560,7 +627,7 @@ static void decode_acts(rx_generator *g, layer_acts *a, int64_t R) {
   rx_view_init(&a->k4, g->k.data, dt, dev, 4, s4k);
   rx_view_init(&a->v4, g->v.data, dt, dev, 4, s4k);
   rx_view_init(&a->att4, g->att.data, dt, dev, 4, s4q);
-  rx_view_init(&a->lse, g->lse.data, dt, dev, 3, s3);
+  rx_view_init(&a->lse, g->lse.data, g->lse.dtype, dev, 3, s3);
   rx_view_init(&a->q_rows, g->q.data, dt, dev, 2, sqr);
   rx_view_init(&a->k_rows, g->k.data, dt, dev, 2, skr);
   a->q_raw_rows = a->q_rows;
@@ -568,7 +635,7 @@ static void decode_acts(rx_generator *g, layer_acts *a, int64_t R) {
 }
 
 int rx_generate_step(rx_generator *g, int32_t *done) {
-  compact(g);
+  TRY(compact(g));
   if (g->active == 0 || g->generated >= g->req.max_new_tokens) { *done = 1; return RX_OK; }
   set_rows(g, g->active);
   rx_model *m = g->m;
@@ -584,8 +651,11 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
   int64_t s2m[2] = {R, Tk}, s1[1] = {R};
   rx_tensor mask, pos;
   layer_acts acts;
-  rx_view_init(&mask, g->step_mask, RX_I32, c->device, 2, s2m);
-  rx_view_init(&pos, g->positions, RX_I32, c->device, 1, s1);
+  TRY(stage_ids(g, g->d_tok, g->current, R));
+  TRY(stage_ids(g, g->d_pos, g->positions, R));
+  TRY(stage_ids(g, g->d_mask, g->step_mask, R * Tk));
+  rx_view_init(&mask, g->d_mask, RX_I32, c->device, 2, s2m);
+  rx_view_init(&pos, g->d_pos, RX_I32, c->device, 1, s1);
   decode_acts(g, &acts, R);
   const layer_kv kv = {append_kv, g};
   const layer_io io = {&g->x, &g->x, &pos, &mask, &kv};
@@ -594,7 +664,7 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
   for (int64_t l = 0; l < L; l++) TRY(rx_model_layer(m, l, &acts, &io));
   TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, rx_model_w(m, m->final_norm), c->rms_norm_eps));
   TRY(rx_matmul_forward(&g->logits, &g->xn, rx_model_w(m, m->lm_head), NULL));
-  logits_to_f32(g);
+  TRY(logits_to_f32(g));
   TRY(choose_tokens(g));
   g->generated++;
   g->res->decode_steps++;
@@ -626,13 +696,15 @@ int rx_model_generate(rx_model *m, const rx_generate_request *req, rx_generate_r
 int rx_model_next_logits(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, rx_tensor *out) {
   int64_t B = 0, T = 0;
   char a[96];
-  TRY(rx_model_on_cpu(m, "next_logits"));
   TRY(rx_model_check_tokens(m, tokens, mask, &B, &T));
   const rx_model_config *c = &m->cfg;
-  if (rx_check_tensor(out, "next_logits", "out", 2) || out->shape[0] != B || out->shape[1] != c->vocab_size || out->dtype != c->dtype)
-    return rx_fail(RX_EINVAL, "next_logits: out must be %s [%lld,%lld], got %s", rx_dtype_name(c->dtype), (long long)B,
-                   (long long)c->vocab_size, rx_shape_str(out, a, sizeof a));
+  if (rx_check_tensor(out, "next_logits", "out", 2) || out->shape[0] != B || out->shape[1] != c->vocab_size ||
+      out->dtype != c->dtype || out->device != c->device)
+    return rx_fail(RX_EINVAL, "next_logits: out must be %s [%lld,%lld] on the model's device %d, got %s on device %d",
+                   rx_dtype_name(c->dtype), (long long)B, (long long)c->vocab_size, c->device, rx_shape_str(out, a, sizeof a),
+                   out->device);
   rx_forward_opts fo = {0, 0, 0, 0};
+  TRY(rx_model_refresh_work(m));
   TRY(rx_model_plan(m, B, T, &fo));
   TRY(rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL));
   TRY(rx_model_forward_hidden(m, NULL));
