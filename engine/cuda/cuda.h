@@ -88,6 +88,18 @@ int rx_cuda_attention_forward(void *out, float *lse, const void *q, const void *
 int rx_cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                                const void *v, const void *out, const float *lse, const int32_t *mask,
                                const rx_cuda_attn_dims *dims, int32_t dtype);
+/* The sampler on the device (sample.cu), the twin of engine/generate's: one row of logits [n, V]
+ * per place and its settings; token i32 [n] (-1: sampled row without a finite logit), logprob
+ * f32 [n] (log p of the token at temperature 1), prob f32 [n, V] scratch. u comes from Philox
+ * (seed, key, position) as rx_sample_uniform. */
+typedef struct rx_cuda_sample_row {
+  double temperature, top_p;
+  int32_t top_k, pad;
+  uint64_t key;
+  int64_t position;
+} rx_cuda_sample_row;
+int rx_cuda_sample(int32_t *token, float *logprob, float *prob, const void *logits, const rx_cuda_sample_row *rows,
+                   uint64_t seed, int64_t n, int64_t V, int32_t dtype);
 /* AdamW on f32 master weights, f32 grads and moments; bc1 = 1 - beta1^step, sqrt_bc2 = sqrt(1 - beta2^step). */
 int rx_cuda_adamw(float *param, const float *grad, float *m, float *v, int64_t n, double lr, double beta1,
                   double beta2, double eps, double shrink, double bc1, double sqrt_bc2);

@@ -67,3 +67,5 @@ int rx_cuda_sum_squares(double *acc, const float *x, int64_t n) { return none();
 int rx_cuda_scale(float *x, int64_t n, double s) { return none(); }
 int rx_cuda_scalar(double **acc) { *acc = NULL; return none(); }
 int rx_cuda_read_double(double *out, const double *acc) { return none(); }
+int rx_cuda_sample(int32_t *token, float *logprob, float *prob, const void *logits, const rx_cuda_sample_row *rows,
+                   uint64_t seed, int64_t n, int64_t V, int32_t dtype) { return none(); }

@@ -7,11 +7,13 @@
  * position), so a row's tokens do not depend on which other rows share its batch.
  *
  * On a device (model on "cuda") the KV cache, the decode activations and the step's ids
- * (tokens, positions, mask) live in device memory; the host keeps the rows' bookkeeping, stages
- * the ids before each step and reads back only the logits the sampler needs (f32), so the
- * same sampler picks the tokens on every device. */
+ * (tokens, positions, mask) live in device memory; the host keeps the rows' bookkeeping and
+ * stages the ids before each step. The device samples (ops/sample.h: the same rules and Philox
+ * streams as the host's sampler), so only each row's token and its log-probability come back;
+ * REMAX_HOST_SAMPLER=1 reads the logits back as f32 and samples on the host instead. */
 #include "model/model_internal.h"
 #include "fastmath.h"
+#include "ops/sample.h"
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -38,6 +40,10 @@ struct rx_generator {
   void *kcache_handle, *vcache_handle, *scratch_handle, *ids_handle;   /* device pieces (rx_arena_free) */
   int32_t *ids;                          /* device: [R] tokens, [R] positions, [R*S] mask; NULL on the CPU */
   int32_t *d_tok, *d_pos, *d_mask;       /* where the step's ops read them: ids, or the host arrays on the CPU */
+  int device_sampler;                    /* the device picks the tokens (sample_on_device) */
+  void *dsamp, *dsamp_handle;            /* device: [R] settings, [R] tokens, [R] log p, [R, V] probabilities */
+  rx_cuda_sample_row *h_rows;            /* host: [R] settings of the places */
+  int32_t *h_tok;                        /* host: [R] tokens, then [R] log p (f32) */
   int32_t *cache_mask;                   /* [R][S], per place */
   int32_t *step_mask;                    /* [active][Tk] contiguous copy for the attention call */
   int32_t *prompt_len, *positions, *current, *done;   /* per place */
@@ -296,9 +302,21 @@ static int is_stop(const rx_generator *g, int32_t t) {
   return 0;
 }
 
+/* A place's next token and its log-probability go to its row's result; the row ends on a stop
+ * token or at its budget. */
+static void record_token(rx_generator *g, int64_t place, int32_t tok, float logprob) {
+  const int64_t r = g->place_row[place], n = g->res->lengths[r], cap = g->req.max_new_tokens;
+  g->res->tokens[r * cap + n] = tok;
+  g->res->logprobs[r * cap + n] = logprob;
+  g->res->lengths[r] = (int32_t)(n + 1);
+  g->current[place] = tok;
+  if (is_stop(g, tok)) { g->done[place] = 1; g->res->finish[r] = RX_FINISH_STOP; }
+  else if (n + 1 >= g->req.rows[r].max_new_tokens) { g->done[place] = 1; g->res->finish[r] = RX_FINISH_LENGTH; }
+}
+
 /* Samples the next token of every unfinished row from its place's logits and records it. */
 static int choose_tokens(rx_generator *g) {
-  const int64_t V = g->m->cfg.vocab_size, cap = g->req.max_new_tokens;
+  const int64_t V = g->m->cfg.vocab_size;
   int status = RX_OK;
   #pragma omp parallel for schedule(dynamic, 1) num_threads(g->nthreads)
   for (int64_t place = 0; place < g->active; place++) {
@@ -318,14 +336,53 @@ static int choose_tokens(rx_generator *g) {
       status = rc;
       continue;
     }
-    g->res->tokens[r * cap + n] = tok;
-    g->res->logprobs[r * cap + n] = token_logprob(g, place, tok, mx);
-    g->res->lengths[r] = (int32_t)(n + 1);
-    g->current[place] = tok;
-    if (is_stop(g, tok)) { g->done[place] = 1; g->res->finish[r] = RX_FINISH_STOP; }
-    else if (n + 1 >= s->max_new_tokens) { g->done[place] = 1; g->res->finish[r] = RX_FINISH_LENGTH; }
+    record_token(g, place, tok, token_logprob(g, place, tok, mx));
   }
   return status;
+}
+
+/* The device's sampler: every active place's settings go up, its token and log p come back. */
+static int sample_on_device(rx_generator *g) {
+  const rx_model_config *c = &g->m->cfg;
+  const int64_t n = g->active, V = c->vocab_size;
+  for (int64_t place = 0; place < n; place++) {
+    const int64_t r = g->place_row[place];
+    const rx_sampling *s = &g->req.rows[r];
+    g->h_rows[place] = (rx_cuda_sample_row){g->done[place] ? 0.0 : s->temperature, s->top_p, s->top_k, 0, s->key,
+                                            g->prompt_len[place] + g->res->lengths[r]};
+  }
+  rx_cuda_sample_row *d_rows = g->dsamp;
+  int32_t *d_tok = (int32_t *)(d_rows + g->R);
+  float *d_lp = (float *)(d_tok + g->R), *d_prob = d_lp + g->R;
+  rx_tensor hr, dr, tok, lp, prob, htok, hlp;
+  int64_t words = n * (int64_t)(sizeof(rx_cuda_sample_row) / 8);
+  view2(&hr, g->h_rows, RX_I64, RX_CPU, words, 1);
+  view2(&dr, d_rows, RX_I64, c->device, words, 1);
+  TRY(rx_tensor_copy(&dr, &hr));
+  int64_t s1[1] = {n};
+  rx_view_init(&tok, d_tok, RX_I32, c->device, 1, s1);
+  rx_view_init(&lp, d_lp, RX_F32, c->device, 1, s1);
+  rx_view_init(&htok, g->h_tok, RX_I32, RX_CPU, 1, s1);
+  rx_view_init(&hlp, g->h_tok + g->R, RX_F32, RX_CPU, 1, s1);
+  view2(&prob, d_prob, RX_F32, c->device, n, V);
+  TRY(rx_sample_rows(&tok, &lp, &prob, &g->logits, d_rows, g->req.seed));
+  TRY(rx_tensor_copy(&htok, &tok));
+  TRY(rx_tensor_copy(&hlp, &lp));
+  const float *lps = (const float *)(g->h_tok + g->R);
+  for (int64_t place = 0; place < n; place++) {
+    if (g->done[place]) continue;
+    if (g->h_tok[place] < 0)
+      return rx_fail(RX_EINVAL, "sample: row %lld: logits have no finite maximum", (long long)g->place_row[place]);
+    record_token(g, place, g->h_tok[place], lps[place]);
+  }
+  return RX_OK;
+}
+
+/* The logits of the active places (after a prefill or a step) to tokens, on the device or here. */
+static int pick_tokens(rx_generator *g) {
+  if (g->device_sampler) return sample_on_device(g);
+  TRY(logits_to_f32(g));
+  return choose_tokens(g);
 }
 
 static int check_request(rx_model *m, const rx_generate_request *q) {
@@ -368,6 +425,9 @@ void rx_generate_end(rx_generator *g) {
   if (g->logits_f32 != g->logits.data) rx_free(g->logits_f32);   /* CPU f32: a view of the scratch */
   rx_arena_free(dev, g->scratch, g->scratch_handle);
   if (g->ids) rx_arena_free(dev, g->ids, g->ids_handle);
+  if (g->dsamp) rx_arena_free(dev, g->dsamp, g->dsamp_handle);
+  free(g->h_rows);
+  free(g->h_tok);
   free(g->cache_mask);
   free(g->step_mask);
   free(g->prompt_len);
@@ -455,6 +515,15 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   if (alloc_ok) g->scratch = rx_arena_alloc(c->device, (size_t)total + 64, "decode activations", 0, &g->scratch_handle);
   if (alloc_ok && on_device)
     g->ids = rx_arena_alloc(c->device, sizeof(int32_t) * (size_t)(2 * R + R * S), "decode ids", 1, &g->ids_handle);
+  const char *host_sampler = getenv("REMAX_HOST_SAMPLER");
+  g->device_sampler = on_device && !(host_sampler && strcmp(host_sampler, "1") == 0);
+  if (alloc_ok && g->device_sampler) {
+    g->dsamp = rx_arena_alloc(c->device, sizeof(rx_cuda_sample_row) * (size_t)R + 8 * (size_t)R + 4 * (size_t)(R * V),
+                              "sampler", 0, &g->dsamp_handle);
+    g->h_rows = calloc((size_t)R, sizeof *g->h_rows);
+    g->h_tok = calloc((size_t)(2 * R), sizeof(int32_t));
+    alloc_ok = g->dsamp && g->h_rows && g->h_tok;
+  }
   alloc_ok = alloc_ok && g->scratch && (!on_device || g->ids);
   if (!alloc_ok || !g->cache_mask || !g->step_mask || !g->prompt_len || !g->positions || !g->current ||
       !g->done || !g->place_row || !g->row_place || (!g->logits_f32 && (c->dtype != RX_F32 || on_device)) || !g->sample_buf ||
@@ -511,9 +580,8 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
       rc = dev_copy(g, (char *)g->xn.data + r * C * es,
                     (char *)m->plan.xf.data + (req->row_prompt[r] * Pmax + Pmax - 1) * C * es, C);
     if (!rc) rc = rx_matmul_forward(&g->logits, &g->xn, rx_model_w(m, m->lm_head), NULL);
-    if (!rc) rc = logits_to_f32(g);
   }
-  if (!rc) rc = choose_tokens(g);
+  if (!rc) rc = pick_tokens(g);
   if (rc) { rx_generate_end(g); return rc; }
   g->generated = 1;
   *out = g;
@@ -664,8 +732,7 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
   for (int64_t l = 0; l < L; l++) TRY(rx_model_layer(m, l, &acts, &io));
   TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, rx_model_w(m, m->final_norm), c->rms_norm_eps));
   TRY(rx_matmul_forward(&g->logits, &g->xn, rx_model_w(m, m->lm_head), NULL));
-  TRY(logits_to_f32(g));
-  TRY(choose_tokens(g));
+  TRY(pick_tokens(g));
   g->generated++;
   g->res->decode_steps++;
   int all = 1;

@@ -9,6 +9,7 @@
  * generator is itself checked against full forwards and the sampler's distributions in
  * tests/c/test_generate.c. Without a CUDA device the test exits 77 (skipped). */
 #include "gpu.h"
+#include "ops/sample.h"
 
 enum { VOCAB = 41, MAX_NEW = 9, MAXR = 16 };
 
@@ -100,11 +101,13 @@ static void bind(result_buf *b) {
   b->res = (rx_generate_result){b->tokens, b->logprobs, b->lengths, b->finish, 0, 0};
 }
 
-/* Greedy and sampled rows on the device equal the CPU's, token for token. */
+/* Greedy and sampled rows on the device equal the CPU's, token for token: with the device's
+ * sampler (the default) and with the host's (REMAX_HOST_SAMPLER=1: the logits read back). */
 static void same_tokens(int variant) {
   rx_model *mc, *mg;
   models(variant, RX_F32, &mc, &mg);
-  for (uint64_t seed = 1; seed <= 3; seed++) {
+  for (uint64_t seed = 1; seed <= 4; seed++) {
+    if (seed == 4) setenv("REMAX_HOST_SAMPLER", "1", 1);
     request_buf q;
     request(&q, seed);
     result_buf c, g;
@@ -135,6 +138,7 @@ static void same_tokens(int variant) {
     if (seed == 1) printf("  %s: %lld decode steps, %d rows stopped, log p within %.2g\n", variant_name[variant],
                           (long long)c.res.decode_steps, stopped, worst_lp);
   }
+  unsetenv("REMAX_HOST_SAMPLER");
   rx_model_free(mc);
   rx_model_free(mg);
 }
@@ -224,6 +228,75 @@ static void cached_equals_full(int variant, int32_t dtype) {
   rx_model_free(mg);
 }
 
+/* The device sampler alone against the CPU's (rx_sample_token with rx_sample_uniform's u), on
+ * rows of 1000 logits rounded to multiples of 1/8 (so that top-k cuts through ties) and rows with
+ * -inf entries: greedy, temperature, top-k, top-p and both, over many keys and positions. */
+static void sampler_equals_cpu(void) {
+  enum { N = 48, V = 1000 };
+  int64_t s2[2] = {N, V}, s1[1] = {N};
+  rx_tensor *x = cpu_uniform(2, s2, 11, -4.0, 4.0);
+  float *h = x->data;
+  for (int64_t i = 0; i < N * V; i++) h[i] = roundf(h[i] * 8) / 8;
+  for (int64_t i = 0; i < V; i += 3) h[5 * V + i] = -INFINITY;   /* a row with masked tokens */
+  static const struct { double t, p; int32_t k; } set[] = {
+    {0, 1, 0}, {1, 1, 0}, {0.7, 1, 0}, {1.5, 1, 0}, {1, 1, 5}, {1, 1, 40}, {0.8, 0.9, 0}, {1.2, 0.5, 0},
+    {1, 0.95, 50}, {1, 1, 1}, {2, 0.3, 7}, {1, 0.999, 0},
+  };
+  rx_cuda_sample_row rows[N];
+  for (int64_t r = 0; r < N; r++) {
+    const int j = (int)(r % (int64_t)(sizeof set / sizeof set[0]));
+    rows[r] = (rx_cuda_sample_row){set[j].t, set[j].p, set[j].k, 0, 1000 + (uint64_t)r * 7, 3 + r};
+  }
+  rx_tensor *xg = to_gpu(x, RX_F32), *tok, *lp, *prob, *rows_g, *rows_h;
+  int64_t words[1] = {N * (int64_t)(sizeof(rx_cuda_sample_row) / 8)};
+  gpu_must(rx_tensor_new(&tok, RX_I32, RX_CUDA, 1, s1), NULL);
+  gpu_must(rx_tensor_new(&lp, RX_F32, RX_CUDA, 1, s1), NULL);
+  gpu_must(rx_tensor_new(&prob, RX_F32, RX_CUDA, 2, s2), NULL);
+  gpu_must(rx_tensor_new(&rows_h, RX_I64, RX_CPU, 1, words), NULL);
+  memcpy(rows_h->data, rows, sizeof rows);
+  rows_g = to_gpu(rows_h, RX_I64);
+  for (uint64_t seed = 0; seed < 3; seed++) {
+    CHECK_OK(rx_sample_rows(tok, lp, prob, xg, rows_g->data, seed));
+    double got_lp[N], got_tok[N];
+    gpu_must(rx_tensor_read_f64(tok, got_tok), NULL);
+    gpu_must(rx_tensor_read_f64(lp, got_lp), NULL);
+    int differ = 0;
+    for (int64_t r = 0; r < N; r++) {
+      const float *row = h + r * V;
+      int32_t want;
+      double u = rx_sample_uniform(seed, rows[r].key, rows[r].position);
+      CHECK_OK(rx_sample_token(row, V, rows[r].temperature, rows[r].top_k, rows[r].top_p, u, &want));
+      differ += (int32_t)got_tok[r] != want;
+      CHECK((int32_t)got_tok[r] == want, "seed %llu row %lld (t %g k %d p %g): token %d on the device, %d on the cpu",
+            (unsigned long long)seed, (long long)r, rows[r].temperature, rows[r].top_k, rows[r].top_p,
+            (int32_t)got_tok[r], want);
+      double mx = -INFINITY, z = 0;
+      for (int64_t i = 0; i < V; i++) mx = fmax(mx, row[i]);
+      for (int64_t i = 0; i < V; i++) z += exp((double)row[i] - mx);
+      const double ref = row[want] - mx - log(z);
+      CHECK(fabs(got_lp[r] - ref) <= 1e-5 * fmax(1, fabs(ref)), "row %lld: log p %.8g on the device, %.8g exact",
+            (long long)r, got_lp[r], ref);
+    }
+    if (seed == 0) printf("  sampler: %d rows x %d logits, %d tokens differ from the cpu\n", N, V, differ);
+  }
+  /* a sampled row whose logits are all -inf has no finite maximum: token -1, which generation reports */
+  for (int64_t i = 0; i < V; i++) h[i] = -INFINITY;
+  rx_tensor *one, *xg1, *tok1, *lp1, *prob1;
+  gpu_must(rx_tensor_narrow(&one, x, 0, 0, 1), NULL);
+  xg1 = to_gpu(one, RX_F32);
+  int64_t o1[1] = {1}, o2[2] = {1, V};
+  gpu_must(rx_tensor_new(&tok1, RX_I32, RX_CUDA, 1, o1), NULL);
+  gpu_must(rx_tensor_new(&lp1, RX_F32, RX_CUDA, 1, o1), NULL);
+  gpu_must(rx_tensor_new(&prob1, RX_F32, RX_CUDA, 2, o2), NULL);
+  CHECK_OK(rx_sample_rows(tok1, lp1, prob1, xg1, (const rx_cuda_sample_row *)rows_g->data + 1, 0));
+  double t1;
+  gpu_must(rx_tensor_read_f64(tok1, &t1), NULL);
+  CHECK(t1 == -1, "a row without a finite logit gave token %g", t1);
+  CHECK_FAILS(rx_sample_rows(tok1, lp1, prob1, one, rows_g->data, 0), "sample");
+  rx_tensor *list[] = {x, xg, tok, lp, prob, rows_g, rows_h, one, xg1, tok1, lp1, prob1};
+  for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) rx_tensor_free(list[i]);
+}
+
 static void qwen2_untied_gqa(void) { same_tokens(0); cached_equals_full(0, RX_F32); }
 static void qwen2_tied_mqa(void) { same_tokens(1); cached_equals_full(1, RX_F32); }
 static void qwen3_qk_norm(void) { same_tokens(2); cached_equals_full(2, RX_F32); }
@@ -234,6 +307,7 @@ static void bf16_cached_equals_full(void) {
 
 int main(void) {
   if (gpu_skip_unless_present("gpu_test_generate")) return GPU_SKIP;
+  RUN(sampler_equals_cpu);
   RUN(qwen2_untied_gqa);
   RUN(qwen2_tied_mqa);
   RUN(qwen3_qk_norm);
