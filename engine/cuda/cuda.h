@@ -100,6 +100,12 @@ typedef struct rx_cuda_sample_row {
 } rx_cuda_sample_row;
 int rx_cuda_sample(int32_t *token, float *logprob, float *prob, const void *logits, const rx_cuda_sample_row *rows,
                    uint64_t seed, int64_t n, int64_t V, int32_t dtype);
+/* Attention of one query per row (dims->Tq == 1) over a KV cache, split along the cache (flash
+ * decoding, decode_attention.cu); the same contract as rx_cuda_attention_forward for groups of
+ * at most RX_CUDA_DECODE_MAX_GROUP query heads per kv head. */
+enum { RX_CUDA_DECODE_MAX_GROUP = 16 };
+int rx_cuda_decode_attention(void *out, float *lse, const void *q, const void *k, const void *v, const int32_t *mask,
+                             const rx_cuda_attn_dims *dims, int32_t dtype);
 /* AdamW on f32 master weights, f32 grads and moments; bc1 = 1 - beta1^step, sqrt_bc2 = sqrt(1 - beta2^step). */
 int rx_cuda_adamw(float *param, const float *grad, float *m, float *v, int64_t n, double lr, double beta1,
                   double beta2, double eps, double shrink, double bc1, double sqrt_bc2);

@@ -297,6 +297,51 @@ static void sampler_equals_cpu(void) {
   for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) rx_tensor_free(list[i]);
 }
 
+/* The decode attention (one query per row over a cache view with a batch stride, split along the
+ * cache: cuda/decode_attention.cu, reached through rx_attention_forward when Tq = 1) against the
+ * CPU attention: GQA groups of 4, 6 and 1, head dims 64, 128 and 256, caches long enough for
+ * several chunks, a row with left padding, one with holes, and a padded query (zeros). */
+static void decode_attention_equals_cpu(int64_t B, int64_t Tk, int64_t H, int64_t KV, int64_t D, int32_t dtype) {
+  const int64_t S = Tk + 5;   /* the cache is longer than what the step reads */
+  int64_t sq[4] = {B, 1, H, D}, sk[4] = {B, S, KV, D}, sm[2] = {B, Tk}, sl[3] = {B, H, 1};
+  rx_tensor *q = cpu_uniform(4, sq, 21, -1, 1), *kf = cpu_uniform(4, sk, 22, -1, 1), *vf = cpu_uniform(4, sk, 23, -1, 1);
+  cpu_round_through(q, dtype);
+  cpu_round_through(kf, dtype);
+  cpu_round_through(vf, dtype);
+  rx_tensor *mask, *k, *v, *out, *lse;
+  gpu_must(rx_tensor_new(&mask, RX_I32, RX_CPU, 2, sm), NULL);
+  int32_t *mk = mask->data;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t s = 0; s < Tk; s++)
+      mk[b * Tk + s] = b == 1 ? s >= 13 : b == 2 ? s % 5 != 2 : b == 3 ? s != Tk - 1 : 1;
+  gpu_must(rx_tensor_narrow(&k, kf, 1, 0, Tk), NULL);
+  gpu_must(rx_tensor_narrow(&v, vf, 1, 0, Tk), NULL);
+  gpu_must(rx_tensor_new(&out, RX_F32, RX_CPU, 4, sq), NULL);
+  gpu_must(rx_tensor_new(&lse, RX_F32, RX_CPU, 3, sl), NULL);
+  CHECK_OK(rx_attention_forward(out, lse, q, k, v, mask, 0.0));
+  rx_tensor *qg = to_gpu(q, dtype), *kfg = to_gpu(kf, dtype), *vfg = to_gpu(vf, dtype), *mg = to_gpu(mask, RX_I32), *kg, *vg;
+  gpu_must(rx_tensor_narrow(&kg, kfg, 1, 0, Tk), NULL);
+  gpu_must(rx_tensor_narrow(&vg, vfg, 1, 0, Tk), NULL);
+  gpu_guarded og = gpu_guarded_new(dtype, 4, sq, NULL), lg = gpu_guarded_new(RX_F32, 3, sl, NULL);
+  CHECK_OK(rx_attention_forward(og.t, lg.t, qg, kg, vg, mg, 0.0));
+  const double eo = gpu_nrmse(og.t, out), el = gpu_nrmse(lg.t, lse), tol = gpu_tol(dtype);
+  CHECK(eo <= tol && el <= tol, "decode attention B=%lld Tk=%lld H=%lld KV=%lld D=%lld %s: out %g, lse %g from the cpu",
+        (long long)B, (long long)Tk, (long long)H, (long long)KV, (long long)D, rx_dtype_name(dtype), eo, el);
+  printf("  decode attention B=%lld Tk=%lld H=%lld KV=%lld D=%lld %s: out %.2g, lse %.2g\n", (long long)B, (long long)Tk,
+         (long long)H, (long long)KV, (long long)D, rx_dtype_name(dtype), eo, el);
+  CHECK(gpu_guarded_free(og) && gpu_guarded_free(lg), "decode attention wrote outside its outputs");
+  rx_tensor *list[] = {q, kf, vf, mask, k, v, out, lse, qg, kfg, vfg, mg, kg, vg};
+  for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) rx_tensor_free(list[i]);
+}
+
+static void decode_attention(void) {
+  decode_attention_equals_cpu(4, 300, 8, 2, 64, RX_F32);
+  decode_attention_equals_cpu(2, 150, 12, 2, 128, RX_F32);
+  decode_attention_equals_cpu(3, 70, 2, 2, 256, RX_F32);
+  decode_attention_equals_cpu(4, 200, 16, 1, 32, RX_F32);
+  decode_attention_equals_cpu(4, 300, 8, 2, 64, RX_BF16);
+}
+
 static void qwen2_untied_gqa(void) { same_tokens(0); cached_equals_full(0, RX_F32); }
 static void qwen2_tied_mqa(void) { same_tokens(1); cached_equals_full(1, RX_F32); }
 static void qwen3_qk_norm(void) { same_tokens(2); cached_equals_full(2, RX_F32); }
@@ -308,6 +353,7 @@ static void bf16_cached_equals_full(void) {
 int main(void) {
   if (gpu_skip_unless_present("gpu_test_generate")) return GPU_SKIP;
   RUN(sampler_equals_cpu);
+  RUN(decode_attention);
   RUN(qwen2_untied_gqa);
   RUN(qwen2_tied_mqa);
   RUN(qwen3_qk_norm);
