@@ -185,6 +185,21 @@ static void check_variant(int variant, int32_t dtype) {
     CHECK_OK(rx_tensor_copy(q, p));
     for (int k = 0; k < 2; k++) gpu_must(rx_tensor_new(&mom[2 * i + k], RX_F32, RX_CPU, p->ndim, p->shape), NULL);
   }
+  /* the final-norm hidden state at each sequence's last real token (reward models' heads),
+   * from the same weights */
+  const int64_t index[B] = {8, 8, 6}, hs[2] = {B, c.hidden_size};
+  rx_tensor *hc, *hg;
+  gpu_must(rx_tensor_new(&hc, RX_F32, RX_CPU, 2, hs), NULL);
+  gpu_must(rx_tensor_new(&hg, dtype, RX_CPU, 2, hs), NULL);
+  rx_tensor *tok = host(RX_I32, tokens), *msk = host(RX_I32, mask);
+  CHECK_OK(rx_model_hidden_at(mc, tok, msk, index, hc));
+  CHECK_OK(rx_model_hidden_at(mg, tok, msk, index, hg));
+  const double e_hidden = gpu_nrmse(hg, hc);
+  CHECK(e_hidden <= tol, "%s: hidden states differ from the cpu by %g", variant_name[variant], e_hidden);
+  rx_tensor_free(hc);
+  rx_tensor_free(hg);
+  rx_tensor_free(tok);
+  rx_tensor_free(msk);
   /* bf16: the gradients are compared at the first step only, where both models hold the same
    * weights; after an AdamW step (whose sign-like updates magnify bf16's gradient error into
    * different weights) the log-probabilities and the weights are */
