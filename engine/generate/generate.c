@@ -14,6 +14,7 @@
 #include "model/model_internal.h"
 #include "fastmath.h"
 #include "ops/sample.h"
+#include "ops/decode.h"
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -44,6 +45,15 @@ struct rx_generator {
   void *dsamp, *dsamp_handle;            /* device: [R] settings, [R] tokens, [R] log p, [R, V] probabilities */
   rx_cuda_sample_row *h_rows;            /* host: [R] settings of the places */
   int32_t *h_tok;                        /* host: [R] tokens, then [R] log p (f32) */
+  /* CUDA graphs (device, unless REMAX_CUDA_GRAPHS=0): the decode step after the embedding has
+   * fixed shapes for a batch size (attention over the whole cache, each place's length read on
+   * the device), so it is captured once per batch size and replayed for every token. */
+  int graphs;
+  void **graph_of;                       /* [R + 1]: the graph of each batch size, NULL until captured */
+  int32_t *d_lens, *h_lens;              /* [R]: each place's cache length this step */
+  float *d_part;                         /* the decode attention's chunk scratch */
+  void *part_handle;
+  rx_tensor lens_t, gmask;               /* views of d_lens [active] and d_mask [active, S] */
   int32_t *cache_mask;                   /* [R][S], per place */
   int32_t *step_mask;                    /* [active][Tk] contiguous copy for the attention call */
   int32_t *prompt_len, *positions, *current, *done;   /* per place */
@@ -426,6 +436,11 @@ void rx_generate_end(rx_generator *g) {
   rx_arena_free(dev, g->scratch, g->scratch_handle);
   if (g->ids) rx_arena_free(dev, g->ids, g->ids_handle);
   if (g->dsamp) rx_arena_free(dev, g->dsamp, g->dsamp_handle);
+  if (g->graph_of)
+    for (int64_t i = 0; i <= g->R; i++) rx_graph_free(dev, g->graph_of[i]);
+  free(g->graph_of);
+  free(g->h_lens);
+  if (g->d_part) rx_arena_free(dev, g->d_part, g->part_handle);
   free(g->h_rows);
   free(g->h_tok);
   free(g->cache_mask);
@@ -514,7 +529,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   int alloc_ok = g->kcache && g->vcache;
   if (alloc_ok) g->scratch = rx_arena_alloc(c->device, (size_t)total + 64, "decode activations", 0, &g->scratch_handle);
   if (alloc_ok && on_device)
-    g->ids = rx_arena_alloc(c->device, sizeof(int32_t) * (size_t)(2 * R + R * S), "decode ids", 1, &g->ids_handle);
+    g->ids = rx_arena_alloc(c->device, sizeof(int32_t) * (size_t)(3 * R + R * S), "decode ids", 1, &g->ids_handle);
   const char *host_sampler = getenv("REMAX_HOST_SAMPLER");
   g->device_sampler = on_device && !(host_sampler && strcmp(host_sampler, "1") == 0);
   if (alloc_ok && g->device_sampler) {
@@ -523,6 +538,23 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
     g->h_rows = calloc((size_t)R, sizeof *g->h_rows);
     g->h_tok = calloc((size_t)(2 * R), sizeof(int32_t));
     alloc_ok = g->dsamp && g->h_rows && g->h_tok;
+  }
+  const char *graphs = getenv("REMAX_CUDA_GRAPHS");
+  g->graphs = c->device == RX_CUDA && !(graphs && strcmp(graphs, "0") == 0);
+  if (alloc_ok && g->graphs) {
+    int64_t part = 0;   /* the chunks' scratch for the largest of the batch sizes the request passes through */
+    for (int64_t b = 1; b <= R; b++) {
+      int64_t sq[4] = {b, 1, H, c->head_dim}, sk[4] = {b, S, c->num_key_value_heads, c->head_dim};
+      rx_tensor tq, tk;
+      rx_view_init(&tq, NULL, c->dtype, c->device, 4, sq);
+      rx_view_init(&tk, NULL, c->dtype, c->device, 4, sk);
+      const int64_t n = rx_decode_attention_scratch(&tq, &tk);
+      if (n > part) part = n;
+    }
+    g->d_part = rx_arena_alloc(c->device, sizeof(float) * (size_t)part, "decode attention chunks", 0, &g->part_handle);
+    g->graph_of = calloc((size_t)(R + 1), sizeof(void *));
+    g->h_lens = calloc((size_t)R, sizeof(int32_t));
+    alloc_ok = g->d_part && g->graph_of && g->h_lens;
   }
   alloc_ok = alloc_ok && g->scratch && (!on_device || g->ids);
   if (!alloc_ok || !g->cache_mask || !g->step_mask || !g->prompt_len || !g->positions || !g->current ||
@@ -541,6 +573,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   g->d_tok = on_device ? g->ids : g->current;
   g->d_pos = on_device ? g->ids + R : g->positions;
   g->d_mask = on_device ? g->ids + 2 * R : g->step_mask;
+  g->d_lens = on_device ? g->ids + 2 * R + R * S : NULL;
   view2(&g->tok, g->d_tok, RX_I32, c->device, R, 1);
   g->tok.ndim = 1;
   g->active = R;
@@ -567,7 +600,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
         pmask[p * Pmax + Pmax - n + t] = 1;
       }
     }
-    const layer_kv kv = {copy_prompt_kv, g};
+    const layer_kv kv = {copy_prompt_kv, g, NULL};
     rc = rx_model_set_inputs(m, ptok, pmask);
     if (!rc) rc = rx_model_forward_hidden(m, &kv);
   }
@@ -702,18 +735,73 @@ static void decode_acts(rx_generator *g, layer_acts *a, int64_t R) {
   a->k_raw_rows = a->k_rows;
 }
 
+/* The graph-stable hooks: the new keys and values go to each place's slot lens - 1 (read on the
+ * device), and the attention reads the whole cache up to each place's length. */
+static int append_kv_lens(void *ctx, int64_t l, const layer_acts *a, rx_tensor *keys, rx_tensor *values,
+                          const rx_tensor **mask) {
+  rx_generator *g = ctx;
+  cache_view(g, keys, g->kcache, l, g->S);
+  cache_view(g, values, g->vcache, l, g->S);
+  TRY(rx_kv_append(keys, values, &a->k, &a->v, &g->lens_t));
+  *mask = &g->gmask;
+  return RX_OK;
+}
+
+static int attention_lens(void *ctx, int64_t l, layer_acts *a, const rx_tensor *keys, const rx_tensor *values,
+                          const rx_tensor *mask) {
+  rx_generator *g = ctx;
+  return rx_decode_attention_lens(&a->att4, &a->lse, &a->q4, keys, values, mask, &g->lens_t, g->d_part);
+}
+
+/* The decode step after the embedding: every layer, the final norm and the head. */
+static int decode_body(rx_generator *g, layer_acts *acts, const layer_io *io) {
+  rx_model *m = g->m;
+  for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++) TRY(rx_model_layer(m, l, acts, io));
+  TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, rx_model_w(m, m->final_norm), m->cfg.rms_norm_eps));
+  return rx_matmul_forward(&g->logits, &g->xn, rx_model_w(m, m->lm_head), NULL);
+}
+
+/* The step as a CUDA graph: the ids staged, the embedding launched as usual (its token check
+ * synchronises), then the graph of this batch size, captured on its first use. */
+static int graph_step(rx_generator *g, layer_acts *acts, const rx_tensor *pos) {
+  rx_model *m = g->m;
+  const rx_model_config *c = &m->cfg;
+  const int64_t R = g->active, S = g->S;
+  for (int64_t r = 0; r < R; r++) g->h_lens[r] = (int32_t)(g->step_slot + 1);
+  TRY(stage_ids(g, g->d_mask, g->cache_mask, R * S));
+  TRY(stage_ids(g, g->d_lens, g->h_lens, R));
+  int64_t s2[2] = {R, S}, s1[1] = {R};
+  rx_view_init(&g->gmask, g->d_mask, RX_I32, c->device, 2, s2);
+  rx_view_init(&g->lens_t, g->d_lens, RX_I32, c->device, 1, s1);
+  TRY(rx_embedding_forward(&g->x, &g->tok, rx_model_w(m, m->embed)));
+  if (!g->graph_of[R]) {
+    const layer_kv kv = {append_kv_lens, g, attention_lens};
+    const layer_io io = {&g->x, &g->x, pos, &g->gmask, &kv};
+    TRY(rx_graph_begin(c->device));
+    const int rc = decode_body(g, acts, &io);
+    void *exec = NULL;
+    const int rc_end = rx_graph_end(c->device, &exec);   /* always: the stream leaves capture */
+    if (rc || rc_end) {
+      rx_graph_free(c->device, exec);
+      return rc ? rc : rc_end;
+    }
+    g->graph_of[R] = exec;
+  }
+  return rx_graph_launch(c->device, g->graph_of[R]);
+}
+
 int rx_generate_step(rx_generator *g, int32_t *done) {
   TRY(compact(g));
   if (g->active == 0 || g->generated >= g->req.max_new_tokens) { *done = 1; return RX_OK; }
   set_rows(g, g->active);
   rx_model *m = g->m;
   const rx_model_config *c = &m->cfg;
-  const int64_t L = c->num_hidden_layers, R = g->active, S = g->S;
+  const int64_t R = g->active, S = g->S;
   const int64_t idx = g->Pmax + g->generated - 1, Tk = idx + 1;   /* cache slot of the newest token */
   for (int64_t r = 0; r < R; r++) {
     g->cache_mask[r * S + idx] = 1;
     g->positions[r] = g->prompt_len[r] + (int32_t)g->generated - 1;
-    memcpy(g->step_mask + r * Tk, g->cache_mask + r * S, sizeof(int32_t) * (size_t)Tk);
+    if (!g->graphs) memcpy(g->step_mask + r * Tk, g->cache_mask + r * S, sizeof(int32_t) * (size_t)Tk);
   }
   g->step_slot = idx;
   int64_t s2m[2] = {R, Tk}, s1[1] = {R};
@@ -721,17 +809,18 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
   layer_acts acts;
   TRY(stage_ids(g, g->d_tok, g->current, R));
   TRY(stage_ids(g, g->d_pos, g->positions, R));
-  TRY(stage_ids(g, g->d_mask, g->step_mask, R * Tk));
-  rx_view_init(&mask, g->d_mask, RX_I32, c->device, 2, s2m);
   rx_view_init(&pos, g->d_pos, RX_I32, c->device, 1, s1);
   decode_acts(g, &acts, R);
-  const layer_kv kv = {append_kv, g};
-  const layer_io io = {&g->x, &g->x, &pos, &mask, &kv};
-
-  TRY(rx_embedding_forward(&g->x, &g->tok, rx_model_w(m, m->embed)));
-  for (int64_t l = 0; l < L; l++) TRY(rx_model_layer(m, l, &acts, &io));
-  TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, rx_model_w(m, m->final_norm), c->rms_norm_eps));
-  TRY(rx_matmul_forward(&g->logits, &g->xn, rx_model_w(m, m->lm_head), NULL));
+  if (g->graphs) {
+    TRY(graph_step(g, &acts, &pos));
+  } else {
+    TRY(stage_ids(g, g->d_mask, g->step_mask, R * Tk));
+    rx_view_init(&mask, g->d_mask, RX_I32, c->device, 2, s2m);
+    const layer_kv kv = {append_kv, g, NULL};
+    const layer_io io = {&g->x, &g->x, &pos, &mask, &kv};
+    TRY(rx_embedding_forward(&g->x, &g->tok, rx_model_w(m, m->embed)));
+    TRY(decode_body(g, &acts, &io));
+  }
   TRY(pick_tokens(g));
   g->generated++;
   g->res->decode_steps++;

@@ -143,6 +143,39 @@ static void same_tokens(int variant) {
   rx_model_free(mg);
 }
 
+/* The decode step as a CUDA graph (the default on cuda: captured once per batch size, replayed
+ * per token) and as plain launches (REMAX_CUDA_GRAPHS=0) give the same tokens, lengths and
+ * finish reasons, and log-probabilities within 1e-5 (the two attentions chunk the cache
+ * differently); each equals the CPU's (same_tokens). */
+static void graphs_equal_plain(int variant) {
+  rx_model *mc, *mg;
+  models(variant, RX_F32, &mc, &mg);
+  request_buf q;
+  request(&q, 9);
+  result_buf a, b;
+  bind(&a);
+  bind(&b);
+  CHECK_OK(rx_model_generate(mg, &q.req, &a.res));
+  setenv("REMAX_CUDA_GRAPHS", "0", 1);
+  CHECK_OK(rx_model_generate(mg, &q.req, &b.res));
+  unsetenv("REMAX_CUDA_GRAPHS");
+  double worst = 0;
+  int same = 1;
+  for (int64_t r = 0; r < q.req.num_rows; r++) {
+    same &= a.lengths[r] == b.lengths[r] && a.finish[r] == b.finish[r];
+    for (int32_t t = 0; t < a.lengths[r] && t < b.lengths[r]; t++) {
+      same &= a.tokens[r * MAX_NEW + t] == b.tokens[r * MAX_NEW + t];
+      worst = fmax(worst, fabs((double)a.logprobs[r * MAX_NEW + t] - b.logprobs[r * MAX_NEW + t]));
+    }
+  }
+  CHECK(same, "%s: the graph path and the plain path give different tokens", variant_name[variant]);
+  CHECK(worst <= 1e-5, "%s: log-probabilities of the graph and plain paths differ by %g", variant_name[variant], worst);
+  CHECK(a.res.decode_steps == b.res.decode_steps && a.res.decode_steps > 0, "decode steps %lld and %lld",
+        (long long)a.res.decode_steps, (long long)b.res.decode_steps);
+  rx_model_free(mc);
+  rx_model_free(mg);
+}
+
 /* The sequences so far (prompt + generated, the newest token left out), left-padded to T. */
 static void pack(const request_buf *q, const result_buf *b, int32_t *tok, int32_t *mask, int64_t T) {
   const int64_t R = q->req.num_rows;
@@ -346,6 +379,10 @@ static void qwen2_untied_gqa(void) { same_tokens(0); cached_equals_full(0, RX_F3
 static void qwen2_tied_mqa(void) { same_tokens(1); cached_equals_full(1, RX_F32); }
 static void qwen3_qk_norm(void) { same_tokens(2); cached_equals_full(2, RX_F32); }
 static void llama31_rope_scaling(void) { same_tokens(3); cached_equals_full(3, RX_F32); }
+static void cuda_graphs(void) {
+  graphs_equal_plain(0);
+  graphs_equal_plain(2);
+}
 static void bf16_cached_equals_full(void) {
   for (int v = 0; v < 4; v++) cached_equals_full(v, RX_BF16);
 }
@@ -358,6 +395,7 @@ int main(void) {
   RUN(qwen2_tied_mqa);
   RUN(qwen3_qk_norm);
   RUN(llama31_rope_scaling);
+  RUN(cuda_graphs);
   RUN(bf16_cached_equals_full);
   return check_summary("gpu_test_generate");
 }
