@@ -495,9 +495,10 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
     const int64_t per_row = (cache + decode - sampler) / (R > 0 ? R : 1), room = avail - sampler - prefill;
     const int64_t fit = per_row > 0 && room > 0 ? room / per_row : 0;
     return rx_fail(RX_ENOMEM, "generate: %lld rows x %lld positions need a %.2f GiB KV cache plus %.2f GiB of activations, "
-                   "but only %.2f GiB of memory is available: %lld rows of these prompts would fit at %lld positions "
+                   "but only %.2f GiB of %s is available: %lld rows of these prompts would fit at %lld positions "
                    "(fewer rows or generations per prompt, or a smaller max_new_tokens)", (long long)R, (long long)S,
-                   gib(cache), gib(decode + prefill), gib(avail), (long long)fit, (long long)S);
+                   gib(cache), gib(decode + prefill), gib(avail), on_device ? "device memory (cuda)" : "memory",
+                   (long long)fit, (long long)S);
   }
 
   rx_generator *g = calloc(1, sizeof *g);

@@ -379,6 +379,30 @@ static void qwen2_untied_gqa(void) { same_tokens(0); cached_equals_full(0, RX_F3
 static void qwen2_tied_mqa(void) { same_tokens(1); cached_equals_full(1, RX_F32); }
 static void qwen3_qk_norm(void) { same_tokens(2); cached_equals_full(2, RX_F32); }
 static void llama31_rope_scaling(void) { same_tokens(3); cached_equals_full(3, RX_F32); }
+/* A request whose KV cache cannot fit in the device's memory is refused before anything is
+ * allocated, with the number of rows that would fit. */
+static void too_large_is_refused(void) {
+  rx_model_config c = config(0, RX_F32, RX_CUDA);
+  c.max_position_embeddings = 1 << 20;
+  rx_model *m = NULL;
+  gpu_must(rx_model_new(&m, &c), NULL);
+  enum { ROWS = 1 << 16 };
+  int32_t prompt[2] = {1, 2};
+  int64_t offsets[2] = {0, 2}, *row_prompt = calloc(ROWS, sizeof(int64_t));
+  rx_sampling *rows = calloc(ROWS, sizeof(rx_sampling));
+  for (int64_t r = 0; r < ROWS; r++) rows[r] = (rx_sampling){0.0, 1.0, 0, 1 << 19, (uint64_t)r};
+  rx_generate_request q = {1, prompt, offsets, ROWS, row_prompt, rows, NULL, 0, 1, 1 << 19};
+  rx_generate_result res = {0};   /* never written: the request fails first */
+  CHECK_FAILS(rx_model_generate(m, &q, &res), "GiB of device memory (cuda) is available");
+  CHECK(strstr(rx_last_error(), "rows of these prompts would fit") != NULL, "%s", rx_last_error());
+  printf("  %s\n", rx_last_error());
+  CHECK(res.cache_bytes == 2ll * c.num_hidden_layers * ROWS * (2 + (1 << 19)) * c.num_key_value_heads * c.head_dim * 4,
+        "cache_bytes %lld", (long long)res.cache_bytes);
+  free(row_prompt);
+  free(rows);
+  rx_model_free(m);
+}
+
 static void cuda_graphs(void) {
   graphs_equal_plain(0);
   graphs_equal_plain(2);
@@ -396,6 +420,7 @@ int main(void) {
   RUN(qwen3_qk_norm);
   RUN(llama31_rope_scaling);
   RUN(cuda_graphs);
+  RUN(too_large_is_refused);
   RUN(bf16_cached_equals_full);
   return check_summary("gpu_test_generate");
 }
