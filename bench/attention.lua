@@ -3,7 +3,7 @@
 -- (the machine is shared). Not a test.
 --   REMAX_LIB=$PWD/build/libremax.so LUA_PATH='lua/?.lua;lua/?/init.lua' luajit bench/attention.lua [reps]
 local remax = require("remax")
-local rx = require("remax.ffi")
+local rx = require("remax.bind.ffi")
 local ffi = require("ffi")
 local C = rx.C
 

@@ -4,7 +4,7 @@
 -- the PyTorch peer (bench/torch_peer.py generate) in the same session and prints the ratio.
 --   ./remax run bench/generate.lua --shape small --rows 8 --prompt 64 --new 128 [--dtype bf16]
 local cjson = require("cjson")
-local now = require("remax.progress").now   -- wall clock
+local now = require("remax.bind.clock").now   -- wall clock
 
 local common = dofile(arg[0]:match("^(.-)[^/]*$") .. "common.lua")
 

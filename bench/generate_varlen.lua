@@ -4,7 +4,7 @@
 -- take about half the time; decoding in lockstep to the end would take the same. Not a test.
 --   ./remax run bench/generate_varlen.lua --shape small --prompts 8 --slots 32
 local cjson = require("cjson")
-local now = require("remax.progress").now
+local now = require("remax.bind.clock").now
 
 local common = dofile(arg[0]:match("^(.-)[^/]*$") .. "common.lua")
 

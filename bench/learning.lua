@@ -12,10 +12,10 @@
 -- runs/learning/accuracy.svg (copied into docs/img/ for the README). --from DIR re-reads the runs
 -- of an earlier invocation (same --runs) and redraws the table and plot without training.
 local remax = require("remax")
-local config = require("remax.config")
-local trainer = require("remax.trainer")
-local plot = require("remax.plot")
-local runs = require("remax.runs")
+local config = require("remax.train.config")
+local trainer = require("remax.train.trainer")
+local plot = require("remax.train.plot")
+local runs = require("remax.train.runs")
 
 local RUNS = {   -- name -> overrides of recipes/gsm8k.lua
   remax = { algo = "remax" },
@@ -58,7 +58,7 @@ for spec in args.runs:gmatch("[^,]+") do
   local cfg = config.resolve(r, {})
   if not args.from then print(("== %s seed %s: %s"):format(name, seed,
     args.minutes > 0 and ("%g minutes of training"):format(args.minutes) or (r.max_steps .. " steps"))) end
-  local t0 = trainer.now()
+  local t0 = require("remax.bind.clock").now()
   local t, metrics
   if args.from then   -- re-read a finished run instead of training
     metrics = runs.read_jsonl(("%s/%s/metrics.jsonl"):format(args.from, r.run_name))
@@ -79,7 +79,7 @@ for spec in args.runs:gmatch("[^,]+") do
   local start, lowest = curve[1].accuracy, math.huge
   for _, p in ipairs(curve) do lowest = math.min(lowest, p.accuracy) end
   local res = { name = name, seed = tonumber(seed), curve = curve, start = start, final = curve[#curve].accuracy,
-    lowest = lowest, steps = steps, wall_minutes = (trainer.now() - t0) / 60 }
+    lowest = lowest, steps = steps, wall_minutes = (require("remax.bind.clock").now() - t0) / 60 }
   results[#results + 1] = res
   t = nil
   collectgarbage()

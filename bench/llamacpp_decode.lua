@@ -9,9 +9,9 @@
 -- weights in (f16, q8_0) is skipped, saying why: llama.cpp alone at it is no comparison.
 local cjson = require("cjson")
 local remax = require("remax")
-local gguf = require("remax.gguf")
-local fs = require("remax.fs")
-local now = require("remax.progress").now
+local gguf = require("remax.bind.gguf")
+local fs = require("remax.bind.fs")
+local now = require("remax.bind.clock").now
 
 local here = arg[0]:match("^(.-)[^/]*$")
 local common = dofile(here .. "common.lua")

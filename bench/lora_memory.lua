@@ -5,9 +5,9 @@
 --   REMAX_LIB=$PWD/build/libremax.so LUA_PATH='lua/?.lua;lua/?/init.lua' luajit bench/lora_memory.lua \
 --     [--shape qwen0.5b] [--r 16] [--targets all-linear]
 local ffi = require("ffi")
-local rx = require("remax.ffi")
+local rx = require("remax.bind.ffi")
 local remax = require("remax")
-local lora = require("remax.lora")
+local lora = require("remax.bind.lora")
 local common = dofile(arg[0]:match("^(.-)[^/]*$") .. "common.lua")
 local C = rx.C
 

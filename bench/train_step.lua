@@ -7,12 +7,12 @@
 local remax = require("remax")
 local cjson = require("cjson")
 local ffi = require("ffi")
-local now = require("remax.progress").now   -- wall clock
+local now = require("remax.bind.clock").now   -- wall clock
 local common = dofile(arg[0]:match("^(.-)[^/]*$") .. "common.lua")
 
 local opts = common.options({ shape = "small", batch = 8, seq = 256, steps = 3, warmup = 1, checkpoint = false,
   profile = false }, arg)
-local C = require("remax.ffi").C
+local C = require("remax.bind.ffi").C
 local model, cfg = common.model(opts.shape)
 local opt = remax.optim.adamw(model:params(), model:grads(), { lr = 1e-5, weight_decay = 0.0 })
 

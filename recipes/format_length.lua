@@ -6,7 +6,8 @@
 --
 --   ./remax run recipes/format_length.lua
 --   ./remax run recipes/format_length.lua --reward_weights 1,0.5,0.5,0.1 --algo grpo --num_generations 4
-local rewards = require("remax.rewards")
+local rewards = require("remax.train.rewards")
+local gsm8k = require("remax.tasks.gsm8k")
 
 -- 1 per line of worked arithmetic ("a op b = c"), at most 1: rewards showing the steps.
 local shows_work = {
@@ -24,6 +25,7 @@ local shows_work = {
 
 return {
   algo = "remax",
+  data = gsm8k.synthetic(),   -- GSM8K-style problems (remax.tasks.gsm8k), or --data FILE.jsonl
   -- the synthetic problems (or --data rows) as a conversation
   map_row = function(row)
     if type(row.prompt) == "string" then

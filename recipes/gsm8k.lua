@@ -13,14 +13,16 @@
 -- recipes/tiny_sft_styles.lua): it answers two ways, directly ("#### N", greedy's pick, often
 -- wrong) or with worked steps (sampled a third of the time, mostly right), so the reward has
 -- something to teach. About 5 minutes on 2 cores; held-out accuracy 31% -> ~75% (README, Results).
+local gsm8k = require("remax.tasks.gsm8k")
+
 return {
   algo = "remax",
   rewards = { "gsm8k" },
 
   -- synthetic problems like the ones models/tiny-gsm8k was trained on (recipes/tiny_sft.lua),
   -- drawn fresh: another seed than the SFT runs, and the held-out split for evaluation
-  synth_steps = { 1, 2 },
-  synth_max_number = 12,
+  -- (--data FILE.jsonl trains on a file instead; --eval_data FILE then evaluates)
+  data = gsm8k.synthetic({ steps = { 1, 2 }, max_number = 12 }),
 
   num_generations = 4,            -- sampled rows per prompt (+ 1 greedy row)
   temperature = 1.0,

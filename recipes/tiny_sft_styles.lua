@@ -11,15 +11,15 @@
 -- the more frequent style, direct, and sampling finds the worked one about a third of the time.
 -- That is the headroom the default ReMax run (recipes/gsm8k.lua) uses: a reward for the right
 -- answer teaches the model to show its work. `remax eval recipes/gsm8k.lua --samples 8` shows it.
+local gsm8k = require("remax.tasks.gsm8k")
+
 return {
   algo = "sft",
   model = "models/tiny-gsm8k-stage1",
 
   train_size = 20000,
   eval_size = 200,
-  synth_steps = { 1, 2 },
-  synth_max_number = 12,
-  synth_style = "direct:0.65,sentences:0.35",
+  data = gsm8k.synthetic({ steps = { 1, 2 }, max_number = 12, style = "direct:0.65,sentences:0.35" }),
   rewards = { "gsm8k" },
 
   max_prompt_length = 256,

@@ -185,6 +185,7 @@ local function make(opts)
   local name = opts.name or "gsm8k_accuracy"
   local R = {
     name = name,
+    accuracy = true,   -- right (1) or wrong (0): evaluation reports it as the accuracy
     extract_answer = extract_answer,
     same_value = same_value,
     parse_number = parse_number,
@@ -218,4 +219,4 @@ local function make(opts)
   return R
 end
 
-return require("remax.rewards").configurable(make)
+return require("remax.train.rewards").configurable(make)

@@ -20,7 +20,8 @@ extern "C" int rx_cuda_adamw(float *param, const float *grad, float *m, float *v
                              double beta2, double eps, double shrink, double bc1, double sqrt_bc2) {
   RX_STREAM(s);
   if (n == 0) return RX_OK;
-  RX_LAUNCH(adamw_kernel, rx_blocks(n, 256), 256, 0, s, param, grad, m, v, n, beta1, beta2, eps, shrink, lr / bc1, sqrt_bc2);
+  RX_LAUNCH(adamw_kernel, rx_blocks(n, 256), 256, 0, s,
+            param, grad, m, v, n, beta1, beta2, eps, shrink, lr / bc1, sqrt_bc2);
   RX_LAUNCHED("adamw", "n=%lld", (long long)n);
   return RX_OK;
 }

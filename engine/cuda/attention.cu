@@ -348,11 +348,13 @@ static void launch_backward(T *dq, T *dk, T *dv, const T *dout, const T *q, cons
   const int rows = WARPS * attn_cfg<NJ>::RPW;
   if (dq) {
     dim3 grid((unsigned)((a.Tq + rows - 1) / rows), (unsigned)a.H, (unsigned)a.B);
-    RX_LAUNCH((attn_dq_kernel<T, NJ>), grid, WARPS * 32, smem_forward<NJ>(a.D), s, dq, dout, q, k, v, lse, delta, mask, a);
+    RX_LAUNCH((attn_dq_kernel<T, NJ>), grid, WARPS * 32, smem_forward<NJ>(a.D), s,
+              dq, dout, q, k, v, lse, delta, mask, a);
   }
   if (dk || dv) {
     dim3 grid((unsigned)((a.Tk + rows - 1) / rows), (unsigned)a.KV, (unsigned)a.B);
-    RX_LAUNCH((attn_dkdv_kernel<T, NJ>), grid, WARPS * 32, smem_dkdv<NJ>(a.D), s, dk, dv, dout, q, k, v, lse, delta, mask, a);
+    RX_LAUNCH((attn_dkdv_kernel<T, NJ>), grid, WARPS * 32, smem_dkdv<NJ>(a.D), s,
+              dk, dv, dout, q, k, v, lse, delta, mask, a);
   }
 }
 

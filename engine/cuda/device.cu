@@ -394,7 +394,8 @@ static int copy_on_device(rx_tensor *dst, const rx_tensor *src) {
           "copy", "numel=%lld", (long long)n);
     return RX_OK;
   }
-  RX_LAUNCH(copy_kernel, rx_blocks(n, 256), 256, 0, s, dst->data, strided_of(dst), dst->dtype, src->data, strided_of(src),
+  RX_LAUNCH(copy_kernel, rx_blocks(n, 256), 256, 0, s,
+            dst->data, strided_of(dst), dst->dtype, src->data, strided_of(src),
                                                src->dtype, n);
   RX_LAUNCHED("copy", "numel=%lld %s -> %s", (long long)n, rx_dtype_name(src->dtype), rx_dtype_name(dst->dtype));
   return RX_OK;

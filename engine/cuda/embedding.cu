@@ -38,7 +38,8 @@ extern "C" int rx_cuda_embedding_forward(void *out, const int32_t *tokens, const
   RX_STREAM(s);
   if (N * C == 0) return RX_OK;
   RX_DISPATCH_FLOAT(dtype, "embedding",
-    RX_LAUNCH((embedding_forward_kernel<T>), rx_blocks(N * C, 256), 256, 0, s, (T *)out, tokens, (const T *)weight, N, C));
+    RX_LAUNCH((embedding_forward_kernel<T>), rx_blocks(N * C, 256), 256, 0, s,
+              (T *)out, tokens, (const T *)weight, N, C));
   RX_LAUNCHED("embedding", "N=%lld C=%lld", (long long)N, (long long)C);
   return RX_OK;
 }
@@ -80,9 +81,11 @@ extern "C" int rx_cuda_embedding_backward(float *dweight, const void *dout, cons
     if (e != cudaSuccess) { rc = rx_cuda_error(e, "cudaMemcpyAsync(rows to device)", op, "N=%lld", (long long)N); goto done; }
     const int32_t *d_order = dev, *d_start = dev + N, *d_tok = dev + N + groups + 1;
     if (dtype == RX_F32)
-      RX_LAUNCH((embedding_backward_kernel<float>), (unsigned)groups, 256, 0, s, dweight, (const float *)dout, d_order, d_start, d_tok, C);
+      RX_LAUNCH((embedding_backward_kernel<float>), (unsigned)groups, 256, 0, s,
+                dweight, (const float *)dout, d_order, d_start, d_tok, C);
     else
-      RX_LAUNCH((embedding_backward_kernel<bf16>), (unsigned)groups, 256, 0, s, dweight, (const bf16 *)dout, d_order, d_start, d_tok, C);
+      RX_LAUNCH((embedding_backward_kernel<bf16>), (unsigned)groups, 256, 0, s,
+                dweight, (const bf16 *)dout, d_order, d_start, d_tok, C);
     rc = rx_cuda_launched(op, "N=%lld V=%lld C=%lld", (long long)N, (long long)V, (long long)C);
   }
 done:

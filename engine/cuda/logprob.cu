@@ -54,7 +54,8 @@ extern "C" int rx_cuda_logprob_forward(float *logp, float *lse, float *entropy, 
   RX_STREAM(s);
   if (N == 0) return RX_OK;
   RX_DISPATCH_FLOAT(dtype, "logprob",
-    RX_LAUNCH((logprob_forward_kernel<T>), (unsigned)N, THREADS, 0, s, logp, lse, entropy, (const T *)logits, targets, V));
+    RX_LAUNCH((logprob_forward_kernel<T>), (unsigned)N, THREADS, 0, s,
+              logp, lse, entropy, (const T *)logits, targets, V));
   RX_LAUNCHED("logprob", "N=%lld V=%lld", (long long)N, (long long)V);
   return RX_OK;
 }
@@ -64,7 +65,8 @@ extern "C" int rx_cuda_logprob_backward(void *dlogits, const float *dlogp, const
   RX_STREAM(s);
   if (N == 0) return RX_OK;
   RX_DISPATCH_FLOAT(dtype, "logprob_backward",
-    RX_LAUNCH((logprob_backward_kernel<T>), (unsigned)N, THREADS, 0, s, (T *)dlogits, dlogp, (const T *)logits, targets, lse, V));
+    RX_LAUNCH((logprob_backward_kernel<T>), (unsigned)N, THREADS, 0, s,
+              (T *)dlogits, dlogp, (const T *)logits, targets, lse, V));
   RX_LAUNCHED("logprob_backward", "N=%lld V=%lld", (long long)N, (long long)V);
   return RX_OK;
 }

@@ -55,7 +55,8 @@ extern "C" int rx_cuda_rmsnorm_forward(void *out, float *rstd, const void *inp, 
   RX_STREAM(s);
   if (N == 0) return RX_OK;
   RX_DISPATCH_FLOAT(dtype, "rmsnorm",
-    RX_LAUNCH((rmsnorm_forward_kernel<T>), (unsigned)N, THREADS, 0, s, (T *)out, rstd, (const T *)inp, (const T *)weight, C, eps));
+    RX_LAUNCH((rmsnorm_forward_kernel<T>), (unsigned)N, THREADS, 0, s,
+              (T *)out, rstd, (const T *)inp, (const T *)weight, C, eps));
   RX_LAUNCHED("rmsnorm", "N=%lld C=%lld", (long long)N, (long long)C);
   return RX_OK;
 }

@@ -1,5 +1,5 @@
 /* main.c: the `remax` host program. Embeds LuaJIT, finds the Lua library and runs
- * lua/remax/cli.lua with the command-line arguments. */
+ * lua/remax/cli/main.lua with the command-line arguments. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <limits.h>
@@ -18,15 +18,15 @@
 
 static int exists(const char *path) { return access(path, R_OK) == 0; }
 
-/* The folder holding lua/remax/cli.lua: $REMAX_HOME, the install tree next to the
+/* The folder holding lua/remax/cli/main.lua: $REMAX_HOME, the install tree next to the
  * executable (bin/../share/remax), or the source tree this binary was built from. */
 static int find_home(char *home, size_t n) {
   char exe[PATH_MAX], probe[PATH_MAX + 64];
   const char *env = getenv("REMAX_HOME");
   if (env && *env) {
-    snprintf(probe, sizeof probe, "%s/lua/remax/cli.lua", env);
+    snprintf(probe, sizeof probe, "%s/lua/remax/cli/main.lua", env);
     if (exists(probe)) { snprintf(home, n, "%s", env); return 0; }
-    fprintf(stderr, "remax: REMAX_HOME=%s has no lua/remax/cli.lua\n", env);
+    fprintf(stderr, "remax: REMAX_HOME=%s has no lua/remax/cli/main.lua\n", env);
     return -1;
   }
   ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -34,12 +34,12 @@ static int find_home(char *home, size_t n) {
     exe[len] = 0;
     char *slash = strrchr(exe, '/');
     if (slash) *slash = 0;
-    snprintf(probe, sizeof probe, "%s/../share/remax/lua/remax/cli.lua", exe);
+    snprintf(probe, sizeof probe, "%s/../share/remax/lua/remax/cli/main.lua", exe);
     if (exists(probe)) { snprintf(home, n, "%s/../share/remax", exe); return 0; }
   }
-  snprintf(probe, sizeof probe, "%s/lua/remax/cli.lua", RX_SOURCE_DIR);
+  snprintf(probe, sizeof probe, "%s/lua/remax/cli/main.lua", RX_SOURCE_DIR);
   if (RX_SOURCE_DIR[0] && exists(probe)) { snprintf(home, n, "%s", RX_SOURCE_DIR); return 0; }
-  fprintf(stderr, "remax: cannot find lua/remax/cli.lua (set REMAX_HOME to the remax folder)\n");
+  fprintf(stderr, "remax: cannot find lua/remax/cli/main.lua (set REMAX_HOME to the remax folder)\n");
   return -1;
 }
 
@@ -84,7 +84,7 @@ int main(int argc, char **argv) {
   lua_setglobal(L, "arg");
 
   lua_pushcfunction(L, traceback);
-  snprintf(path, sizeof path, "%s/lua/remax/cli.lua", home);
+  snprintf(path, sizeof path, "%s/lua/remax/cli/main.lua", home);
   if (luaL_loadfile(L, path)) {
     fprintf(stderr, "remax: %s\n", lua_tostring(L, -1));
     lua_close(L);

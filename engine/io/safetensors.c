@@ -143,9 +143,17 @@ static int by_offset(const void *a, const void *b) {
   return strcmp(x->name, y->name);
 }
 
-/* Two tensors may not claim the same bytes (empty tensors claim none). */
-static int check_overlap(const char *path, rx_st_entry *entries, int64_t n) {
-  if (n < 2) return RX_OK;
+/* Two tensors may not claim the same bytes (empty tensors claim none), and the last tensor ends
+ * where the data buffer does, as the format requires: bytes past it mean the header length is
+ * wrong (a header length one short still parses when the JSON ends in padding, and every tensor
+ * would then be read one byte off). Gaps between tensors are allowed: remax's writer aligns each
+ * tensor to its dtype. */
+static int check_overlap(const char *path, rx_st_entry *entries, int64_t n, uint64_t data_len) {
+  if (n == 0) {
+    if (data_len) return rx_fail(RX_EFORMAT, "%s: no tensors, but a data buffer of %llu bytes (is the header length wrong?)",
+                                 path, (unsigned long long)data_len);
+    return RX_OK;
+  }
   rx_st_entry **order = malloc((size_t)n * sizeof *order);
   if (!order) return rx_fail(RX_ENOMEM, "%s: out of memory checking tensor offsets", path);
   for (int64_t i = 0; i < n; i++) order[i] = &entries[i];
@@ -161,6 +169,11 @@ static int check_overlap(const char *path, rx_st_entry *entries, int64_t n) {
                    (unsigned long long)e->begin, (unsigned long long)e->end);
     if (!reach || e->end > reach->end) reach = e;
   }
+  uint64_t end = reach ? reach->end : 0;
+  if (!rc && end != data_len)
+    rc = rx_fail(RX_EFORMAT, "%s: the tensors end at byte %llu of the data buffer, but it holds %llu bytes; the header "
+                 "length in the first 8 bytes is likely wrong (or bytes were appended to the file)", path,
+                 (unsigned long long)end, (unsigned long long)data_len);
   free(order);
   return rc;
 }
@@ -228,7 +241,7 @@ static int parse_header(rx_st_file *f, const char *path, const rx_json *root, ui
   for (int64_t i = 1; i < f->n; i++)
     if (strcmp(f->entries[i - 1].name, f->entries[i].name) == 0)
       return rx_fail(RX_EFORMAT, "%s: tensor '%s' appears twice in the header", path, f->entries[i].name);
-  return check_overlap(path, f->entries, f->n);
+  return check_overlap(path, f->entries, f->n, data_len);
 }
 
 void rx_st_file_release(rx_st_file *f) {

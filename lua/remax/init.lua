@@ -2,15 +2,15 @@
 local M = {}
 
 local lazy = {
-  ffi = "remax.ffi",
-  tensor = "remax.tensor",
-  optim = "remax.optim",
-  model = "remax.model",
-  safetensors = "remax.safetensors",
-  tokenizer = "remax.tokenizer",
-  chat = "remax.chat", data = "remax.data",
-  runs = "remax.runs", progress = "remax.progress", plot = "remax.plot",
-  config = "remax.config", algos = "remax.algos", trainer = "remax.trainer", recipe = "remax.recipe", rewards = "remax.rewards",
+  ffi = "remax.bind.ffi",
+  tensor = "remax.bind.tensor",
+  optim = "remax.bind.optim",
+  model = "remax.bind.model",
+  safetensors = "remax.bind.safetensors",
+  tokenizer = "remax.bind.tokenizer",
+  chat = "remax.text.chat", data = "remax.train.data",
+  runs = "remax.train.runs", progress = "remax.train.progress", plot = "remax.train.plot",
+  config = "remax.train.config", algos = "remax.train.algos", trainer = "remax.train.trainer", recipe = "remax.train.recipe", rewards = "remax.train.rewards",
 }
 
 -- Submodules load on first use, so `require("remax")` stays cheap.
@@ -19,6 +19,8 @@ setmetatable(M, {
     local name = lazy[k]
     if not name then return nil end
     local mod = require(name)
+    -- remax.model.load also reads LoRA adapter folders: the LoRA module installs that loader
+    if k == "model" then require("remax.bind.lora") end
     rawset(t, k, mod)
     return mod
   end,
@@ -26,7 +28,21 @@ setmetatable(M, {
 
 function M.version()
   local ffi = require("ffi")
-  return ffi.string(require("remax.ffi").C.rx_version())
+  return ffi.string(require("remax.bind.ffi").C.rx_version())
+end
+
+-- OpenBLAS's kernel set in use ("SkylakeX", "Haswell", ...).
+function M.blas_core()
+  local ffi = require("ffi")
+  return ffi.string(require("remax.bind.ffi").C.rx_blas_core())
+end
+
+-- The CUDA backend of this build, in words: not built, built for the GPU, or the CPU emulation.
+function M.cuda_backend()
+  local ffi = require("ffi")
+  local kind = ffi.string(require("remax.bind.ffi").C.rx_cuda_backend())
+  return ({ none = "not built", device = "built for the GPU",
+    emulated = "emulated on the CPU (for testing, not speed)" })[kind] or kind
 end
 
 return M

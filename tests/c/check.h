@@ -80,4 +80,36 @@ static inline int guarded_free(guarded g) {
   return ok;
 }
 
+/* The tiny float64 decoder of the model and LoRA tests: vocabulary 23, hidden 16, two layers of
+ * four heads of 4 (kv_heads of them for keys and values), MLP 24. qwen: q/k/v biases (Qwen2),
+ * else none (Llama); tied: the head shares the embedding. */
+static inline rx_model_config check_tiny_config(int qwen, int tied, int kv_heads, double rope_theta) {
+  rx_model_config c = {0};
+  c.vocab_size = 23;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = kv_heads;
+  c.head_dim = 4;
+  c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = rope_theta;
+  c.tie_word_embeddings = tied;
+  c.attention_bias = qwen;
+  c.dtype = RX_F64;
+  c.device = RX_CPU;
+  return c;
+}
+
+/* Every weight of m drawn from (seed, its index): norms uniform in [0.5, 1.5] (away from zero),
+ * the rest normal with std 0.3 (large enough for every path to carry signal). */
+static inline void check_randomise(rx_model *m, uint64_t seed) {
+  for (int64_t i = 0; i < rx_model_param_count(m); i++) {
+    rx_tensor *p = rx_model_param(m, i);
+    if (strstr(rx_model_param_name(m, i), "norm.weight")) rx_tensor_uniform(p, seed, (uint64_t)i << 32, 0.5, 1.5);
+    else rx_tensor_normal(p, seed, (uint64_t)i << 32, 0.0, 0.3);
+  }
+}
+
 #endif

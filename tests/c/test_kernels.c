@@ -4,6 +4,7 @@
  * arguments. Inputs are drawn in f32 and copied exactly to f64, so both dtypes see the same values. */
 #include "check.h"
 #include "cpu/cpu.h"
+#include "ops/engine_ops.h"
 #include <omp.h>
 
 static const int32_t dtypes[2] = {RX_F32, RX_F64};
@@ -739,6 +740,42 @@ static void logprob_on_a_real_vocabulary(void) {
 SLICE_CASE(float, f32)
 SLICE_CASE(double, f64)
 
+/* The slice ops (engine/ops/logprob_slice.c, what the model's head calls): the same numbers as
+ * the kernels above, over the whole vocabulary as one slice, and bad arguments named. */
+static void logprob_slice_ops(void) {
+  const int64_t N = 5, V = 11, xs[2] = {N, V}, ns[1] = {N};
+  rx_tensor *x, *tg, *rmax, *rsum, *rsz, *lp, *ls, *en, *dl, *g, *ref, *rls, *ren, *bad;
+  CHECK_OK(rx_tensor_new(&x, RX_F64, RX_CPU, 2, xs));
+  CHECK_OK(rx_tensor_new(&g, RX_F64, RX_CPU, 2, xs));
+  CHECK_OK(rx_tensor_new(&tg, RX_I32, RX_CPU, 1, ns));
+  rx_tensor **vec[] = {&rmax, &lp, &ls, &en, &dl, &ref, &rls, &ren};
+  for (size_t i = 0; i < sizeof vec / sizeof vec[0]; i++) CHECK_OK(rx_tensor_new(vec[i], RX_F64, RX_CPU, 1, ns));
+  CHECK_OK(rx_tensor_new(&rsum, RX_F64, RX_CPU, 1, ns));
+  CHECK_OK(rx_tensor_new(&rsz, RX_F64, RX_CPU, 1, ns));
+  CHECK_OK(rx_tensor_new(&bad, RX_F32, RX_CPU, 1, ns));
+  rx_tensor_normal(x, 3, 0, 0.0, 2.0);
+  rx_tensor_fill(dl, 0.5);
+  for (int64_t n = 0; n < N; n++) ((int32_t *)tg->data)[n] = n == 2 ? -1 : (int32_t)(n * 3 % V);
+  CHECK_OK(rx_logprob_slice_forward(rmax, rsum, rsz, lp, x, tg, 0, 1));
+  CHECK_OK(rx_logprob_slice_finish(lp, ls, en, rmax, rsum, rsz, tg));
+  CHECK_OK(rx_logprob_forward(ref, rls, ren, x, tg));
+  for (int64_t n = 0; n < N; n++) {
+    const double *a = lp->data, *b = ref->data, *c = ls->data, *d = rls->data, *e = en->data, *f = ren->data;
+    CHECK(fabs(a[n] - b[n]) < 1e-12 && fabs(c[n] - d[n]) < 1e-12 && fabs(e[n] - f[n]) < 1e-12,
+          "row %lld: slice op logp %g lse %g H %g, whole-row op %g %g %g", (long long)n, a[n], c[n], e[n], b[n], d[n], f[n]);
+  }
+  CHECK_OK(rx_logprob_slice_backward(g, dl, NULL, NULL, x, tg, ls, 0));
+  CHECK(((double *)g->data)[2 * V + 4] == 0, "a padding row's gradient is 0");
+  CHECK_FAILS(rx_logprob_slice_forward(rmax, bad, rsz, lp, x, tg, 0, 1), "logprob_slice: rsum has dtype f32, expected f64");
+  CHECK_FAILS(rx_logprob_slice_forward(rmax, rsum, rsz, lp, x, tg, -3, 1), "slice start v0 = -3 must be >= 0");
+  CHECK_FAILS(rx_logprob_slice_forward(bad, rsum, rsz, lp, x, tg, 0, 1), "rmax has dtype f32, expected f64");
+  CHECK_FAILS(rx_logprob_slice_finish(lp, ls, en, rmax, rsum, rsz, x), "logprob_slice_finish: targets has dtype f64");
+  CHECK_FAILS(rx_logprob_slice_backward(g, dl, dl, bad, x, tg, ls, 0), "logprob_slice_backward: entropy has dtype f32");
+  CHECK_FAILS(rx_logprob_slice_backward(rmax, dl, NULL, NULL, x, tg, ls, 0), "dlogits has shape [5], expected 5 rows of 11");
+  rx_tensor *all[] = {x, g, tg, rmax, lp, ls, en, dl, ref, rls, ren, rsum, rsz, bad};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) rx_tensor_free(all[i]);
+}
+
 static void logprob_on_vocabulary_slices(void) {
   int64_t N = 13, V = 37, xs[2] = {N, V};
   int32_t tv[13];
@@ -984,6 +1021,7 @@ int main(void) {
   RUN(logprob_forward_matches_reference);
   RUN(logprob_on_a_real_vocabulary);
   RUN(logprob_on_vocabulary_slices);
+  RUN(logprob_slice_ops);
   RUN(logprob_backward_matches_finite_differences);
   RUN(logprob_entropy_backward_matches_finite_differences);
   RUN(threads_do_not_change_results);

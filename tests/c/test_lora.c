@@ -5,32 +5,7 @@
  * base bit for bit, and merged weights against W + s B A computed here. */
 #include "check.h"
 
-static rx_model_config tiny_config(int qwen) {
-  rx_model_config c = {0};
-  c.vocab_size = 23;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 4;
-  c.max_position_embeddings = 64;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 10000.0;
-  c.tie_word_embeddings = 0;
-  c.attention_bias = qwen;
-  c.dtype = RX_F64;
-  c.device = RX_CPU;
-  return c;
-}
-
-static void randomise(rx_model *m, uint64_t seed) {
-  for (int64_t i = 0; i < rx_model_param_count(m); i++) {
-    rx_tensor *p = rx_model_param(m, i);
-    if (strstr(rx_model_param_name(m, i), "norm.weight")) rx_tensor_uniform(p, seed, (uint64_t)i << 32, 0.5, 1.5);
-    else rx_tensor_normal(p, seed, (uint64_t)i << 32, 0.0, 0.3);
-  }
-}
+static rx_model_config tiny_config(int qwen) { return check_tiny_config(qwen, 0, 2, 10000.0); }
 
 enum { B = 3, T = 6 };
 static const int32_t tokens[B * T] = {
@@ -84,7 +59,7 @@ static rx_model *base_model(int qwen, uint64_t seed) {
   rx_model_config cfg = tiny_config(qwen);
   rx_model *m = NULL;
   CHECK_OK(rx_model_new(&m, &cfg));
-  if (m) randomise(m, seed);
+  if (m) check_randomise(m, seed);
   return m;
 }
 

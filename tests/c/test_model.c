@@ -5,31 +5,7 @@
 typedef struct { int64_t B, T; const int32_t *tokens, *mask; } batch;
 
 static rx_model_config tiny_config(int qwen, int tied, int kv_heads) {
-  rx_model_config c = {0};
-  c.vocab_size = 23;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = kv_heads;
-  c.head_dim = 4;
-  c.max_position_embeddings = 64;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = qwen ? 1000000.0 : 10000.0;
-  c.tie_word_embeddings = tied;
-  c.attention_bias = qwen;
-  c.dtype = RX_F64;
-  c.device = RX_CPU;
-  return c;
-}
-
-static void randomise(rx_model *m, uint64_t seed) {
-  for (int64_t i = 0; i < rx_model_param_count(m); i++) {
-    const char *name = rx_model_param_name(m, i);
-    rx_tensor *p = rx_model_param(m, i);
-    if (strstr(name, "norm.weight")) rx_tensor_uniform(p, seed, (uint64_t)i << 32, 0.5, 1.5);
-    else rx_tensor_normal(p, seed, (uint64_t)i << 32, 0.0, 0.3);
-  }
+  return check_tiny_config(qwen, tied, kv_heads, qwen ? 1000000.0 : 10000.0);
 }
 
 static const double *P(rx_model *m, const char *fmt, int64_t l) {
@@ -211,7 +187,7 @@ static void check_model(rx_model_config cfg, int qwen, int tied, int kv) {
   rx_model *m;
   CHECK_OK(rx_model_new(&m, &cfg));
   if (!m) return;
-  randomise(m, 11 + (uint64_t)(qwen * 4 + tied * 2 + kv));
+  check_randomise(m, 11 + (uint64_t)(qwen * 4 + tied * 2 + kv));
   rx_tensor *tok = i32_tensor(tokens), *msk = i32_tensor(mask), *lp = f64_tensor(), *ent = f64_tensor(), *dlp = f64_tensor();
 
   /* 1. logprobs equal the naive full-logits reference, with the head on the whole vocabulary
@@ -404,8 +380,8 @@ static void flat_buffers_update_like_tensors(void) {
   CHECK_OK(rx_model_new(&a, &c));
   CHECK_OK(rx_model_new(&b, &c));
   if (!a || !b) { rx_model_free(a); rx_model_free(b); return; }
-  randomise(a, 5);
-  randomise(b, 5);
+  check_randomise(a, 5);
+  check_randomise(b, 5);
   int64_t shape[2] = {B, T};
   rx_tensor *tok = i32_tensor(tokens), *msk = i32_tensor(mask), *lp, *dlp;
   rx_tensor_new(&lp, RX_F32, RX_CPU, 2, shape);

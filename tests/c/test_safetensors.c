@@ -464,6 +464,11 @@ static void bad_offsets(void) {
   check_bad("{\"w\": {\"dtype\": \"F32\", \"shape\": [2, 3], \"data_offsets\": [0, 20]}}", 24,
             "tensor 'w': shape [2,3] of F32 needs 24 bytes, data_offsets [0, 20] hold 20");
   check_bad("{\"w\": {\"dtype\": \"F4\", \"shape\": [3], \"data_offsets\": [0, 2]}}", 2, "3 elements of F4 do not fill whole bytes");
+  /* bytes past the last tensor: a header length one short (the JSON's trailing space read as
+   * data) shifts every tensor by a byte; the format says the tensors end where the file does */
+  check_bad("{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}} ", 5,
+            "the tensors end at byte 4 of the data buffer, but it holds 5 bytes; the header length");
+  check_bad("{}", 3, "no tensors, but a data buffer of 3 bytes");
   /* empty tensors claim no bytes, so they overlap nothing */
   const char *ok = "{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]},"
                    " \"e\": {\"dtype\": \"F32\", \"shape\": [0], \"data_offsets\": [4, 4]}}";

@@ -1,5 +1,5 @@
 /* fuzz_config.c: libFuzzer target over config.json resolution into a model (lua-cjson, then
- * remax.model.resolve_config in lua/remax/model.lua, then rx_model_new in engine/model/model.c)
+ * remax.model.resolve_config in lua/remax/bind/model.lua, then rx_model_new in engine/model/model.c)
  * in an embedded LuaJIT state. Any config.json either resolves or fails with a message naming
  * the file; a resolved config whose parameters (counted here independently) fit in 64 MB
  * builds a model with exactly that many parameters, and one that implies more than 32 TB
@@ -17,7 +17,7 @@
 
 static const char CHECK[] =
     "local cjson, ffi = require('cjson'), require('ffi')\n"
-    "local model, rx = require('remax.model'), require('remax.ffi')\n"
+    "local model, rx = require('remax.bind.model'), require('remax.bind.ffi')\n"
     "local C = rx.C\n"
     "return function(path)\n"
     "  local f = assert(io.open(path, 'rb'))\n"

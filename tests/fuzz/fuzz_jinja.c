@@ -1,11 +1,11 @@
-/* fuzz_jinja.c: libFuzzer target over the chat-template interpreter (lua/remax/jinja.lua) in an
+/* fuzz_jinja.c: libFuzzer target over the chat-template interpreter (lua/remax/text/jinja.lua) in an
  * embedded LuaJIT state, fed both halves of what renders a prompt: the template source and the
  * conversation. The input is the template, then four NUL bytes, then the conversation as JSON:
  * an array is the messages, an object the variables (messages, add_generation_prompt, tools,
  * bos_token, ...); without the separator, or when that part is not JSON, a fixed conversation
  * is used. Any input either renders to a string, or fails with one message naming the template
  * (its line where there is one) -- never a Lua error from inside remax ("attempt to ...", a
- * stack overflow, "not enough memory": remax.jinja reports those as "NAME: internal error"),
+ * stack overflow, "not enough memory": remax.text.jinja reports those as "NAME: internal error"),
  * never a crash, a hang or a leak. A conversation that is
  * valid for remax.chat also renders through remax.chat with the template as the tokenizer's
  * chat_template, to the same text.
@@ -19,7 +19,7 @@
 #include "fuzz_lua.h"
 
 static const char CHECK[] =
-    "local jinja, chat, cjson = require('remax.jinja'), require('remax.chat'), require('cjson')\n"
+    "local jinja, chat, cjson = require('remax.text.jinja'), require('remax.text.chat'), require('cjson')\n"
     /* the limits scaled down with the machine: interpreted (the line hook keeps the JIT off)
      * under ASan, a rendering at the default limits takes seconds; these keep one under 1 s */
     "jinja.limits.steps, jinja.limits.bytes, jinja.limits.memory = 20000, 2 ^ 20, 64 * 2 ^ 20\n"

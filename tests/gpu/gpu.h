@@ -4,13 +4,20 @@
  * Without a CUDA device (or a build without CUDA) a test exits 77, which ctest reports as skipped. */
 #ifndef RX_GPU_H
 #define RX_GPU_H
+#include <unistd.h>
 #include "check.h"
 
 enum { GPU_SKIP = 77, GPU_GUARD = 256 };
 #define GPU_SENTINEL 1024.0   /* exact in f32, bf16, f16 and the integer types */
 
+/* An environment switch of tests/gpu/run.sh: set, and neither empty nor "0". */
+static inline int gpu_env_on(const char *name) {
+  const char *v = getenv(name);
+  return v && *v && strcmp(v, "0") != 0;
+}
+
 static inline int gpu_skip_unless_present(const char *name) {
-  if (rx_has_cuda()) return 0;
+  if (rx_has_cuda() || gpu_env_on("RX_GPU_LIST")) return 0;   /* listing the cases needs no device */
   int64_t a;
   const char *why = rx_cuda_memory(&a, NULL, NULL, NULL, NULL) ? rx_last_error() : "no CUDA device";
   fprintf(stderr, "%s: skipped: %s\n", name, why);
@@ -81,15 +88,38 @@ static inline int gpu_guarded_free(gpu_guarded g) {
   return (int)ok;
 }
 
+/* RX_GPU_REPORT=1 (tests/gpu/run.sh sets it): every comparison prints its error and its worst
+ * element, passing or not, so a GPU log shows how close each op came, not only whether it passed. */
+static inline void gpu_report(const rx_tensor *got, const rx_tensor *want, double e, int64_t worst, double got_v,
+                              double want_v) {
+  if (!gpu_env_on("RX_GPU_REPORT")) return;
+  int64_t idx[8] = {0}, rest = worst;
+  int nd = want->ndim < 8 ? want->ndim : 8;
+  for (int d = nd - 1; d >= 0; d--) {   /* the flat index as [i, j, ...] */
+    int64_t extent = want->shape[d] > 0 ? want->shape[d] : 1;
+    idx[d] = d ? rest % extent : rest;
+    rest /= extent;
+  }
+  char at[200] = "";
+  for (int d = 0; d < nd; d++)
+    snprintf(at + strlen(at), sizeof at - strlen(at), d ? ", %lld" : "%lld", (long long)idx[d]);
+  fprintf(stderr, "  compare %s n=%lld: nrmse %.3g, worst |got-want| %.3g at [%s] (got %.9g, want %.9g)\n",
+          rx_dtype_name(got->dtype), (long long)want->numel, e, fabs(got_v - want_v), at, got_v, want_v);
+}
+
 /* Normalised error of a device (or any) tensor against a CPU reference. */
 static inline double gpu_nrmse(const rx_tensor *got, const rx_tensor *want) {
-  int64_t n = want->numel;
+  int64_t n = want->numel, worst = 0;
   double *a = malloc((size_t)(n + 1) * sizeof(double)), *b = malloc((size_t)(n + 1) * sizeof(double));
   gpu_must(rx_tensor_read_f64(got, a), NULL);
   gpu_must(rx_tensor_read_f64(want, b), NULL);
-  double e = check_nrmse(a, b, n);
-  for (int64_t i = 0; i < n; i++)
+  double e = check_nrmse(a, b, n), worst_d = -1;
+  for (int64_t i = 0; i < n; i++) {
+    double d = a[i] != a[i] ? INFINITY : fabs(a[i] - b[i]);
     if (a[i] != a[i]) e = INFINITY;   /* a NaN from the device is never close */
+    if (d > worst_d) worst_d = d, worst = i;
+  }
+  if (n > 0) gpu_report(got, want, e, worst, a[worst], b[worst]);
   free(a);
   free(b);
   return e;
@@ -110,5 +140,41 @@ static inline int gpu_same_bits(const rx_tensor *a, const rx_tensor *b) {
   rx_tensor_free(hb);
   return same;
 }
+
+/* One case per process (tests/gpu/run.sh runs each case alone, so that a sticky device fault
+ * in one cannot hide the others): RX_GPU_LIST=1 prints "case NAME" for every RUN(NAME) on stdout
+ * and runs none (no device needed); RX_GPU_CASE=NAME runs only the cases named NAME, and exits 2
+ * when no case has that name. Without either variable every case runs, as before. */
+static int gpu_case_matched;
+static inline void gpu_case_check_matched(void) {
+  if (gpu_env_on("RX_GPU_CASE") && !gpu_env_on("RX_GPU_LIST") && !gpu_case_matched) {
+    fprintf(stderr, "RX_GPU_CASE=%s: no case of that name (RX_GPU_LIST=1 lists them)\n", getenv("RX_GPU_CASE"));
+    fflush(NULL);
+    _exit(2);
+  }
+}
+
+static inline int gpu_case_wanted(const char *name) {
+  static int registered;
+  if (!registered) registered = !atexit(gpu_case_check_matched);
+  if (gpu_env_on("RX_GPU_LIST")) {
+    printf("case %s\n", name);
+    return 0;
+  }
+  if (gpu_env_on("RX_GPU_CASE") && strcmp(getenv("RX_GPU_CASE"), name) != 0) return 0;
+  gpu_case_matched = 1;
+  return 1;
+}
+
+/* check.h's RUN, behind the case selection above. */
+#undef RUN
+#define RUN(fn)                                                                   \
+  do {                                                                            \
+    if (!gpu_case_wanted(#fn)) break;                                             \
+    check_case_failed = 0;                                                        \
+    check_cases++;                                                                \
+    fn();                                                                         \
+    fprintf(stderr, "%s %s\n", check_case_failed ? "FAIL" : "ok  ", #fn);          \
+  } while (0)
 
 #endif

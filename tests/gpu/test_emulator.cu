@@ -176,6 +176,10 @@ static void test_wrong_shuffle_mask(void) {
   e = sync_error();
   CHECK(e.find("__shfl_xor_sync(mask 0xffffffff)") != std::string::npos && e.find("has exited") != std::string::npos,
         "full mask with 16 lanes gone: '%s'", e.c_str());
+  // the full mask in a block of 48 threads: its second warp has 16 lanes
+  RX_LAUNCH(half_mask_kernel, 1, 48, 0, 0, out, 0xffffffffu, 0);
+  e = sync_error();
+  CHECK(e.find("but the warp has only lanes 0..15") != std::string::npos, "full mask in a 16-lane warp: '%s'", e.c_str());
   cudaFree(out);
 }
 

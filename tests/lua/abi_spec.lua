@@ -1,7 +1,7 @@
 -- The header is read by LuaJIT at run time; this checks that LuaJIT lays out every struct
 -- exactly as the C compiler did.
 local ffi = require("ffi")
-local rx = require("remax.ffi")
+local rx = require("remax.bind.ffi")
 
 describe("remax.h ABI", function()
   local layout = {}

@@ -1,10 +1,10 @@
 -- Bad data and settings (issue 15, part 4): each gives one clear message naming the file, line,
 -- key or reward, and no lost work -- the dataset loader, reward results, reward_timeout, prompts
 -- over max_prompt_length (kept by their last tokens, counted in the metrics).
-local data = require("remax.data")
-local rewards = require("remax.rewards")
-local config = require("remax.config")
-local trainer = require("remax.trainer")
+local data = require("remax.train.data")
+local rewards = require("remax.train.rewards")
+local config = require("remax.train.config")
+local trainer = require("remax.train.trainer")
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 
@@ -126,15 +126,18 @@ describe("reward_timeout", function()
   end)
 
   it("is a setting with a default, refused when negative", function()
-    assert.are.equal(600, config.resolve({}).reward_timeout)
-    assert.matches("reward_timeout must be >= 0", err_of(config.resolve, { reward_timeout = -1 }), 1, true)
+    -- unset: a minute, or four times the step's generation time when that is longer
+    assert.is_nil(config.resolve({}).reward_timeout)
+    assert.are.equal(60, rewards.limit(nil, 2))
+    assert.are.equal(400, rewards.limit(nil, 100))
+    assert.are.equal(0.5, rewards.limit(0.5, 100))
+    assert.are.equal(0, rewards.limit(0, 100))
+    assert.matches("reward_timeout = -1: expected a number in [0, inf)", err_of(config.resolve, { reward_timeout = -1 }), 1, true)
   end)
 end)
 
 -- A tiny random model with the byte-level tokenizer, as trainer_spec.lua uses.
-local TINY = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
-  num_hidden_layers = 1, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
-  rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true }
+local TINY = support.tiny_model({ num_hidden_layers = 1 })
 
 local function setup(reward_src)
   local dir = tmpdir()
@@ -175,7 +178,7 @@ end }
   end)
 
   it("refuses a training micro-batch whose activations cannot fit, before the engine allocates them", function()
-    local fit = require("remax.fit")
+    local fit = require("remax.train.fit")
     local dir = setup("return { name = 'z', fn = function(c) local s = {} for i = 1, #c do s[i] = i % 2 end return s end }")
     local t = new_trainer(dir)
     local real = fit.available_bytes

@@ -128,7 +128,7 @@ describe("bf16 weight storage", function()
     assert.is_false(ok)
     assert.matches("stored in bf16", tostring(err))
     -- LoRA over each storage: the same adapter gradients
-    local lora = require("remax.lora")
+    local lora = require("remax.bind.lora")
     local grads = {}
     for _, wdt in ipairs({ "f32", "bf16" }) do
       local m = model_mod.load(dir, { weight_dtype = wdt })
@@ -169,14 +169,14 @@ describe("bf16 weight storage", function()
 end)
 
 describe("frozen copies in training", function()
-  local config = require("remax.config")
-  local trainer = require("remax.trainer")
+  local config = require("remax.train.config")
+  local trainer = require("remax.train.trainer")
   local write = support.write
 
   -- a bf16 checkpoint with the byte-level tokenizer, a reward and a dataset
   local function setup()
     local dir = tmpdir()
-    require("remax.fs").mkdir_p(dir .. "/m")
+    require("remax.bind.fs").mkdir_p(dir .. "/m")
     remax.tokenizer.write_byte_level(dir .. "/m")
     local tok = remax.tokenizer.load(dir .. "/m")
     local m = model_mod.new(tiny({ vocab_size = tok.vocab_size, eos_token_id = tok.eos_id, tie_word_embeddings = true }),

@@ -1,12 +1,8 @@
 local cjson = require("cjson")
 local chat = require("remax").chat
 
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local support = require("support")
+local read = support.read
 
 local TEMPLATES = cjson.decode(read("tests/fixtures/data/chat_templates.json"))
 

@@ -6,12 +6,13 @@
 -- lists every write event of a run, REMAX_CRASH_AT=N kills the run at the Nth.
 -- Also: write failures (a full disk through RLIMIT_FSIZE, a read-only run folder) stop the run
 -- with the path and the errno, and the checkpoint before stays intact.
-local runs = require("remax.runs")
-local fs = require("remax.fs")
+local runs = require("remax.train.runs")
+local fs = require("remax.bind.fs")
+local support = require("support")
 
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 local function binary()
-  local b = require("remax.cli").build_dir() .. "/remax"
+  local b = require("remax.cli.main").build_dir() .. "/remax"
   return b:sub(1, 1) == "/" and b or (os.getenv("PWD") .. "/" .. b)   -- the runs cd to their folder
 end
 
@@ -23,29 +24,13 @@ local function sh(cmd)
   return tonumber(out:match("rc=(%d+)%s*$")), out
 end
 
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
+local write = support.write
 
 local STEPS = 4
-local LOWER = [[
-return { name = "lower", fn = function(completions, batch)
-  local s = {}
-  for i in ipairs(completions) do
-    local n = 0
-    for _, id in ipairs(batch.completion_ids[i]) do if id >= 97 and id <= 122 then n = n + 1 end end
-    s[i] = n / math.max(1, #batch.completion_ids[i])
-  end
-  return s
-end }
-]]
+local LOWER = support.LOWER
 
 local function setup()
-  local dir = os.tmpname()
-  os.remove(dir)
-  fs.mkdir_p(dir)
+  local dir = support.tmpdir()
   write(dir .. "/lower.lua", LOWER)
   local lines = {}
   for i = 1, 8 do lines[i] = ('{"prompt": "say something %d"}'):format(i) end

@@ -1,5 +1,5 @@
 -- The remax program itself: `remax version` and the OpenBLAS kernels it runs with.
-local function binary() return require("remax.cli").build_dir() .. "/remax" end
+local function binary() return require("remax.cli.main").build_dir() .. "/remax" end
 
 local function version(env)
   local p = assert(io.popen(("%s '%s' version 2>&1"):format(env, binary())))
@@ -20,10 +20,11 @@ describe("remax version", function()
   it("names the version, the OpenBLAS kernels in use and how CUDA was built", function()
     local out = version("env")
     assert.is_truthy(out:match("^remax %d+%.%d+%.%d+ %(OpenBLAS kernels: %w+; CUDA: [^\n]+%)\n$"), out)
-    local backend = require("ffi").string(require("remax.ffi").C.rx_cuda_backend())
+    local backend = require("ffi").string(require("remax.bind.ffi").C.rx_cuda_backend())
     local want = ({ none = "CUDA: not built", device = "CUDA: built for the GPU",
       emulated = "CUDA: emulated on the CPU (for testing, not speed)" })[backend]
     assert.is_truthy(want and out:find(want, 1, true), out)
+    assert.are.equal(want, "CUDA: " .. require("remax").cuda_backend())
   end)
 
   it("leaves an OPENBLAS_CORETYPE the user set alone", function()

@@ -1,4 +1,4 @@
-local config = require("remax.config")
+local config = require("remax.train.config")
 
 local function err_of(f, ...)
   local ok, err = pcall(f, ...)
@@ -99,5 +99,94 @@ describe("config", function()
     assert.are.same("gsm8k", s.rewards[1])
     assert.are.same("mine", s.rewards[2])
     assert.matches("^function %(.*config_spec.lua:%d+%)$", s.loop)
+  end)
+end)
+
+describe("config.resolve's derived settings", function()
+  it("decides the KL mode and the reference once", function()
+    local function kl(t) local c = config.resolve(t); return c.kl_mode, c.needs_reference end
+    assert.are.same({ "none", false }, { kl({}) })
+    assert.are.same({ "k3", true }, { kl({ beta = 0.1 }) })
+    assert.are.same({ "k1", true }, { kl({ beta = 0.1, kl_estimator = "k1" }) })
+    assert.are.same({ "none", false }, { kl({ beta = 0.1, algo = "sft" }) })   -- SFT has no KL term
+  end)
+
+  it("plans the sampled and greedy rows of a step", function()
+    local c = config.resolve({ num_generations = 3, temperature = 0.7 })
+    assert.are.same({ 0.7, 0.7, 0.7, 0 }, c.sampling.temperatures)
+    assert.are.equal(4, c.sampling.slots)
+    c = config.resolve({ algo = "grpo", num_generations = 2, generate_greedy = false })
+    assert.are.same({ 1, 1 }, c.sampling.temperatures)
+    assert.is_false(c.sampling.greedy)
+  end)
+
+  it("skips zero-advantage rows only when the advantage is all that reaches the loss", function()
+    assert.is_true(config.resolve({}).skip_zero_rows)
+    assert.is_false(config.resolve({ beta = 0.01 }).skip_zero_rows)
+    assert.is_false(config.resolve({ entropy_coef = 0.01 }).skip_zero_rows)
+    assert.is_false(config.resolve({ top_entropy_quantile = 0.5 }).skip_zero_rows)
+    assert.is_false(config.resolve({ skip_zero_advantage = false }).skip_zero_rows)
+  end)
+
+  it("takes the aggregation from loss_type, else loss_agg_mode", function()
+    local algos = require("remax.train.algos")
+    assert.are.equal("seq-mean-token-mean", config.resolve({}).aggregation)
+    assert.are.equal(algos.loss_types.dapo, config.resolve({ loss_type = "dapo" }).aggregation)
+    assert.are.equal("token-mean", config.resolve({ loss_agg_mode = "token-mean" }).aggregation)
+  end)
+
+  it("derives again after a change (what hot reload does)", function()
+    local c = config.resolve({})
+    c.beta = 0.2
+    config.derive(c)
+    assert.are.equal("k3", c.kl_mode)
+    assert.is_false(c.skip_zero_rows)
+  end)
+
+  it("checks sampling settings once, in the schema, naming their source", function()
+    assert.matches("recipe: temperature = -1: expected a number in [0, inf)", err_of(config.resolve, { temperature = -1 }), 1, true)
+    assert.matches("recipe: top_p = 0: expected a number in (0, 1]", err_of(config.resolve, { top_p = 0 }), 1, true)
+    -- what the model's own check (the last guard) would let through
+    assert.matches("recipe: temperature = inf: expected a finite number", err_of(config.resolve, { temperature = 1 / 0 }), 1, true)
+  end)
+
+  it("keeps derived settings out of config.json and --help", function()
+    local s = config.serializable(config.resolve({ beta = 0.1 }))
+    assert.is_nil(s.kl_mode)
+    assert.is_nil(s.sampling)
+    assert.are.equal("cpu", s.device)
+  end)
+end)
+
+describe("the device setting", function()
+  it("is cpu by default and refuses a typo instead of falling back to the CPU", function()
+    assert.are.equal("cpu", config.resolve({}).device)
+    assert.matches("device = 'gpu': expected one of cpu, cuda", err_of(config.resolve, { device = "gpu" }), 1, true)
+    assert.matches("command line: device = 'gpu': expected one of cpu, cuda", err_of(config.parse_args, { "--device", "gpu" }), 1, true)
+  end)
+
+  it("refuses cuda with the reason until the trainer runs there", function()
+    local err = err_of(config.resolve, { device = "cuda" })
+    assert.matches("recipe: device = cuda: ", err, 1, true)
+    assert.matches("use device = cpu", err, 1, true)
+    if not require("remax.bind.tensor").has_cuda() then
+      assert.matches("no CUDA device or was built without CUDA", err, 1, true)
+    end
+  end)
+
+  it("is checked by model.new too: a typo there is an error", function()
+    local model = require("remax.bind.model")
+    local tiny = require("support").tiny_model({ vocab_size = 16, num_hidden_layers = 1 })
+    assert.matches("device 'gpu' is not a device remax knows (cpu, cuda)", err_of(model.new, tiny, { device = "gpu" }), 1, true)
+    assert.is_table(model.new(tiny, { device = "cpu" }))
+  end)
+end)
+
+describe("the data setting", function()
+  it("takes a file or, in a recipe, a function", function()
+    local fn = function(split, n) return {} end
+    assert.are.equal(fn, config.resolve({ data = fn }).data)
+    assert.are.equal("x.jsonl", config.resolve({}, { data = "x.jsonl" }).data)
+    assert.matches("data = 3: expected a file path, or (in a recipe) a function", err_of(config.resolve, { data = 3 }), 1, true)
   end)
 end)

@@ -1,4 +1,5 @@
 local cjson = require("cjson")
+local support = require("support")
 local data = require("remax").data
 
 local FIX = "tests/fixtures/data/"
@@ -57,7 +58,7 @@ describe("data.load", function()
   end)
 
   it("reports the line of a syntax error inside a JSON array", function()
-    local path = os.tmpname()
+    local path = support.tmpfile()
     local f = assert(io.open(path, "wb"))
     f:write('[\n {"prompt": "a"},\n {"prompt": "b",,}\n]\n')
     f:close()

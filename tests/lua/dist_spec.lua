@@ -1,20 +1,14 @@
--- Data parallel training (remax.dist, engine/dist/). In-process checks run in a world of one;
+-- Data parallel training (remax.bind.dist, engine/dist/). In-process checks run in a world of one;
 -- the rest start `mpirun -np 2` on the CPU and compare with one process on the same global batch.
 -- They skip, saying why, when mpirun or the MPI backend (libremax_mpi.so) is not there.
 local ffi = require("ffi")
-local dist = require("remax.dist")
-local cli = require("remax.cli")
+local dist = require("remax.bind.dist")
+local cli = require("remax.cli.main")
 
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = support.try_read
 
 local function exists(path) return read(path) ~= nil end
 
@@ -79,36 +73,9 @@ describe("dist in a world of one", function()
     assert.has_error(function() dist.encode({ print }) end, "dist: cannot send a function to another rank")
   end)
 
-  it("merges the ranks' rollouts in global prompt order", function()
-    local function part(prompts, reward0)
-      local ro = { prompts = {}, rows = {}, total = {}, per = { r = {} }, adv = {}, slots = 2, G = 1, greedy = true,
-        tokens_generated = 3 * #prompts, time_generate = reward0, time_score = 0, unscored = 0, step = 1 }
-      for i, p in ipairs(prompts) do
-        ro.prompts[i] = { prompt = p }
-        ro.adv[i] = { reward0 + i }
-        for s = 1, 2 do
-          local k = #ro.rows + 1
-          ro.rows[k] = { prompt = i, slot = s, greedy = s == 2, text = p .. s, tokens = { 1, 2 }, finish = "stop" }
-          ro.total[k], ro.per.r[k] = reward0 + k, reward0 + k
-        end
-      end
-      return dist.decode(dist.encode(dist.pack_rollout(ro)))
-    end
-    local whole = dist.merge_rollouts({ part({ "a", "b" }, 10), part({ "c" }, 20) })
-    assert.are.same({ "a", "b", "c" }, { whole.prompts[1].prompt, whole.prompts[2].prompt, whole.prompts[3].prompt })
-    assert.are.equal(6, #whole.rows)
-    assert.are.equal(3, whole.rows[5].prompt)
-    assert.are.equal("c1", whole.rows[5].text)
-    assert.are.same({ 11, 12, 13, 14, 21, 22 }, whole.total)
-    assert.are.same(whole.total, whole.per.r)
-    assert.are.same({ { 11 }, { 12 }, { 21 } }, whole.adv)
-    assert.are.equal(9, whole.tokens_generated)
-    assert.are.equal(20, whole.time_generate)   -- the slowest rank's
-  end)
-
   it("rejects a REMAX_DIST value it does not know, naming it", function()
     local dir = tmpdir()
-    write(dir .. "/probe.lua", 'local w = require("remax.dist").world() print("world", w.rank, w.size, w.backend)')
+    write(dir .. "/probe.lua", 'local w = require("remax.bind.dist").world() print("world", w.rank, w.size, w.backend)')
     local p = assert(io.popen(("REMAX_DIST=bogus %s/remax run %s/probe.lua 2>&1; echo rc=$?"):format(cli.build_dir(), dir)))
     local out = p:read("*a")
     p:close()
@@ -203,7 +170,7 @@ end
 
 -- Largest |a - b| / max(|a|, |b|, 1e-3) over every weight of two checkpoints; and whether all bits agree.
 local function compare_weights(dir_a, dir_b)
-  local st = require("remax.safetensors")
+  local st = require("remax.bind.safetensors")
   local a, b = st.open(dir_a), st.open(dir_b)
   local worst, same = 0, true
   for _, name in ipairs(a:names()) do
@@ -249,7 +216,7 @@ describe_mpi("mpirun -np 2 on the CPU", function()
   end)
 
   it("is a world of one over MPI with REMAX_DIST=mpi and no launcher", function()
-    write(dir .. "/probe.lua", 'local w = require("remax.dist").world() print("world", w.rank, w.size, w.backend)')
+    write(dir .. "/probe.lua", 'local w = require("remax.bind.dist").world() print("world", w.rank, w.size, w.backend)')
     local out, rc = remax(1, ("run %s/probe.lua"):format(dir), "REMAX_DIST=mpi")
     assert.are.equal(0, rc, out)
     assert.is_truthy(out:find("world\t0\t1\tmpi %("), out)

@@ -1,13 +1,10 @@
 -- Evaluation diagnostics: `remax eval --samples K` (greedy and sampled accuracy, pass@k, headroom).
-local config = require("remax.config")
-local trainer = require("remax.trainer")
-local cli = require("remax.cli")
-
-local TINY = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
-  num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 64,
-  rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true }
+local config = require("remax.train.config")
+local trainer = require("remax.train.trainer")
+local cli = require("remax.cli.main")
 
 local support = require("support")
+local TINY = support.tiny_model({ max_position_embeddings = 64 })
 local tmpdir = support.tmpdir
 
 -- C(n, k) by the multiplicative formula
@@ -38,7 +35,7 @@ describe("evaluation", function()
     for n = 1, 8 do
       for c = 0, n do
         for k = 1, n do
-          local v = trainer.pass_at_k(n, c, k)
+          local v = require("remax.train.evaluate").pass_at_k(n, c, k)
           assert.is_true(math.abs(v - pass_brute(n, c, k)) < 1e-12, ("n=%d c=%d k=%d"):format(n, c, k))
           assert.is_true(math.abs(v - (1 - choose(n - c, k) / choose(n, k))) < 1e-12)
         end

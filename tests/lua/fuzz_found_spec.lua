@@ -1,6 +1,6 @@
 -- Regression tests for what the Lua-side fuzz targets (tests/fuzz/fuzz_config.c, fuzz_data.c,
 -- fuzz_jinja.c) found; docs/reliability.md lists the findings.
-local model = require("remax.model")
+local model = require("remax.bind.model")
 local cjson = require("cjson")
 
 local function err_of(f, ...)
@@ -44,12 +44,12 @@ describe("config.json resolution (fuzz_config)", function()
   end)
 end)
 
--- What fuzz_jinja (and writing it) found in remax.jinja: templates a user hands remax that hung
+-- What fuzz_jinja (and writing it) found in remax.text.jinja: templates a user hands remax that hung
 -- the run, exhausted memory, overflowed the Lua stack, or raised Lua errors from inside the
 -- interpreter. Each is now an error naming the template, its line and the limit.
 describe("chat templates (fuzz_jinja)", function()
-  local jinja = require("remax.jinja")
-  local chat = require("remax.chat")
+  local jinja = require("remax.text.jinja")
+  local chat = require("remax.text.chat")
 
   local function render_err(src, vars)
     local ok, err = pcall(function() return jinja.compile(src, "t.jinja"):render(vars or {}) end)
@@ -98,7 +98,7 @@ describe("chat templates (fuzz_jinja)", function()
     }) do
       local msg = render_err(c[1])
       assert.matches("^t%.jinja line %d+: ", msg)
-      assert.matches(c[2] .. " 100 deep (remax.jinja.limits.depth)", msg, 1, true)
+      assert.matches(c[2] .. " 100 deep (remax.text.jinja.limits.depth)", msg, 1, true)
     end
     local cyclic = {}
     cyclic.self = cyclic
@@ -106,14 +106,14 @@ describe("chat templates (fuzz_jinja)", function()
   end)
 
   it("reports a built-in given arguments it cannot take as the template's error, not a Lua one", function()
-    -- was: "lua/remax/jinja.lua:1719: attempt to perform arithmetic on a nil value"
+    -- was: "lua/remax/text/jinja.lua:1719: attempt to perform arithmetic on a nil value"
     assert.are.equal("t.jinja line 1: test 'divisibleby' cannot take (int, undefined)", render_err("{{ 4 is divisibleby string }}"))
     assert.are.equal("t.jinja line 2: method 'count' of str cannot take ()", render_err("\n{{ 'abc'.count() }}"))
     assert.matches("range: expected integers, got a str", render_err("{{ range('a') }}"), 1, true)
   end)
 
   it("names the template without a Lua position when the error comes through remax.chat", function()
-    -- was: "lua/remax/chat.lua:175: chat_template.jinja line 1: subscript of an undefined value"
+    -- was: "lua/remax/text/chat.lua:175: chat_template.jinja line 1: subscript of an undefined value"
     local tok = { chat_template = "{{ nope[0] }}", chat_template_path = "dir/chat_template.jinja" }
     local ok, err = pcall(chat.render, { { role = "user", content = "hi" } }, { tokenizer = tok })
     assert.is_false(ok)

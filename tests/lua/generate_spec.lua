@@ -136,15 +136,17 @@ end)
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 
-local function binary() return require("remax.cli").build_dir() .. "/remax" end
+local function binary() return require("remax.cli.main").build_dir() .. "/remax" end
 
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
+local err_file = support.tmpfile()
+
 local function run(args)
-  local p = io.popen(("%s generate %s 2>/tmp/remax_generate_spec.err; echo \"rc=$?\""):format(q(binary()), args))
+  local p = io.popen(("%s generate %s 2>%s; echo \"rc=$?\""):format(q(binary()), args, q(err_file)))
   local out = p:read("*a")
   p:close()
-  local f = io.open("/tmp/remax_generate_spec.err")
+  local f = io.open(err_file)
   local err = f and f:read("*a") or ""
   if f then f:close() end
   local rc = tonumber(out:match("rc=(%d+)%s*$"))

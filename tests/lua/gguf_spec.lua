@@ -1,4 +1,4 @@
--- gguf_spec.lua: remax export --gguf (lua/remax/gguf.lua). The file is read back with remax's
+-- gguf_spec.lua: remax export --gguf (lua/remax/bind/gguf.lua). The file is read back with remax's
 -- reader and checked against the model it came from (keys, tensor names and order of rows, q8_0
 -- blocks, tokenizer metadata, crash safety); then, when node-llama-cpp is installed
 -- (bench/llamacpp_install.sh), llama.cpp itself loads the files: its next-token log-probs,
@@ -7,7 +7,7 @@ local remax = require("remax")
 local cjson = require("cjson")
 local ffi = require("ffi")
 local bit = require("bit")
-local gguf = require("remax.gguf")
+local gguf = require("remax.bind.gguf")
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 
@@ -361,7 +361,7 @@ describe("gguf export", function()
 
   it("writes a model with LoRA adapters merged: W + (alpha/r) B A", function()
     local dir, m, tok = folder(tiny("Qwen2ForCausalLM"), 12)
-    local lora = require("remax.lora")
+    local lora = require("remax.bind.lora")
     lora.apply(m, { r = 2, alpha = 4, target_modules = { "v_proj" } })
     for name, t in pairs(lora.params(m)) do
       if name:match("lora_B") then t:normal_(3, #name, 0, 0.3) end
@@ -385,7 +385,7 @@ describe("gguf export", function()
     write(path, "the old file")
     -- a file size limit of 64 KiB: write() fails with EFBIG half way through the tensors
     local cmd = ("cd %s && bash -c \"trap '' XFSZ; ulimit -f 64; exec %s/remax export --model %s --gguf %s --type f32\" 2>&1; echo \"exit $?\""):format(
-      os.getenv("PWD") or ".", require("remax.cli").build_dir(), dir, path)
+      os.getenv("PWD") or ".", require("remax.cli.main").build_dir(), dir, path)
     local p = assert(io.popen(cmd))
     local msg = p:read("*a")
     p:close()
@@ -402,7 +402,7 @@ describe("gguf export", function()
 
   it("runs as `remax export` and says what it wrote; bad arguments get the usage", function()
     local dir = folder(tiny("LlamaForCausalLM", LLAMA31), 8)
-    local bin = require("remax.cli").build_dir() .. "/remax"
+    local bin = require("remax.cli.main").build_dir() .. "/remax"
     local p = assert(io.popen(("%s export --model %s --gguf %s/m.gguf --type q8_0 2>/dev/null"):format(bin, dir, dir)))
     local out = p:read("*a")
     p:close()

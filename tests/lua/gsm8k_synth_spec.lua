@@ -156,3 +156,22 @@ describe("gsm8k_synth", function()
     assert.matches("the weights add up to 0", err, 1, true)
   end)
 end)
+
+describe("remax.tasks.gsm8k", function()
+  local gsm8k = require("remax.tasks.gsm8k")
+
+  it("makes a data function giving the generator's problems for a split and the run's seed", function()
+    local fn = gsm8k.synthetic({ steps = { 1, 2 }, max_number = 12 })
+    local ds = fn("test", 5, { seed = 3 })
+    assert.are.equal("gsm8k_synth(test)", ds.source)
+    local want = synth.generate(5, { seed = 3, split = "test", steps = { 1, 2 }, max_number = 12, style = "sentences" })
+    assert.are.equal(5, #ds.rows)
+    for i = 1, 5 do assert.are.equal(want[i].question, ds.rows[i].question) end
+    assert.are_not.equal(fn("train", 1, { seed = 3 }).rows[1].question, ds.rows[1].question)
+  end)
+
+  it("stops in the recipe on a bad style or steps", function()
+    assert.has_error(function() gsm8k.synthetic({ style = "poems" }) end)
+    assert.has_error(function() gsm8k.synthetic({ steps = 3 }) end, "gsm8k.synthetic: steps must be two numbers {min, max}")
+  end)
+end)

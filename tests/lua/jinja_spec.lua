@@ -1,9 +1,9 @@
--- jinja_spec.lua: remax.jinja against Python's jinja2 set up as transformers sets it up
+-- jinja_spec.lua: remax.text.jinja against Python's jinja2 set up as transformers sets it up
 -- (tests/lua/jinja_ref.py, Debian's python3-jinja2): constructs one by one, then the real chat
 -- templates of Qwen2.5, Qwen3, Llama 3.1/3.2 and SmolLM2 over a corpus of conversations,
 -- character for character; then the token ids of those renderings against the reference
 -- tokenizer (tokenizer_ref.js).
-local jinja = require("remax.jinja")
+local jinja = require("remax.text.jinja")
 
 local REF = "tests/lua/jinja_ref.py"
 
@@ -19,14 +19,10 @@ local function ensure_tokenizers()
 end
 local TEMPLATES = "tests/fixtures/chat_templates/"
 
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local support = require("support")
+local read = support.read
 
--- JSON with object keys sorted (remax.jinja orders plain Lua tables' keys the same way).
+-- JSON with object keys sorted (remax.text.jinja orders plain Lua tables' keys the same way).
 local function json(v)
   if v == jinja.none then return "null" end
   local t = type(v)
@@ -57,7 +53,7 @@ local function json(v)
 end
 
 local function reference(cases)
-  local path = os.tmpname()
+  local path = support.tmpfile()
   local parts = {}
   for i, c in ipairs(cases) do
     parts[i] = '{"template":' .. json(c.template) .. ',"vars":' .. (next(c.vars) and json(c.vars) or "{}") .. "}"
@@ -307,7 +303,7 @@ describe("real chat templates match transformers' rendering", function()
           if c.model == m and #texts < 40 then texts[#texts + 1] = jinja.render(c.template, c.vars) end
         end
       end
-      local path = os.tmpname()
+      local path = support.tmpfile()
       local f = assert(io.open(path, "wb"))
       local parts = {}
       for i, s in ipairs(texts) do parts[i] = json(s) end

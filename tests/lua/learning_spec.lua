@@ -3,16 +3,13 @@
 -- picks it with probability about 1/260. A wrong sign, a misaligned row (an advantage applied to
 -- another prompt's row) or a broken baseline keeps the reward near chance; a right loop lifts the
 -- mean training reward to >= 0.9 within the step budget.
-local config = require("remax.config")
-local trainer = require("remax.trainer")
+local config = require("remax.train.config")
+local trainer = require("remax.train.trainer")
 
 local TARGET = 55   -- the byte "7"
 
-local TINY = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
-  num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 64,
-  rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true }
-
 local support = require("support")
+local TINY = support.tiny_model({ max_position_embeddings = 64 })
 local tmpdir = support.tmpdir
 
 local function run(algo, G, advantage, extra)

@@ -3,20 +3,15 @@
 local remax = require("remax")
 local cjson = require("cjson")
 local ffi = require("ffi")
-local lora = require("remax.lora")
+local lora = require("remax.bind.lora")
 local model_mod = remax.model
-local config = require("remax.config")
-local trainer = require("remax.trainer")
+local config = require("remax.train.config")
+local trainer = require("remax.train.trainer")
 
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = support.read
 
 -- the tiny Qwen2 of tests/fixtures/peft/README.md
 local TINY = { architectures = { "Qwen2ForCausalLM" }, vocab_size = 40, hidden_size = 16, intermediate_size = 24,
@@ -142,20 +137,8 @@ describe("lora", function()
   end)
 
   describe("in the trainer", function()
-    local LOWER = [[
-return { name = "lower", fn = function(completions, batch)
-  local s = {}
-  for i, c in ipairs(completions) do
-    local ids, n = batch.completion_ids[i], 0
-    for _, id in ipairs(ids) do if id >= 97 and id <= 122 then n = n + 1 end end
-    s[i] = n / #ids
-  end
-  return s
-end }
-]]
-    local MODEL = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
-      num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
-      rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true }
+    local LOWER = support.LOWER
+    local MODEL = support.tiny_model()
     local function setup()
       local dir = tmpdir()
       write(dir .. "/lower.lua", LOWER)

@@ -3,8 +3,8 @@
 -- phases are not counted twice, and the phases never add up to more than the step's wall time.
 local remax = require("remax")
 local ffi = require("ffi")
-local C = require("remax.ffi").C
-local now = require("remax.progress").now
+local C = require("remax.bind.ffi").C
+local now = require("remax.bind.clock").now
 
 local cfg = {
   architectures = { "Qwen2ForCausalLM" }, vocab_size = 40, hidden_size = 16, intermediate_size = 24,

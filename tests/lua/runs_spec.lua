@@ -1,27 +1,10 @@
 local ffi = require("ffi")
 local remax = require("remax")
-local runs = require("remax.runs")
+local runs = require("remax.train.runs")
 local fs = runs.fs
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  fs.mkdir_p(d)
-  return d
-end
-
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
+local support = require("support")
+local tmpdir, read, write = support.tmpdir, support.read, support.write
 
 local tiny = {
   architectures = { "Qwen2ForCausalLM" }, vocab_size = 40, hidden_size = 16, intermediate_size = 24,

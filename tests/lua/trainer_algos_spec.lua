@@ -1,10 +1,10 @@
 -- The algorithm settings through the trainer, on a tiny random model with short completions:
 -- estimators, loss aggregations and TRL's loss types, k1, num_iterations, reward handling,
 -- micro-batches of whole prompts, evaluation, `remax eval`, hot reload of beta, plots.
-local config = require("remax.config")
-local trainer = require("remax.trainer")
-local algos = require("remax.algos")
-local cli = require("remax.cli")
+local config = require("remax.train.config")
+local trainer = require("remax.train.trainer")
+local algos = require("remax.train.algos")
+local cli = require("remax.cli.main")
 local ffi = require("ffi")
 
 local support = require("support")
@@ -17,20 +17,10 @@ local function exists(path)
 end
 
 -- the fraction of lowercase ASCII letters among the completion's tokens
-local LOWER = [[
-return { name = "lower", fn = function(completions, batch)
-  local s = {}
-  for i, c in ipairs(completions) do
-    local ids, n = batch.completion_ids[i], 0
-    for _, id in ipairs(ids) do if id >= 97 and id <= 122 then n = n + 1 end end
-    s[i] = #ids > 0 and n / #ids or 0
-  end
-  return s
-end }
-]]
+local LOWER = support.LOWER
 
-local TINY = { hidden_size = 16, intermediate_size = 32, num_hidden_layers = 1, num_attention_heads = 2,
-  max_position_embeddings = 64, tie_word_embeddings = true }
+local TINY = support.tiny_model({ hidden_size = 16, intermediate_size = 32, num_hidden_layers = 1, num_attention_heads = 2,
+  num_key_value_heads = 2, max_position_embeddings = 64 })
 
 local function setup()
   local dir = tmpdir()
@@ -385,8 +375,8 @@ describe("trainer settings checks", function()
     assert.has_error(function() config.resolve({ loss_type = "dapo", loss_agg_mode = "seq-mean-token-sum" }) end)
     assert.has_no_error(function() config.resolve({ loss_type = "dapo", loss_agg_mode = "token-mean" }) end)
     assert.has_error(function() config.resolve({ multi_objective_aggregation = "normalize_then_sum" }) end,
-      "config: multi_objective_aggregation = normalize_then_sum is GRPO's advantage (TRL's GDPO): it needs algo = grpo and no recipe advantage function")
-    assert.has_error(function() config.resolve({ num_iterations = 0 }) end, "config: num_iterations must be >= 1")
+      "recipe: multi_objective_aggregation = normalize_then_sum is GRPO's advantage (TRL's GDPO): it needs algo = grpo and no recipe advantage function")
+    assert.has_error(function() config.resolve({ num_iterations = 0 }) end, "recipe: num_iterations = 0: expected an integer in [1, 1024]")
     assert.has_error(function() config.resolve({ delta = 1.1 }) end)
     assert.has_error(function() config.resolve({ top_entropy_quantile = 0 }) end)
   end)
@@ -457,7 +447,7 @@ end }
   for _, kl in ipairs({ "k3", "k1" }) do
     it(("loads the reference model when a hot reload raises beta from 0 (%s)"):format(kl), function()
       local dir = setup()
-      local recipe_mod = require("remax.recipe")
+      local recipe_mod = require("remax.train.recipe")
       local path = dir .. "/recipe.lua"
       -- a reward with a spread in every group, so the first step moves the policy
       write(dir .. "/vary.lua", [[return { name = "vary", fn = function(c, batch)

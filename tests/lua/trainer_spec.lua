@@ -1,7 +1,7 @@
 -- End-to-end trainer checks on a tiny random model (byte-level tokenizer, real model:generate).
-local config = require("remax.config")
-local trainer = require("remax.trainer")
-local cli = require("remax.cli")
+local config = require("remax.train.config")
+local trainer = require("remax.train.trainer")
+local cli = require("remax.cli.main")
 local ffi = require("ffi")
 
 local support = require("support")
@@ -9,21 +9,8 @@ local tmpdir, write = support.tmpdir, support.write
 
 -- reward: the fraction of completion tokens that are lowercase ASCII letters (about 10% for a
 -- random byte-level model; easy to learn)
-local LOWER = [[
-return { name = "lower", fn = function(completions, batch)
-  local s = {}
-  for i, c in ipairs(completions) do
-    local ids, n = batch.completion_ids[i], 0
-    for _, id in ipairs(ids) do if id >= 97 and id <= 122 then n = n + 1 end end
-    s[i] = n / #ids
-  end
-  return s
-end }
-]]
-
-local TINY = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
-  num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
-  rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true }
+local LOWER = support.LOWER
+local TINY = support.tiny_model()
 
 local function setup()
   local dir = tmpdir()
@@ -172,6 +159,35 @@ end }
     assert.matches("noanswer.jsonl:1: missing prompt column 'question'", err, 1, true)
   end)
 
+  it("takes its data from a recipe function: train_size rows of 'train', eval_size of 'test'", function()
+    local dir = setup()
+    local calls = {}
+    local function rows_of(split, n, cfg)
+      calls[#calls + 1] = { split, n, cfg.seed }
+      local rows = {}
+      for i = 1, n do rows[i] = { prompt = split .. " " .. i, answer = "x" .. i } end
+      return rows
+    end
+    local t = new_trainer(dir, { data = rows_of, train_size = 6, eval_size = 3 })
+    assert.are.same({ { "train", 6, 7 }, { "test", 3, 7 } }, calls)
+    assert.are.equal(6, #t.train_ds.rows)
+    assert.are.same({ "test 1", "test 2", "test 3" }, { t.eval_ds.rows[1].prompt, t.eval_ds.rows[2].prompt, t.eval_ds.rows[3].prompt })
+    -- a file as data has no held-out split unless eval_data names one
+    assert.is_nil(new_trainer(dir, { eval_size = 3 }).eval_ds)
+    local err = capture_error(new_trainer, dir, { data = function() error("no rows today") end })
+    assert.matches("split train: ", err, 1, true)
+    assert.matches("no rows today", err, 1, true)
+  end)
+
+  it("stops without data, saying how to give it", function()
+    local dir = setup()
+    local s = settings(dir)
+    s.data = nil
+    local err = capture_error(function() return trainer.new(config.resolve(s), { quiet = true, signals = false }) end)
+    assert.matches("no training data: set data to a JSONL or JSON file (--data FILE)", err, 1, true)
+    assert.matches("remax.tasks.gsm8k.synthetic()", err, 1, true)
+  end)
+
   it("hot-reloads a changed reward file and keeps the old one when the new one fails", function()
     local dir = setup()
     local t = new_trainer(dir, { max_steps = 4 })
@@ -188,7 +204,7 @@ end }
 
   it("hot-reloads a changed recipe (hot settings and rewards) and keeps it when the new one fails", function()
     local dir = setup()
-    local recipe_mod = require("remax.recipe")
+    local recipe_mod = require("remax.train.recipe")
     local function recipe_text(lr, value)
       return ([[
 local s = dofile(%q)

@@ -1,0 +1,207 @@
+-- remax.bind.fs: the file operations runs, the trainer and the model share: atomic writes (temporary
+-- name, fsync, rename, fsync of the folder), folders, listing, removal. libc through the FFI,
+-- since LuaFileSystem is not a dependency; the directory-entry layout is Linux's.
+local ffi = require("ffi")
+
+local M = {}
+
+for _, decl in ipairs({
+  "int mkdir(const char *path, uint32_t mode);",
+  "int rmdir(const char *path);",
+  "int unlink(const char *path);",
+  "int open(const char *path, int flags, ...);",
+  "int close(int fd);",
+  "int fsync(int fd);",
+  "char *strerror(int errnum);",
+  "void *opendir(const char *name);",
+  "int closedir(void *dirp);",
+  "void *readdir(void *dirp);",
+  "struct rx_runs_dirent { uint64_t d_ino; int64_t d_off; unsigned short d_reclen; unsigned char d_type; char d_name[256]; };",
+  "int isatty(int fd);",
+  "struct rx_fs_winsize { unsigned short ws_row, ws_col, ws_xpixel, ws_ypixel; };",
+  "int ioctl(int fd, unsigned long request, ...);",
+}) do pcall(ffi.cdef, decl) end
+local C = ffi.C
+
+local function is_dir(path)
+  local d = C.opendir(path)
+  if d == nil then return false end
+  C.closedir(d)
+  return true
+end
+
+local function file_exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+-- Entry names of a folder (no "." or ".."), sorted; {} when it cannot be read.
+local function list_dir(path)
+  local d = C.opendir(path)
+  if d == nil then return {} end
+  local out = {}
+  while true do
+    local e = C.readdir(d)
+    if e == nil then break end
+    local name = ffi.string(ffi.cast("struct rx_runs_dirent *", e).d_name)
+    if name ~= "." and name ~= ".." then out[#out + 1] = name end
+  end
+  C.closedir(d)
+  table.sort(out)
+  return out
+end
+
+local function mkdir_p(path)
+  local prefix = path:sub(1, 1) == "/" and "/" or ""
+  for part in path:gmatch("[^/]+") do
+    prefix = prefix .. part
+    if not is_dir(prefix) and C.mkdir(prefix, tonumber("755", 8)) ~= 0 then
+      local code = ffi.errno()   -- read before is_dir below sets it again
+      if not is_dir(prefix) then
+        error(("cannot create folder %s (errno %d, %s)"):format(prefix, code, ffi.string(C.strerror(code))), 3)
+      end
+    end
+    prefix = prefix .. "/"
+  end
+end
+
+-- Removes a file or a folder tree. unlink first: it never follows a symbolic link, so a link to
+-- a folder is removed, not the folder it points to.
+local function remove_tree(path)
+  if C.unlink(path) == 0 then return end
+  if not is_dir(path) then return end
+  for _, name in ipairs(list_dir(path)) do remove_tree(path .. "/" .. name) end
+  if C.rmdir(path) ~= 0 then error(("cannot remove %s (errno %d)"):format(path, ffi.errno()), 2) end
+end
+
+-- The crash-safety test's hook (rx_crash_point in remax.h): with REMAX_CRASH_AT or
+-- REMAX_CRASH_LIST set, each write event is counted and the chosen one is killed by SIGKILL.
+local crash_test = os.getenv("REMAX_CRASH_AT") or os.getenv("REMAX_CRASH_LIST")
+local function crash_point(event)
+  if crash_test then require("remax.bind.ffi").C.rx_crash_point(event) end
+end
+
+local function errno_text(code)
+  return ("errno %d, %s"):format(code, ffi.string(C.strerror(code)))
+end
+
+-- fsync of a file or a folder; a failure is an error naming the path and the errno (EINVAL and
+-- EROFS excepted for folders: file systems that cannot sync a folder say so).
+local function fsync_path(path)
+  local fd = C.open(path, 0)   -- O_RDONLY: enough to fsync a file or a folder on Linux
+  if fd < 0 then error(("cannot open %s to fsync it (%s)"):format(path, errno_text(ffi.errno())), 2) end
+  local rc, code = C.fsync(fd), ffi.errno()
+  C.close(fd)
+  if rc ~= 0 and not ((code == 22 or code == 30) and is_dir(path)) then
+    error(("fsync of %s failed (%s)"):format(path, errno_text(code)), 2)
+  end
+end
+
+local function dirname(path) return path:match("^(.*)/[^/]*$") or "." end
+
+-- Writes text to path through path.tmp, fsync and rename. A failure (a full disk, a read-only
+-- folder) is an error naming the file and the errno, and leaves path as it was.
+local function write_atomic(path, text)
+  local tmp = path .. ".tmp"
+  local f, err, code = io.open(tmp, "wb")
+  if not f then error(("cannot write %s (%s; errno %s)"):format(tmp, tostring(err), tostring(code)), 2) end
+  local half = crash_test and math.floor(#text / 2) or #text
+  local ok, werr, wcode = f:write(text:sub(1, half))
+  if ok then ok, werr, wcode = f:flush() end
+  if ok and half < #text then
+    crash_point("write_atomic: half written: " .. path)
+    ok, werr, wcode = f:write(text:sub(half + 1))
+    if ok then ok, werr, wcode = f:flush() end
+  end
+  local cok, cerr, ccode = f:close()
+  if ok and not cok then ok, werr, wcode = cok, cerr, ccode end
+  if not ok then
+    os.remove(tmp)
+    error(("cannot write %s (%s; errno %s)"):format(tmp, tostring(werr), tostring(wcode)), 2)
+  end
+  local sok, serr = pcall(fsync_path, tmp)
+  if not sok then os.remove(tmp) error(serr, 2) end
+  crash_point("write_atomic: before rename: " .. path)
+  local rok, rerr, rcode = os.rename(tmp, path)
+  if not rok then
+    os.remove(tmp)
+    error(("cannot rename %s to %s (%s; errno %s)"):format(tmp, path, tostring(rerr), tostring(rcode)), 2)
+  end
+  crash_point("write_atomic: after rename: " .. path)
+  fsync_path(dirname(path))
+end
+
+local function read_text(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- The whole of a text file a user named (a dataset, a config), or an error naming it: a folder,
+-- a file that cannot be opened, a binary file or a device (a NUL byte: text formats have none,
+-- and /dev/zero would otherwise fill the memory), or one over `limit` bytes (default 4 GiB).
+-- `what` says what the file is for ("--data", "config.json").
+M.TEXT_LIMIT = 2 ^ 32
+local function read_text_file(path, what, limit)
+  local label = what and (what .. " " .. path) or path
+  if type(path) ~= "string" or path == "" then error(("%s: expected a file path"):format(what or "file"), 0) end
+  if is_dir(path) then error(("%s is a folder, expected a file"):format(label), 0) end
+  local f, err = io.open(path, "rb")
+  if not f then error(("cannot open %s: %s"):format(label, (tostring(err):gsub("^.*: ", ""))), 0) end
+  limit = limit or M.TEXT_LIMIT
+  local parts, total = {}, 0
+  while true do
+    local ok, chunk = pcall(f.read, f, 2 ^ 20)
+    if not ok then
+      f:close()
+      error(("cannot read %s (%s)"):format(label, tostring(chunk)), 0)
+    end
+    if not chunk then break end
+    local nul = chunk:find("\0", 1, true)
+    if nul then
+      f:close()
+      error(("%s is not a text file: byte %d is NUL (a binary file, or a device such as /dev/zero?)"):format(
+        label, total + nul), 0)
+    end
+    total = total + #chunk
+    if total > limit then
+      f:close()
+      error(("%s is over %d MiB; remax reads it whole (split it, or is it a device or a pipe?)"):format(
+        label, limit / 2 ^ 20), 0)
+    end
+    parts[#parts + 1] = chunk
+  end
+  f:close()
+  local ok, text = pcall(table.concat, parts)
+  if not ok then error(("%s (%d bytes) does not fit in memory: %s"):format(label, total, tostring(text)), 0) end
+  return text
+end
+M.read_text_file = read_text_file
+
+M.is_dir, M.list_dir, M.mkdir_p, M.remove_tree = is_dir, list_dir, mkdir_p, remove_tree
+M.write_atomic, M.read_text, M.exists, M.fsync_path, M.dirname = write_atomic, read_text, file_exists, fsync_path, dirname
+M.crash_point, M.errno_text = crash_point, errno_text
+
+-- Whether fd is a terminal (TERM=dumb counts as none), and its width in columns ( first;
+-- 100 when unknown): the progress line draws itself in place only on a terminal.
+function M.is_tty(fd)
+  if os.getenv("TERM") == "dumb" then return false end
+  local ok, r = pcall(function() return C.isatty(fd) end)
+  return ok and r == 1
+end
+
+function M.columns(fd)
+  local env = tonumber(os.getenv("COLUMNS") or "")
+  if env and env > 0 then return env end
+  if ffi.os == "Linux" then
+    local ws = ffi.new("struct rx_fs_winsize")
+    local ok, r = pcall(function() return C.ioctl(fd, 0x5413, ws) end)   -- TIOCGWINSZ
+    if ok and r == 0 and ws.ws_col > 0 then return ws.ws_col end
+  end
+  return 100
+end
+
+return M

@@ -1,0 +1,245 @@
+-- remax.cli.main: the `remax` command line. The host program runs this file with the arguments.
+local M = {}
+
+local usage = [[
+usage: remax <command> [arguments]
+
+commands:
+  run FILE.lua [args...]   run a Lua file with the engine loaded; a file that returns a recipe
+                           table trains it: remax run RECIPE.lua [--key value ...] [--help]
+                           (--resume runs/<name> continues a run from its last checkpoint)
+  eval RECIPE.lua --model DIR [--samples K] [--key value ...]
+                           held-out greedy accuracy and reward of a model, no training; with
+                           --samples K also sampled accuracy, pass@1..K and the headroom
+  generate --model DIR --prompt TEXT [options]
+                           sample completions of a prompt (remax generate --help)
+  export --model DIR --gguf OUT.gguf [--type f32|bf16|f16|q8_0]
+                           write a model as GGUF for llama.cpp and Ollama (remax export --help)
+  test                     run every test: C unit tests (ctest) and Lua specs (busted)
+  version                  print the version
+  help                     this text
+]]
+
+local function home() return os.getenv("REMAX_HOME") or "." end
+
+-- The build folder (libremax, the remax program, the C tests): $REMAX_BUILD_DIR, libremax's folder,
+-- or build/ under the home.
+local function build_dir()
+  local lib = os.getenv("REMAX_LIB")
+  return os.getenv("REMAX_BUILD_DIR") or (lib and lib:match("^(.*)/[^/]+$")) or (home() .. "/build")
+end
+
+M.build_dir = build_dir
+
+local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+-- A recipe table + command-line arguments -> resolved config (or nil after printing --help).
+local function recipe_config(file, recipe, argv)
+  local config = require("remax.train.config")
+  local overrides, help = config.parse_args(argv)
+  local cfg = config.resolve(recipe, overrides, { where = file })
+  if help then
+    print(config.help(cfg, ("remax run %s: settings (recipe values, then --key value overrides):"):format(file)))
+    return nil
+  end
+  return cfg, overrides
+end
+
+-- Train a recipe: the file returned a table of settings (and functions).
+function M.train_recipe(file, recipe, argv)
+  local cfg, overrides = recipe_config(file, recipe, argv)
+  if not cfg then return 0 end
+  local trainer = require("remax.train.trainer")
+  local t = trainer.new(cfg, { recipe_path = file, overrides = overrides })
+  local out = t:train(cfg.loop)
+  return out.interrupted and 130 or 0
+end
+
+function M.run(file, ...)
+  if not file then error("remax run: missing FILE.lua (usage: remax run FILE.lua [args...])", 0) end
+  local chunk, err = loadfile(file)
+  if not chunk then
+    if not io.open(file, "rb") then error(("cannot open %s"):format(file), 0) end
+    error(err, 0)
+  end
+  _G.arg = { [0] = file, ... }
+  local errors = require("remax.cli.errors")
+  local results = { xpcall(chunk, function(e) return e end, ...) }
+  if not results[1] then
+    local e = results[2]
+    -- the file itself ended the program: a script may choose its exit status
+    if errors.is_exit(e) then return tonumber(e.code) or (e.code == false and 1 or 0) end
+    -- a message that starts with the script's own position is the script's error: say whose
+    if type(e) == "string" and not errors.split_position(e) then error(("%s failed: %s"):format(file, e), 0) end
+    error(e, 0)
+  end
+  local r = results[2]
+  if type(r) == "table" then return M.train_recipe(file, r, { ... }) end
+  if r == nil then return 0 end
+  if type(r) == "number" and r == math.floor(r) and r >= 0 and r <= 255 then
+    if r ~= 0 then
+      io.stderr:write(("remax: %s returned %d, not a recipe table: exit status %d (a recipe returns a table of settings)\n")
+        :format(file, r, r))
+    end
+    return r
+  end
+  error(("%s returned a %s (%s); a recipe returns a table of settings, a script nothing or an exit status 0..255")
+    :format(file, type(r), tostring(r)), 0)
+end
+
+-- "--samples K" taken out of an eval command line: K (0 when absent) and the other arguments.
+local function take_samples(argv)
+  local rest, K = {}, 0
+  local i = 1
+  while i <= #argv do
+    local a = argv[i]
+    local v = a:match("^%-%-samples=(.*)$")
+    if a == "--samples" then v = argv[i + 1]; i = i + 1 end
+    if v then
+      K = tonumber(v)
+      if not K or K < 1 or K ~= math.floor(K) or K > 1024 then
+        error(("remax eval: --samples %s: need an integer from 1 to 1024"):format(tostring(v)), 0)
+      end
+    else
+      rest[#rest + 1] = a
+    end
+    i = i + 1
+  end
+  return K, rest
+end
+
+-- The report of an evaluation, as lines.
+function M.eval_report(e, source, accuracy_name)
+  local lines = { ("%s: greedy %s %.1f%% (%d prompts), mean reward %.4f, greedy completion %.1f tokens"):format(
+    source or "model", accuracy_name or "accuracy", 100 * e.accuracy, e.n, e.reward, e.greedy_length_mean or 0) }
+  if e.samples then
+    local se = math.sqrt(e.accuracy * (1 - e.accuracy) / e.n)
+    lines[1] = lines[1] .. (" (one standard error %.1f points)"):format(100 * se)
+    lines[#lines + 1] = ("sampled accuracy %.1f%% (%d samples per prompt)"):format(100 * e.sampled_accuracy, e.samples)
+    local pk = {}
+    for _, p in ipairs(e.pass_at) do pk[#pk + 1] = ("pass@%d %.1f%%"):format(p.k, 100 * p.value) end
+    lines[#lines + 1] = table.concat(pk, ", ")
+    lines[#lines + 1] = ("greedy wrong on %.1f%% of prompts; greedy wrong but a sample right on %.1f%% (headroom)")
+      :format(100 * e.greedy_wrong, 100 * e.headroom)
+  end
+  return lines
+end
+
+-- Held-out greedy accuracy and mean reward of a model under a recipe's settings; with
+-- --samples K also sampled accuracy, pass@k and the headroom.
+function M.eval(file, ...)
+  if not file then error("remax eval: missing RECIPE.lua (usage: remax eval RECIPE.lua --model DIR [--samples K])", 0) end
+  local K, argv = take_samples({ ... })
+  local recipe = require("remax.train.recipe").load(file, unpack(argv))
+  local cfg = recipe_config(file, recipe, argv)
+  if not cfg then return 0 end
+  local t = require("remax.train.trainer").new(cfg, { recipe_path = file, eval_only = true })
+  local e = t:evaluate({ samples = K })
+  if not e.n then error("remax eval: no eval set (give --eval_data FILE, or use the synthetic data)", 0) end
+  if t.dist.is_root then
+    for _, line in ipairs(M.eval_report(e, t.model_source, t.accuracy_name)) do print(line) end
+  end
+  return 0
+end
+
+-- Runs a command, echoing its output, and returns the output and whether it exited 0.
+local function run_and_echo(cmd)
+  local pipe = assert(io.popen(cmd .. " 2>&1"))
+  local out = {}
+  for line in pipe:lines() do
+    io.write(line, "\n")
+    io.flush()
+    out[#out + 1] = line
+  end
+  local ok = pipe:close()
+  return table.concat(out, "\n"), ok == true or ok == 0
+end
+
+-- Runs ctest in a build folder (only the tests labelled `label` when given); returns passed,
+-- failed and the names of the skipped tests.
+local function run_ctest(bdir, filter, label)
+  local ctest = ("ctest --test-dir %s --output-on-failure %s %s"):format(shell_quote(bdir),
+    filter and ("-R " .. shell_quote(filter)) or "", label and ("-L " .. label) or "")
+  local out = run_and_echo(ctest)
+  local _, nfail, total = out:match("(%d+)%% tests passed, (%d+) tests? failed out of (%d+)")
+  local skipped = {}
+  for name in out:gmatch("%d+ %- ([%w_]+) %(Skipped%)") do skipped[#skipped + 1] = name end
+  if total then return tonumber(total) - tonumber(nfail) - #skipped, tonumber(nfail), skipped end
+  if out:match("No tests were found") then return 0, 0, skipped end
+  return 0, 1, skipped   -- ctest itself failed to run
+end
+
+function M.test(...)
+  local passed, failed = 0, 0
+  local filter = select(1, ...)
+  local bdir = build_dir()
+
+  print("== C unit tests (ctest)")
+  local p, f, skipped = run_ctest(bdir, filter)
+  passed, failed = passed + p, failed + f
+
+  if #skipped > 0 then
+    print(("GPU tests skipped (no CUDA device here, or remax built without CUDA): %s"):format(table.concat(skipped, ", ")))
+  end
+
+  -- The CUDA emulator's build (cmake -S . -B build-emu -DRX_CUDA=emulate), when there is one: the
+  -- GPU tests again, with device "cuda" executed on the CPU (docs/gpu.md, "Emulation").
+  local emu = os.getenv("REMAX_EMU_BUILD_DIR") or (home() .. "/build-emu")
+  local cache = io.open(emu .. "/CMakeCache.txt")
+  if cache then
+    cache:close()
+    print(("\n== GPU tests on the CUDA emulator (%s)"):format(emu))
+    local _, built = run_and_echo(("cmake --build %s --target gpu_tests -j 2 >%s 2>&1"):format(shell_quote(emu),
+      shell_quote(emu .. "/build.log")))
+    if built then
+      p, f = run_ctest(emu, filter, "gpu")
+      passed, failed = passed + p, failed + f
+    else
+      print(("the emulator build failed (log: %s/build.log)"):format(emu))
+      failed = failed + 1
+    end
+  end
+
+  print("\n== Lua specs (busted)")
+  local busted = ("cd %s && busted --lua=luajit %s tests/lua"):format(shell_quote(home()),
+    filter and ("--filter=" .. shell_quote(filter)) or "")
+  local out = run_and_echo(busted)
+  local s, f, e = out:match("(%d+) successe?s? / (%d+) failures? / (%d+) errors?")
+  if s then
+    passed = passed + tonumber(s)
+    failed = failed + tonumber(f) + tonumber(e)
+  else
+    failed = failed + 1   -- busted could not run the specs at all
+  end
+
+  print(("\n%d passed, %d failed"):format(passed, failed))
+  return failed == 0 and 0 or 1
+end
+
+function M.main(cmd, ...)
+  if cmd == nil or cmd == "help" or cmd == "--help" or cmd == "-h" then
+    io.write(usage)
+    return 0
+  elseif cmd == "run" then
+    return M.run(...)
+  elseif cmd == "eval" then
+    return M.eval(...)
+  elseif cmd == "generate" then
+    return require("remax.cli.generate").main(...)
+  elseif cmd == "export" then
+    return require("remax.bind.gguf").main(...)
+  elseif cmd == "test" then
+    return M.test(...)
+  elseif cmd == "version" or cmd == "--version" then
+    local remax = require("remax")
+    print(("remax %s (OpenBLAS kernels: %s; CUDA: %s)"):format(remax.version(), remax.blas_core(),
+      remax.cuda_backend()))
+    return 0
+  end
+  io.stderr:write(("remax: unknown command '%s'\n\n"):format(cmd), usage)
+  return 2
+end
+
+-- Run as the host's entry script (with arguments), or required as a module.
+if ... ~= "remax.cli.main" then return require("remax.cli.errors").run(M.main, ...) end
+return M

@@ -1,0 +1,309 @@
+-- remax.train.run: a training run's lifecycle: its folder runs/<name>/ (named, opened, or found
+-- again on --resume; rank 0 alone writes it), the state an exact resume needs, checkpoints (also
+-- when a reward fails or too many steps go bad), the loop with Ctrl-C and max_time, the record
+-- of each finished step (metrics, completions, evaluation, progress line), and the plots.
+local config = require("remax.train.config")
+local recipe_mod = require("remax.train.recipe")
+local signals = require("remax.bind.signals")
+local fs = require("remax.bind.fs")
+local file_exists, read_file = fs.exists, fs.read_text
+local signal_pending = signals.pending
+
+local M = {}
+local methods = {}   -- installed on remax.train.trainer's Trainer
+M.methods = methods
+
+-- A run that writes nothing (remax eval).
+local NullRun = {}
+NullRun.__index = NullRun
+for _, f in ipairs({ "log_metrics", "log_completions", "save_checkpoint", "plot" }) do NullRun[f] = function() end end
+function NullRun:latest_checkpoint() return nil end
+function NullRun:metrics() return {} end
+
+-- Peak resident memory of this process in MiB (Linux), else the model's own accounting.
+local function peak_memory_mib(model)
+  local status = read_file("/proc/self/status")
+  local kb = status and tonumber(status:match("VmHWM:%s*(%d+)"))
+  if kb then return kb / 1024 end
+  local m = model:memory()
+  return (m.params + m.grads + m.activations + m.head) / 1048576
+end
+
+-- What the engine holds for training, in MiB: the policy (weights, gradients, activations, head
+-- chunk), AdamW's moments, and the reference model (none with LoRA: the adapters-off policy).
+local function train_memory_mib(self)
+  local m = self.model:memory()
+  local bytes = m.params + m.grads + m.activations + m.head
+  for _, t in pairs(self.opt and self.opt:state().tensors or {}) do bytes = bytes + tonumber(t.numel) * 4 end
+  if self.ref and self.ref.memory then
+    local r = self.ref:memory()
+    bytes = bytes + r.params + r.activations + r.head
+  end
+  return bytes / 1048576
+end
+
+-- Every rank starts from rank 0's weights, optimizer state and counters: rank 0 alone reads the
+-- run folder (which other machines may not see), and the ranks must take identical steps.
+function methods.share_state(self)
+  local d = self.dist
+  if d.size == 1 then return end
+  local s = self:state()
+  d:broadcast_model(self.model, s.tensors)
+  s.tensors = nil
+  s = d:broadcast(s)
+  if not d.is_root then
+    s.tensors = self.opt:state().tensors
+    self:restore(s)
+  end
+end
+
+function methods.setup_run(self)
+  if self.opts.eval_only then
+    self.run = setmetatable({}, NullRun)
+    self.run_dir = os.tmpname()
+    os.remove(self.run_dir)
+    self.run_name = "eval"
+    return
+  end
+  if self.dist.size == 1 then return self:open_run() end
+  -- rank 0 alone names, writes (and on resume reads) runs/<name>/; the others learn its name
+  local ok, err = true, nil
+  if self.dist.is_root then ok, err = pcall(self.open_run, self) end
+  local shared = self.dist:broadcast({ ok = ok, err = not ok and tostring(err) or nil, dir = self.run_dir })
+  if not shared.ok then error(shared.err, 0) end
+  if not self.dist.is_root then
+    self.run_dir, self.run_name = shared.dir, shared.dir:match("([^/]+)$")
+    self.run = setmetatable({}, NullRun)
+  end
+end
+
+function methods.open_run(self)
+  local cfg = self.cfg
+  local runs = require("remax.train.runs")
+  local dir
+  if cfg.resume then
+    dir = cfg.resume:gsub("/+$", "")
+    if not file_exists(dir .. "/config.json") then
+      error(("--resume %s: no run there (no config.json)"):format(cfg.resume), 0)
+    end
+  else
+    local name = cfg.run_name
+    if not name then
+      name = (self.recipe_path and recipe_mod.name(self.recipe_path) or "run") .. "-" .. os.date("%Y%m%d-%H%M%S")
+      local base, k = name, 1
+      while file_exists(cfg.output_dir .. "/" .. name .. "/config.json") do
+        k = k + 1
+        name = base .. "-" .. k
+      end
+    end
+    dir = cfg.output_dir .. "/" .. name
+  end
+  self.run_dir = dir
+  self.run_name = dir:match("([^/]+)$")
+  self.run = runs.open(dir, { config = config.serializable(cfg), resume = cfg.resume ~= nil })
+  if cfg.resume then
+    local ckpt = self.run:latest_checkpoint()
+    if not ckpt then error(("--resume %s: the run has no checkpoint yet"):format(cfg.resume), 0) end
+    local state, tensors, model_dir = self.run:load_checkpoint(ckpt)
+    state.tensors = tensors
+    self.resume_state, self.resume_model_dir, self.resume_ckpt = state, model_dir, ckpt
+  end
+end
+
+-- Everything an exact resume needs: data position, optimizer, counters (RNG seeds derive
+-- from (seed, step), so they need no state).
+function methods.state(self)
+  local os_ = self.opt:state()
+  return {
+    step = self.step, sampler = self.sampler:state(), optimizer_step = os_.step,
+    bad_steps = self.bad_steps, reloads = self.reloads, baseline = self.baseline_state,
+    eval_history = self.eval_history, train_seconds = self.train_seconds, tensors = os_.tensors,
+    world_size = self.dist.size, global_prompts_per_step = self.global_prompts_per_step,
+  }
+end
+
+function methods.restore(self, state)
+  local g = state.global_prompts_per_step
+  if g and g ~= self.global_prompts_per_step then
+    local w = state.world_size or 1
+    error(("--resume %s: its checkpoint was written by %d rank(s) x %d prompts per step (%d in all); this run has "
+      .. "%d rank(s) x %d = %d. The data order is global, so resume with %d prompts per step in all: the same "
+      .. "number of ranks (mpirun -np %d), or per_device_train_batch_size x gradient_accumulation_steps x ranks = %d")
+      :format(self.run_dir, w, g / w, g, self.dist.size, self.prompts_per_step, self.global_prompts_per_step, g, w, g), 0)
+  end
+  self.step = state.step
+  self.sampler:restore(state.sampler)
+  self.opt:load_state({ step = state.optimizer_step, tensors = state.tensors })
+  self.bad_steps, self.reloads = state.bad_steps or 0, state.reloads or 0
+  self.baseline_state = state.baseline
+  self.eval_history = state.eval_history
+  self.train_seconds = state.train_seconds
+  self:say(("resumed %s from %s (step %d)"):format(self.run_dir, self.resume_ckpt or "?", self.step))
+end
+
+function methods.save_checkpoint(self, why)
+  self.dist:check_same_weights(self.model, ("step %d"):format(self.step))
+  local s = self:state()
+  self.run:save_checkpoint(self.step, self.model, s)
+  self.last_saved = self.step
+  if why then self:say(("checkpoint step-%d saved (%s)"):format(self.step, why)) end
+end
+
+-- The checkpoint a failing reward leaves behind (the state after the last finished step), and
+-- the plots of the steps so far.
+function methods.save_on_failure(self, why)
+  if self.step > 0 and self.last_saved ~= self.step then
+    local ok, err = pcall(self.save_checkpoint, self, why or "a reward failed")
+    if not ok then io.stderr:write("remax: could not save a checkpoint: ", tostring(err), "\n") end
+  end
+  if self.step > 0 then self:draw_plots() end
+end
+
+-- The charts and index.html of the run. A failure is reported on stderr and kept in
+-- self.plot_error (train() returns it); it never loses the run's other files.
+function methods.draw_plots(self)
+  local ok, err = pcall(self.run.plot, self.run)
+  if not ok then
+    self.plot_error = tostring(err)
+    io.stderr:write(("remax: drawing the plots of %s failed: %s\n"):format(self.run_dir, self.plot_error))
+  end
+  return ok
+end
+
+-- Record a finished step: metrics, completions, evaluation, checkpoint.
+function methods.finish_step(self, m, ro)
+  local cfg = self.cfg
+  self.step = self.step + 1
+  m.loss = m.loss
+  m.bad_steps, m.reloads = self.bad_steps, self.reloads
+  m.peak_memory_mib = peak_memory_mib(self.model)
+  m.train_memory_mib = train_memory_mib(self)
+  if self.pending_reloads then m.reloaded = self.pending_reloads; self.pending_reloads = nil end
+  if self.eval_ds and ((cfg.eval_steps > 0 and self.step % cfg.eval_steps == 0) or self.step == cfg.max_steps) then
+    local e = self:evaluate()
+    m.eval_accuracy, m.eval_reward = e.accuracy, e.reward
+  end
+  self.run:log_metrics(self.step, m)
+  self.history[#self.history + 1] = m
+  if ro and cfg.log_completions > 0 and self.step % cfg.log_completions == 0 then
+    local list = {}
+    for k, r in ipairs(ro.rows) do
+      local per = {}
+      for _, rw in ipairs(self.rewards) do per[rw.name] = ro.per[rw.name][k] end
+      list[#list + 1] = { step = self.step, prompt = ro.prompts[r.prompt].prompt, completion = r.text,
+        reward = ro.total[k], rewards = per, advantage = ro:advantage(k),
+        greedy = r.greedy and true or false }
+    end
+    self.run:log_completions(self.step, list)
+  end
+  if self.progress and (self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps) then
+    local rewards = require("remax.train.rewards")
+    local slow = rewards.is_slow(m.time_score, m.time_generate, rewards.limit(cfg.reward_timeout, m.time_generate))
+    self.progress:update(self.step, { reward = m.reward, kl = m.kl, tokens_per_s = m.tokens_per_s, loss = m.loss,
+      reward_slow = slow and m.time_score or nil })
+  end
+  if not self.quiet and not self.progress and (self.step % cfg.logging_steps == 0) then
+    print(("step %d/%d  reward %.4f  loss %.4f  kl %.4f  grad_norm %.3f  lr %.2e"):format(self.step, cfg.max_steps,
+      m.reward or 0, m.loss or 0, m.kl or 0, m.grad_norm or 0, m.lr or 0))
+  end
+  if self.bad_steps > cfg.max_bad_steps then
+    self:save_checkpoint("too many bad steps")
+    self:draw_plots()
+    error(("stopping: %d steps had a non-finite loss or gradient (max_bad_steps = %d); last checkpoint %s"):format(
+      self.bad_steps, cfg.max_bad_steps, self.run_dir), 0)
+  end
+  if cfg.save_steps > 0 and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps then
+    self:save_checkpoint()
+  end
+end
+
+-- The whole run: evaluation before, steps (or the recipe's loop), evaluation after, checkpoint.
+function methods.train(self, loop)
+  local cfg = self.cfg
+  if self.opts.signals ~= false then signals.install() end
+  local okp, progress_mod = pcall(require, "remax.train.progress")
+  if okp and not self.quiet then
+    self.progress = progress_mod.new({ total = cfg.max_steps, label = self.run_name })
+  end
+  self:say(("run %s: %s, model %s (%d parameters), %d prompts per step, template %s"):format(self.run_dir,
+    cfg.algo, self.model_source or "random init", self.model:num_parameters(), self.global_prompts_per_step, self.template_name))
+  if self.dist.size > 1 then
+    self:say(("%d ranks (%s), %d prompts each per step%s"):format(self.dist.size, self.dist.backend,
+      self.prompts_per_step, cfg.hot_reload and "; hot reload is off with more than one rank" or ""))
+  end
+  local before
+  if self.eval_ds and cfg.eval_on_start and self.step == 0 then
+    before = self:evaluate()
+    self.run:log_metrics(0, { eval_accuracy = before.accuracy, eval_reward = before.reward })
+  end
+  local interrupted = false
+  local function one()
+    self:check_reload()
+    return self:train_step()
+  end
+  -- user code that calls os.exit (a recipe's loop or advantage function) stops the run as a
+  -- failing reward does: with the checkpoint of the last finished step (remax.train.guard)
+  local guard = require("remax.train.guard")
+  local function guarded(f, ...)
+    local ok, err = guard.pcall(f, ...)
+    if ok then return end
+    if guard.is_exit(err) and self.dist.size == 1 then self:save_on_failure("user code called os.exit") end
+    error(err, 0)
+  end
+  if loop then
+    guarded(loop, self)
+    interrupted = self.dist:any(signal_pending())
+  else
+    while self.step < cfg.max_steps and not self:out_of_time() do
+      guarded(one)
+      if self.dist:any(signal_pending()) then interrupted = true break end
+    end
+  end
+  if interrupted then
+    self:save_checkpoint("interrupted")
+    self:draw_plots()
+    if self.progress then self.progress:finish() end
+    self:say(("interrupted at step %d; resume with: --resume %s"):format(self.step, self.run_dir))
+    signals.clear()
+    return { interrupted = true, step = self.step, run_dir = self.run_dir, plot_error = self.plot_error }
+  end
+  local after = self.last_eval
+  if self.eval_ds and (not after or after.step ~= self.step) then
+    after = self:evaluate()
+    self.run:log_metrics(self.step, { eval_accuracy = after.accuracy, eval_reward = after.reward,
+      time_elapsed_train = self.train_seconds })
+  end
+  if self.last_saved ~= self.step then self:save_checkpoint() end
+  if cfg.save_final_model and self.dist.is_root then
+    self.model:save(cfg.save_final_model)
+    self:say("final model saved to " .. cfg.save_final_model)
+  end
+  if cfg.save_merged then
+    require("remax.bind.lora").save_merged(self.model, cfg.save_merged)
+    self:say("merged model saved to " .. cfg.save_merged)
+  end
+  if self.progress then self.progress:finish() end
+  self:draw_plots()
+  if after and not self.quiet then
+    local first = self.eval_history and self.eval_history[1]
+    print(("held-out greedy accuracy: %.1f%% at step %d -> %.1f%% at step %d (%d prompts)"):format(
+      100 * (first and first.accuracy or after.accuracy), first and first.step or self.step,
+      100 * after.accuracy, self.step, after.n))
+  end
+  return { before = before, after = after, step = self.step, run_dir = self.run_dir, history = self.history,
+    plot_error = self.plot_error }
+end
+
+-- For recipe loops: run one standard step (with hot reload) and say whether to go on.
+function methods.should_continue(self)
+  return self.step < self.cfg.max_steps and not self:out_of_time() and not self.dist:any(signal_pending())
+end
+
+-- max_time: the training time so far (steps only, evaluation excluded) has passed the budget
+-- (on any rank: the ranks stop together).
+function methods.out_of_time(self)
+  local budget = self.cfg.max_time
+  return self.dist:any(budget > 0 and (self.train_seconds or 0) >= budget)
+end
+
+return M

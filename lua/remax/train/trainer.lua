@@ -1,0 +1,517 @@
+-- remax.train.trainer: the RL step, and the Trainer that owns a run's pieces. One ReMax step:
+--
+--   prompts -> render + tokenize -> generate (num_generations sampled rows + 1 greedy row per
+--   prompt, one call: a remax.train.rollout) -> decode -> rewards -> advantage = r(sample) -
+--   r(greedy) -> per-token loss weights (algos) -> logprobs + backward per micro-batch -> clip ->
+--   AdamW -> metrics.
+--
+-- This file owns the step: next_batch, rollout, score, advantage, update (micro-batches, the
+-- loss, accumulation, the optimizer step), the SFT rows and the step's metrics. The Trainer's
+-- other methods come from the modules beside it, one concern each:
+--   remax.train.setup     model, tokenizer, reference, template, data, rewards, optimizer
+--   remax.train.run       the run's lifecycle: run folder, state, checkpoints, resume, the loop,
+--                         signals, max_time, the per-step record
+--   remax.train.evaluate  held-out accuracy, sampled accuracy and pass@k
+--   remax.train.reload    hot reload of reward files and the recipe
+--
+--   local t = trainer.new(cfg, {recipe_path = "recipes/gsm8k.lua"})
+--   t:train()
+--
+-- A recipe can drive the steps itself with the same pieces:
+--   local rows = t:next_batch(); local ro = t:rollout(rows); local sc = t:score(ro)
+--   local adv = t:advantage(sc); local m = t:update(adv); t:finish_step(m)
+local algos = require("remax.train.algos")
+local rewards = require("remax.train.rewards")
+local data = require("remax.train.data")
+local tensor = require("remax.bind.tensor")
+local optim = require("remax.bind.optim")
+local dist = require("remax.bind.dist")
+local fit = require("remax.train.fit")
+local rollout = require("remax.train.rollout")
+local now = require("remax.bind.clock").now
+
+local M = {}
+local Trainer = {}
+Trainer.__index = Trainer
+M.Trainer = Trainer
+
+for _, part in ipairs({ "remax.train.setup", "remax.train.run", "remax.train.evaluate", "remax.train.reload" }) do
+  for name, fn in pairs(require(part).methods) do Trainer[name] = fn end
+end
+
+local function mean(list) return algos.mean(list) end
+
+-- A line for the user (rank 0, unless quiet), above the live progress line when there is one.
+function Trainer:say(text)
+  if self.quiet then return end
+  if self.progress then self.progress:log(text) else print(text) end
+end
+
+-- cfg: a resolved config (remax.train.config.resolve). opts: recipe_path, overrides (for hot
+-- reload), quiet, signals (install the Ctrl-C handler; default true), eval_only (remax eval:
+-- nothing is written).
+function M.new(cfg, opts)
+  opts = opts or {}
+  require("remax.train.setup").check_base_model(cfg)   -- before a run folder is made
+  local world = dist.world()   -- a world of one unless an MPI launcher started this process
+  local self = setmetatable({ cfg = cfg, opts = opts, quiet = opts.quiet or not world.is_root, step = 0,
+    bad_steps = 0, reloads = 0, baseline_state = nil, history = {}, watch = {}, dist = world }, Trainer)
+  self.recipe_path = opts.recipe_path
+  self.recipe_dir = self.recipe_path and rewards.dirname(self.recipe_path) or nil
+  self:setup_run()
+  self:setup_model()
+  self:setup_data()
+  self:setup_rewards()
+  self:setup_optimizer()
+  if self.resume_state then self:restore(self.resume_state) end
+  self:share_state()
+  return self
+end
+
+-- Generation seeds depend only on (seed, step), so a resumed run samples the same completions.
+function Trainer:seed_for(step) return self.cfg.seed * 1048576 + step end
+
+---------------------------------------------------------------------------- the step pieces
+
+-- This rank's share (whole prompts) of the step's global batch.
+function Trainer:next_batch() return (self.dist:share(self.sampler:next_batch())) end
+
+-- Generate the rows of a sampling plan (default: the step's, cfg.sampling: num_generations
+-- sampled rows and, with generate_greedy, one greedy row per prompt) for prompt_rows. Returns a
+-- remax.train.rollout. opts: plan, step (the seed's step; default the next step).
+function Trainer:rollout(prompt_rows, opts)
+  opts = opts or {}
+  local cfg = self.cfg
+  local step = opts.step or (self.step + 1)
+  local plan = opts.plan or cfg.sampling
+  local prompt_ids, prompts_truncated = {}, 0
+  for i, row in ipairs(prompt_rows) do
+    local ids, _, before = self:encode_prompt(row.prompt)
+    prompt_ids[i] = ids
+    if before then prompts_truncated = prompts_truncated + 1 end
+  end
+  local t0 = now()
+  local out = self.model:generate(prompt_ids, {
+    max_new_tokens = cfg.max_completion_length, temperature = plan.temperatures, top_p = cfg.top_p, top_k = cfg.top_k,
+    stop = self.stop, seed = self:seed_for(step),
+  })
+  local seconds = now() - t0
+  for _, r in ipairs(out.rows) do r.text = self.tok:decode(r.tokens, { skip_special_tokens = true }) end
+  return rollout.new(plan, { prompts = prompt_rows, prompt_ids = prompt_ids, prompts_truncated = prompts_truncated,
+    rows = out.rows, tokens_generated = out.tokens_generated, time_generate = seconds, step = step })
+end
+
+-- Score every row with every reward. Adds per-row total and per-reward scores. With more than
+-- one rank, a reward that fails on any rank stops every rank (after rank 0 saves the last
+-- finished step); opts.alone scores without asking the other ranks (evaluation).
+function Trainer:score(ro, opts)
+  local t0 = now()
+  local rows = ro.rows
+  local completions, batch = ro:reward_inputs(data.collate)
+  local per, total, unscored, none
+  if self.dist.size == 1 or (opts and opts.alone) then
+    per, total, unscored, none = rewards.score(self.rewards, self.cfg.reward_weights, completions, batch, {
+      step = ro.step, timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate), on_failure = function() self:save_on_failure() end,
+    })
+  else
+    local ok, a, b, c, d = pcall(rewards.score, self.rewards, self.cfg.reward_weights, completions, batch,
+      { step = ro.step, timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate) })
+    local all_ok, msg, rank = self.dist:agree(ok, a)
+    if not all_ok then
+      self:save_on_failure()
+      self.dist:barrier()   -- the checkpoint is on disk before any rank exits
+      error(("%s (on rank %d)"):format(msg, rank), 0)
+    end
+    per, total, unscored, none = a, b, c, d
+  end
+  ro.completions, ro.batch, ro.per, ro.total, ro.unscored, ro.none = completions, batch, per, total, unscored, none
+  if unscored > 0 and ro.G > 0 and (ro.step or 0) > 0 then
+    for k = 1, #rows do
+      if none[k] then
+        -- as TRL warns: such a row gets advantage 0 and stays out of the baselines
+        self:say(("step %d: no reward function scored %d of %d completions (they get advantage 0), e.g. completion %d: %q")
+          :format(ro.step, unscored, #rows, k, completions[k]:sub(1, 200)))
+        break
+      end
+    end
+  end
+  ro.time_score = now() - t0
+  self.last_scored = ro
+  return ro
+end
+
+-- Policy (and reference) log-probabilities of the completion tokens of rows, without gradients.
+function Trainer:row_logprobs(model, ro, which)
+  local seqs, lens, starts = ro:sequences(which)
+  local lp = model:logprobs(seqs):totable()
+  local out = {}
+  for n = 1, #which do
+    local v = {}
+    for t = 1, lens[n] do v[t] = lp[n][starts[n] + t] end
+    out[n] = v
+  end
+  return out
+end
+
+-- Rewards -> advantages (and the k1 KL folded into rewards when kl_estimator = "k1"). Rows that
+-- no reward scored enter as NaN: no baseline uses them and their advantage is 0 (as in TRL).
+function Trainer:advantage(ro)
+  local cfg = self.cfg
+  local reward = {}
+  for k = 1, #ro.rows do reward[k] = (ro.none and ro.none[k]) and 0 / 0 or ro.total[k] end
+  if cfg.kl_mode == "k1" then
+    local all = {}
+    for k = 1, #ro.rows do all[k] = k end
+    local lp = self:row_logprobs(self.model, ro, all)
+    local ref = self:row_logprobs(self:load_reference(), ro, all)
+    ro.kl_k1 = {}
+    for k = 1, #ro.rows do
+      local r, s = algos.fold_kl(reward[k], lp[k], ref[k], cfg.beta)
+      reward[k] = r
+      ro.kl_k1[k] = s
+    end
+  end
+  ro.reward = reward
+  local groups = ro:grouped(reward)
+  local kind = self.advantage_fn or cfg.advantage or cfg.algo
+  local aopts = {
+    clip = cfg.advantage_clip, scale_rewards = cfg.scale_rewards, baseline = cfg.reinforce_baseline,
+    momentum = cfg.baseline_momentum, step = ro.step, global_sum = function(...) return self.dist:sum(...) end,
+  }
+  local adv, state
+  if cfg.multi_objective_aggregation == "normalize_then_sum" and kind == "grpo" then
+    local per = {}
+    for k, rw in ipairs(self.rewards) do per[k] = ro:sample_table(ro.per[rw.name]) end
+    adv = algos.normalize_then_sum(per, cfg.reward_weights)
+    local c = cfg.advantage_clip or 0
+    if c > 0 then
+      for _, a in ipairs(adv) do for j = 1, #a do a[j] = math.max(-c, math.min(c, a[j])) end end
+    end
+  else
+    adv, state = algos.advantages(kind, groups, aopts, self.baseline_state)
+  end
+  ro.groups, ro.adv, ro.new_baseline_state = groups, adv, state
+  return ro
+end
+
+-- prompt .. completion token lists of rows, and where each completion starts.
+local function row_seqs(rows)
+  local seqs, starts = {}, {}
+  for n, row in ipairs(rows) do
+    local s = {}
+    for i = 1, #row.prompt_ids do s[i] = row.prompt_ids[i] end
+    for i = 1, #row.completion do s[#row.prompt_ids + i] = row.completion[i] end
+    seqs[n], starts[n] = s, #row.prompt_ids
+  end
+  return seqs, starts
+end
+
+-- The completion part of each row of a [B, T] tensor (logprobs, entropies) as Lua lists.
+local function completion_values(x, rows, starts)
+  local lens = {}
+  for n, row in ipairs(rows) do lens[n] = #row.completion end
+  return x:row_spans(starts, lens)
+end
+
+-- The log-probabilities of rows under the current weights, from a forward that computes what
+-- the training forward computes on the same micro-batch (same rows, same padding), so the
+-- first of num_iterations updates sees a ratio of exactly 1. Stored as row.old.
+function Trainer:set_old_logprobs(rows)
+  local seqs, starts = row_seqs(rows)
+  local logp = self.model:logprobs(seqs, nil, { train = true, checkpoint = self.cfg.gradient_checkpointing })
+  local old = completion_values(logp, rows, starts)
+  for n, row in ipairs(rows) do row.old = old[n] end
+end
+
+-- Forward, loss weights and backward for one micro-batch of rows; returns stats.
+-- chunk.tokens: the loss tokens of the micro-batch (bnpo's normaliser, skipped rows included).
+function Trainer:micro_step(rows, totals, chunk)
+  local cfg = self.cfg
+  chunk = chunk or {}
+  local seqs, starts = row_seqs(rows)
+  local sft = cfg.algo == "sft"
+  local use_ref = cfg.kl_mode == "k3"
+  -- the reference first: with LoRA it is the policy's own model, whose last forward before the
+  -- backward must be the training one
+  local refs
+  if use_ref then
+    if rows[1].ref_lp then
+      refs = {}
+      for n, row in ipairs(rows) do refs[n] = row.ref_lp end
+    else
+      refs = completion_values(self.ref:logprobs(seqs), rows, starts)
+      if cfg.num_iterations > 1 then for n, row in ipairs(rows) do row.ref_lp = refs[n] end end
+    end
+  end
+  local T = 0
+  for _, s in ipairs(seqs) do if #s > T then T = #s end end
+  fit.check_train(self.model, #seqs, T, { checkpoint = cfg.gradient_checkpointing, what = ("step %d"):format(self.step + 1) })
+  local logp, ent = self.model:logprobs(seqs, nil, { train = true, checkpoint = cfg.gradient_checkpointing,
+    entropy = true })
+  local B, T = logp:size(1), logp:size(2)
+  local lps, ents = completion_values(logp, rows, starts), completion_values(ent, rows, starts)
+  local masks
+  if cfg.top_entropy_quantile < 1 and not sft then
+    local masked = {}
+    for n, row in ipairs(rows) do masked[n] = row.masked end
+    masks = algos.entropy_masks(ents, masked, cfg.top_entropy_quantile)
+  end
+  local parts = {}
+  local ent_sum, ent_n = 0, 0
+  for n, row in ipairs(rows) do
+    parts[n] = { adv = row.adv, logp = lps[n], ref = refs and refs[n], old = row.old, mask = masks and masks[n],
+      masked = row.masked }
+    if not row.masked then
+      for _, e in ipairs(ents[n]) do ent_sum, ent_n = ent_sum + e, ent_n + 1 end
+    end
+  end
+  local weights, stats = algos.token_weights(parts, {
+    beta = cfg.kl_mode == "none" and 0 or cfg.beta, kl = cfg.kl_estimator, agg = cfg.aggregation,
+    num_rows = totals.rows, num_tokens = totals.tokens, max_length = cfg.max_completion_length,
+    chunk_tokens = chunk.tokens, chunks = totals.chunks,
+    epsilon = cfg.epsilon, epsilon_high = cfg.epsilon_high, delta = cfg.delta, level = cfg.importance_sampling_level,
+  })
+  stats.entropy_sum, stats.entropy_n = ent_sum, ent_n
+  local dent
+  if cfg.entropy_coef ~= 0 and not sft then
+    local masked = {}
+    for n, row in ipairs(rows) do masked[n] = row.masked end
+    local bonus
+    dent, bonus = algos.entropy_bonus(ents, { coef = cfg.entropy_coef, masks = masks, masked = masked,
+      agg = cfg.aggregation, num_tokens = totals.tokens, chunks = totals.chunks })
+    stats.loss = stats.loss + bonus
+  end
+  self.model:backward(tensor.from_row_spans(weights, starts, B, T, logp:dtype_name()),
+    dent and tensor.from_row_spans(dent, starts, B, T, logp:dtype_name()) or nil)
+  return stats
+end
+
+-- Micro-batches of whole prompts, per_device_train_batch_size of them each: a prompt's rows
+-- never split, so every row's advantage sits with its own prompt's other rows. Returns
+-- chunks[c] = {rows = rows to train, tokens = loss tokens of all its rows}. Rows left out of
+-- the forward: masked rows (no loss), and with skip_zero_advantage (beta = 0, every token
+-- trains) rows whose advantage is exactly 0 (no gradient); both still count in the averages.
+function Trainer:micro_batches(rows)
+  local cfg = self.cfg
+  local skip = cfg.skip_zero_rows
+  local by_prompt, order = {}, {}
+  for _, r in ipairs(rows) do
+    if not by_prompt[r.prompt] then by_prompt[r.prompt] = {}; order[#order + 1] = r.prompt end
+    table.insert(by_prompt[r.prompt], r)
+  end
+  local per, chunks = cfg.per_device_train_batch_size, {}
+  for i, p in ipairs(order) do
+    local c = math.floor((i - 1) / per) + 1
+    chunks[c] = chunks[c] or { rows = {}, tokens = 0 }
+    for _, r in ipairs(by_prompt[p]) do
+      if not r.masked then chunks[c].tokens = chunks[c].tokens + #r.completion end
+      if not (r.masked or (skip and r.adv == 0)) then table.insert(chunks[c].rows, r) end
+    end
+  end
+  return chunks
+end
+
+-- One optimizer update per iteration (num_iterations of them) from a scored rollout (RL), or one
+-- from a list of SFT rows. Returns metrics: loss and grad_norm are means over the iterations,
+-- kl and entropy those of the first (the policy that generated the rollout), clip counts sums.
+function Trainer:update(ro)
+  local cfg = self.cfg
+  local t0 = now()
+  local rows = ro.train_rows or ro:training_rows(cfg.mask_truncated_completions)
+  local chunks = self:micro_batches(rows)
+  local totals = { rows = #rows, tokens = 0, chunks = #chunks }
+  for _, r in ipairs(rows) do if not r.masked then totals.tokens = totals.tokens + #r.completion end end
+  -- the loss is over the global batch
+  totals.rows, totals.tokens, totals.chunks = self.dist:sum(totals.rows, totals.tokens, totals.chunks)
+  local mu = (ro.train_rows or cfg.algo == "sft") and 1 or cfg.num_iterations
+  if mu > 1 then
+    for _, c in ipairs(chunks) do if #c.rows > 0 then self:set_old_logprobs(c.rows) end end
+  end
+  local step = ro.step or (self.step + 1)
+  local out = { loss = 0, grad_norm = 0, iterations = 0, clip_low = 0, clip_high = 0, clip_n = 0, finite = true,
+    rows_trained = 0, tokens_trained = 0, tokens_total = totals.tokens, rows_total = totals.rows }
+  for it = 1, mu do
+    self.model:zero_grad()
+    local loss, kl_sum, tokens, trained, ent_sum, ent_n = 0, 0, 0, 0, 0, 0
+    local earlier = false
+    for _, c in ipairs(chunks) do
+      if #c.rows > 0 then
+        if earlier then self.model:hold_grads() end
+        local st = self:micro_step(c.rows, totals, c)
+        if earlier then self.model:add_held_grads() end
+        earlier = true
+        loss, kl_sum, tokens = loss + st.loss, kl_sum + st.kl_sum, tokens + st.tokens
+        ent_sum, ent_n = ent_sum + st.entropy_sum, ent_n + st.entropy_n
+        out.clip_low, out.clip_high, out.clip_n = out.clip_low + st.clip_low, out.clip_high + st.clip_high,
+          out.clip_n + st.clip_n
+        trained = trained + #c.rows
+      end
+    end
+    -- each rank's gradient is its share of the global loss: their sum is the whole batch's
+    self.dist:allreduce_grads(self.model)
+    loss, kl_sum, tokens, trained, ent_sum, ent_n = self.dist:sum(loss, kl_sum, tokens, trained, ent_sum, ent_n)
+    local _, grads = self.model:trainable()
+    local norm = cfg.max_grad_norm > 0 and optim.clip_grad_norm(grads, cfg.max_grad_norm) or optim.grad_norm(grads)
+    local lr = optim.schedule(cfg.lr_scheduler_type, cfg.learning_rate, (step - 1) * mu + it, self.total_updates,
+      self.warmup_steps)
+    if it == 1 then
+      out.kl = tokens > 0 and kl_sum / tokens or 0
+      out.entropy = ent_n > 0 and ent_sum / ent_n or nil
+      out.rows_trained, out.tokens_trained = trained, tokens
+    end
+    out.lr, out.iterations = lr, it
+    out.loss, out.grad_norm = out.loss + loss, out.grad_norm + norm
+    local finite = loss == loss and math.abs(loss) ~= math.huge and norm == norm and norm ~= math.huge
+    if finite then
+      self.opt:step(lr)
+    else
+      out.finite = false
+      self.bad_steps = self.bad_steps + 1
+      self.model:zero_grad()
+      self:say(("step %d: non-finite loss (%s) or gradient norm (%s): update skipped (%d of max_bad_steps = %d)"):format(
+        step, tostring(loss), tostring(norm), self.bad_steps, cfg.max_bad_steps))
+      break
+    end
+  end
+  if out.finite and ro.new_baseline_state ~= nil then self.baseline_state = ro.new_baseline_state end
+  out.clip_low, out.clip_high, out.clip_n = self.dist:sum(out.clip_low, out.clip_high, out.clip_n)
+  out.loss, out.grad_norm = out.loss / out.iterations, out.grad_norm / out.iterations
+  out.time_train = now() - t0
+  return out
+end
+
+-- SFT rows for prompts: target = the answer column + EOS; only target tokens count.
+function Trainer:sft_rows(prompt_rows)
+  local col = self.cfg.answer_column or "answer"
+  local list = {}
+  for i, row in ipairs(prompt_rows) do
+    local p = self:encode_prompt(row.prompt)
+    local target = row[col]
+    if type(target) ~= "string" then
+      error(("algo = sft: row %d has no string '%s' column (the target)"):format(i, col), 0)
+    end
+    local ids = self.tok:encode(target, { add_special_tokens = false })
+    ids[#ids + 1] = self.tok.eos_id
+    if #ids > self.cfg.max_completion_length then
+      local cut = {}
+      for t = 1, self.cfg.max_completion_length do cut[t] = ids[t] end
+      ids = cut
+    end
+    list[i] = { prompt = i, prompt_ids = p, completion = ids, adv = 1 }
+  end
+  return list
+end
+
+---------------------------------------------------------------------------- metrics and logging
+
+-- Metrics of an RL step from the scored rollout and the update's numbers.
+function Trainer:rl_metrics(ro, up)
+  local m = {}
+  local samples, greedy = {}, {}
+  local lens, truncated, maxlen, minlen, stopped = {}, 0, 0, math.huge, {}
+  local none = ro.none or {}
+  for k, r in ipairs(ro.rows) do
+    if r.greedy then
+      if not none[k] then greedy[#greedy + 1] = ro.total[k] end
+    else
+      if not none[k] then samples[#samples + 1] = ro.total[k] end   -- unscored rows: no reward (TRL)
+      lens[#lens + 1] = #r.tokens
+      maxlen, minlen = math.max(maxlen, #r.tokens), math.min(minlen, #r.tokens)
+      if r.finish == "length" then truncated = truncated + 1 else stopped[#stopped + 1] = #r.tokens end
+    end
+  end
+  m.reward, m.reward_std = mean(samples), algos.std(samples)
+  if #greedy > 0 then m.reward_greedy = mean(greedy) end
+  -- groups whose sampled rewards have no spread (GRPO and RLOO give them no signal)
+  local flat = 0
+  for _, g in ipairs(ro.groups or {}) do
+    local vals = {}
+    for _, v in ipairs(g.samples) do if v == v then vals[#vals + 1] = v end end
+    if math.abs(algos.std(vals)) <= 1e-8 then flat = flat + 1 end
+  end
+  if ro.groups and #ro.groups > 0 then m.frac_reward_zero_std = flat / #ro.groups end
+  for _, rw in ipairs(self.rewards) do
+    local s, g = {}, {}
+    for k, r in ipairs(ro.rows) do
+      local v = ro.per[rw.name][k]
+      if v ~= nil then
+        if r.greedy then g[#g + 1] = v else s[#s + 1] = v end
+      end
+    end
+    if #s > 0 then m["reward/" .. rw.name] = mean(s) end
+    if #g > 0 then m["reward_greedy/" .. rw.name] = mean(g) end
+  end
+  local advs = {}
+  for _, a in ipairs(ro.adv) do for _, v in ipairs(a) do advs[#advs + 1] = v end end
+  m.advantage_mean, m.advantage_std = mean(advs), algos.std(advs)
+  -- how much of the step can move the policy: rows with a non-zero advantage, prompts with any
+  local rows_nz, prompts_nz = 0, 0
+  for _, a in ipairs(ro.adv) do
+    local any = false
+    for _, v in ipairs(a) do if v ~= 0 then rows_nz, any = rows_nz + 1, true end end
+    if any then prompts_nz = prompts_nz + 1 end
+  end
+  m.frac_rows_nonzero_adv = #advs > 0 and rows_nz / #advs or 0
+  m.frac_prompts_nonzero_adv = #ro.adv > 0 and prompts_nz / #ro.adv or 0
+  if ro.kl_k1 then
+    local s, n = 0, 0
+    for k, r in ipairs(ro.rows) do if not r.greedy then s = s + ro.kl_k1[k]; n = n + #r.tokens end end
+    m.kl = n > 0 and s / n or 0
+  else
+    m.kl = up.kl
+  end
+  m.completion_length_mean, m.completion_length_max = mean(lens), maxlen
+  m.completion_length_min = #lens > 0 and minlen or 0
+  if #stopped > 0 then m.completion_length_terminated_mean = mean(stopped) end
+  m.truncated_fraction = #lens > 0 and truncated / #lens or 0
+  -- prompts over max_prompt_length, kept by their last tokens (this rank's prompts)
+  m.prompts_truncated = ro.prompts_truncated or 0
+  m.frac_prompts_truncated = #ro.prompts > 0 and m.prompts_truncated / #ro.prompts or 0
+  m.entropy = up.entropy
+  if up.clip_n and up.clip_n > 0 then
+    m["clip_ratio/low_mean"] = up.clip_low / up.clip_n
+    m["clip_ratio/high_mean"] = up.clip_high / up.clip_n
+    m["clip_ratio/region_mean"] = (up.clip_low + up.clip_high) / up.clip_n
+  end
+  if up.iterations and self.cfg.num_iterations > 1 then m.iterations = up.iterations end
+  m.tokens_per_s = ro.time_generate > 0 and ro.tokens_generated / ro.time_generate or 0
+  m.time_generate, m.time_score = ro.time_generate, ro.time_score
+  if ro.unscored > 0 then m.unscored = ro.unscored end
+  return m
+end
+
+---------------------------------------------------------------------------- the loop
+
+-- One full step (RL or SFT); returns its metrics.
+function Trainer:train_step()
+  local cfg = self.cfg
+  local t0 = now()
+  local batch = self:next_batch()
+  local m, ro
+  if cfg.algo == "sft" then
+    local rows = self:sft_rows(batch)
+    local up = self:update({ train_rows = rows, step = self.step + 1 })
+    m = { loss = up.loss, grad_norm = up.grad_norm, lr = up.lr, time_train = up.time_train,
+      tokens_per_s = up.tokens_trained / math.max(up.time_train, 1e-9),
+      completion_length_mean = up.tokens_total / up.rows_total, time_generate = 0, time_score = 0 }
+    local maxlen = 0
+    for _, r in ipairs(rows) do maxlen = math.max(maxlen, #r.completion) end
+    m.completion_length_max = maxlen
+  else
+    ro = self:rollout(batch)
+    self:score(ro)
+    self:advantage(ro)
+    local up = self:update(ro)
+    ro = ro:gather(self.dist)   -- rank 0: the whole step's rows, for metrics and logs
+    m = self:rl_metrics(ro, up)
+    m.loss, m.grad_norm, m.lr, m.time_train = up.loss, up.grad_norm, up.lr, up.time_train
+    if not up.finite then m.skipped = true end
+  end
+  m.time_step = now() - t0
+  self.train_seconds = (self.train_seconds or 0) + m.time_step
+  m.time_elapsed_train = self.train_seconds
+  self:finish_step(m, ro)
+  return m
+end
+
+return M
