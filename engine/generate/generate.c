@@ -484,11 +484,8 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   const int64_t prefill = P * Pmax * ((L + 4) * C + 2 * HD + 2 * KD + 3 * I + H + 8) * es + (32ll << 20);
   const int64_t need = cache + decode + prefill;
   int64_t avail = available_memory();
-  if (c->device == RX_CUDA) {   /* the cache and activations live on the device: its free memory and remax's unused cache */
-    int64_t held = 0, peak = 0, reserved = 0, free_bytes = 0, total = 0;
-    if (rx_cuda_memory(&held, &peak, &reserved, &free_bytes, &total)) return rx_fail_context(RX_EDEVICE, "generate");
-    avail = free_bytes + (reserved - held);
-  }
+  if (on_device && rx_device_available(c->device, &avail))   /* the cache and activations live on the device */
+    return rx_fail_context(RX_EDEVICE, "generate");
   res->cache_bytes = cache;
   if (need > avail) {
     /* what would fit: the KV cache and decode buffers grow with the rows, the rest does not */

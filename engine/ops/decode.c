@@ -51,6 +51,15 @@ int rx_kv_append(rx_tensor *kc, rx_tensor *vc, const rx_tensor *k, const rx_tens
   }
 }
 
+int rx_device_available(int32_t device, int64_t *bytes) {
+  *bytes = 0;
+  if (device != RX_CUDA) return rx_fail(RX_EDEVICE, "memory: device %d has no memory report", device);
+  int64_t held = 0, peak = 0, reserved = 0, free_bytes = 0, total = 0;
+  if (rx_cuda_memory(&held, &peak, &reserved, &free_bytes, &total)) return RX_EDEVICE;
+  *bytes = free_bytes + (reserved - held);
+  return RX_OK;
+}
+
 int rx_graph_begin(int32_t device) {
   if (device == RX_CUDA) return rx_cuda_graph_begin();
   return rx_fail(RX_EDEVICE, "graph: device %d has no graphs", device);

@@ -14,6 +14,8 @@ int rx_decode_attention_lens(rx_tensor *out, rx_tensor *lse, const rx_tensor *q,
                              const rx_tensor *v, const rx_tensor *mask, const rx_tensor *lens, float *part);
 /* One layer's caches kc, vc [B,S,KD] (batch strided): row b's k, v [B,KD] go to slot lens[b] - 1. */
 int rx_kv_append(rx_tensor *kc, rx_tensor *vc, const rx_tensor *k, const rx_tensor *v, const rx_tensor *lens);
+/* Bytes a device can still give generation: its free memory plus what remax's allocator holds unused. */
+int rx_device_available(int32_t device, int64_t *bytes);
 /* CUDA graphs on device's stream: capture what the ops between begin and end queue; replay. */
 int rx_graph_begin(int32_t device);
 int rx_graph_end(int32_t device, void **exec);
