@@ -48,7 +48,7 @@ struct rx_generator {
   /* CUDA graphs (device, unless REMAX_CUDA_GRAPHS=0): the decode step after the embedding has
    * fixed shapes for a batch size (attention over the whole cache, each place's length read on
    * the device), so it is captured once per batch size and replayed for every token. */
-  int graphs;
+  int graphs, graph_refused;             /* graph_refused: a capture failed (the step then runs plainly) */
   void **graph_of;                       /* [R + 1]: the graph of each batch size, NULL until captured */
   int32_t *d_lens, *h_lens;              /* [R]: each place's cache length this step */
   float *d_part;                         /* the decode attention's chunk scratch */
@@ -775,6 +775,7 @@ static int graph_step(rx_generator *g, layer_acts *acts, const rx_tensor *pos) {
   if (!g->graph_of[R]) {
     const layer_kv kv = {append_kv_lens, g, attention_lens};
     const layer_io io = {&g->x, &g->x, pos, &g->gmask, &kv};
+    g->graph_refused = 1;   /* until the capture succeeds: nothing ran, the step can run plainly */
     TRY(rx_graph_begin(c->device));
     const int rc = decode_body(g, acts, &io);
     void *exec = NULL;
@@ -783,6 +784,7 @@ static int graph_step(rx_generator *g, layer_acts *acts, const rx_tensor *pos) {
       rx_graph_free(c->device, exec);
       return rc ? rc : rc_end;
     }
+    g->graph_refused = 0;
     g->graph_of[R] = exec;
   }
   return rx_graph_launch(c->device, g->graph_of[R]);
@@ -799,7 +801,6 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
   for (int64_t r = 0; r < R; r++) {
     g->cache_mask[r * S + idx] = 1;
     g->positions[r] = g->prompt_len[r] + (int32_t)g->generated - 1;
-    if (!g->graphs) memcpy(g->step_mask + r * Tk, g->cache_mask + r * S, sizeof(int32_t) * (size_t)Tk);
   }
   g->step_slot = idx;
   int64_t s2m[2] = {R, Tk}, s1[1] = {R};
@@ -809,9 +810,15 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
   TRY(stage_ids(g, g->d_pos, g->positions, R));
   rx_view_init(&pos, g->d_pos, RX_I32, c->device, 1, s1);
   decode_acts(g, &acts, R);
+  int plain = !g->graphs;
   if (g->graphs) {
-    TRY(graph_step(g, &acts, &pos));
-  } else {
+    const int rc = graph_step(g, &acts, &pos);
+    /* a device that cannot capture the step (a CUDA error during capture) decodes without graphs */
+    if (rc && g->graph_refused) g->graphs = 0, plain = 1;
+    else if (rc) return rc;
+  }
+  if (plain) {
+    for (int64_t r = 0; r < R; r++) memcpy(g->step_mask + r * Tk, g->cache_mask + r * S, sizeof(int32_t) * (size_t)Tk);
     TRY(stage_ids(g, g->d_mask, g->step_mask, R * Tk));
     rx_view_init(&mask, g->d_mask, RX_I32, c->device, 2, s2m);
     const layer_kv kv = {append_kv, g, NULL};

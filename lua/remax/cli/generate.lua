@@ -150,6 +150,10 @@ function M.main(...)
     prompt = remax.chat.encode_text(tok, o.prompt, false)
   end
   local load_opts = { weight_dtype = o.dtype }
+  if o.device == "cuda" and not remax.tensor.has_cuda() then
+    error("generate: --device cuda: no usable CUDA device (remax built without CUDA, or no GPU visible); "
+      .. "`remax version` names the CUDA backend", 0)
+  end
   if o.device == "cuda" then   -- f32 master weights; compute in f32 (auto) or bf16
     load_opts = { device = "cuda", dtype = o.dtype == "bf16" and "bf16" or "f32" }
   end
