@@ -36,13 +36,16 @@ end
 
 -- A randomly initialised Qwen2 model of a named shape, and its config. weight_dtype: "f32"
 -- (default) or "bf16" (the weight matrices stored in bf16, compute in f32).
-function M.model(shape, weight_dtype)
+-- extra: more model.new options (device, dtype).
+function M.model(shape, weight_dtype, extra)
   local base = M.shapes[shape] or error("unknown shape " .. tostring(shape), 0)
   local cfg = {}
   for k, v in pairs(base) do cfg[k] = v end
   cfg.architectures = { "Qwen2ForCausalLM" }
   cfg.rope_theta, cfg.rms_norm_eps, cfg.max_position_embeddings = 1e6, 1e-6, 32768
-  return remax.model.new(cfg, { seed = 0, weight_dtype = weight_dtype }), cfg
+  local opts = { seed = 0, weight_dtype = weight_dtype }
+  for k, v in pairs(extra or {}) do opts[k] = v end
+  return remax.model.new(cfg, opts), cfg
 end
 
 -- n prompts of len random token ids, the same for every run.

@@ -13,7 +13,7 @@
 #   PYTHON [python3], REMAX_BIN [./remax], RX_GPU_DEADLINE (epoch seconds: what would end later is
 #   skipped and named), DRY_RUN=1 (no GPU: a tiny shape on the CPU, bench/torch_peer.py's decoder
 #   as the peer: checks the script, measures nothing).
-# Until remax can generate on the device, remax's side prints one line saying it is not available.
+# remax's side runs bench/generate.lua --device cuda; where the build cannot use the device it prints one line saying why.
 # window-seconds: 160
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2

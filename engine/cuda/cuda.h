@@ -88,6 +88,39 @@ int rx_cuda_attention_forward(void *out, float *lse, const void *q, const void *
 int rx_cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                                const void *v, const void *out, const float *lse, const int32_t *mask,
                                const rx_cuda_attn_dims *dims, int32_t dtype);
+/* The sampler on the device (sample.cu), the twin of engine/generate's: one row of logits [n, V]
+ * per place and its settings; token i32 [n] (-1: sampled row without a finite logit), logprob
+ * f32 [n] (log p of the token at temperature 1), prob f32 [n, V] scratch. u comes from Philox
+ * (seed, key, position) as rx_sample_uniform. */
+typedef struct rx_cuda_sample_row {
+  double temperature, top_p;
+  int32_t top_k, pad;
+  uint64_t key;
+  int64_t position;
+} rx_cuda_sample_row;
+int rx_cuda_sample(int32_t *token, float *logprob, float *prob, const void *logits, const rx_cuda_sample_row *rows,
+                   uint64_t seed, int64_t n, int64_t V, int32_t dtype);
+/* Attention of one query per row (dims->Tq == 1) over a KV cache, split along the cache (flash
+ * decoding, decode_attention.cu); the same contract as rx_cuda_attention_forward for groups of
+ * at most RX_CUDA_DECODE_MAX_GROUP query heads per kv head. */
+enum { RX_CUDA_DECODE_MAX_GROUP = 16 };
+int rx_cuda_decode_attention(void *out, float *lse, const void *q, const void *k, const void *v, const int32_t *mask,
+                             const rx_cuda_attn_dims *dims, int32_t dtype);
+/* The graph-stable decode attention: row b attends to keys s < lens[b] (i32 [B] on the device)
+ * with mask 1 (mask rows of dims->Tk, the cache's length), its query at lens[b] - 1; part is
+ * scratch of rx_cuda_decode_attention_scratch(dims) floats. */
+int64_t rx_cuda_decode_attention_scratch(const rx_cuda_attn_dims *dims);
+int rx_cuda_decode_attention_lens(void *out, float *lse, const void *q, const void *k, const void *v,
+                                  const int32_t *mask, const int32_t *lens, float *part, const rx_cuda_attn_dims *dims,
+                                  int32_t dtype);
+/* One layer's cache kc, vc [B, S, KD]: row b's new k, v [B, KD] go to slot lens[b] - 1. */
+int rx_cuda_kv_append(void *kc, void *vc, const void *k, const void *v, const int32_t *lens, int64_t B, int64_t S,
+                      int64_t KD, int32_t dtype);
+/* CUDA graphs on remax's stream (graph.cu): begin capturing, end and instantiate (*exec), replay, free. */
+int rx_cuda_graph_begin(void);
+int rx_cuda_graph_end(void **exec);
+int rx_cuda_graph_launch(void *exec);
+void rx_cuda_graph_free(void *exec);
 /* AdamW on f32 master weights, f32 grads and moments; bc1 = 1 - beta1^step, sqrt_bc2 = sqrt(1 - beta2^step). */
 int rx_cuda_adamw(float *param, const float *grad, float *m, float *v, int64_t n, double lr, double beta1,
                   double beta2, double eps, double shrink, double bc1, double sqrt_bc2);

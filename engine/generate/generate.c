@@ -4,9 +4,17 @@
  * sits at the same cache index), their keys and values are copied to every row that continues
  * them, and then all rows decode in lockstep: one token per row per step, attention of one
  * query against the row's cache. Randomness comes from Philox keyed by (seed, row key,
- * position), so a row's tokens do not depend on which other rows share its batch. */
+ * position), so a row's tokens do not depend on which other rows share its batch.
+ *
+ * On a device (model on "cuda") the KV cache, the decode activations and the step's ids
+ * (tokens, positions, mask) live in device memory; the host keeps the rows' bookkeeping and
+ * stages the ids before each step. The device samples (ops/sample.h: the same rules and Philox
+ * streams as the host's sampler), so only each row's token and its log-probability come back;
+ * REMAX_HOST_SAMPLER=1 reads the logits back as f32 and samples on the host instead. */
 #include "model/model_internal.h"
 #include "fastmath.h"
+#include "ops/sample.h"
+#include "ops/decode.h"
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -30,13 +38,29 @@ struct rx_generator {
   int64_t active;
   int32_t *place_row, *row_place;        /* [R]: the row in each place, the place of each row */
   void *kcache, *vcache;                 /* [L][R][S][KV*D] in the compute dtype, per place */
+  void *kcache_handle, *vcache_handle, *scratch_handle, *ids_handle;   /* device pieces (rx_arena_free) */
+  int32_t *ids;                          /* device: [R] tokens, [R] positions, [R*S] mask; NULL on the CPU */
+  int32_t *d_tok, *d_pos, *d_mask;       /* where the step's ops read them: ids, or the host arrays on the CPU */
+  int device_sampler;                    /* the device picks the tokens (sample_on_device) */
+  void *dsamp, *dsamp_handle;            /* device: [R] settings, [R] tokens, [R] log p, [R, V] probabilities */
+  rx_cuda_sample_row *h_rows;            /* host: [R] settings of the places */
+  int32_t *h_tok;                        /* host: [R] tokens, then [R] log p (f32) */
+  /* CUDA graphs (device, unless REMAX_CUDA_GRAPHS=0): the decode step after the embedding has
+   * fixed shapes for a batch size (attention over the whole cache, each place's length read on
+   * the device), so it is captured once per batch size and replayed for every token. */
+  int graphs, graph_refused;             /* graph_refused: a capture failed (the step then runs plainly) */
+  void **graph_of;                       /* [R + 1]: the graph of each batch size, NULL until captured */
+  int32_t *d_lens, *h_lens;              /* [R]: each place's cache length this step */
+  float *d_part;                         /* the decode attention's chunk scratch */
+  void *part_handle;
+  rx_tensor lens_t, gmask;               /* views of d_lens [active] and d_mask [active, S] */
   int32_t *cache_mask;                   /* [R][S], per place */
   int32_t *step_mask;                    /* [active][Tk] contiguous copy for the attention call */
   int32_t *prompt_len, *positions, *current, *done;   /* per place */
   void *scratch;                         /* decode activations */
   rx_tensor x, xn, rstd, q, k, v, att, tmp, gate, up, h, lse, logits, tok;
   int64_t step_slot;                     /* cache slot of the token the current step decodes */
-  float *logits_f32;                     /* [R][V] for the sampler: the logits themselves in f32 */
+  float *logits_f32;                     /* [R][V] on the host for the sampler (the logits themselves on a CPU f32 model) */
   float *sample_buf;                     /* per thread [V] */
   int32_t *index_buf;                    /* per thread [V] */
   cand *cand_buf;                        /* per thread [V]: top-p candidates */
@@ -206,6 +230,30 @@ static void view2(rx_tensor *t, void *data, int32_t dtype, int32_t device, int64
 
 static double gib(int64_t bytes) { return bytes / 1073741824.0; }
 
+/* n elements of the compute dtype from src to dst, both on the model's device. */
+static int dev_copy(const rx_generator *g, void *dst, const void *src, int64_t n) {
+  const rx_model_config *c = &g->m->cfg;
+  if (c->device == RX_CPU) {
+    memcpy(dst, src, (size_t)(n * rx_dtype_size(c->dtype)));
+    return RX_OK;
+  }
+  rx_tensor d, s;
+  int64_t shape[1] = {n};
+  rx_view_init(&d, dst, c->dtype, c->device, 1, shape);
+  rx_view_init(&s, (void *)src, c->dtype, c->device, 1, shape);
+  return rx_tensor_copy(&d, &s);
+}
+
+/* n host ids to where the step's ops read them (nothing to do on the CPU: the same memory). */
+static int stage_ids(const rx_generator *g, int32_t *dst, const int32_t *src, int64_t n) {
+  if (dst == src) return RX_OK;
+  rx_tensor d, s;
+  int64_t shape[1] = {n};
+  rx_view_init(&d, dst, RX_I32, g->m->cfg.device, 1, shape);
+  rx_view_init(&s, (void *)src, RX_I32, RX_CPU, 1, shape);
+  return rx_tensor_copy(&d, &s);
+}
+
 /* ------------------------------------------------------------------ prefill */
 
 /* The prefill's KV-cache hook: each prompt's (roped) keys and values of layer l go to the cache
@@ -219,8 +267,8 @@ static int copy_prompt_kv(void *ctx, int64_t l, const layer_acts *a, rx_tensor *
   char *K = (char *)g->kcache + l * g->R * row_bytes, *Vc = (char *)g->vcache + l * g->R * row_bytes;
   for (int64_t r = 0; r < g->R; r++) {
     int64_t p = g->req.row_prompt[r];
-    memcpy(K + r * row_bytes, (char *)a->k.data + p * block, (size_t)block);
-    memcpy(Vc + r * row_bytes, (char *)a->v.data + p * block, (size_t)block);
+    TRY(dev_copy(g, K + r * row_bytes, (char *)a->k.data + p * block, g->Pmax * KD));
+    TRY(dev_copy(g, Vc + r * row_bytes, (char *)a->v.data + p * block, g->Pmax * KD));
   }
   return RX_OK;
 }
@@ -238,17 +286,24 @@ static float token_logprob(const rx_generator *g, int64_t place, int32_t token, 
     return (float)(x[token] - mx - log(s));
   }
   /* f32: vectorised passes, the exponentials in f32 (relative error <= 3e-7), summed in double */
-  const float *x = (const float *)g->logits.data + place * V;
+  const float *x = g->logits_f32 + place * V;
   #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < V; i++) s += (double)rx_exp_f32(x[i] - mf);
   return (float)((double)x[token] - mf - log(s));
 }
 
-/* The sampler reads f32 logits (an f64 model's are rounded once here). */
-static void logits_to_f32(rx_generator *g) {
-  const int64_t n = g->active * g->m->cfg.vocab_size;
-  if (g->logits.dtype == RX_F32) return;   /* logits_f32 points at them */
+/* The sampler reads f32 logits on the host: a CPU f32 model's in place, an f64 model's rounded
+ * once here, a device model's (f32 or bf16) copied from the device as f32. */
+static int logits_to_f32(rx_generator *g) {
+  const int64_t V = g->m->cfg.vocab_size, n = g->active * V;
+  if (g->logits.device != RX_CPU) {
+    rx_tensor h;
+    view2(&h, g->logits_f32, RX_F32, RX_CPU, g->active, V);
+    return rx_tensor_copy(&h, &g->logits);
+  }
+  if (g->logits.dtype == RX_F32) return RX_OK;   /* logits_f32 points at them */
   for (int64_t i = 0; i < n; i++) g->logits_f32[i] = (float)((const double *)g->logits.data)[i];
+  return RX_OK;
 }
 
 static int is_stop(const rx_generator *g, int32_t t) {
@@ -257,9 +312,21 @@ static int is_stop(const rx_generator *g, int32_t t) {
   return 0;
 }
 
+/* A place's next token and its log-probability go to its row's result; the row ends on a stop
+ * token or at its budget. */
+static void record_token(rx_generator *g, int64_t place, int32_t tok, float logprob) {
+  const int64_t r = g->place_row[place], n = g->res->lengths[r], cap = g->req.max_new_tokens;
+  g->res->tokens[r * cap + n] = tok;
+  g->res->logprobs[r * cap + n] = logprob;
+  g->res->lengths[r] = (int32_t)(n + 1);
+  g->current[place] = tok;
+  if (is_stop(g, tok)) { g->done[place] = 1; g->res->finish[r] = RX_FINISH_STOP; }
+  else if (n + 1 >= g->req.rows[r].max_new_tokens) { g->done[place] = 1; g->res->finish[r] = RX_FINISH_LENGTH; }
+}
+
 /* Samples the next token of every unfinished row from its place's logits and records it. */
 static int choose_tokens(rx_generator *g) {
-  const int64_t V = g->m->cfg.vocab_size, cap = g->req.max_new_tokens;
+  const int64_t V = g->m->cfg.vocab_size;
   int status = RX_OK;
   #pragma omp parallel for schedule(dynamic, 1) num_threads(g->nthreads)
   for (int64_t place = 0; place < g->active; place++) {
@@ -279,14 +346,53 @@ static int choose_tokens(rx_generator *g) {
       status = rc;
       continue;
     }
-    g->res->tokens[r * cap + n] = tok;
-    g->res->logprobs[r * cap + n] = token_logprob(g, place, tok, mx);
-    g->res->lengths[r] = (int32_t)(n + 1);
-    g->current[place] = tok;
-    if (is_stop(g, tok)) { g->done[place] = 1; g->res->finish[r] = RX_FINISH_STOP; }
-    else if (n + 1 >= s->max_new_tokens) { g->done[place] = 1; g->res->finish[r] = RX_FINISH_LENGTH; }
+    record_token(g, place, tok, token_logprob(g, place, tok, mx));
   }
   return status;
+}
+
+/* The device's sampler: every active place's settings go up, its token and log p come back. */
+static int sample_on_device(rx_generator *g) {
+  const rx_model_config *c = &g->m->cfg;
+  const int64_t n = g->active, V = c->vocab_size;
+  for (int64_t place = 0; place < n; place++) {
+    const int64_t r = g->place_row[place];
+    const rx_sampling *s = &g->req.rows[r];
+    g->h_rows[place] = (rx_cuda_sample_row){g->done[place] ? 0.0 : s->temperature, s->top_p, s->top_k, 0, s->key,
+                                            g->prompt_len[place] + g->res->lengths[r]};
+  }
+  rx_cuda_sample_row *d_rows = g->dsamp;
+  int32_t *d_tok = (int32_t *)(d_rows + g->R);
+  float *d_lp = (float *)(d_tok + g->R), *d_prob = d_lp + g->R;
+  rx_tensor hr, dr, tok, lp, prob, htok, hlp;
+  int64_t words = n * (int64_t)(sizeof(rx_cuda_sample_row) / 8);
+  view2(&hr, g->h_rows, RX_I64, RX_CPU, words, 1);
+  view2(&dr, d_rows, RX_I64, c->device, words, 1);
+  TRY(rx_tensor_copy(&dr, &hr));
+  int64_t s1[1] = {n};
+  rx_view_init(&tok, d_tok, RX_I32, c->device, 1, s1);
+  rx_view_init(&lp, d_lp, RX_F32, c->device, 1, s1);
+  rx_view_init(&htok, g->h_tok, RX_I32, RX_CPU, 1, s1);
+  rx_view_init(&hlp, g->h_tok + g->R, RX_F32, RX_CPU, 1, s1);
+  view2(&prob, d_prob, RX_F32, c->device, n, V);
+  TRY(rx_sample_rows(&tok, &lp, &prob, &g->logits, d_rows, g->req.seed));
+  TRY(rx_tensor_copy(&htok, &tok));
+  TRY(rx_tensor_copy(&hlp, &lp));
+  const float *lps = (const float *)(g->h_tok + g->R);
+  for (int64_t place = 0; place < n; place++) {
+    if (g->done[place]) continue;
+    if (g->h_tok[place] < 0)
+      return rx_fail(RX_EINVAL, "sample: row %lld: logits have no finite maximum", (long long)g->place_row[place]);
+    record_token(g, place, g->h_tok[place], lps[place]);
+  }
+  return RX_OK;
+}
+
+/* The logits of the active places (after a prefill or a step) to tokens, on the device or here. */
+static int pick_tokens(rx_generator *g) {
+  if (g->device_sampler) return sample_on_device(g);
+  TRY(logits_to_f32(g));
+  return choose_tokens(g);
 }
 
 static int check_request(rx_model *m, const rx_generate_request *q) {
@@ -323,10 +429,20 @@ static int check_request(rx_model *m, const rx_generate_request *q) {
 
 void rx_generate_end(rx_generator *g) {
   if (!g) return;
-  rx_free(g->kcache);
-  rx_free(g->vcache);
-  if (g->logits_f32 != g->logits.data) rx_free(g->logits_f32);   /* f32: a view of the scratch */
-  rx_free(g->scratch);
+  const int32_t dev = g->m->cfg.device;
+  rx_arena_free(dev, g->kcache, g->kcache_handle);
+  rx_arena_free(dev, g->vcache, g->vcache_handle);
+  if (g->logits_f32 != g->logits.data) rx_free(g->logits_f32);   /* CPU f32: a view of the scratch */
+  rx_arena_free(dev, g->scratch, g->scratch_handle);
+  if (g->ids) rx_arena_free(dev, g->ids, g->ids_handle);
+  if (g->dsamp) rx_arena_free(dev, g->dsamp, g->dsamp_handle);
+  if (g->graph_of)
+    for (int64_t i = 0; i <= g->R; i++) rx_graph_free(dev, g->graph_of[i]);
+  free(g->graph_of);
+  free(g->h_lens);
+  if (g->d_part) rx_arena_free(dev, g->d_part, g->part_handle);
+  free(g->h_rows);
+  free(g->h_tok);
   free(g->cache_mask);
   free(g->step_mask);
   free(g->prompt_len);
@@ -343,9 +459,10 @@ void rx_generate_end(rx_generator *g) {
 
 int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request *req, rx_generate_result *res) {
   *out = NULL;
-  TRY(rx_model_on_cpu(m, "generate"));
   TRY(check_request(m, req));
   const rx_model_config *c = &m->cfg;
+  const int on_device = c->device != RX_CPU;
+  const int32_t st = rx_model_master_dtype(c);   /* rstd and lse: f32 for bf16 compute */
   const int64_t L = c->num_hidden_layers, C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
   const int64_t H = c->num_attention_heads, KD = c->num_key_value_heads * c->head_dim, HD = H * c->head_dim;
   const int64_t es = rx_dtype_size(c->dtype), R = req->num_rows, P = req->num_prompts;
@@ -363,18 +480,22 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   const int64_t nthreads = omp_get_max_threads();
   const int64_t sampler = nthreads * V * (int64_t)(sizeof(float) + sizeof(int32_t) + sizeof(cand));
   const int64_t decode = R * (4 * C + 2 * HD + 2 * KD + 3 * I + H + 1) * es + R * V * es +
-                         (c->dtype == RX_F32 ? 0 : R * V * 4) + sampler;   /* f32 logits are sampled in place */
+                         (c->dtype == RX_F32 && !on_device ? 0 : R * V * 4) + sampler;   /* CPU f32 logits are sampled in place */
   const int64_t prefill = P * Pmax * ((L + 4) * C + 2 * HD + 2 * KD + 3 * I + H + 8) * es + (32ll << 20);
-  const int64_t need = cache + decode + prefill, avail = available_memory();
+  const int64_t need = cache + decode + prefill;
+  int64_t avail = available_memory();
+  if (on_device && rx_device_available(c->device, &avail))   /* the cache and activations live on the device */
+    return rx_fail_context(RX_EDEVICE, "generate");
   res->cache_bytes = cache;
   if (need > avail) {
     /* what would fit: the KV cache and decode buffers grow with the rows, the rest does not */
     const int64_t per_row = (cache + decode - sampler) / (R > 0 ? R : 1), room = avail - sampler - prefill;
     const int64_t fit = per_row > 0 && room > 0 ? room / per_row : 0;
     return rx_fail(RX_ENOMEM, "generate: %lld rows x %lld positions need a %.2f GiB KV cache plus %.2f GiB of activations, "
-                   "but only %.2f GiB of memory is available: %lld rows of these prompts would fit at %lld positions "
+                   "but only %.2f GiB of %s is available: %lld rows of these prompts would fit at %lld positions "
                    "(fewer rows or generations per prompt, or a smaller max_new_tokens)", (long long)R, (long long)S,
-                   gib(cache), gib(decode + prefill), gib(avail), (long long)fit, (long long)S);
+                   gib(cache), gib(decode + prefill), gib(avail), on_device ? "device memory (cuda)" : "memory",
+                   (long long)fit, (long long)S);
   }
 
   rx_generator *g = calloc(1, sizeof *g);
@@ -384,8 +505,8 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   g->res = res;
   g->R = R; g->P = P; g->Pmax = Pmax; g->S = S;
   g->nthreads = (int)nthreads;
-  g->kcache = rx_alloc((size_t)(cache / 2), "KV cache");
-  g->vcache = rx_alloc((size_t)(cache / 2), "KV cache");
+  g->kcache = rx_arena_alloc(c->device, (size_t)(cache / 2), "KV cache", 1, &g->kcache_handle);
+  g->vcache = g->kcache ? rx_arena_alloc(c->device, (size_t)(cache / 2), "KV cache", 1, &g->vcache_handle) : NULL;
   g->cache_mask = calloc((size_t)(R * S), sizeof(int32_t));
   g->step_mask = calloc((size_t)(R * S), sizeof(int32_t));
   g->prompt_len = calloc((size_t)R, sizeof(int32_t));
@@ -394,31 +515,64 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   g->done = calloc((size_t)R, sizeof(int32_t));
   g->place_row = calloc((size_t)R, sizeof(int32_t));
   g->row_place = calloc((size_t)R, sizeof(int32_t));
-  g->logits_f32 = c->dtype == RX_F32 ? NULL : rx_alloc((size_t)(R * V * 4), "logits");
+  g->logits_f32 = c->dtype == RX_F32 && !on_device ? NULL : rx_alloc((size_t)(R * V * 4), "logits");
   g->sample_buf = rx_alloc((size_t)(g->nthreads * V * 4), "sampler");
   g->index_buf = rx_alloc((size_t)(g->nthreads * V * 4), "sampler");
   g->cand_buf = rx_alloc((size_t)g->nthreads * (size_t)V * sizeof(cand), "sampler");
-  int64_t sizes[] = {R * C, R * C, R, R * HD, R * KD, R * KD, R * HD, R * C, R * I, R * I, R * I, R * H, R * V};
-  int64_t total = 0;
-  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] * es + 63) & ~(int64_t)63;
-  g->scratch = rx_alloc((size_t)total + 64, "decode activations");
-  if (!g->kcache || !g->vcache || !g->cache_mask || !g->step_mask || !g->prompt_len || !g->positions || !g->current ||
-      !g->done || !g->place_row || !g->row_place || (!g->logits_f32 && c->dtype != RX_F32) || !g->sample_buf ||
-      !g->index_buf || !g->cand_buf || !g->scratch) {
-    rx_generate_end(g);
-    return rx_fail(RX_ENOMEM, "generate: out of memory for the KV cache (%.2f GiB)", gib(cache));
-  }
-  memset(g->kcache, 0, (size_t)(cache / 2));
-  memset(g->vcache, 0, (size_t)(cache / 2));
   rx_tensor *views[] = {&g->x, &g->xn, &g->rstd, &g->q, &g->k, &g->v, &g->att, &g->tmp, &g->gate, &g->up, &g->h, &g->lse, &g->logits};
   int64_t cols[] = {C, C, 1, HD, KD, KD, HD, C, I, I, I, H, V};
+  int32_t dts[] = {c->dtype, c->dtype, st, c->dtype, c->dtype, c->dtype, c->dtype, c->dtype, c->dtype, c->dtype, c->dtype, st, c->dtype};
+  int64_t total = 0;
+  for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) total += (R * cols[i] * rx_dtype_size(dts[i]) + 63) & ~(int64_t)63;
+  int alloc_ok = g->kcache && g->vcache;
+  if (alloc_ok) g->scratch = rx_arena_alloc(c->device, (size_t)total + 64, "decode activations", 0, &g->scratch_handle);
+  if (alloc_ok && on_device)
+    g->ids = rx_arena_alloc(c->device, sizeof(int32_t) * (size_t)(3 * R + R * S), "decode ids", 1, &g->ids_handle);
+  const char *host_sampler = getenv("REMAX_HOST_SAMPLER");
+  g->device_sampler = on_device && !(host_sampler && strcmp(host_sampler, "1") == 0);
+  if (alloc_ok && g->device_sampler) {
+    g->dsamp = rx_arena_alloc(c->device, sizeof(rx_cuda_sample_row) * (size_t)R + 8 * (size_t)R + 4 * (size_t)(R * V),
+                              "sampler", 0, &g->dsamp_handle);
+    g->h_rows = calloc((size_t)R, sizeof *g->h_rows);
+    g->h_tok = calloc((size_t)(2 * R), sizeof(int32_t));
+    alloc_ok = g->dsamp && g->h_rows && g->h_tok;
+  }
+  const char *graphs = getenv("REMAX_CUDA_GRAPHS");
+  g->graphs = c->device == RX_CUDA && !(graphs && strcmp(graphs, "0") == 0);
+  if (alloc_ok && g->graphs) {
+    int64_t part = 0;   /* the chunks' scratch for the largest of the batch sizes the request passes through */
+    for (int64_t b = 1; b <= R; b++) {
+      int64_t sq[4] = {b, 1, H, c->head_dim}, sk[4] = {b, S, c->num_key_value_heads, c->head_dim};
+      rx_tensor tq, tk;
+      rx_view_init(&tq, NULL, c->dtype, c->device, 4, sq);
+      rx_view_init(&tk, NULL, c->dtype, c->device, 4, sk);
+      const int64_t n = rx_decode_attention_scratch(&tq, &tk);
+      if (n > part) part = n;
+    }
+    g->d_part = rx_arena_alloc(c->device, sizeof(float) * (size_t)part, "decode attention chunks", 0, &g->part_handle);
+    g->graph_of = calloc((size_t)(R + 1), sizeof(void *));
+    g->h_lens = calloc((size_t)R, sizeof(int32_t));
+    alloc_ok = g->d_part && g->graph_of && g->h_lens;
+  }
+  alloc_ok = alloc_ok && g->scratch && (!on_device || g->ids);
+  if (!alloc_ok || !g->cache_mask || !g->step_mask || !g->prompt_len || !g->positions || !g->current ||
+      !g->done || !g->place_row || !g->row_place || (!g->logits_f32 && (c->dtype != RX_F32 || on_device)) || !g->sample_buf ||
+      !g->index_buf || !g->cand_buf) {
+    rx_generate_end(g);
+    if (!alloc_ok) return rx_fail_context(RX_ENOMEM, "generate: a %.2f GiB KV cache and its decode buffers", gib(cache));
+    return rx_fail(RX_ENOMEM, "generate: out of memory for the KV cache (%.2f GiB)", gib(cache));
+  }
   char *at = g->scratch;
   for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
-    view2(views[i], at, c->dtype, c->device, R, cols[i]);
-    at += (R * cols[i] * es + 63) & ~(int64_t)63;
+    view2(views[i], at, dts[i], c->device, R, cols[i]);
+    at += (R * cols[i] * rx_dtype_size(dts[i]) + 63) & ~(int64_t)63;
   }
-  if (c->dtype == RX_F32) g->logits_f32 = g->logits.data;
-  view2(&g->tok, g->current, RX_I32, c->device, R, 1);
+  if (c->dtype == RX_F32 && !on_device) g->logits_f32 = g->logits.data;
+  g->d_tok = on_device ? g->ids : g->current;
+  g->d_pos = on_device ? g->ids + R : g->positions;
+  g->d_mask = on_device ? g->ids + 2 * R : g->step_mask;
+  g->d_lens = on_device ? g->ids + 2 * R + R * S : NULL;
+  view2(&g->tok, g->d_tok, RX_I32, c->device, R, 1);
   g->tok.ndim = 1;
   g->active = R;
   for (int64_t r = 0; r < R; r++) {
@@ -432,7 +586,8 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
 
   /* prefill: each prompt once, left-padded to Pmax */
   rx_forward_opts fo = {0, 0, 0, 0};
-  int rc = rx_model_plan(m, P, Pmax, &fo);
+  int rc = rx_model_refresh_work(m);   /* a bf16 model's working weights from its master */
+  if (!rc) rc = rx_model_plan(m, P, Pmax, &fo);
   int32_t *ptok = calloc((size_t)(P * Pmax), sizeof(int32_t)), *pmask = calloc((size_t)(P * Pmax), sizeof(int32_t));
   if (!rc && (!ptok || !pmask)) rc = rx_fail(RX_ENOMEM, "generate: out of memory for prompts");
   if (!rc) {
@@ -443,7 +598,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
         pmask[p * Pmax + Pmax - n + t] = 1;
       }
     }
-    const layer_kv kv = {copy_prompt_kv, g};
+    const layer_kv kv = {copy_prompt_kv, g, NULL};
     rc = rx_model_set_inputs(m, ptok, pmask);
     if (!rc) rc = rx_model_forward_hidden(m, &kv);
   }
@@ -452,13 +607,12 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   if (!rc) {
     /* logits after each row's prompt: gather its prompt's last hidden state, one GEMM over
      * the rows (so every row's logits sit in its own row, as after a decode step) */
-    for (int64_t r = 0; r < R; r++)
-      memcpy((char *)g->xn.data + r * C * es, (char *)m->plan.xf.data + (req->row_prompt[r] * Pmax + Pmax - 1) * C * es,
-             (size_t)(C * es));
-    rc = rx_matmul_forward(&g->logits, &g->xn, rx_model_w(m, m->lm_head), NULL);
-    if (!rc) logits_to_f32(g);
+    for (int64_t r = 0; r < R && !rc; r++)
+      rc = dev_copy(g, (char *)g->xn.data + r * C * es,
+                    (char *)m->plan.xf.data + (req->row_prompt[r] * Pmax + Pmax - 1) * C * es, C);
+    if (!rc) rc = rx_matmul_forward(&g->logits, &g->xn, rx_model_w(m, m->lm_head), NULL);
   }
-  if (!rc) rc = choose_tokens(g);
+  if (!rc) rc = pick_tokens(g);
   if (rc) { rx_generate_end(g); return rc; }
   g->generated = 1;
   *out = g;
@@ -480,7 +634,7 @@ static void cache_view(rx_generator *g, rx_tensor *t, void *base, int64_t l, int
  * (its cache rows [0, filled), mask and state), so a step computes only the rows still decoding.
  * A row's numbers do not depend on its place, or on the rows beside it (up to 48 rows, see
  * engine/cpu/matmul_rows.c), so moving it changes none of its tokens. */
-static void compact(rx_generator *g) {
+static int compact(rx_generator *g) {
   const rx_model_config *c = &g->m->cfg;
   const int64_t L = c->num_hidden_layers, KD = c->num_key_value_heads * c->head_dim, es = rx_dtype_size(c->dtype);
   const int64_t S = g->S, filled = g->Pmax + g->generated - 1;
@@ -492,8 +646,8 @@ static void compact(rx_generator *g) {
     if (s == last) break;
     for (int64_t l = 0; l < L; l++) {
       char *K = (char *)g->kcache + l * g->R * row, *Vc = (char *)g->vcache + l * g->R * row;
-      memcpy(K + s * row, K + last * row, (size_t)(filled * KD * es));
-      memcpy(Vc + s * row, Vc + last * row, (size_t)(filled * KD * es));
+      TRY(dev_copy(g, K + s * row, K + last * row, filled * KD));
+      TRY(dev_copy(g, Vc + s * row, Vc + last * row, filled * KD));
     }
     memcpy(g->cache_mask + s * S, g->cache_mask + last * S, sizeof(int32_t) * (size_t)S);
     const int32_t finished = g->place_row[s], moved = g->place_row[last];
@@ -506,6 +660,7 @@ static void compact(rx_generator *g) {
     g->done[s] = g->done[last];   /* when it had finished too, the loop looks at s again */
     g->done[last] = 1;
   }
+  return RX_OK;
 }
 
 /* The decode activations as views of their first n rows. */
@@ -528,9 +683,20 @@ static int append_kv(void *ctx, int64_t l, const layer_acts *a, rx_tensor *keys,
   const int64_t KD = c->num_key_value_heads * c->head_dim, es = rx_dtype_size(c->dtype), S = g->S;
   const int64_t idx = g->step_slot;
   char *K = (char *)g->kcache + l * g->R * S * KD * es, *Vc = (char *)g->vcache + l * g->R * S * KD * es;
-  for (int64_t r = 0; r < g->active; r++) {
-    memcpy(K + (r * S + idx) * KD * es, (char *)a->k.data + r * KD * es, (size_t)(KD * es));
-    memcpy(Vc + (r * S + idx) * KD * es, (char *)a->v.data + r * KD * es, (size_t)(KD * es));
+  if (c->device == RX_CPU) {
+    for (int64_t r = 0; r < g->active; r++) {
+      memcpy(K + (r * S + idx) * KD * es, (char *)a->k.data + r * KD * es, (size_t)(KD * es));
+      memcpy(Vc + (r * S + idx) * KD * es, (char *)a->v.data + r * KD * es, (size_t)(KD * es));
+    }
+  } else {   /* one strided copy per tensor: row r's slot idx is S*KD elements after row r-1's */
+    rx_tensor dk, dv, sk, sv;
+    view2(&dk, K + idx * KD * es, c->dtype, c->device, g->active, KD);
+    view2(&dv, Vc + idx * KD * es, c->dtype, c->device, g->active, KD);
+    dk.stride[0] = dv.stride[0] = S * KD;
+    view2(&sk, a->k.data, c->dtype, c->device, g->active, KD);
+    view2(&sv, a->v.data, c->dtype, c->device, g->active, KD);
+    TRY(rx_tensor_copy(&dk, &sk));
+    TRY(rx_tensor_copy(&dv, &sv));
   }
   cache_view(g, keys, g->kcache, l, idx + 1);
   cache_view(g, values, g->vcache, l, idx + 1);
@@ -560,42 +726,107 @@ static void decode_acts(rx_generator *g, layer_acts *a, int64_t R) {
   rx_view_init(&a->k4, g->k.data, dt, dev, 4, s4k);
   rx_view_init(&a->v4, g->v.data, dt, dev, 4, s4k);
   rx_view_init(&a->att4, g->att.data, dt, dev, 4, s4q);
-  rx_view_init(&a->lse, g->lse.data, dt, dev, 3, s3);
+  rx_view_init(&a->lse, g->lse.data, g->lse.dtype, dev, 3, s3);
   rx_view_init(&a->q_rows, g->q.data, dt, dev, 2, sqr);
   rx_view_init(&a->k_rows, g->k.data, dt, dev, 2, skr);
   a->q_raw_rows = a->q_rows;
   a->k_raw_rows = a->k_rows;
 }
 
+/* The graph-stable hooks: the new keys and values go to each place's slot lens - 1 (read on the
+ * device), and the attention reads the whole cache up to each place's length. */
+static int append_kv_lens(void *ctx, int64_t l, const layer_acts *a, rx_tensor *keys, rx_tensor *values,
+                          const rx_tensor **mask) {
+  rx_generator *g = ctx;
+  cache_view(g, keys, g->kcache, l, g->S);
+  cache_view(g, values, g->vcache, l, g->S);
+  TRY(rx_kv_append(keys, values, &a->k, &a->v, &g->lens_t));
+  *mask = &g->gmask;
+  return RX_OK;
+}
+
+static int attention_lens(void *ctx, int64_t l, layer_acts *a, const rx_tensor *keys, const rx_tensor *values,
+                          const rx_tensor *mask) {
+  rx_generator *g = ctx;
+  return rx_decode_attention_lens(&a->att4, &a->lse, &a->q4, keys, values, mask, &g->lens_t, g->d_part);
+}
+
+/* The decode step after the embedding: every layer, the final norm and the head. */
+static int decode_body(rx_generator *g, layer_acts *acts, const layer_io *io) {
+  rx_model *m = g->m;
+  for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++) TRY(rx_model_layer(m, l, acts, io));
+  TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, rx_model_w(m, m->final_norm), m->cfg.rms_norm_eps));
+  return rx_matmul_forward(&g->logits, &g->xn, rx_model_w(m, m->lm_head), NULL);
+}
+
+/* The step as a CUDA graph: the ids staged, the embedding launched as usual (its token check
+ * synchronises), then the graph of this batch size, captured on its first use. */
+static int graph_step(rx_generator *g, layer_acts *acts, const rx_tensor *pos) {
+  rx_model *m = g->m;
+  const rx_model_config *c = &m->cfg;
+  const int64_t R = g->active, S = g->S;
+  for (int64_t r = 0; r < R; r++) g->h_lens[r] = (int32_t)(g->step_slot + 1);
+  TRY(stage_ids(g, g->d_mask, g->cache_mask, R * S));
+  TRY(stage_ids(g, g->d_lens, g->h_lens, R));
+  int64_t s2[2] = {R, S}, s1[1] = {R};
+  rx_view_init(&g->gmask, g->d_mask, RX_I32, c->device, 2, s2);
+  rx_view_init(&g->lens_t, g->d_lens, RX_I32, c->device, 1, s1);
+  TRY(rx_embedding_forward(&g->x, &g->tok, rx_model_w(m, m->embed)));
+  if (!g->graph_of[R]) {
+    const layer_kv kv = {append_kv_lens, g, attention_lens};
+    const layer_io io = {&g->x, &g->x, pos, &g->gmask, &kv};
+    g->graph_refused = 1;   /* until the capture succeeds: nothing ran, the step can run plainly */
+    TRY(rx_graph_begin(c->device));
+    const int rc = decode_body(g, acts, &io);
+    void *exec = NULL;
+    const int rc_end = rx_graph_end(c->device, &exec);   /* always: the stream leaves capture */
+    if (rc || rc_end) {
+      rx_graph_free(c->device, exec);
+      return rc ? rc : rc_end;
+    }
+    g->graph_refused = 0;
+    g->graph_of[R] = exec;
+  }
+  return rx_graph_launch(c->device, g->graph_of[R]);
+}
+
 int rx_generate_step(rx_generator *g, int32_t *done) {
-  compact(g);
+  TRY(compact(g));
   if (g->active == 0 || g->generated >= g->req.max_new_tokens) { *done = 1; return RX_OK; }
   set_rows(g, g->active);
   rx_model *m = g->m;
   const rx_model_config *c = &m->cfg;
-  const int64_t L = c->num_hidden_layers, R = g->active, S = g->S;
+  const int64_t R = g->active, S = g->S;
   const int64_t idx = g->Pmax + g->generated - 1, Tk = idx + 1;   /* cache slot of the newest token */
   for (int64_t r = 0; r < R; r++) {
     g->cache_mask[r * S + idx] = 1;
     g->positions[r] = g->prompt_len[r] + (int32_t)g->generated - 1;
-    memcpy(g->step_mask + r * Tk, g->cache_mask + r * S, sizeof(int32_t) * (size_t)Tk);
   }
   g->step_slot = idx;
   int64_t s2m[2] = {R, Tk}, s1[1] = {R};
   rx_tensor mask, pos;
   layer_acts acts;
-  rx_view_init(&mask, g->step_mask, RX_I32, c->device, 2, s2m);
-  rx_view_init(&pos, g->positions, RX_I32, c->device, 1, s1);
+  TRY(stage_ids(g, g->d_tok, g->current, R));
+  TRY(stage_ids(g, g->d_pos, g->positions, R));
+  rx_view_init(&pos, g->d_pos, RX_I32, c->device, 1, s1);
   decode_acts(g, &acts, R);
-  const layer_kv kv = {append_kv, g};
-  const layer_io io = {&g->x, &g->x, &pos, &mask, &kv};
-
-  TRY(rx_embedding_forward(&g->x, &g->tok, rx_model_w(m, m->embed)));
-  for (int64_t l = 0; l < L; l++) TRY(rx_model_layer(m, l, &acts, &io));
-  TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, rx_model_w(m, m->final_norm), c->rms_norm_eps));
-  TRY(rx_matmul_forward(&g->logits, &g->xn, rx_model_w(m, m->lm_head), NULL));
-  logits_to_f32(g);
-  TRY(choose_tokens(g));
+  int plain = !g->graphs;
+  if (g->graphs) {
+    const int rc = graph_step(g, &acts, &pos);
+    /* a device that cannot capture the step (a CUDA error during capture) decodes without graphs */
+    if (rc && g->graph_refused) g->graphs = 0, plain = 1;
+    else if (rc) return rc;
+  }
+  if (plain) {
+    for (int64_t r = 0; r < R; r++) memcpy(g->step_mask + r * Tk, g->cache_mask + r * S, sizeof(int32_t) * (size_t)Tk);
+    TRY(stage_ids(g, g->d_mask, g->step_mask, R * Tk));
+    rx_view_init(&mask, g->d_mask, RX_I32, c->device, 2, s2m);
+    const layer_kv kv = {append_kv, g, NULL};
+    const layer_io io = {&g->x, &g->x, &pos, &mask, &kv};
+    TRY(rx_embedding_forward(&g->x, &g->tok, rx_model_w(m, m->embed)));
+    TRY(decode_body(g, &acts, &io));
+  }
+  TRY(pick_tokens(g));
   g->generated++;
   g->res->decode_steps++;
   int all = 1;
@@ -626,13 +857,15 @@ int rx_model_generate(rx_model *m, const rx_generate_request *req, rx_generate_r
 int rx_model_next_logits(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, rx_tensor *out) {
   int64_t B = 0, T = 0;
   char a[96];
-  TRY(rx_model_on_cpu(m, "next_logits"));
   TRY(rx_model_check_tokens(m, tokens, mask, &B, &T));
   const rx_model_config *c = &m->cfg;
-  if (rx_check_tensor(out, "next_logits", "out", 2) || out->shape[0] != B || out->shape[1] != c->vocab_size || out->dtype != c->dtype)
-    return rx_fail(RX_EINVAL, "next_logits: out must be %s [%lld,%lld], got %s", rx_dtype_name(c->dtype), (long long)B,
-                   (long long)c->vocab_size, rx_shape_str(out, a, sizeof a));
+  if (rx_check_tensor(out, "next_logits", "out", 2) || out->shape[0] != B || out->shape[1] != c->vocab_size ||
+      out->dtype != c->dtype || out->device != c->device)
+    return rx_fail(RX_EINVAL, "next_logits: out must be %s [%lld,%lld] on the model's device %d, got %s on device %d",
+                   rx_dtype_name(c->dtype), (long long)B, (long long)c->vocab_size, c->device, rx_shape_str(out, a, sizeof a),
+                   out->device);
   rx_forward_opts fo = {0, 0, 0, 0};
+  TRY(rx_model_refresh_work(m));
   TRY(rx_model_plan(m, B, T, &fo));
   TRY(rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL));
   TRY(rx_model_forward_hidden(m, NULL));

@@ -32,7 +32,8 @@ int rx_model_layer(rx_model *m, int64_t l, layer_acts *a, const layer_io *io) {
   rx_tensor keys = a->k4, values = a->v4;
   const rx_tensor *mask = io->mask;
   if (io->kv) TRY(io->kv->attend(io->kv->ctx, l, a, &keys, &values, &mask));
-  TRY(rx_attention_forward(&a->att4, &a->lse, &a->q4, &keys, &values, mask, 0.0));
+  if (io->kv && io->kv->attention) TRY(io->kv->attention(io->kv->ctx, l, a, &keys, &values, mask));
+  else TRY(rx_attention_forward(&a->att4, &a->lse, &a->q4, &keys, &values, mask, 0.0));
   TRY(rx_model_linear_forward(m, l, RX_PROJ_O, &a->x_mid, &a->att));
   TRY(rx_add(&a->x_mid, &a->x_mid, io->x));
   /* MLP: out = x_mid + down(silu(gate(xn2)) * up(xn2)) */

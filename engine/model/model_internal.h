@@ -81,6 +81,11 @@ typedef struct layer_kv {
   int (*attend)(void *ctx, int64_t l, const layer_acts *a, rx_tensor *keys, rx_tensor *values,
                 const rx_tensor **mask);
   void *ctx;
+  /* Optional: the attention itself (a->att4, a->lse from a->q4 and what attend set), for a
+   * caller whose cache needs another kernel (generation's CUDA graphs: lengths read on the
+   * device); NULL: rx_attention_forward. */
+  int (*attention)(void *ctx, int64_t l, layer_acts *a, const rx_tensor *keys, const rx_tensor *values,
+                   const rx_tensor *mask);
 } layer_kv;
 
 /* What one layer call reads and writes besides its activations. */

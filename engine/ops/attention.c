@@ -136,7 +136,9 @@ int rx_attention_forward(rx_tensor *out, rx_tensor *lse, const rx_tensor *q, con
         rx_cpu_attention_forward_f64(out->data, lse->data, q->data, k->data, v->data, keep, &dims, scratch, threads);
       return RX_OK;
     }
-    case RX_CUDA:
+    case RX_CUDA:   /* a decode step (one query per row): split along the cache (cuda/decode_attention.cu) */
+      if (dims.Tq == 1 && dims.H / dims.KV <= RX_CUDA_DECODE_MAX_GROUP)
+        return rx_cuda_decode_attention(out->data, lse->data, q->data, k->data, v->data, keep, cuda_dims(&dims), q->dtype);
       return rx_cuda_attention_forward(out->data, lse->data, q->data, k->data, v->data, keep, cuda_dims(&dims), q->dtype);
     default:
       return rx_fail(RX_EDEVICE, "%s: device %d has no implementation in this build", op, q->device);

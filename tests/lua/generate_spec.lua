@@ -214,6 +214,23 @@ describe("remax generate", function()
     assert.is_truthy(err:find("--dtype f16: the CPU keeps weights in auto, f32 or bf16", 1, true), err)
   end)
 
+  it("runs with --device cuda: the CPU's tokens in f32 where a device is present, else a clear error", function()
+    local args = ("--model %s --prompt-ids 104,105 --n 3 --max-new-tokens 6 --seed 3 --top-k 5"):format(q(dir))
+    local want, werr, wrc = run(args)
+    assert.are.equal(0, wrc, werr)
+    local out, err, rc = run(args .. " --device cuda")
+    if remax.tensor.has_cuda() then
+      assert.are.equal(0, rc, err)
+      assert.are.equal(want, out)
+    else
+      assert.are_not.equal(0, rc)
+      assert.is_truthy(err:find("--device cuda: no usable CUDA device", 1, true), err)
+    end
+    _, err, rc = run(args .. " --device tpu")
+    assert.are_not.equal(0, rc)
+    assert.is_truthy(err:find("--device tpu: expected cpu or cuda", 1, true), err)
+  end)
+
   it("fails clearly on a missing --model, a bad flag or a bad value", function()
     local _, err, rc = run("--prompt hi")
     assert.are_not.equal(0, rc)

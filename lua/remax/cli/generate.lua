@@ -4,6 +4,7 @@
 --   remax generate --model DIR --prompt "Once upon a time" --max-new-tokens 64
 --   remax generate --model DIR --prompt "What is 7*6?" --chat --n 4 --temperature 0.8 --top-p 0.95
 --   remax generate --model DIR --prompt-ids 9707,11,1879 --temperature 0
+--   remax generate --model DIR --prompt "Hello" --device cuda --dtype bf16
 local M = {}
 
 M.usage = [[
@@ -21,8 +22,11 @@ usage: remax generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [options]
   --top-k K             keep the K most likely tokens; 0 = off (default 0)
   --max-new-tokens M    tokens per completion (default 128)
   --seed S              random seed (default 0): the same seed gives the same completions
-  --dtype D             weight storage: auto (default: bf16 when the checkpoint stores bf16,
-                        else f32), f32, or bf16 (half the memory, faster decoding; compute is f32)
+  --dtype D             on the cpu, weight storage: auto (default: bf16 when the checkpoint
+                        stores bf16, else f32), f32, or bf16 (half the memory, faster decoding;
+                        compute is f32); on cuda, the compute dtype: auto or f32 (the CPU's
+                        tokens), or bf16 (f32 master weights, bf16 compute and KV cache)
+  --device D            cpu (default) or cuda: the weights, KV cache and sampler on the GPU
   --stop ID[,ID...]     extra stop token ids (the tokenizer's eos and generation_config.json's
                         eos_token_id always stop)
 ]]
@@ -31,13 +35,13 @@ local flags = {   -- name -> kind
   model = "string", prompt = "string", template = "string", ["prompt-ids"] = "string", chat = "bool", n = "int",
   ["no-thinking"] = "bool",
   temperature = "number", ["top-p"] = "number", ["top-k"] = "int", ["max-new-tokens"] = "int",
-  seed = "int", stop = "string", dtype = "string", help = "bool",
+  seed = "int", stop = "string", dtype = "string", device = "string", help = "bool",
 }
 
 local function fail(msg) error("generate: " .. msg .. "\n\n" .. M.usage, 0) end
 
 function M.parse(argv)
-  local o = { dtype = "auto", n = 1, temperature = 1.0, ["top-p"] = 1.0, ["top-k"] = 0, ["max-new-tokens"] = 128, seed = 0 }
+  local o = { dtype = "auto", device = "cpu", n = 1, temperature = 1.0, ["top-p"] = 1.0, ["top-k"] = 0, ["max-new-tokens"] = 128, seed = 0 }
   local i = 1
   while i <= #argv do
     local name, inline = argv[i]:match("^%-%-([%w%-_]+)=(.*)$")
@@ -80,7 +84,9 @@ function M.parse(argv)
   if o.temperature < 0 then fail(("--temperature %g: expected >= 0"):format(o.temperature)) end
   if not (o["top-p"] > 0 and o["top-p"] <= 1) then fail(("--top-p %g: expected a number in (0, 1]"):format(o["top-p"])) end
   if o.template and not o.chat then fail("--template needs --chat") end
+  if o.device ~= "cpu" and o.device ~= "cuda" then fail(("--device %s: expected cpu or cuda"):format(o.device)) end
   if o.dtype ~= "auto" and o.dtype ~= "f32" and o.dtype ~= "bf16" then
+    if o.device == "cuda" then fail(("--dtype %s: on cuda the compute dtype is auto, f32 or bf16"):format(o.dtype)) end
     fail(("--dtype %s: the CPU keeps weights in auto, f32 or bf16 (compute is f32)"):format(o.dtype))
   end
   if o["top-k"] < 0 then fail(("--top-k %d: expected >= 0"):format(o["top-k"])) end
@@ -155,7 +161,15 @@ function M.main(...)
   else
     prompt = remax.chat.encode_text(tok, o.prompt, false)
   end
-  local model = plain(remax.model.load, dir, { weight_dtype = o.dtype })
+  local load_opts = { weight_dtype = o.dtype }
+  if o.device == "cuda" and not remax.tensor.has_cuda() then
+    error("generate: --device cuda: no usable CUDA device (remax built without CUDA, or no GPU visible); "
+      .. "`remax version` names the CUDA backend", 0)
+  end
+  if o.device == "cuda" then   -- f32 master weights; compute in f32 (auto) or bf16
+    load_opts = { device = "cuda", dtype = o.dtype == "bf16" and "bf16" or "f32" }
+  end
+  local model = plain(remax.model.load, dir, load_opts)
   local stop = remax.tokenizer.stop_ids(tok, dir, { ids = o.stop and id_list(o.stop, "--stop") or nil })
 
   local function per_row(v)   -- one entry per row: n rows of the one prompt
