@@ -8,8 +8,8 @@ commands:
   run FILE.lua [args...]   run a Lua file with the engine loaded; a file that returns a recipe
                            table trains it: remax run RECIPE.lua [--key value ...] [--help]
                            (--resume runs/<name> continues a run from its last checkpoint;
-                           --device cuda trains on an NVIDIA GPU, f32 or --dtype bf16: rollouts
-                           are still generated on the CPU from a copy of the weights)
+                           --device cuda trains and generates on an NVIDIA GPU, f32 or
+                           --dtype bf16)
   eval RECIPE.lua --model DIR [--samples K] [--key value ...]
                            held-out greedy accuracy and reward of a model, no training; with
                            --samples K also sampled accuracy, pass@1..K and the headroom

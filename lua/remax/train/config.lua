@@ -21,7 +21,7 @@ M.groups = {
     { "dtype", "f32", "enum:f32|bf16", "compute dtype of the trained model: f32, or on device cuda bf16 (bf16 activations and working weights, f32 master weights, gradients, optimizer state and statistics); the CPU trains in f32 (bf16 checkpoints load converted to f32)",
       unavailable = { f16 = "f16 compute is not supported; compute in f32 (or bf16 on device cuda)",
         f64 = "f64 is for the engine's gradient checks, not training; use f32" } },
-    { "device", "cpu", "enum:cpu|cuda", "where the model trains: cpu, or cuda (an NVIDIA GPU; needs remax built with CUDA): weights, gradients, optimizer state and the KL reference live there; rollouts are still generated on the CPU from a copy of the weights refreshed every step, until generation moves to the device" },
+    { "device", "cpu", "enum:cpu|cuda", "where the model trains: cpu, or cuda (an NVIDIA GPU; needs remax built with CUDA): weights, gradients, optimizer state, the KL reference and the rollouts' KV cache live there, and generation runs there too" },
     { "frozen_dtype", "auto", "enum:auto|f32|bf16", "storage of the weights of frozen copies: the KL reference model, the base under LoRA adapters, the model of remax eval; bf16 halves their memory (compute stays f32); auto = bf16 when the checkpoint stores its weight matrices in bf16 (nothing lost), else f32" },
     { "data", nil, "data", "training data: a JSONL or JSON-array file, or in a recipe a function(split, n, cfg) -> rows that makes train_size rows of split \"train\" (and eval_size of \"test\"), such as remax.tasks.gsm8k.synthetic()" },
     { "eval_data", nil, "data", "held-out data, a file or a function as data; default: a data function's \"test\" split (none when data is a file)" },
