@@ -5,10 +5,14 @@ local remax = require("remax")
 local M = {}
 
 M.shapes = {
+  tiny = { hidden_size = 64, num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2,
+    intermediate_size = 160, vocab_size = 512, tie_word_embeddings = true },
   small = { hidden_size = 256, num_hidden_layers = 4, num_attention_heads = 8, num_key_value_heads = 2,
     intermediate_size = 688, vocab_size = 1024, tie_word_embeddings = false },
   ["qwen0.5b"] = { hidden_size = 896, num_hidden_layers = 24, num_attention_heads = 14, num_key_value_heads = 2,
     intermediate_size = 4864, vocab_size = 151936, tie_word_embeddings = true },
+  ["qwen1.5b"] = { hidden_size = 1536, num_hidden_layers = 28, num_attention_heads = 12, num_key_value_heads = 2,
+    intermediate_size = 8960, vocab_size = 151936, tie_word_embeddings = true },
 }
 
 -- "--key value" pairs over the defaults in opts (numbers where they parse), and "--flag" for

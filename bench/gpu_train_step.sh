@@ -10,7 +10,7 @@
 #   PYTHON [python3], REMAX_BIN [./remax], RX_GPU_DEADLINE (epoch seconds: what would end later is
 #   skipped and named), DRY_RUN=1 (no GPU: the same script on the CPU at a tiny shape, with
 #   bench/torch_peer.py's decoder as the peer: checks the script, measures nothing).
-# Until remax can train on the device, remax's side prints one line saying it is not available.
+# Where the build cannot put a model on the device, remax's side prints one line saying so.
 # window-seconds: 70
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2

@@ -2,6 +2,8 @@
 -- AdamW on random tokens). Prints one JSON line. Run through bench/train_step.sh, which runs
 -- the PyTorch peer in the same session and prints the ratio.
 --   ./remax run bench/train_step.lua --shape small --batch 8 --seq 256 --steps 3 [--checkpoint] [--profile]
+-- --device cuda [--dtype bf16|f32] trains on the GPU (bf16: f32 master weights and moments, bf16
+-- working weights and activations); bench/gpu_train_step.sh runs it beside transformers.
 -- --profile: the engine's per-phase timer over the timed steps (engine/core/profile.c), a table
 -- per step on stderr and the phases in the JSON line.
 local remax = require("remax")
@@ -11,9 +13,16 @@ local now = require("remax.bind.clock").now   -- wall clock
 local common = dofile(arg[0]:match("^(.-)[^/]*$") .. "common.lua")
 
 local opts = common.options({ shape = "small", batch = 8, seq = 256, steps = 3, warmup = 1, checkpoint = false,
-  profile = false }, arg)
+  profile = false, device = "cpu", dtype = "f32" }, arg)
 local C = require("remax.bind.ffi").C
-local model, cfg = common.model(opts.shape)
+local on_device = opts.device ~= "cpu"
+local model, cfg
+if on_device then   -- the compute dtype on the device
+  model, cfg = common.model(opts.shape, nil, { device = opts.device, dtype = opts.dtype })
+else
+  assert(opts.dtype == "f32", "--dtype bf16 trains on --device cuda only (the CPU trains in f32)")
+  model, cfg = common.model(opts.shape)
+end
 local opt = remax.optim.adamw(model:params(), model:grads(), { lr = 1e-5, weight_decay = 0.0 })
 
 local B, T = opts.batch, opts.seq
@@ -32,6 +41,7 @@ for step = 1, opts.warmup + opts.steps do
   model:logprobs(tokens, nil, { train = true, checkpoint = opts.checkpoint })
   model:backward(dlogp)
   opt:step()
+  if on_device then assert(C.rx_cuda_synchronize() == 0, "cuda synchronize failed") end   -- launches are queued
   if step > opts.warmup then times[#times + 1] = now() - t0 end
 end
 local sum, best = 0, math.huge
@@ -87,7 +97,9 @@ if opts.profile then   -- per step: each phase's ms, its share of the step, and 
   profile[#profile + 1] = { phase = "model GFLOP per step", value = flops / 1e9 }
 end
 local mem = model:memory()
-print(cjson.encode({ engine = "remax", mode = "train", shape = opts.shape, batch = B, seq = T,
+local device_peak = on_device and remax.tensor.cuda_memory().peak / 2 ^ 20 or nil
+print(cjson.encode({ engine = "remax", mode = "train", device = opts.device, dtype = opts.dtype, shape = opts.shape,
+  batch = B, seq = T, device_peak_mib = device_peak,
   checkpoint = opts.checkpoint, seconds_per_step = per_step, tokens_per_s = B * T / per_step,
   best_seconds_per_step = best, best_tokens_per_s = B * T / best,
   peak_rss_mib = peak, activation_mib = mem.activations / 2 ^ 20, params = model:num_parameters(),
