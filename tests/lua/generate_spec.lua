@@ -136,7 +136,14 @@ end)
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 
-local function binary() return require("remax.cli.main").build_dir() .. "/remax" end
+-- The program beside the library in use (REMAX_LIB: the CUDA emulator's build runs the specs named
+-- cuda), else the build's.
+local function binary()
+  local dir = (os.getenv("REMAX_LIB") or ""):match("^(.*)/[^/]*$")
+  local f = dir and io.open(dir .. "/remax")
+  if f then f:close(); return dir .. "/remax" end
+  return require("remax.cli.main").build_dir() .. "/remax"
+end
 
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 

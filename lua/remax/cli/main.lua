@@ -217,7 +217,7 @@ function M.test(...)
   if cache then
     cache:close()
     print(("\n== GPU tests on the CUDA emulator (%s)"):format(emu))
-    local _, built = run_and_echo(("cmake --build %s --target gpu_tests remax -j 2 >%s 2>&1"):format(shell_quote(emu),
+    local _, built = run_and_echo(("cmake --build %s --target gpu_tests remax remax_host -j 2 >%s 2>&1"):format(shell_quote(emu),
       shell_quote(emu .. "/build.log")))
     if built then
       p, f = run_ctest(emu, filter, "gpu")
