@@ -177,4 +177,39 @@ static inline int gpu_case_wanted(const char *name) {
     fprintf(stderr, "%s %s\n", check_case_failed ? "FAIL" : "ok  ", #fn);          \
   } while (0)
 
+
+/* The tiny decoder configurations the GPU model tests share, on the CPU in f32 (callers set dtype
+ * and device): 0 Qwen2 untied with GQA and q/k/v bias, 1 Qwen2 tied with MQA, 2 Qwen3 (q/k norm,
+ * head_dim 6), 3 Llama 3.1 RoPE scaling (original context rope_original). */
+static inline rx_model_config gpu_tiny_config(int variant, int64_t vocab, int64_t rope_original) {
+  rx_model_config c = {0};
+  c.vocab_size = vocab;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 4;
+  c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 10000.0;
+  c.dtype = RX_F32;
+  c.device = RX_CPU;
+  switch (variant) {
+    case 0: c.attention_bias = 1; c.rope_theta = 1000000.0; break;
+    case 1: c.attention_bias = 1; c.tie_word_embeddings = 1; c.num_key_value_heads = 1; break;
+    case 2: c.qk_norm = 1; c.head_dim = 6; break;
+    case 3:
+      c.tie_word_embeddings = 1;
+      c.head_dim = 8;
+      c.rope_scaling = RX_ROPE_LLAMA3;
+      c.rope_factor = 8;
+      c.rope_low_freq_factor = 1;
+      c.rope_high_freq_factor = 4;
+      c.rope_original_max_position_embeddings = rope_original;
+      break;
+  }
+  return c;
+}
+
 #endif

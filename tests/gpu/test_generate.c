@@ -14,33 +14,9 @@
 enum { VOCAB = 41, MAX_NEW = 9, MAXR = 16 };
 
 static rx_model_config config(int variant, int32_t dtype, int32_t device) {
-  rx_model_config c = {0};
-  c.vocab_size = VOCAB;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 4;
-  c.max_position_embeddings = 64;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 10000.0;
+  rx_model_config c = gpu_tiny_config(variant, VOCAB, 16);
   c.dtype = dtype;
   c.device = device;
-  switch (variant) {
-    case 0: c.attention_bias = 1; c.rope_theta = 1000000.0; break;                               /* Qwen2, untied, GQA */
-    case 1: c.attention_bias = 1; c.tie_word_embeddings = 1; c.num_key_value_heads = 1; break;  /* Qwen2 tied, MQA */
-    case 2: c.qk_norm = 1; c.head_dim = 6; break;                                               /* Qwen3 */
-    case 3:                                                                                     /* Llama 3.1 */
-      c.tie_word_embeddings = 1;
-      c.head_dim = 8;
-      c.rope_scaling = RX_ROPE_LLAMA3;
-      c.rope_factor = 8;
-      c.rope_low_freq_factor = 1;
-      c.rope_high_freq_factor = 4;
-      c.rope_original_max_position_embeddings = 16;
-      break;
-  }
   return c;
 }
 

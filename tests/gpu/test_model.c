@@ -21,36 +21,7 @@ static const int32_t mask[B * T] = {
   1, 1, 1, 1, 1, 1, 1, 0, 0,
 };
 
-static rx_model_config config(int variant) {
-  rx_model_config c = {0};
-  c.vocab_size = 23;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 4;
-  c.max_position_embeddings = 64;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 10000.0;
-  c.dtype = RX_F32;
-  c.device = RX_CPU;
-  switch (variant) {
-    case 0: c.attention_bias = 1; c.rope_theta = 1000000.0; break;                          /* Qwen2, untied, GQA */
-    case 1: c.attention_bias = 1; c.tie_word_embeddings = 1; c.num_key_value_heads = 1; break;  /* Qwen2 tied, MQA */
-    case 2: c.qk_norm = 1; c.head_dim = 6; break;                                             /* Qwen3 */
-    case 3:                                                                                   /* Llama 3.1 */
-      c.tie_word_embeddings = 1;
-      c.head_dim = 8;
-      c.rope_scaling = RX_ROPE_LLAMA3;
-      c.rope_factor = 8;
-      c.rope_low_freq_factor = 1;
-      c.rope_high_freq_factor = 4;
-      c.rope_original_max_position_embeddings = 64;
-      break;
-  }
-  return c;
-}
+static rx_model_config config(int variant) { return gpu_tiny_config(variant, 23, 64); }
 
 static double worst_lp, worst_grad;   /* of the variant being checked, printed with its result */
 static double tol = 1e-5;             /* f32 on the device; bf16 compute (f32 master weights): 3e-2 */
