@@ -312,6 +312,13 @@ int rx_tensor_copy(rx_tensor *dst, const rx_tensor *src) {
     for (int64_t i = 0; i < n; i++) d[i] = rx_bf16_to_f32(s[i]);
     return RX_OK;
   }
+  if (dc && sc && dst->dtype == RX_BF16 && src->dtype == RX_F32) {   /* a bf16 model's working copy, every step */
+    const float *s = src->data;
+    uint16_t *d = dst->data;
+    #pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) d[i] = rx_f32_to_bf16(s[i]);
+    return RX_OK;
+  }
   #pragma omp parallel for schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; i++) {
     int64_t so = sc ? i : element_offset(src, i), doff = dc ? i : element_offset(dst, i);

@@ -75,6 +75,22 @@ int rx_cpu_dnnl_gemm_bf16(float *c, int64_t ldc, const uint16_t *a, const int64_
 int rx_cpu_dnnl(void);
 const char *rx_cpu_dnnl_kernel(void);
 
+/* The GEMMs of a linear layer with a bf16 weight and f32 activations (bf16_gemm.c): a bf16
+ * model's working weights in training, a frozen model's bf16 storage. forward: out = round(inp)
+ * W^T (+ bias); dinp = dout W; dweight += dout^T inp (f32). Each returns 1, or 0 when out of
+ * memory or oneDNN failed. The kernel is chosen once per process (REMAX_BF16_GEMM=onednn|sgemm
+ * overrides; rx_cpu_bf16_gemm_reset makes the next call choose again); _text names it and why,
+ * _pays is 1 where bf16 GEMMs are expected to outrun f32 ones (AMX, AMD's AVX-512 BF16). */
+enum { RX_BF16_GEMM_SGEMM = 0, RX_BF16_GEMM_ONEDNN = 1 };
+int rx_cpu_bf16_gemm_kind(void);
+void rx_cpu_bf16_gemm_reset(void);
+int rx_cpu_bf16_gemm_pays(void);
+const char *rx_cpu_bf16_gemm_text(void);
+int rx_cpu_bf16_gemm_forward(float *out, const float *inp, const uint16_t *weight, const float *bias, int64_t N,
+                             int64_t C, int64_t OC);
+int rx_cpu_bf16_gemm_dinp(float *dinp, const float *dout, const uint16_t *weight, int64_t N, int64_t C, int64_t OC);
+int rx_cpu_bf16_gemm_dweight(float *dweight, const float *dout, const float *inp, int64_t N, int64_t C, int64_t OC);
+
 /* matmul: out[N,OC] = inp[N,C] W[OC,C]^T (+ bias[OC]); OpenBLAS GEMM, or for a few rows a
  * kernel that reads W in place (matmul_rows.c: out = inp W^T + bias; returns 0, writing nothing,
  * where it does not apply: no AVX-512, more than 48 rows, C = 0). */

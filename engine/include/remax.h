@@ -36,6 +36,11 @@ const char *rx_blas_better_core(void);
 /* The bf16 kernels this CPU runs, or why none (for `remax version`): e.g. "vdpbf16ps (AVX-512
  * BF16) for bf16 weights' decode matmuls". */
 const char *rx_bf16_kernels(void);
+/* The GEMMs bf16 training runs on this CPU (a model of compute dtype RX_BF16 on RX_CPU) and why
+ * they were chosen; rx_bf16_train_pays: 1 where they are expected to outrun f32 training's (AMX,
+ * or AVX-512 BF16 on AMD, with oneDNN built in), the rule of the trainer's dtype = auto. */
+const char *rx_bf16_train_kernels(void);
+int rx_bf16_train_pays(void);
 const char *rx_abi_layout(void);     /* "name size\nname.field offset\n..." for every struct here */
 /* Ctrl-C: after install, the first SIGINT/SIGTERM only sets a flag (its signal number) that
  * rx_signal_pending returns; a second one ends the process at once. */
@@ -226,9 +231,12 @@ typedef struct rx_model_config {
   double rope_theta;
   int32_t tie_word_embeddings;
   int32_t attention_bias;        /* q/k/v projections have biases (Qwen2) */
-  int32_t dtype;                 /* compute dtype: RX_F32 (or RX_F64 for gradient checks); on RX_CUDA
-                                  * also RX_BF16: bf16 activations and working weights, with f32
-                                  * master weights, gradients and statistics (logp, entropy) */
+  int32_t dtype;                 /* compute dtype: RX_F32 (or RX_F64 for gradient checks), or RX_BF16:
+                                  * f32 master weights, gradients and statistics (logp, entropy) and
+                                  * a bf16 working copy of the weights; on RX_CUDA bf16 activations,
+                                  * on RX_CPU f32 activations with the weight matrices' GEMMs on the
+                                  * bf16 copy (inputs rounded to bf16, f32 sums), and the model's
+                                  * config then reads f32 (rx_model_gemm_dtype says bf16) */
   int32_t device;                /* RX_CPU or RX_CUDA: where parameters, gradients and activations live */
   int32_t qk_norm;               /* RMSNorm of each query and key head before RoPE (Qwen3: q_norm, k_norm) */
   int32_t rope_scaling;          /* RX_ROPE_DEFAULT, or RX_ROPE_LLAMA3 with the four fields below */
@@ -257,6 +265,9 @@ const rx_model_config *rx_model_get_config(const rx_model *m);
  * f32 compute, else the dtype of the parameters (f32 master weights for bf16 compute, else the
  * compute dtype). */
 int32_t rx_model_weight_dtype(const rx_model_config *c);
+/* The dtype the weight matrices' GEMMs read: RX_BF16 for a bf16 model (its working copy) or bf16
+ * storage, else the compute dtype. */
+int32_t rx_model_gemm_dtype(const rx_model *m);
 int64_t rx_model_param_count(const rx_model *m);
 const char *rx_model_param_name(const rx_model *m, int64_t i);
 /* Borrowed views into the parameter / gradient arenas (valid while the model lives). */

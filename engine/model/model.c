@@ -39,8 +39,9 @@ static int check_config(const rx_model_config *c) {
   if (c->head_dim % 2) return rx_fail(RX_EINVAL, "model config: head_dim = %lld must be even for RoPE", (long long)c->head_dim);
   if (c->device != RX_CPU && c->device != RX_CUDA)
     return rx_fail(RX_EDEVICE, "model config: device %d is not a device remax knows (cpu = 0, cuda = 1)", c->device);
-  if (c->device == RX_CPU && c->dtype != RX_F32 && c->dtype != RX_F64)
-    return rx_fail(RX_EINVAL, "model config: compute dtype %s is not supported on this device (f32, f64)", rx_dtype_name(c->dtype));
+  if (c->device == RX_CPU && c->dtype != RX_F32 && c->dtype != RX_F64 && c->dtype != RX_BF16)
+    return rx_fail(RX_EINVAL, "model config: compute dtype %s is not supported on the cpu (f32, bf16 with f32 master "
+                   "weights, f64)", rx_dtype_name(c->dtype));
   if (c->device == RX_CUDA && c->dtype != RX_F32 && c->dtype != RX_BF16)
     return rx_fail(RX_EINVAL, "model config: compute dtype %s is not supported on device cuda (f32, or bf16 with f32 "
                    "master weights)", rx_dtype_name(c->dtype));
@@ -74,9 +75,16 @@ static int check_config(const rx_model_config *c) {
   return RX_OK;
 }
 
-int rx_model_new(rx_model **out, const rx_model_config *cfg) {
+int rx_model_new(rx_model **out, const rx_model_config *asked) {
   *out = NULL;
-  if (check_config(cfg)) return RX_EINVAL;
+  if (check_config(asked)) return RX_EINVAL;
+  /* bf16 on the CPU: f32 activations, master weights and statistics, the weight matrices' GEMMs
+   * reading the bf16 working copy (cpu/bf16_gemm.c); the model is an f32 one besides (its config
+   * says f32: the dtype of its activations and outputs; rx_model_gemm_dtype says bf16) */
+  const int cpu_bf16 = asked->device == RX_CPU && asked->dtype == RX_BF16;
+  rx_model_config eff = *asked;
+  if (cpu_bf16) eff.dtype = eff.weight_dtype = RX_F32;
+  const rx_model_config *cfg = &eff;
   const int64_t L = cfg->num_hidden_layers, C = cfg->hidden_size, I = cfg->intermediate_size, V = cfg->vocab_size;
   const int64_t HD = cfg->num_attention_heads * cfg->head_dim, KD = cfg->num_key_value_heads * cfg->head_dim;
   rx_model *m = calloc(1, sizeof *m);
@@ -159,7 +167,7 @@ int rx_model_new(rx_model **out, const rx_model_config *cfg) {
      * reference model) never pays for a second copy of the weights */
     rx_view_init(&m->grads[i], NULL, mdt, cfg->device, specs[i].ndim, specs[i].shape);
   }
-  if (cfg->dtype == RX_BF16) {   /* the working copy: the master's element offsets, in bf16 */
+  if (asked->dtype == RX_BF16) {   /* the working copy: the master's element offsets, in bf16 */
     m->work = calloc((size_t)n, sizeof *m->work);
     m->work_arena = m->work ? rx_arena_alloc(cfg->device, (size_t)(total / 2), "bf16 working weights", 1, &m->work_handle)
                             : NULL;
@@ -254,6 +262,8 @@ int rx_model_refresh_work(rx_model *m) {
   rx_view_init(&work, m->work_arena, RX_BF16, m->cfg.device, 1, n);
   return rx_tensor_copy(&work, &master);
 }
+
+int32_t rx_model_gemm_dtype(const rx_model *m) { return m->work ? RX_BF16 : rx_model_weight_dtype(&m->cfg); }
 
 int64_t rx_model_find_param(const rx_model *m, const char *name) {
   for (int64_t i = 0; i < m->n_params; i++)

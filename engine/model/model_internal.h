@@ -50,7 +50,8 @@ struct rx_model {
   rx_tensor flat_params, flat_grads;   /* rx_model_flat's views */
   /* bf16 compute: params and grads are the f32 master copy, work the bf16 copy the forward and
    * backward read (same element offsets, refreshed from the master before each forward); NULL
-   * otherwise */
+   * otherwise. On the CPU cfg.dtype is then f32 (the activations' dtype) and only the weight
+   * matrices' GEMMs read work (rx_model_w). */
   rx_tensor *work;
   void *work_arena, *work_handle;
   layer_params *layers;
@@ -62,10 +63,12 @@ struct rx_model {
 
 int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts);
 
-/* Parameter i as the forward and backward compute with it: a bf16 model's working copy, else the
- * parameter itself; NULL for an absent parameter (i < 0). */
+/* Parameter i as the forward and backward compute with it: a bf16 model's working copy (on the
+ * CPU, of the weight matrices only: norms and biases act on f32 activations), else the parameter
+ * itself; NULL for an absent parameter (i < 0). */
 static inline rx_tensor *rx_model_w(rx_model *m, int64_t i) {
-  return i < 0 ? NULL : m->work ? &m->work[i] : &m->params[i];
+  if (i < 0) return NULL;
+  return m->work && (m->cfg.device != RX_CPU || m->params[i].ndim == 2) ? &m->work[i] : &m->params[i];
 }
 /* The dtype of parameters, gradients and per-row statistics: f32 for bf16 compute (master
  * weights), else the compute dtype. */

@@ -5,15 +5,16 @@
 #include <limits.h>
 #include <stdio.h>
 
-/* A weight stored in bf16 under f32 inputs, on the CPU (a frozen model's weights: matmul_bf16.c). */
+/* A weight stored in bf16 under f32 inputs, on the CPU: a bf16 model's working weights (its
+ * gradient goes to the f32 master) or a frozen model's storage (cpu/bf16_gemm.c). */
 static int stored_bf16(const rx_tensor *inp, const rx_tensor *weight) {
   return inp && weight && inp->dtype == RX_F32 && weight->dtype == RX_BF16 && inp->device == RX_CPU &&
          weight->device == RX_CPU;
 }
 
 static int no_buffer(const char *op, int64_t C, int64_t OC) {
-  return rx_fail(RX_ENOMEM, "%s: out of memory for the f32 buffer of a bf16 weight [%lld,%lld]", op, (long long)OC,
-                 (long long)C);
+  return rx_fail(RX_ENOMEM, "%s: bf16 GEMM with weight [%lld,%lld] failed: out of memory for its buffers, or oneDNN "
+                 "refused it (%s)", op, (long long)OC, (long long)C, rx_cpu_bf16_gemm_text());
 }
 
 /* inp [.., C] and weight [OC, C]; sets N (rows), C and OC. */
@@ -48,7 +49,7 @@ int rx_matmul_forward(rx_tensor *out, const rx_tensor *inp, const rx_tensor *wei
   switch (inp->device) {
     case RX_CPU:
       if (weight->dtype == RX_BF16) {
-        if (!rx_cpu_matmul_forward_f32_bf16(out->data, inp->data, weight->data, rx_data(bias), N, C, OC))
+        if (!rx_cpu_bf16_gemm_forward(out->data, inp->data, weight->data, rx_data(bias), N, C, OC))
           return no_buffer(op, C, OC);
       } else if (inp->dtype == RX_F32) rx_cpu_matmul_forward_f32(out->data, inp->data, weight->data, rx_data(bias), N, C, OC);
       else if (inp->dtype == RX_F64) rx_cpu_matmul_forward_f64(out->data, inp->data, weight->data, rx_data(bias), N, C, OC);
@@ -80,13 +81,14 @@ int rx_matmul_backward(rx_tensor *dinp, rx_tensor *dweight, rx_tensor *dbias, co
   snprintf(why, sizeof why, "out features of weight %s", b);
   if (dbias && (rx_op_acc_like(dbias, inp, op, "dbias", "inp") || rx_op_vector(dbias, OC, op, "dbias", why)))
     return RX_EINVAL;
-  if (dweight && stored_bf16(inp, weight))
-    return rx_fail(RX_EINVAL, "%s: weight %s is stored in bf16, which is for frozen weights: no dweight (train in f32)",
-                   op, b);
+  if (dweight && stored_bf16(inp, weight) && dweight->dtype != RX_F32)
+    return rx_fail(RX_EINVAL, "%s: dweight of the bf16 weight %s has dtype %s, expected f32 (the master's gradient)",
+                   op, b, rx_dtype_name(dweight->dtype));
   switch (inp->device) {
     case RX_CPU:
       if (weight->dtype == RX_BF16) {
-        if (dinp && !rx_cpu_matmul_dinp_f32_bf16(dinp->data, dout->data, weight->data, N, C, OC))
+        if (dinp && !rx_cpu_bf16_gemm_dinp(dinp->data, dout->data, weight->data, N, C, OC)) return no_buffer(op, C, OC);
+        if (dweight && !rx_cpu_bf16_gemm_dweight(dweight->data, dout->data, inp->data, N, C, OC))
           return no_buffer(op, C, OC);
         if (dbias) rx_cpu_matmul_backward_f32(NULL, NULL, dbias->data, dout->data, inp->data, NULL, N, C, OC);
       } else if (inp->dtype == RX_F32)

@@ -4,7 +4,7 @@
  * kernels and past them into the widened-block GEMM, with sentinels around outputs; the AVX-512
  * BF16 kernel (matmul_bf16dot.c) against the f32 kernels on the rounded inputs, where the CPU has
  * it; a row's result independent of the rows beside it and of the thread count; and the refusals
- * (no gradient for a bf16 weight, mismatched dtypes). */
+ * (mismatched dtypes); the GEMMs of bf16 training (cpu/bf16_gemm.c) on each kernel. */
 #include "check.h"
 #include "cpu/cpu.h"
 #include "internal.h"
@@ -220,10 +220,10 @@ static void backward_gives_input_and_bias_gradients(void) {
           (long long)OC, worst);
     CHECK(worst_b < 1e-6, "dbias error %.3g", worst_b);
     CHECK(guarded_free(dx) && guarded_free(db), "write outside dinp or dbias");
-    /* no gradient for the bf16 weight itself */
+    /* the gradient of a bf16 weight is the f32 master's: an f64 one is refused */
     rx_tensor *dw = NULL;
-    CHECK_OK(rx_tensor_new(&dw, RX_F32, RX_CPU, 2, ws));
-    CHECK_FAILS(rx_matmul_backward(NULL, dw, NULL, dout, x, w), "stored in bf16");
+    CHECK_OK(rx_tensor_new(&dw, RX_F64, RX_CPU, 2, ws));
+    CHECK_FAILS(rx_matmul_backward(NULL, dw, NULL, dout, x, w), "dtype");
     free(wv); free(dv);
     rx_tensor_free(dw); rx_tensor_free(x); rx_tensor_free(w32); rx_tensor_free(dout); rx_tensor_free(w);
   }
@@ -270,6 +270,66 @@ static void dnnl_gemm_matches_reference(void) {
         CHECK(gap, "form %d: wrote between the rows of c", form);
         free(a); free(b); free(c);
       }
+}
+
+/* The GEMMs of bf16 training (cpu/bf16_gemm.c) on each kernel this machine has (OpenBLAS on
+ * widened weights always, oneDNN where it runs): forward, dinp and dweight (accumulated) through
+ * rx_matmul_*, against double references on the numbers each kernel multiplies (the forward's
+ * inputs rounded to bf16 on both; dout and dweight's operands rounded on oneDNN's only), within
+ * the f32 bound; below and above the decode kernels' row count. */
+static void training_gemms_match_reference_on_each_kernel(void) {
+  static const int64_t shapes[3][3] = {{7, 40, 33}, {130, 96, 70}, {300, 64, 2100}};   /* {N, C, OC} */
+  for (int kernel = 0; kernel < 2; kernel++) {
+    if (kernel == 1 && !rx_cpu_dnnl()) {
+      fprintf(stderr, "skip: the oneDNN kernel of bf16 training (%s)\n", rx_cpu_dnnl_kernel());
+      break;
+    }
+    setenv("REMAX_BF16_GEMM", kernel ? "onednn" : "sgemm", 1);
+    rx_cpu_bf16_gemm_reset();
+    CHECK(rx_cpu_bf16_gemm_kind() == (kernel ? RX_BF16_GEMM_ONEDNN : RX_BF16_GEMM_SGEMM), "kernel %d chosen", kernel);
+    for (int s = 0; s < 3; s++) {
+      const int64_t N = shapes[s][0], C = shapes[s][1], OC = shapes[s][2];
+      const int rounds = kernel == 1 && N > RX_BF16_FEW_ROWS;   /* oneDNN rounds dout and dweight's x */
+      int64_t xs[2] = {N, C}, ws[2] = {OC, C}, ds[2] = {N, OC}, bs[1] = {OC};
+      rx_tensor *x = randn(RX_F32, 2, xs), *w32 = randn(RX_F32, 2, ws), *dout = randn(RX_F32, 2, ds), *b = randn(RX_F32, 1, bs);
+      rx_tensor *w = NULL;
+      CHECK_OK(rx_tensor_new(&w, RX_BF16, RX_CPU, 2, ws));
+      CHECK_OK(rx_tensor_copy(w, w32));
+      double *xv = values(x), *xr = values(x), *wv = values(w), *dv = values(dout), *bv = values(b);
+      round_to_bf16(xr, N * C);
+      if (rounds) round_to_bf16(dv, N * OC);
+      guarded y = guarded_new(RX_F32, 2, ds), dx = guarded_new(RX_F32, 2, xs), dw = guarded_new(RX_F32, 2, ws);
+      CHECK_OK(rx_matmul_forward(y.t, x, w, b));
+      double *want = malloc(sizeof(double) * (size_t)(N * OC));
+      ref_forward(want, xr, wv, bv, N, C, OC);
+      const double ey = worst_rel(y.t, want, xr, wv, bv, N, C, OC);
+      CHECK_OK(rx_tensor_fill(dx.t, 7.0));    /* overwritten */
+      CHECK_OK(rx_tensor_fill(dw.t, 0.25));   /* accumulated */
+      CHECK_OK(rx_matmul_backward(dx.t, dw.t, NULL, dout, x, w));
+      const double *xd = rounds ? xr : xv;
+      double edx = 0, edw = 0;
+      const float *g = dx.t->data, *gw = dw.t->data;
+      for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++) {
+          double v = 0, scale = 0;
+          for (int64_t o = 0; o < OC; o++) { v += dv[n * OC + o] * wv[o * C + c]; scale += fabs(dv[n * OC + o] * wv[o * C + c]); }
+          edx = fmax(edx, fabs(g[n * C + c] - v) / (scale > 0 ? scale : 1));
+        }
+      for (int64_t o = 0; o < OC; o++)
+        for (int64_t c = 0; c < C; c++) {
+          double v = 0.25, scale = 0.25;
+          for (int64_t n = 0; n < N; n++) { v += dv[n * OC + o] * xd[n * C + c]; scale += fabs(dv[n * OC + o] * xd[n * C + c]); }
+          edw = fmax(edw, fabs(gw[o * C + c] - v) / scale);
+        }
+      CHECK(ey < 1e-6 && edx < 1e-6 && edw < 1e-6, "kernel %s N=%lld C=%lld OC=%lld: errors of the f32 bound: forward "
+            "%.3g dinp %.3g dweight %.3g", kernel ? "onednn" : "sgemm", (long long)N, (long long)C, (long long)OC, ey, edx, edw);
+      CHECK(guarded_free(y) && guarded_free(dx) && guarded_free(dw), "write outside an output");
+      free(want); free(xv); free(xr); free(wv); free(dv); free(bv);
+      rx_tensor_free(x); rx_tensor_free(w32); rx_tensor_free(dout); rx_tensor_free(b); rx_tensor_free(w);
+    }
+  }
+  unsetenv("REMAX_BF16_GEMM");
+  rx_cpu_bf16_gemm_reset();
 }
 
 static void embedding_widens_rows(void) {
@@ -338,6 +398,16 @@ static void model_keeps_matrices_in_bf16(void) {
   rx_model_free(h);
   c.dtype = RX_F64;
   CHECK_FAILS(rx_model_new(&h, &c), "f32 compute");
+  /* bf16 compute on the cpu: f32 master weights and activations (the config reads f32), a bf16
+   * working copy for the GEMMs, gradients for every parameter */
+  c.dtype = RX_BF16;
+  c.weight_dtype = RX_BF16;
+  CHECK_OK(rx_model_new(&h, &c));
+  CHECK(rx_model_get_config(h)->dtype == RX_F32 && rx_model_gemm_dtype(h) == RX_BF16, "cpu bf16: f32 activations, bf16 GEMMs");
+  for (int64_t i = 0; i < rx_model_param_count(h); i++)
+    CHECK(rx_model_param(h, i)->dtype == RX_F32 && rx_model_grad(h, i) != NULL, "%s: f32 master with a gradient",
+          rx_model_param_name(h, i));
+  rx_model_free(h);
 }
 
 int main(void) {
@@ -345,6 +415,7 @@ int main(void) {
   RUN(dot_kernel_matches_f32_kernel_on_rounded_inputs);
   RUN(backward_gives_input_and_bias_gradients);
   RUN(dnnl_gemm_matches_reference);
+  RUN(training_gemms_match_reference_on_each_kernel);
   RUN(embedding_widens_rows);
   RUN(mismatched_dtypes_are_refused);
   RUN(model_keeps_matrices_in_bf16);
