@@ -43,6 +43,14 @@ function M.bf16_kernels()
   return ffi.string(require("remax.bind.ffi").C.rx_bf16_kernels())
 end
 
+-- The GEMMs bf16 training runs on this CPU and why ("OpenBLAS sgemm on widened bf16 weights ...
+-- (AVX-512 BF16 without AMX: ...)"); bf16_train_pays: whether dtype = auto trains in bf16 here.
+function M.bf16_train_kernels()
+  local ffi = require("ffi")
+  return ffi.string(require("remax.bind.ffi").C.rx_bf16_train_kernels())
+end
+function M.bf16_train_pays() return require("remax.bind.ffi").C.rx_bf16_train_pays() ~= 0 end
+
 -- The CUDA backend of this build, in words: not built, built for the GPU, or the CPU emulation.
 function M.cuda_backend()
   local ffi = require("ffi")

@@ -259,6 +259,13 @@ function Model:weight_dtype()
   return ffi.string(C.rx_dtype_name(C.rx_model_weight_dtype(C.rx_model_get_config(self.handle))))
 end
 
+-- The dtype the weight matrices' GEMMs read ("bf16" for a bf16 model, whose working copy they
+-- read, or for bf16 storage; else the compute dtype). A bf16 model on the cpu computes its
+-- activations in f32, so its cfg().dtype reads f32.
+function Model:gemm_dtype()
+  return ffi.string(C.rx_dtype_name(C.rx_model_gemm_dtype(self.handle)))
+end
+
 function Model:tied() return C.rx_model_get_config(self.handle).tie_word_embeddings ~= 0 end
 function Model:cfg() return C.rx_model_get_config(self.handle) end
 

@@ -269,8 +269,9 @@ function M.main(cmd, ...)
     return M.test(...)
   elseif cmd == "version" or cmd == "--version" then
     local remax = require("remax")
-    print(("remax %s (OpenBLAS kernels: %s; CUDA: %s; bf16 kernels: %s)"):format(remax.version(), remax.blas_core(),
-      remax.cuda_backend(), remax.bf16_kernels()))
+    print(("remax %s (OpenBLAS kernels: %s; CUDA: %s; bf16 kernels: %s; bf16 training: %s, dtype auto = %s)"):format(
+      remax.version(), remax.blas_core(), remax.cuda_backend(), remax.bf16_kernels(), remax.bf16_train_kernels(),
+      remax.bf16_train_pays() and "bf16" or "f32"))
     return 0
   end
   io.stderr:write(("remax: unknown command '%s'\n\n"):format(cmd), usage)

@@ -18,8 +18,8 @@ M.groups = {
   { "Model and data", {
     { "model", nil, "string", "model folder (Hugging Face layout); default: models/tiny-gsm8k, the built-in base model" },
     { "model_config", nil, "table", "recipe only: Hugging Face config table of a fresh random model, used when no model is given (with the byte-level tokenizer)" },
-    { "dtype", "f32", "enum:f32|bf16", "compute dtype of the trained model: f32, or on device cuda bf16 (bf16 activations and working weights, f32 master weights, gradients, optimizer state and statistics); the CPU trains in f32 (bf16 checkpoints load converted to f32)",
-      unavailable = { f16 = "f16 compute is not supported; compute in f32 (or bf16 on device cuda)",
+    { "dtype", "auto", "enum:auto|f32|bf16", "compute dtype of the trained model: bf16 is mixed precision (f32 master weights, gradients, AdamW moments, loss and statistics; a bf16 working copy of the weights for the GEMMs, f32 sums; on the cpu f32 activations, on cuda bf16 ones); auto = bf16 on a cpu whose bf16 GEMMs outrun f32 ones (AMX, or AMD with AVX-512 BF16, with oneDNN built in: `remax version` says), else f32; the resolved dtype is printed when a run starts and written to its config.json",
+      unavailable = { f16 = "f16 compute is not supported; compute in f32 or bf16",
         f64 = "f64 is for the engine's gradient checks, not training; use f32" } },
     { "device", "cpu", "enum:cpu|cuda", "where the model trains: cpu, or cuda (an NVIDIA GPU; needs remax built with CUDA): weights, gradients, optimizer state, the KL reference and the rollouts' KV cache live there, and generation runs there too" },
     { "frozen_dtype", "auto", "enum:auto|f32|bf16", "storage of the weights of frozen copies: the KL reference model, the base under LoRA adapters, the model of remax eval; bf16 halves their memory (compute stays f32); auto = bf16 when the checkpoint stores its weight matrices in bf16 (nothing lost), else f32" },
@@ -162,7 +162,7 @@ end
 -- the reason and what to use instead (a TRL user brings them; "did you mean" would mislead).
 M.not_supported = {
   use_vllm = "remax generates with its own engine (batched decode with a KV cache); there is no vLLM",
-  bf16 = "the CPU trains in f32 (bf16 compute needs the CUDA trainer); frozen copies can keep bf16 weights with --frozen_dtype bf16",
+  bf16 = "use --dtype bf16 (bf16 mixed precision; the default, auto, picks it where the CPU's bf16 GEMMs pay)",
   fp16 = "f16 compute is not supported; the CPU trains in f32",
   tf32 = "a CUDA matmul setting; the CPU trains in f32",
   logging_dir = "TensorBoard event files go to runs/<name>/tensorboard/ (--report_to tensorboard)",
@@ -438,6 +438,8 @@ end
 --   sampling         the generation plan of a step (remax.train.rollout.plan): num_generations
 --                    sampled rows at temperature, plus the greedy row with generate_greedy
 --   aggregation      how token losses are averaged: loss_type's (TRL's names), else loss_agg_mode
+--   dtype_reason     how dtype = auto was resolved (dtype itself then holds bf16 or f32, so that
+--                    config.json records what the run computes in and a resume keeps it)
 --   skip_zero_rows   rows whose advantage is 0 skip the forward and backward: only when the
 --                    advantage is all that reaches the loss (no KL, entropy mask or bonus) and
 --                    skip_zero_advantage is on
@@ -450,13 +452,19 @@ function M.derive(cfg)
   cfg.aggregation = cfg.loss_type and require("remax.train.algos").loss_types[cfg.loss_type] or cfg.loss_agg_mode
   cfg.skip_zero_rows = rl and cfg.beta == 0 and cfg.skip_zero_advantage and cfg.top_entropy_quantile >= 1
     and cfg.entropy_coef == 0
+  if cfg.dtype == "auto" then cfg.dtype, cfg.dtype_reason = M.auto_dtype(cfg.device) end
   M.check_device(cfg.device, M.source(cfg, "device"), cfg)
-  if cfg.dtype == "bf16" and cfg.device ~= "cuda" then
-    error(("%s: dtype = 'bf16' is not available: the CPU trains in f32: bf16 compute needs the CUDA backend " ..
-      "(--device cuda; bf16 checkpoints load converted to f32, so leave --dtype at f32 on the cpu; frozen copies, " ..
-      "such as the KL reference, keep bf16 weights with --frozen_dtype bf16 or auto)"):format(M.source(cfg, "dtype")), 0)
-  end
   return cfg
+end
+
+-- dtype = auto: bf16 on a cpu whose bf16 GEMMs are expected to outrun f32 ones (the engine's
+-- rx_bf16_train_pays: AMX, or AMD's AVX-512 BF16, through oneDNN), else f32; on cuda f32 (bf16
+-- there is asked for by name). Returns the dtype and the reason, in words.
+function M.auto_dtype(device)
+  if device == "cuda" then return "f32", "auto: f32 on cuda unless --dtype bf16" end
+  local remax = require("remax")
+  if remax.bf16_train_pays() then return "bf16", "auto: " .. remax.bf16_train_kernels() end
+  return "f32", "auto: f32, bf16 GEMMs would not be faster here: " .. remax.bf16_train_kernels():match("%((.*)%)$")
 end
 
 -- device = cuda needs a CUDA device in this build (a typo never falls back to the CPU: the enum

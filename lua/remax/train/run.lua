@@ -249,6 +249,7 @@ function methods.train(self, loop)
   end
   self:say(("run %s: %s, model %s (%d parameters), %d prompts per step, template %s"):format(self.run_dir,
     cfg.algo, self.model_source or "random init", self.model:num_parameters(), self.global_prompts_per_step, self.template_name))
+  self:say(("dtype %s (%s)"):format(cfg.dtype, cfg.dtype_reason or ("set by " .. config.source(cfg, "dtype"))))
   if self.dist.size > 1 then
     self:say(("%d ranks (%s), %d prompts each per step%s"):format(self.dist.size, self.dist.backend,
       self.prompts_per_step, cfg.hot_reload and "; hot reload is off with more than one rank" or ""))

@@ -32,6 +32,11 @@ function methods.setup_model(self)
   -- a model that is not trained (remax eval) or whose base is frozen (LoRA) may keep bf16 weights
   -- (bf16 storage under f32 compute is a CPU feature of the engine; on cuda they stay in dtype)
   if (self.opts.eval_only or cfg.use_lora) and cfg.device == "cpu" then mopts.weight_dtype = cfg.frozen_dtype end
+  -- a frozen base under bf16 on the cpu: bf16 storage is what the bf16 working copy would hold
+  -- (the same GEMMs, half the memory of an f32 master beside it); the adapters train in f32
+  if (self.opts.eval_only or cfg.use_lora) and cfg.device == "cpu" and cfg.dtype == "bf16" then
+    mopts.dtype, mopts.weight_dtype = "f32", "bf16"
+  end
   local source
   if cfg.model then
     -- a folder, or a Hugging Face name found in the cache (Qwen/Qwen2.5-0.5B-Instruct)
@@ -104,6 +109,9 @@ function methods.load_reference(self)
   -- model's weights in its compute dtype)
   local ropts = { weight_dtype = self.cfg.device == "cpu" and self.cfg.frozen_dtype or nil }
   for k, v in pairs(self.model_opts) do if k ~= "weight_dtype" then ropts[k] = v end end
+  -- a bf16 policy on the cpu: the reference stores its matrices in bf16, the numbers the policy's
+  -- GEMMs read from its working copy (so the KL starts at 0), without an f32 master beside them
+  if self.cfg.device == "cpu" and ropts.dtype == "bf16" then ropts.dtype, ropts.weight_dtype = "f32", "bf16" end
   self.ref = src and remax.model.load(src, ropts) or remax.model.new(self.fresh_config, ropts)
   return self.ref
 end
