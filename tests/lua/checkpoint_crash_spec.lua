@@ -43,7 +43,7 @@ return {
   data = %q, rewards = { %q }, chat_template = "plain",
   num_generations = 2, max_completion_length = 4, per_device_train_batch_size = 2,
   gradient_accumulation_steps = 1, learning_rate = 1e-2, max_steps = %d, eval_size = 0,
-  output_dir = %q, save_steps = 1, save_total_limit = 2, log_completions = 0, seed = 3,
+  output_dir = %q, save_steps = 1, save_total_limit = 2, log_completions = 0, seed = 3, dtype = "f32",
 }
 ]]):format(dir .. "/p.jsonl", dir .. "/lower.lua", STEPS, dir .. "/runs"))
   return dir

@@ -52,7 +52,7 @@ describe("command line", function()
     local function msg(key, value) return err_of(config.parse_args, { "--" .. key, value or "1" }) end
     assert.matches("use_vllm is not a remax setting: remax generates with its own engine", msg("use_vllm", "true"), 1, true)
     assert.matches("vllm_mode is not a remax setting: remax generates with its own engine", msg("vllm_mode", "colocate"), 1, true)
-    assert.matches("bf16 is not a remax setting: the CPU trains in f32", msg("bf16", "true"), 1, true)
+    assert.matches("bf16 is not a remax setting: use --dtype bf16", msg("bf16", "true"), 1, true)
     assert.matches("resume_from_checkpoint is not a remax setting: use --resume runs/<name>", msg("resume_from_checkpoint", "x"), 1, true)
     local far = msg("frobnicate")
     assert.matches("unknown setting 'frobnicate'", far, 1, true)

@@ -71,14 +71,12 @@ describe("config", function()
       err_of(config.resolve, { rewards = { "gsm8k", "format" }, reward_weights = { 1 } }), 1, true)
     assert.matches("algo = rloo needs num_generations >= 2",
       err_of(config.resolve, { algo = "rloo", num_generations = 1 }), 1, true)
-    -- the CPU computes in f32: bf16 (compute on device cuda) is refused there with the reason
-    assert.matches("dtype = 'bf16' is not available: the CPU trains in f32: bf16 compute needs the CUDA backend",
-      err_of(config.resolve, { dtype = "bf16" }), 1, true)
-    assert.matches("--frozen_dtype bf16", err_of(config.resolve, {}, { dtype = "bf16" }), 1, true)
+    -- bf16 trains on the cpu too (mixed precision); auto resolves to one of the two
+    assert.are.equal("bf16", config.resolve({ dtype = "bf16" }).dtype)
+    assert.is_truthy(({ f32 = true, bf16 = true })[config.resolve({}).dtype])
     assert.matches("frozen_dtype = 'f16': expected one of auto, f32, bf16",
       err_of(config.parse_args, { "--frozen_dtype", "f16" }), 1, true)
-    assert.matches("dtype = 'bf16' is not available", err_of(config.resolve, { dtype = "bf16" }), 1, true)
-    assert.matches("dtype = 'f8': expected one of f32, bf16", err_of(config.parse_args, { "--dtype", "f8" }), 1, true)
+    assert.matches("dtype = 'f8': expected one of auto, f32, bf16", err_of(config.parse_args, { "--dtype", "f8" }), 1, true)
     assert.matches("chat_template = 'mistral': expected auto, tokenizer, qa, chatml, llama3, plain",
       err_of(config.resolve, { chat_template = "mistral" }), 1, true)
   end)

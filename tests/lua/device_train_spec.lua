@@ -38,6 +38,7 @@ local function settings(dir, extra)
     rewards = { dir .. "/lower.lua" }, chat_template = "plain", num_generations = 2, max_completion_length = 6,
     per_device_train_batch_size = 1, gradient_accumulation_steps = 2, learning_rate = 1e-3, max_steps = 3,
     eval_size = 0, output_dir = dir .. "/runs", save_steps = 0, log_completions = 0, seed = 7, beta = 0.05,
+    dtype = "f32",   -- the cpu side in f32 whatever the CPU (auto may pick bf16): compared with cuda's
     weight_decay = 0.01, max_grad_norm = 0.5, lr_scheduler_type = "cosine", warmup_ratio = 0.34,
   }
   for k, v in pairs(extra or {}) do s[k] = v end

@@ -259,7 +259,7 @@ return {
     rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true },
   data = %q, rewards = { %q }, chat_template = "plain", hot_reload = false,
   num_generations = 2, max_completion_length = 6, learning_rate = 1e-2, max_steps = 3, eval_size = 0,
-  save_steps = 0, log_completions = 1, seed = 7, output_dir = %q,
+  save_steps = 0, log_completions = 1, seed = 7, output_dir = %q, dtype = "f32",
 }
 ]]):format(dir .. "/p.jsonl", dir .. "/lower.lua", dir .. "/runs"))
   return dir .. "/r.lua"

@@ -38,7 +38,7 @@ local function recipe(d, extra)
     data = d .. "/p.jsonl", rewards = { d .. "/lower.lua" }, chat_template = "plain",
     num_generations = 4, max_completion_length = 8, per_device_train_batch_size = 4, learning_rate = 1e-2,
     max_steps = 2, eval_size = 0, output_dir = d .. "/runs", run_name = "r", save_steps = 1,
-    log_completions = 0, seed = 7,
+    log_completions = 0, seed = 7, dtype = "f32",   -- bit-exact comparisons: the same on every CPU
   }
   for k, v in pairs(extra or {}) do r[k] = v end
   return r
@@ -139,7 +139,7 @@ return {
     rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true },
   data = "p.jsonl", chat_template = "plain", num_generations = 2, max_completion_length = 6,
   per_device_train_batch_size = 2, max_steps = 4, eval_size = 0, output_dir = "runs", run_name = "c",
-  save_steps = 0, log_completions = 0, seed = 7, learning_rate = 1e-3,
+  save_steps = 0, log_completions = 0, seed = 7, learning_rate = 1e-3, dtype = "f32",
   rewards = { { name = "interrupt", fn = function(c)
     calls = calls + 1
     -- (from a background shell: system() ignores SIGINT in its caller while it waits)

@@ -26,7 +26,7 @@ local function settings(dir, extra)
     model_config = TINY, data = dir .. "/p.jsonl", rewards = { dir .. "/lower.lua" }, chat_template = "plain",
     num_generations = 4, max_completion_length = 10, per_device_train_batch_size = 4,
     gradient_accumulation_steps = 2, learning_rate = 1e-2, max_steps = 30, eval_size = 0,
-    output_dir = dir .. "/runs", save_steps = 0, log_completions = 0, seed = 7,
+    output_dir = dir .. "/runs", save_steps = 0, log_completions = 0, seed = 7, dtype = "f32",
   }
   for k, v in pairs(extra or {}) do s[k] = v end
   return s
