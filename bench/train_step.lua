@@ -2,8 +2,10 @@
 -- AdamW on random tokens). Prints one JSON line. Run through bench/train_step.sh, which runs
 -- the PyTorch peer in the same session and prints the ratio.
 --   ./remax run bench/train_step.lua --shape small --batch 8 --seq 256 --steps 3 [--checkpoint] [--profile]
--- --device cuda [--dtype bf16|f32] trains on the GPU (bf16: f32 master weights and moments, bf16
--- working weights and activations); bench/gpu_train_step.sh runs it beside transformers.
+-- --dtype bf16|f32: bf16 mixed precision (f32 master weights and moments, a bf16 working copy of
+-- the weights for the GEMMs; on the cpu f32 activations, on --device cuda bf16 ones);
+-- bench/gpu_train_step.sh runs the cuda side beside transformers. REMAX_BF16_GEMM=onednn|sgemm
+-- picks the CPU's bf16 GEMM kernel (remax version says which one runs by default).
 -- --profile: the engine's per-phase timer over the timed steps (engine/core/profile.c), a table
 -- per step on stderr and the phases in the JSON line.
 local remax = require("remax")
@@ -17,12 +19,7 @@ local opts = common.options({ shape = "small", batch = 8, seq = 256, steps = 3, 
 local C = require("remax.bind.ffi").C
 local on_device = opts.device ~= "cpu"
 local model, cfg
-if on_device then   -- the compute dtype on the device
-  model, cfg = common.model(opts.shape, nil, { device = opts.device, dtype = opts.dtype })
-else
-  assert(opts.dtype == "f32", "--dtype bf16 trains on --device cuda only (the CPU trains in f32)")
-  model, cfg = common.model(opts.shape)
-end
+model, cfg = common.model(opts.shape, nil, { device = opts.device, dtype = opts.dtype })
 local opt = remax.optim.adamw(model:params(), model:grads(), { lr = 1e-5, weight_decay = 0.0 })
 
 local B, T = opts.batch, opts.seq
@@ -99,6 +96,7 @@ end
 local mem = model:memory()
 local device_peak = on_device and remax.tensor.cuda_memory().peak / 2 ^ 20 or nil
 print(cjson.encode({ engine = "remax", mode = "train", device = opts.device, dtype = opts.dtype, shape = opts.shape,
+  gemm_dtype = model:gemm_dtype(), bf16_gemm = opts.dtype == "bf16" and remax.bf16_train_kernels() or nil,
   batch = B, seq = T, device_peak_mib = device_peak,
   checkpoint = opts.checkpoint, seconds_per_step = per_step, tokens_per_s = B * T / per_step,
   best_seconds_per_step = best, best_tokens_per_s = B * T / best,
