@@ -99,6 +99,29 @@ static void copy_converts_dtypes(void) {
     CHECK(fabs(x - y) <= fabs(x) / 128, "bf16 %g vs %g", y, x);
     CHECK(z == (double)(int64_t)x, "i64 %g vs %g", z, x);
   }
+  /* the contiguous f32 -> bf16 loop (a bf16 model's working copy) rounds as rx_f32_to_bf16 does,
+   * bit for bit: ties to even, NaN quiet, infinities, subnormals; past the threaded size */
+  {
+    int64_t big[1] = {100003};
+    rx_tensor *f, *h;
+    CHECK_OK(rx_tensor_new(&f, RX_F32, RX_CPU, 1, big));
+    CHECK_OK(rx_tensor_new(&h, RX_BF16, RX_CPU, 1, big));
+    uint32_t *fb = f->data;
+    for (int64_t i = 0; i < big[0]; i++) fb[i] = (uint32_t)(i * 2654435761u) ^ (uint32_t)(i << 7);
+    const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x7f800000u, 0xff800000u, 0x7fc00001u, 0x7f800001u,
+                                0x00000001u, 0x807fffffu, 0x7f7fffffu, 0x00000000u, 0x80000000u};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) fb[i * 997] = special[i];
+    CHECK_OK(rx_tensor_copy(h, f));
+    int64_t bad = -1;
+    for (int64_t i = 0; i < big[0] && bad < 0; i++) {
+      float v;
+      memcpy(&v, &fb[i], 4);
+      if (((uint16_t *)h->data)[i] != rx_f32_to_bf16(v)) bad = i;
+    }
+    CHECK(bad < 0, "f32 -> bf16 copy of 0x%08x differs from rx_f32_to_bf16", bad < 0 ? 0u : fb[bad]);
+    rx_tensor_free(f);
+    rx_tensor_free(h);
+  }
   CHECK_OK(rx_tensor_narrow(&view, a, 1, 2, 2));
   int64_t small[2] = {3, 2};
   rx_tensor *d;
