@@ -163,8 +163,8 @@ end
 M.not_supported = {
   use_vllm = "remax generates with its own engine (batched decode with a KV cache); there is no vLLM",
   bf16 = "use --dtype bf16 (bf16 mixed precision; the default, auto, picks it where the CPU's bf16 GEMMs pay)",
-  fp16 = "f16 compute is not supported; the CPU trains in f32",
-  tf32 = "a CUDA matmul setting; the CPU trains in f32",
+  fp16 = "f16 compute is not supported; use --dtype bf16 (or f32)",
+  tf32 = "a CUDA matmul setting; the CPU trains in f32 or bf16 (--dtype)",
   logging_dir = "TensorBoard event files go to runs/<name>/tensorboard/ (--report_to tensorboard)",
   push_to_hub = "the engine has no network code: upload runs/<name>/checkpoints/step-N with `hf upload`",
   hub_model_id = "the engine has no network code: upload runs/<name>/checkpoints/step-N with `hf upload`",
