@@ -464,7 +464,7 @@ function M.auto_dtype(device)
   if device == "cuda" then return "f32", "auto: f32 on cuda unless --dtype bf16" end
   local remax = require("remax")
   if remax.bf16_train_pays() then return "bf16", "auto: " .. remax.bf16_train_kernels() end
-  return "f32", "auto: f32, bf16 GEMMs would not be faster here: " .. remax.bf16_train_kernels():match("%((.*)%)$")
+  return "f32", "auto: f32, as bf16 would not be faster here; its GEMMs would be " .. remax.bf16_train_kernels()
 end
 
 -- device = cuda needs a CUDA device in this build (a typo never falls back to the CPU: the enum
