@@ -45,11 +45,7 @@ local function params_bytes(model)
   return out
 end
 
-local function capture_error(f, ...)
-  local ok, err = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
+local capture_error = support.error_of
 
 describe("trainer", function()
   it("raises the reward of a learnable task with ReMax (and logs the contract's metrics)", function()
