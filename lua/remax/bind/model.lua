@@ -421,8 +421,9 @@ function Model:memory()
     activations = tonumber(mu.activation_bytes), head = tonumber(mu.head_bytes) }
 end
 
--- Generation with a KV cache. prompts: list of token-id lists. Options are numbers, or lists
--- whose length gives the number of rows per prompt, one entry per row ("slot"):
+-- Generation with a KV cache. prompts: list of token-id lists. Options (temperature, top_k,
+-- top_p, min_p, repetition_penalty, max_new_tokens) are numbers, or lists whose length gives the
+-- number of rows per prompt, one entry per row ("slot"):
 --   model:generate(prompts, { max_new_tokens = 256, temperature = {1.0, 1.0, 0.0}, stop = {eos} })
 -- gives each prompt two sampled rows and one greedy row. Rows are returned prompt-major:
 --   out.rows[i] = { prompt =, slot =, tokens = {...}, logprobs = {...}, finish = "stop"|"length" }
@@ -451,13 +452,18 @@ end
 
 -- The one check of sampling settings at the Lua boundary (model:generate, and the trainer's
 -- config through remax.train.config; the engine checks again as the last guard): nil when
--- temperature, top_k, top_p and max_new_tokens (entries of s; a missing one is not checked) are
--- valid, else what is wrong, naming the setting, its value and `where`.
+-- temperature, top_k, top_p, min_p, repetition_penalty and max_new_tokens (entries of s; a
+-- missing one is not checked) are valid, else what is wrong, naming the setting, its value and `where`.
 function M.sampling_problem(s, where)
   where = where or ""
   local t, k, p, n = s.temperature, s.top_k, s.top_p, s.max_new_tokens
+  local mp, rp = s.min_p, s.repetition_penalty
   if t ~= nil and not (t >= 0) then return ("temperature = %s%s must be >= 0"):format(tostring(t), where) end
   if p ~= nil and not (p > 0 and p <= 1) then return ("top_p = %s%s must be in (0, 1]"):format(tostring(p), where) end
+  if mp ~= nil and not (mp >= 0 and mp <= 1) then return ("min_p = %s%s must be in [0, 1]"):format(tostring(mp), where) end
+  if rp ~= nil and not (rp > 0 and rp < math.huge) then
+    return ("repetition_penalty = %s%s must be a finite number > 0 (1: none)"):format(tostring(rp), where)
+  end
   if k ~= nil and (k < 0 or k ~= math.floor(k)) then return ("top_k = %s%s must be an integer >= 0"):format(tostring(k), where) end
   if n ~= nil and (n < 1 or n ~= math.floor(n)) then return ("max_new_tokens = %s%s must be an integer >= 1"):format(tostring(n), where) end
   return nil
@@ -493,7 +499,7 @@ function Model:generate(prompts, opts)
   if type(prompts) ~= "table" or #prompts == 0 then error("generate: expected a non-empty list of prompts (token-id lists)", 2) end
   -- every per-slot list must have the same length; that length is the number of rows per prompt
   local slots, slots_from = 1, nil
-  for _, key in ipairs({ "temperature", "top_k", "top_p", "max_new_tokens" }) do
+  for _, key in ipairs({ "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_new_tokens" }) do
     local l = slot_list(opts[key], key)
     if l then
       if #l == 0 then error(("generate: %s is an empty list (give a number, or one entry per row of a prompt)"):format(key), 2) end
@@ -512,7 +518,8 @@ function Model:generate(prompts, opts)
   end
   for s = 1, slots do   -- checked here so the message names the slot as the caller wrote it
     local problem = M.sampling_problem({ temperature = per_slot("temperature", 1.0, s), top_k = per_slot("top_k", 0, s),
-      top_p = per_slot("top_p", 1.0, s), max_new_tokens = per_slot("max_new_tokens", 128, s) },
+      top_p = per_slot("top_p", 1.0, s), min_p = per_slot("min_p", 0.0, s),
+      repetition_penalty = per_slot("repetition_penalty", 1.0, s), max_new_tokens = per_slot("max_new_tokens", 128, s) },
       slots > 1 and (" (slot %d)"):format(s) or "")
     if problem then error("generate: " .. problem, 2) end
   end
@@ -550,6 +557,8 @@ function Model:generate(prompts, opts)
       row.temperature = per_slot("temperature", 1.0, s)
       row.top_k = per_slot("top_k", 0, s)
       row.top_p = per_slot("top_p", 1.0, s)
+      row.min_p = per_slot("min_p", 0.0, s)
+      row.repetition_penalty = per_slot("repetition_penalty", 1.0, s)
       row.max_new_tokens = per_slot("max_new_tokens", 128, s)
       row.key = keys and keys[r + 1] or fnv1a64(prompts[i], s)
     end
