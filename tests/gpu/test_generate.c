@@ -343,7 +343,7 @@ static void sampler_equals_cpu(void) {
   gpu_must(rx_tensor_read_f64(tok1, &t1), NULL);
   CHECK(t1 == -1, "a row without a finite logit gave token %g", t1);
   CHECK_FAILS(rx_sample_rows(tok1, lp1, prob1, one, rows_g->data, 0, NULL, NULL), "sample");
-  CHECK_FAILS(rx_sample_rows(tok, lp, prob, xg, rows_g->data, 0, NULL, pen_g), "penalized without seen");
+  CHECK_FAILS(rx_sample_rows(tok, lp, prob, xg, rows_g->data, 0, NULL, pen_g), "give both seen and penalized");
   rx_tensor *list[] = {x, xg, tok, lp, prob, rows_g, rows_h, one, xg1, tok1, lp1, prob1, seen_h, seen_rev, pen_g};
   for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) rx_tensor_free(list[i]);
 }
