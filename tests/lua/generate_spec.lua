@@ -323,6 +323,17 @@ describe("remax generate", function()
         assert.are.equal(0, grc, gerr)
         assert.are.equal(cw, gw)
       end
+      -- stop tokens (what `stop` names resolve to) end the same rows at the same token: one that
+      -- the second completion draws midway, so that some rows stop and others run on
+      local free = m:generate({ { 104, 105 } }, { temperature = { 1, 1, 1 }, top_k = 5, max_new_tokens = 6, seed = 3,
+        stop = { 256, 258 } })
+      local stop = free.rows[2].tokens[3]
+      local cw, cerr, crc = run(args .. " --stop " .. stop)
+      assert.are.equal(0, crc, cerr)
+      assert.is_truthy(cw:find("tokens, stop)", 1, true), cw)
+      local gw, gerr, grc = run(args .. " --stop " .. stop .. " --device cuda")
+      assert.are.equal(0, grc, gerr)
+      assert.are.equal(cw, gw)
     else
       assert.are_not.equal(0, rc)
       assert.is_truthy(err:find("--device cuda: no usable CUDA device", 1, true), err)
