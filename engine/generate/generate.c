@@ -944,6 +944,17 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
   return RX_OK;
 }
 
+int rx_generate_stop_row(rx_generator *g, int64_t row) {
+  if (!g || row < 0 || row >= g->R)
+    return rx_fail(RX_EINVAL, "generate: stop_row: row %lld outside [0, %lld)", (long long)row, (long long)(g ? g->R : 0));
+  const int64_t place = g->row_place[row];
+  if (!g->done[place]) {
+    g->done[place] = 1;
+    g->res->finish[row] = RX_FINISH_STOP;
+  }
+  return RX_OK;
+}
+
 const rx_tensor *rx_generate_logits(const rx_generator *g) { return &g->logits; }
 
 int64_t rx_generate_batch_index(const rx_generator *g, int64_t row) {

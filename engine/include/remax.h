@@ -400,6 +400,10 @@ typedef struct rx_generator rx_generator;
 int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request *req, rx_generate_result *res);
 /* One token for every unfinished row. *done = 1 when every row has finished. */
 int rx_generate_step(rx_generator *g, int32_t *done);
+/* Ends a row between steps, as a stop token would (RX_FINISH_STOP, its tokens so far kept): the
+ * caller's own stop rule, such as a stop string matched on the decoded text. A row that has
+ * finished already stays as it is. The row leaves the batch at the next step. */
+int rx_generate_stop_row(rx_generator *g, int64_t row);
 void rx_generate_end(rx_generator *g);
 /* The logits (compute dtype) that chose each row's latest token, in decoding-batch order: after
  * begin, those after the prompt ([num_rows, vocab], batch index = row); after a step, those of

@@ -705,6 +705,47 @@ static void test_stop_tokens(void) {
   rx_model_free(m);
 }
 
+/* rx_generate_stop_row ends a row between steps as a stop token would: its tokens so far kept,
+ * finish RX_FINISH_STOP, the other rows' tokens unchanged (the batch shrinks under them); a
+ * finished row stays as it was; a row outside the request is refused. */
+static void test_stop_row(void) {
+  rx_model *m = tiny_model(RX_F32);
+  if (!m) return;
+  req_buf q = {0};
+  q.max_new = 12;
+  q.seed = 8;
+  prompts_of_three(&q);
+  for (int i = 0; i < 6; i++) add_row(&q, i / 2, i == 3 ? 0.0 : 1.2, 0, 1.0, i == 5 ? 4 : 12, 700 + (uint64_t)i);
+  res_buf free_run, cut;
+  bind(&free_run);
+  rx_generate_request req = request(&q);
+  CHECK_OK(rx_model_generate(m, &req, &free_run.res));
+  bind(&cut);
+  rx_generator *g = NULL;
+  CHECK_OK(rx_generate_begin(&g, m, &req, &cut.res));
+  if (!g) { rx_model_free(m); return; }
+  int32_t done = 0;
+  for (int step = 1; !done; step++) {
+    CHECK_OK(rx_generate_step(g, &done));
+    if (step == 3) CHECK_OK(rx_generate_stop_row(g, 1));   /* after its 4th token */
+    if (step == 6) {
+      CHECK_OK(rx_generate_stop_row(g, 4));
+      CHECK_OK(rx_generate_stop_row(g, 5));                /* finished at its budget already */
+      CHECK_OK(rx_generate_stop_row(g, 1));                /* stopped already */
+    }
+  }
+  CHECK_FAILS(rx_generate_stop_row(g, 6), "row 6 outside [0, 6)");
+  rx_generate_end(g);
+  const int32_t want_len[6] = {12, 4, 12, 12, 7, 4}, want_finish[6] = {0, 1, 0, 0, 1, 0};
+  for (int r = 0; r < 6; r++) {
+    CHECK(cut.lengths[r] == want_len[r] && cut.finish[r] == want_finish[r], "row %d: length %d finish %d, want %d %d", r,
+          cut.lengths[r], cut.finish[r], want_len[r], want_finish[r]);
+    CHECK(memcmp(cut.tokens + r * 12, free_run.tokens + r * 12, sizeof(int32_t) * (size_t)cut.lengths[r]) == 0,
+          "row %d: stopping rows changed its tokens", r);
+  }
+  rx_model_free(m);
+}
+
 /* ------------------------------------------------------------------ request checks */
 
 static void test_bad_requests(void) {
@@ -792,6 +833,7 @@ int main(void) {
   RUN(test_prompts_without_rows);
   RUN(test_finished_rows_leave_the_batch);
   RUN(test_stop_tokens);
+  RUN(test_stop_row);
   RUN(test_bad_requests);
   return check_summary("test_generate");
 }

@@ -154,6 +154,8 @@ describe("config.resolve's derived settings", function()
     local c = config.resolve({ min_p = 0.05 }, (config.parse_args({ "--repetition_penalty", "1.2" })))
     assert.are.equal(0.05, c.min_p)
     assert.are.equal(1.2, c.repetition_penalty)
+    assert.are.same({ "\n\n", "Question:" }, config.resolve({ stop_strings = { "\n\n", "Question:" } }).stop_strings)
+    assert.matches("stop_strings", err_of(config.resolve, { stop_strings = {} }), 1, true)
     assert.are.equal(0, config.resolve({}).min_p)              -- off by default, as in TRL
     assert.are.equal(1, config.resolve({}).repetition_penalty)
     -- what the model's own check (the last guard) would let through

@@ -157,6 +157,72 @@ describe("model:generate", function()
     for p = 1, #prompts do assert.are.same(one.rows[2 * p].tokens, one.rows[2 * p - 1].tokens) end
   end)
 
+  -- A detokenizer of the test's own: each id is one of a few texts, some of them two letters and
+  -- one empty (as a special token skipped), so that a stop string spans several tokens.
+  local pieces = { "a", "b", "c", "ab", "", "ca", "d" }
+  local function detok(ids)
+    local out = {}
+    for i, id in ipairs(ids) do out[i] = pieces[id % #pieces + 1] end
+    return table.concat(out)
+  end
+  -- where each row should end: the first prefix of its free run whose text holds a stop string
+  local function expect_stops(free, stops, budget)
+    local want = {}
+    for i, row in ipairs(free.rows) do
+      local len, hit = math.min(#row.tokens, budget), nil
+      for k = 1, len do
+        local text = detok({ unpack(row.tokens, 1, k) })
+        for _, st in ipairs(stops) do if text:find(st, 1, true) then hit = st; break end end
+        if hit then len = k; break end
+      end
+      want[i] = { len = len, stop_string = hit }
+    end
+    return want
+  end
+  local function check_stops(out, free, want, what)
+    local stopped, ran = 0, 0
+    for i, row in ipairs(out.rows) do
+      assert.are.equal(want[i].len, #row.tokens, what .. ": row " .. i)
+      assert.are.same({ unpack(free.rows[i].tokens, 1, want[i].len) }, row.tokens)
+      assert.are.equal(want[i].stop_string, row.stop_string, what .. ": row " .. i)
+      if want[i].stop_string then stopped = stopped + 1; assert.are.equal("stop", row.finish)
+      else ran = ran + 1 end
+    end
+    assert.is_true(stopped > 0 and ran > 0, ("%s: %d rows stopped, %d ran on: the case checks both"):format(what, stopped, ran))
+  end
+
+  it("ends a row where a stop string appears in its text, keeping the token that completed it", function()
+    local m = model(9)
+    local opts = { temperature = { 1, 1, 0 }, max_new_tokens = 12, seed = 2 }
+    local free = m:generate(prompts, opts)
+    local stops = { "dca", "cabc" }
+    opts.stop_strings, opts.detokenize = stops, detok
+    check_stops(m:generate(prompts, opts), free, expect_stops(free, stops, 12), "cpu")
+    local function fails(needle, o)
+      local ok, err = pcall(m.generate, m, prompts, o)
+      assert.is_false(ok)
+      assert.is_truthy(tostring(err):find(needle, 1, true), tostring(err))
+    end
+    fails("stop_strings needs detokenize", { stop_strings = { "x" } })
+    fails("stop_strings[2] =  is not a non-empty string", { stop_strings = { "x", "" }, detokenize = detok })
+  end)
+
+  it("cuda: stop strings end the same rows at the same token on the device as on the cpu", function()
+    if not remax.tensor.has_cuda() then return end
+    local m = model(9)
+    local g = remax.model.new(tiny(), { seed = 9, init_std = 0.3, device = "cuda" })
+    local mp, gp = m:params(), g:params()
+    for name, t in pairs(mp) do gp[name]:copy_(t) end
+    local opts = { temperature = { 1, 1, 0 }, max_new_tokens = 12, seed = 2 }
+    local free = m:generate(prompts, opts)
+    assert.are.same(free.rows[3].tokens, g:generate(prompts, opts).rows[3].tokens)   -- the same weights
+    local stops = { "dca", "cabc" }
+    opts.stop_strings, opts.detokenize = stops, detok
+    local want = expect_stops(free, stops, 12)
+    check_stops(m:generate(prompts, opts), free, want, "cpu")
+    check_stops(g:generate(prompts, opts), free, want, "cuda")
+  end)
+
   it("reports each step to on_token", function()
     local m = model(4)
     local seen = {}
@@ -305,6 +371,37 @@ describe("remax generate", function()
     _, err, rc = run(("--model %s --prompt hi --repetition-penalty 0"):format(q(dir)))
     assert.are_not.equal(0, rc)
     assert.is_truthy(err:find("--repetition-penalty 0: expected a number > 0 (1 = off)", 1, true), err)
+  end)
+
+  it("takes --stop-string: completions end where the text appears, as model:generate's stop_strings", function()
+    local gen = { temperature = { 1, 1, 1, 1 }, max_new_tokens = 10, seed = 6, stop = { 256, 258 } }
+    local free = m:generate({ { 104, 105 } }, gen)
+    -- two letters or digits (byte-level ids are the bytes) one completion draws in a row, after its first token
+    local function alnum(id) return id < 128 and string.char(id):match("%w") ~= nil end
+    local stop, row_with
+    for i, row in ipairs(free.rows) do
+      for t = 2, #row.tokens - 1 do
+        if not stop and alnum(row.tokens[t]) and alnum(row.tokens[t + 1]) then
+          stop, row_with = string.char(row.tokens[t], row.tokens[t + 1]), i
+        end
+      end
+    end
+    assert.is_truthy(stop, "no two letters in a row to stop on")
+    local out, err, rc = run(("--model %s --prompt-ids 104,105 --n 4 --max-new-tokens 10 --seed 6 --stop-string %s"):format(
+      q(dir), q(stop)))
+    assert.are.equal(0, rc, err)
+    gen.stop_strings = { stop }
+    gen.detokenize = function(ids) return tok:decode(ids, { skip_special_tokens = true }) end
+    local want = m:generate({ { 104, 105 } }, gen)
+    assert.are.equal("stop", want.rows[row_with].finish)
+    assert.are.equal(stop, want.rows[row_with].stop_string)
+    for i, row in ipairs(want.rows) do
+      local header = ("--- completion %d (%d tokens, %s)\n"):format(i, #row.tokens, row.finish)
+      assert.is_truthy(out:find(header .. tok:decode(row.tokens, { skip_special_tokens = true }) .. "\n", 1, true), out)
+    end
+    _, err, rc = run(("--model %s --prompt hi --stop-string ''"):format(q(dir)))
+    assert.are_not.equal(0, rc)
+    assert.is_truthy(err:find("--stop-string: expected a non-empty text", 1, true), err)
   end)
 
   it("runs with --device cuda: the CPU's tokens in f32 where a device is present, else a clear error", function()

@@ -430,6 +430,9 @@ end
 -- Randomness: Philox keyed by (seed, row key, position); the row key defaults to a hash of the
 -- prompt's tokens and the slot, so the same prompt gets the same samples in any batch.
 -- opts.on_token(step, out_rows) is called after each decoding step (streaming).
+-- opts.stop_strings (with opts.detokenize = function(ids) -> text): a row also ends when one of
+-- these strings appears in the text of its completion (vLLM's `stop`): its tokens are kept up to
+-- and including the one that completed the string, row.finish = "stop", row.stop_string = it.
 local function slot_list(v, name)
   if type(v) == "table" then return v end
   return nil
@@ -570,6 +573,18 @@ function Model:generate(prompts, opts)
       error(("generate: stop[%d] = %s is not a token id in [0, %d)"):format(i, tostring(id), V), 2)
     end
   end
+  local stop_strings = opts.stop_strings or {}
+  if type(stop_strings) ~= "table" then error("generate: stop_strings must be a list of strings", 2) end
+  local longest = 0
+  for i, s in ipairs(stop_strings) do
+    if type(s) ~= "string" or s == "" then
+      error(("generate: stop_strings[%d] = %s is not a non-empty string"):format(i, tostring(s)), 2)
+    end
+    longest = math.max(longest, #s)
+  end
+  if #stop_strings > 0 and type(opts.detokenize) ~= "function" then
+    error("generate: stop_strings needs detokenize = function(ids) -> text", 2)
+  end
   local stop_ids = ffi.new("int32_t[?]", math.max(#stop, 1))
   for i, id in ipairs(stop) do stop_ids[i - 1] = id end
   local req = ffi.new("rx_generate_request")
@@ -592,11 +607,42 @@ function Model:generate(prompts, opts)
   local gen = ffi.gc(g[0], C.rx_generate_end)
   local done = ffi.new("int32_t[1]")
   local step = 0
+  -- stop strings: after each step, the text of each row's newest tokens (enough of them for the
+  -- longest string, whatever special tokens decode to nothing) is searched; an occurrence there
+  -- ends in the newest token, since one that ended earlier would have ended the row then
+  local matched, checked = {}, {}
+  local function check_stop_strings()
+    local stopped = 0
+    for r = 0, R - 1 do
+      local n = lengths[r]
+      if n > (checked[r] or 0) and finish[r] ~= C.RX_FINISH_STOP then
+        checked[r] = n
+        local w, text = longest + 1, ""
+        repeat
+          local ids, lo = {}, math.max(0, n - w)
+          for t = lo, n - 1 do ids[#ids + 1] = out_tok[r * max_new + t] end
+          text = opts.detokenize(ids)
+          w = w * 2
+        until #text >= longest + 4 or lo == 0
+        for _, s in ipairs(stop_strings) do
+          if text:find(s, 1, true) then
+            matched[r] = s
+            if C.rx_generate_stop_row(gen, r) ~= 0 then error(rx.last_error(), 3) end
+            stopped = stopped + 1
+            break
+          end
+        end
+      end
+    end
+    return stopped
+  end
+  if #stop_strings > 0 then check_stop_strings() end
   if opts.on_token then opts.on_token(step, out_tok, lengths, max_new) end
   while done[0] == 0 do
     local rc = C.rx_generate_step(gen, done)
     if rc ~= 0 then error(rx.last_error(), 2) end
     step = step + 1
+    if #stop_strings > 0 then check_stop_strings() end
     if opts.on_token then opts.on_token(step, out_tok, lengths, max_new) end
   end
   C.rx_generate_end(ffi.gc(gen, nil))
@@ -605,7 +651,7 @@ function Model:generate(prompts, opts)
   for r = 0, R - 1 do
     local n = lengths[r]
     local row = { prompt = math.floor(r / slots) + 1, slot = r % slots + 1, tokens = {}, logprobs = {},
-      finish = finish[r] == C.RX_FINISH_STOP and "stop" or "length" }
+      finish = (finish[r] == C.RX_FINISH_STOP or matched[r]) and "stop" or "length", stop_string = matched[r] }
     for t = 0, n - 1 do
       row.tokens[t + 1] = out_tok[r * max_new + t]
       row.logprobs[t + 1] = out_lp[r * max_new + t]

@@ -35,6 +35,8 @@ usage: remax generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [options]
   --device D            cpu (default) or cuda: the weights, KV cache and sampler on the GPU
   --stop ID[,ID...]     extra stop token ids (the tokenizer's eos and generation_config.json's
                         eos_token_id always stop)
+  --stop-string TEXT    also end a completion where TEXT appears in its text (vLLM's stop);
+                        the completion keeps the token that completed it
 ]]
 
 local flags = {   -- name -> kind
@@ -42,7 +44,7 @@ local flags = {   -- name -> kind
   ["no-thinking"] = "bool",
   temperature = "number", ["top-p"] = "number", ["top-k"] = "int", ["max-new-tokens"] = "int",
   ["min-p"] = "number", ["repetition-penalty"] = "number",
-  seed = "int", stop = "string", dtype = "string", device = "string", help = "bool",
+  seed = "int", stop = "string", ["stop-string"] = "string", dtype = "string", device = "string", help = "bool",
 }
 
 local function fail(msg) error("generate: " .. msg .. "\n\n" .. M.usage, 0) end
@@ -95,6 +97,7 @@ function M.parse(argv)
   local rp = o["repetition-penalty"]
   if not (rp > 0 and rp < math.huge) then fail(("--repetition-penalty %g: expected a number > 0 (1 = off)"):format(rp)) end
   if o.template and not o.chat then fail("--template needs --chat") end
+  if o["stop-string"] == "" then fail("--stop-string: expected a non-empty text") end
   if o.device ~= "cpu" and o.device ~= "cuda" then fail(("--device %s: expected cpu or cuda"):format(o.device)) end
   if o.dtype ~= "auto" and o.dtype ~= "f32" and o.dtype ~= "bf16" then
     if o.device == "cuda" then fail(("--dtype %s: on cuda the compute dtype is auto, f32 or bf16"):format(o.dtype)) end
@@ -172,6 +175,9 @@ function M.main(...)
   else
     prompt = remax.chat.encode_text(tok, o.prompt, false)
   end
+  if o["stop-string"] and not tok then
+    error(("generate: --stop-string needs the folder's tokenizer.json to read the text (%s has none)"):format(dir), 0)
+  end
   local load_opts = { weight_dtype = o.dtype }
   if o.device == "cuda" and not remax.tensor.has_cuda() then
     error("generate: --device cuda: no usable CUDA device (remax built without CUDA, or no GPU visible); "
@@ -190,6 +196,8 @@ function M.main(...)
   end
   local opts = { temperature = per_row(o.temperature), top_p = o["top-p"], top_k = o["top-k"], min_p = o["min-p"],
     repetition_penalty = o["repetition-penalty"],
+    stop_strings = o["stop-string"] and { o["stop-string"] } or nil,
+    detokenize = tok and function(ids) return tok:decode(ids, { skip_special_tokens = true }) end,
     max_new_tokens = o["max-new-tokens"], seed = o.seed, stop = stop }
   local stream
   if o.n == 1 then

@@ -34,6 +34,7 @@ M.groups = {
     { "enable_thinking", nil, "boolean", "chat template variable enable_thinking (Qwen3: false renders an empty <think> block; unset: the template's default)" },
     { "chat_template_kwargs", nil, "table", "recipe only: extra variables for the tokenizer's chat template, e.g. { date_string = \"26 Jul 2024\" }" },
     { "stop", nil, "strings", "extra stop tokens (as written in tokenizer.json) besides EOS, <|im_end|>, <|endoftext|>, <|eot_id|>" },
+    { "stop_strings", nil, "strings", "text that ends a completion where it appears in the completion's decoded text (vLLM's stop; any number of tokens): the tokens up to the one that completes it are kept, and the reward sees their text, as TRL with vLLM" },
   } },
   { "Algorithm", {
     { "algo", "remax", "enum:remax|grpo|rloo|reinforce|sft", "remax, grpo, rloo, reinforce (RL with that advantage estimator), or sft (cross-entropy on prompt -> answer)" },

@@ -21,7 +21,7 @@ M.limits = {
   model = { path = true }, data = { path = true }, eval_data = { path = true },
   -- a data function makes its rows up front: ten million is minutes and gigabytes already
   train_size = "[1, 1e7]", eval_size = "[0, 1e7]",
-  stop = { min_items = 1 },
+  stop = { min_items = 1 }, stop_strings = { min_items = 1 },
   -- algorithm
   num_generations = "[0, 2^24]", advantage_clip = "[0, inf)", baseline_momentum = "[0, 1)",
   beta = "[0, inf)", num_iterations = "[1, 1024]", epsilon = "[0, 1]", epsilon_high = "[0, inf)",
