@@ -91,15 +91,21 @@ int rx_cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, c
 /* The sampler on the device (sample.cu), the twin of engine/generate's: one row of logits [n, V]
  * per place and its settings; token i32 [n] (-1: sampled row without a finite logit), logprob
  * f32 [n] (log p of the token at temperature 1), prob f32 [n, V] scratch. u comes from Philox
- * (seed, key, position) as rx_sample_uniform. */
+ * (seed, key, position) as rx_sample_uniform. A row with repetition_penalty != 1 reads its tokens
+ * so far from seen[seen_row * seen_stride + (0 .. num_seen)], samples from a penalised copy of its
+ * logits in penalized f32 [n, V], and appends the token it picks at num_seen (when < seen_stride);
+ * seen and penalized may be NULL when no row has a penalty. */
 typedef struct rx_cuda_sample_row {
-  double temperature, top_p;
-  int32_t top_k, pad;
+  double temperature, top_p, min_p;
+  int32_t top_k;
+  float repetition_penalty;   /* 1 = off */
   uint64_t key;
   int64_t position;
+  int64_t seen_row, num_seen;
 } rx_cuda_sample_row;
-int rx_cuda_sample(int32_t *token, float *logprob, float *prob, const void *logits, const rx_cuda_sample_row *rows,
-                   uint64_t seed, int64_t n, int64_t V, int32_t dtype);
+int rx_cuda_sample(int32_t *token, float *logprob, float *prob, float *penalized, int32_t *seen, int64_t seen_stride,
+                   const void *logits, const rx_cuda_sample_row *rows, uint64_t seed, int64_t n, int64_t V,
+                   int32_t dtype);
 /* Attention of one query per row (dims->Tq == 1) over a KV cache, split along the cache (flash
  * decoding, decode_attention.cu); the same contract as rx_cuda_attention_forward for groups of
  * at most RX_CUDA_DECODE_MAX_GROUP query heads per kv head. */

@@ -67,8 +67,9 @@ int rx_cuda_sum_squares(double *acc, const float *x, int64_t n) { return none();
 int rx_cuda_scale(float *x, int64_t n, double s) { return none(); }
 int rx_cuda_scalar(double **acc) { *acc = NULL; return none(); }
 int rx_cuda_read_double(double *out, const double *acc) { return none(); }
-int rx_cuda_sample(int32_t *token, float *logprob, float *prob, const void *logits, const rx_cuda_sample_row *rows,
-                   uint64_t seed, int64_t n, int64_t V, int32_t dtype) { return none(); }
+int rx_cuda_sample(int32_t *token, float *logprob, float *prob, float *penalized, int32_t *seen, int64_t seen_stride,
+                   const void *logits, const rx_cuda_sample_row *rows, uint64_t seed, int64_t n, int64_t V,
+                   int32_t dtype) { return none(); }
 int rx_cuda_decode_attention(void *out, float *lse, const void *q, const void *k, const void *v, const int32_t *mask,
                              const rx_cuda_attn_dims *dims, int32_t dtype) { return none(); }
 int64_t rx_cuda_decode_attention_scratch(const rx_cuda_attn_dims *dims) { return 0; }

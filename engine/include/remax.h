@@ -358,7 +358,13 @@ typedef struct rx_sampling {
   int32_t top_k;             /* keep the k most likely tokens; 0 = off */
   int32_t max_new_tokens;    /* this row's budget (<= the request's max_new_tokens) */
   uint64_t key;              /* the row's random stream: same (seed, key) -> same tokens, whatever the batch */
+  double min_p;              /* drop tokens less likely than min_p x the most likely one (in [0, 1]); 0 = off */
+  double repetition_penalty; /* CTRL's rule on the distinct tokens of the row's prompt and completion so far:
+                              * positive logits divided by it, negative ones multiplied; > 0; 1 (or 0, so a
+                              * zeroed field) = off. Greedy rows too, as in Hugging Face and vLLM. */
 } rx_sampling;
+/* The order (Hugging Face's processors, vLLM's V0 sampler): repetition penalty on the raw logits,
+ * temperature, top-k, top-p, min-p, then the draw. Log-probabilities stay those of the raw logits. */
 
 /* A batch of rows, each continuing one of the prompts (rows of a prompt share its prefill). */
 typedef struct rx_generate_request {
@@ -394,6 +400,10 @@ typedef struct rx_generator rx_generator;
 int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request *req, rx_generate_result *res);
 /* One token for every unfinished row. *done = 1 when every row has finished. */
 int rx_generate_step(rx_generator *g, int32_t *done);
+/* Ends a row between steps, as a stop token would (RX_FINISH_STOP, its tokens so far kept): the
+ * caller's own stop rule, such as a stop string matched on the decoded text. A row that has
+ * finished already stays as it is. The row leaves the batch at the next step. */
+int rx_generate_stop_row(rx_generator *g, int64_t row);
 void rx_generate_end(rx_generator *g);
 /* The logits (compute dtype) that chose each row's latest token, in decoding-batch order: after
  * begin, those after the prompt ([num_rows, vocab], batch index = row); after a step, those of
@@ -405,8 +415,10 @@ int64_t rx_generate_batch_index(const rx_generator *g, int64_t row);
 /* The whole loop in one call. */
 int rx_model_generate(rx_model *m, const rx_generate_request *req, rx_generate_result *res);
 
-/* The sampler on one row of logits with a uniform u in [0, 1); exposed for tests. */
-int rx_sample_token(const float *logits, int64_t vocab, double temperature, int32_t top_k, double top_p,
+/* The sampler on one row of logits with a uniform u in [0, 1), the settings of s (its
+ * max_new_tokens and key unused) and the row's tokens so far (seen, for the repetition penalty;
+ * NULL when num_seen is 0); exposed for tests. */
+int rx_sample_token(const float *logits, int64_t vocab, const rx_sampling *s, const int32_t *seen, int64_t num_seen,
                     double u, int32_t *token);
 /* Uniform in [0, 1) of Philox keyed by (seed, key, position). */
 double rx_sample_uniform(uint64_t seed, uint64_t key, int64_t position);

@@ -421,14 +421,18 @@ function Model:memory()
     activations = tonumber(mu.activation_bytes), head = tonumber(mu.head_bytes) }
 end
 
--- Generation with a KV cache. prompts: list of token-id lists. Options are numbers, or lists
--- whose length gives the number of rows per prompt, one entry per row ("slot"):
+-- Generation with a KV cache. prompts: list of token-id lists. Options (temperature, top_k,
+-- top_p, min_p, repetition_penalty, max_new_tokens) are numbers, or lists whose length gives the
+-- number of rows per prompt, one entry per row ("slot"):
 --   model:generate(prompts, { max_new_tokens = 256, temperature = {1.0, 1.0, 0.0}, stop = {eos} })
 -- gives each prompt two sampled rows and one greedy row. Rows are returned prompt-major:
 --   out.rows[i] = { prompt =, slot =, tokens = {...}, logprobs = {...}, finish = "stop"|"length" }
 -- Randomness: Philox keyed by (seed, row key, position); the row key defaults to a hash of the
 -- prompt's tokens and the slot, so the same prompt gets the same samples in any batch.
 -- opts.on_token(step, out_rows) is called after each decoding step (streaming).
+-- opts.stop_strings (with opts.detokenize = function(ids) -> text): a row also ends when one of
+-- these strings appears in the text of its completion (vLLM's `stop`): its tokens are kept up to
+-- and including the one that completed the string, row.finish = "stop", row.stop_string = it.
 local function slot_list(v, name)
   if type(v) == "table" then return v end
   return nil
@@ -451,13 +455,18 @@ end
 
 -- The one check of sampling settings at the Lua boundary (model:generate, and the trainer's
 -- config through remax.train.config; the engine checks again as the last guard): nil when
--- temperature, top_k, top_p and max_new_tokens (entries of s; a missing one is not checked) are
--- valid, else what is wrong, naming the setting, its value and `where`.
+-- temperature, top_k, top_p, min_p, repetition_penalty and max_new_tokens (entries of s; a
+-- missing one is not checked) are valid, else what is wrong, naming the setting, its value and `where`.
 function M.sampling_problem(s, where)
   where = where or ""
   local t, k, p, n = s.temperature, s.top_k, s.top_p, s.max_new_tokens
+  local mp, rp = s.min_p, s.repetition_penalty
   if t ~= nil and not (t >= 0) then return ("temperature = %s%s must be >= 0"):format(tostring(t), where) end
   if p ~= nil and not (p > 0 and p <= 1) then return ("top_p = %s%s must be in (0, 1]"):format(tostring(p), where) end
+  if mp ~= nil and not (mp >= 0 and mp <= 1) then return ("min_p = %s%s must be in [0, 1]"):format(tostring(mp), where) end
+  if rp ~= nil and not (rp > 0 and rp < math.huge) then
+    return ("repetition_penalty = %s%s must be a finite number > 0 (1: none)"):format(tostring(rp), where)
+  end
   if k ~= nil and (k < 0 or k ~= math.floor(k)) then return ("top_k = %s%s must be an integer >= 0"):format(tostring(k), where) end
   if n ~= nil and (n < 1 or n ~= math.floor(n)) then return ("max_new_tokens = %s%s must be an integer >= 1"):format(tostring(n), where) end
   return nil
@@ -493,7 +502,7 @@ function Model:generate(prompts, opts)
   if type(prompts) ~= "table" or #prompts == 0 then error("generate: expected a non-empty list of prompts (token-id lists)", 2) end
   -- every per-slot list must have the same length; that length is the number of rows per prompt
   local slots, slots_from = 1, nil
-  for _, key in ipairs({ "temperature", "top_k", "top_p", "max_new_tokens" }) do
+  for _, key in ipairs({ "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_new_tokens" }) do
     local l = slot_list(opts[key], key)
     if l then
       if #l == 0 then error(("generate: %s is an empty list (give a number, or one entry per row of a prompt)"):format(key), 2) end
@@ -512,7 +521,8 @@ function Model:generate(prompts, opts)
   end
   for s = 1, slots do   -- checked here so the message names the slot as the caller wrote it
     local problem = M.sampling_problem({ temperature = per_slot("temperature", 1.0, s), top_k = per_slot("top_k", 0, s),
-      top_p = per_slot("top_p", 1.0, s), max_new_tokens = per_slot("max_new_tokens", 128, s) },
+      top_p = per_slot("top_p", 1.0, s), min_p = per_slot("min_p", 0.0, s),
+      repetition_penalty = per_slot("repetition_penalty", 1.0, s), max_new_tokens = per_slot("max_new_tokens", 128, s) },
       slots > 1 and (" (slot %d)"):format(s) or "")
     if problem then error("generate: " .. problem, 2) end
   end
@@ -550,6 +560,8 @@ function Model:generate(prompts, opts)
       row.temperature = per_slot("temperature", 1.0, s)
       row.top_k = per_slot("top_k", 0, s)
       row.top_p = per_slot("top_p", 1.0, s)
+      row.min_p = per_slot("min_p", 0.0, s)
+      row.repetition_penalty = per_slot("repetition_penalty", 1.0, s)
       row.max_new_tokens = per_slot("max_new_tokens", 128, s)
       row.key = keys and keys[r + 1] or fnv1a64(prompts[i], s)
     end
@@ -560,6 +572,18 @@ function Model:generate(prompts, opts)
     if type(id) ~= "number" or id ~= math.floor(id) or id < 0 or id >= V then
       error(("generate: stop[%d] = %s is not a token id in [0, %d)"):format(i, tostring(id), V), 2)
     end
+  end
+  local stop_strings = opts.stop_strings or {}
+  if type(stop_strings) ~= "table" then error("generate: stop_strings must be a list of strings", 2) end
+  local longest = 0
+  for i, s in ipairs(stop_strings) do
+    if type(s) ~= "string" or s == "" then
+      error(("generate: stop_strings[%d] = %s is not a non-empty string"):format(i, tostring(s)), 2)
+    end
+    longest = math.max(longest, #s)
+  end
+  if #stop_strings > 0 and type(opts.detokenize) ~= "function" then
+    error("generate: stop_strings needs detokenize = function(ids) -> text", 2)
   end
   local stop_ids = ffi.new("int32_t[?]", math.max(#stop, 1))
   for i, id in ipairs(stop) do stop_ids[i - 1] = id end
@@ -583,11 +607,42 @@ function Model:generate(prompts, opts)
   local gen = ffi.gc(g[0], C.rx_generate_end)
   local done = ffi.new("int32_t[1]")
   local step = 0
+  -- stop strings: after each step, the text of each row's newest tokens (enough of them for the
+  -- longest string, whatever special tokens decode to nothing) is searched; an occurrence there
+  -- ends in the newest token, since one that ended earlier would have ended the row then
+  local matched, checked = {}, {}
+  local function check_stop_strings()
+    local stopped = 0
+    for r = 0, R - 1 do
+      local n = lengths[r]
+      if n > (checked[r] or 0) and finish[r] ~= C.RX_FINISH_STOP then
+        checked[r] = n
+        local w, text = longest + 1, ""
+        repeat
+          local ids, lo = {}, math.max(0, n - w)
+          for t = lo, n - 1 do ids[#ids + 1] = out_tok[r * max_new + t] end
+          text = opts.detokenize(ids)
+          w = w * 2
+        until #text >= longest + 4 or lo == 0
+        for _, s in ipairs(stop_strings) do
+          if text:find(s, 1, true) then
+            matched[r] = s
+            if C.rx_generate_stop_row(gen, r) ~= 0 then error(rx.last_error(), 3) end
+            stopped = stopped + 1
+            break
+          end
+        end
+      end
+    end
+    return stopped
+  end
+  if #stop_strings > 0 then check_stop_strings() end
   if opts.on_token then opts.on_token(step, out_tok, lengths, max_new) end
   while done[0] == 0 do
     local rc = C.rx_generate_step(gen, done)
     if rc ~= 0 then error(rx.last_error(), 2) end
     step = step + 1
+    if #stop_strings > 0 then check_stop_strings() end
     if opts.on_token then opts.on_token(step, out_tok, lengths, max_new) end
   end
   C.rx_generate_end(ffi.gc(gen, nil))
@@ -596,7 +651,7 @@ function Model:generate(prompts, opts)
   for r = 0, R - 1 do
     local n = lengths[r]
     local row = { prompt = math.floor(r / slots) + 1, slot = r % slots + 1, tokens = {}, logprobs = {},
-      finish = finish[r] == C.RX_FINISH_STOP and "stop" or "length" }
+      finish = (finish[r] == C.RX_FINISH_STOP or matched[r]) and "stop" or "length", stop_string = matched[r] }
     for t = 0, n - 1 do
       row.tokens[t + 1] = out_tok[r * max_new + t]
       row.logprobs[t + 1] = out_lp[r * max_new + t]

@@ -34,6 +34,7 @@ M.groups = {
     { "enable_thinking", nil, "boolean", "chat template variable enable_thinking (Qwen3: false renders an empty <think> block; unset: the template's default)" },
     { "chat_template_kwargs", nil, "table", "recipe only: extra variables for the tokenizer's chat template, e.g. { date_string = \"26 Jul 2024\" }" },
     { "stop", nil, "strings", "extra stop tokens (as written in tokenizer.json) besides EOS, <|im_end|>, <|endoftext|>, <|eot_id|>" },
+    { "stop_strings", nil, "strings", "text that ends a completion where it appears in the completion's decoded text (vLLM's stop; any number of tokens): the tokens up to the one that completes it are kept, and the reward sees their text, as TRL with vLLM" },
   } },
   { "Algorithm", {
     { "algo", "remax", "enum:remax|grpo|rloo|reinforce|sft", "remax, grpo, rloo, reinforce (RL with that advantage estimator), or sft (cross-entropy on prompt -> answer)" },
@@ -79,6 +80,8 @@ M.groups = {
     { "temperature", 1.0, "number", "sampling temperature of the sampled rows", hot = true },
     { "top_p", 1.0, "number", "nucleus sampling threshold", hot = true },
     { "top_k", 0, "integer", "sample among the k most likely tokens (0: all)", hot = true },
+    { "min_p", 0.0, "number", "drop tokens less likely than min_p times the most likely one, after top_k and top_p (0: off)", hot = true },
+    { "repetition_penalty", 1.0, "number", "CTRL's penalty on the tokens of a row's prompt and completion so far, before temperature (positive logits divided by it, negative ones multiplied; greedy rows too; 1: off)", hot = true },
   } },
   { "Optimisation", {
     { "learning_rate", 1e-5, "number", "peak learning rate of AdamW", hot = true },
@@ -182,9 +185,7 @@ M.not_supported = {
   logging_strategy = "remax counts steps: logging_steps",
   optim = "the optimizer is AdamW (adam_beta1, adam_beta2, adam_epsilon, weight_decay)",
   warmup_steps = "give warmup_ratio (a fraction of max_steps)",
-  min_p = "the sampler has temperature, top_p and top_k",
-  repetition_penalty = "the sampler has temperature, top_p and top_k",
-  generation_kwargs = "the sampler has temperature, top_p and top_k (and stop)",
+  generation_kwargs = "the sampler's settings are their own keys: temperature, top_p, top_k, min_p, repetition_penalty (and stop)",
   remove_unused_columns = "every dataset column reaches the rewards already (TRL's False)",
   shuffle_dataset = "the training data is always shuffled (seeded by seed, resumable)",
   data_seed = "seed drives the data order",
