@@ -138,7 +138,8 @@ int rx_model_lora_init(rx_model *m, const rx_lora_config *cfg) {
   lo->bytes = total;
   const int64_t wide = lo->max_in > lo->max_out ? lo->max_in : lo->max_out;
   lo->device = c->device;
-  lo->param_arena = rx_arena_alloc(c->device, (size_t)total, "LoRA adapters", 0, &lo->param_handle);
+  /* zeroed: the padding between adapters stays 0 under an optimizer over the flat buffer */
+  lo->param_arena = rx_arena_alloc(c->device, (size_t)total, "LoRA adapters", 1, &lo->param_handle);
   lo->scratch = rx_arena_alloc(c->device, (size_t)(LORA_CHUNK_ROWS * (lo->max_in + 2 * cfg->r + wide) * es),
                                "LoRA scratch", 0, &lo->scratch_handle);
   if (c->device != RX_CPU && cfg->dropout > 0) lo->host = malloc(sizeof(float) * 3 * (size_t)(LORA_CHUNK_ROWS * wide));
@@ -182,6 +183,20 @@ void rx_lora_zero_grad(rx_model *m) {
 
 void rx_lora_begin_train_forward(rx_model *m) {
   if (m->lora) m->lora->forwards++;
+}
+
+int rx_lora_flat(rx_model *m, rx_tensor *fp, rx_tensor *fg, rx_tensor **params, rx_tensor **grads, int64_t *matrices) {
+  rx_lora *lo = m->lora;
+  int rc = rx_lora_ensure_grads(m);
+  if (rc) return rc;
+  const int32_t dt = lo->params[0].dtype;
+  const int64_t n[1] = {lo->bytes / rx_dtype_size(dt)};
+  rx_view_init(fp, lo->param_arena, dt, lo->device, 1, n);
+  rx_view_init(fg, lo->grad_arena, dt, lo->device, 1, n);
+  *params = fp;
+  *grads = fg;
+  *matrices = n[0];
+  return RX_OK;
 }
 
 int64_t rx_lora_param_bytes(const rx_model *m) { return m->lora ? m->lora->bytes : 0; }

@@ -205,6 +205,61 @@ static void bf16_qwen2_tied_mqa(void) { check_variant(1, RX_BF16); }
 static void bf16_qwen3_qk_norm(void) { check_variant(2, RX_BF16); }
 static void bf16_llama31_rope_scaling(void) { check_variant(3, RX_BF16); }
 
+/* A frozen bf16 model on the device (weight_dtype bf16 under bf16 compute: the KL reference, a
+ * LoRA base): every parameter in bf16 alone, a third of a trained bf16 model's weight bytes, no
+ * gradients; from the same weights it computes the trained bf16 model's log-probabilities and
+ * entropies bit for bit (its weights are that model's working copy, rounded from the same f32). */
+static void frozen_bf16_model(void) {
+  for (int variant = 0; variant < 4; variant++) {
+    rx_model_config c = config(variant), g = c, f = c;
+    g.device = f.device = RX_CUDA;
+    g.dtype = f.dtype = RX_BF16;
+    f.weight_dtype = RX_BF16;
+    rx_model *mc = NULL, *mg = NULL, *mf = NULL;
+    CHECK_OK(rx_model_new(&mc, &c));
+    CHECK_OK(rx_model_new(&mg, &g));
+    CHECK_OK(rx_model_new(&mf, &f));
+    if (!mc || !mg || !mf) { rx_model_free(mc); rx_model_free(mg); rx_model_free(mf); return; }
+    CHECK(rx_model_weight_dtype(rx_model_get_config(mf)) == RX_BF16, "frozen model's weight dtype");
+    for (int64_t i = 0; i < rx_model_param_count(mc); i++) {
+      rx_tensor *p = rx_model_param(mc, i);
+      if (strstr(rx_model_param_name(mc, i), "norm.weight")) rx_tensor_uniform(p, 13, (uint64_t)i << 32, 0.5, 1.5);
+      else rx_tensor_normal(p, 13, (uint64_t)i << 32, 0.0, 0.3);
+      CHECK(rx_model_param(mf, i)->dtype == RX_BF16 && rx_model_param(mf, i)->device == RX_CUDA, "%s: %s on device %d",
+            rx_model_param_name(mf, i), rx_dtype_name(rx_model_param(mf, i)->dtype), rx_model_param(mf, i)->device);
+      CHECK_OK(rx_tensor_copy(rx_model_param(mg, i), p));
+      CHECK_OK(rx_tensor_copy(rx_model_param(mf, i), p));
+    }
+    rx_model_memory memg, memf;
+    rx_model_memory_usage(mg, &memg);
+    rx_model_memory_usage(mf, &memf);
+    CHECK(3 * memf.param_bytes <= memg.param_bytes + 64 * 3 * rx_model_param_count(mc),
+          "%s: frozen bf16 weights take %lld bytes, the trained bf16 model's %lld", variant_name[variant],
+          (long long)memf.param_bytes, (long long)memg.param_bytes);
+    CHECK(rx_model_grad(mf, 0) == NULL, "%s: a frozen model has no gradients", variant_name[variant]);
+    CHECK(memf.grad_bytes == 0, "%s: gradient bytes %lld", variant_name[variant], (long long)memf.grad_bytes);
+    rx_tensor *fp = NULL, *fg = NULL;
+    int64_t matrices = 0;
+    CHECK_FAILS(rx_model_flat(mf, &fp, &fg, &matrices), "a frozen model");
+    rx_tensor *tok = host(RX_I32, tokens), *msk = host(RX_I32, mask);
+    rx_tensor *lp_c = host(RX_F32, NULL), *ent_c = host(RX_F32, NULL), *lp_g = host(RX_F32, NULL),
+              *ent_g = host(RX_F32, NULL), *lp_f = host(RX_F32, NULL), *ent_f = host(RX_F32, NULL);
+    rx_forward_opts fo = {0, 0, 4, 7};
+    CHECK_OK(rx_model_logprobs(mc, tok, msk, lp_c, ent_c, &fo));
+    CHECK_OK(rx_model_logprobs(mg, tok, msk, lp_g, ent_g, &fo));
+    CHECK_OK(rx_model_logprobs(mf, tok, msk, lp_f, ent_f, &fo));
+    CHECK(gpu_same_bits(lp_f, lp_g) && gpu_same_bits(ent_f, ent_g),
+          "%s: the frozen bf16 model's log-probabilities differ from the trained bf16 model's", variant_name[variant]);
+    const double e = err(lp_f, lp_c);
+    CHECK(e <= 3e-2, "%s: frozen bf16 log-probabilities differ from the f32 cpu's by %g", variant_name[variant], e);
+    rx_tensor *all[] = {tok, msk, lp_c, ent_c, lp_g, ent_g, lp_f, ent_f};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) rx_tensor_free(all[i]);
+    rx_model_free(mc);
+    rx_model_free(mg);
+    rx_model_free(mf);
+  }
+}
+
 /* What the device cannot do is an error naming it, never a silent CPU model. */
 static void device_errors_name_the_problem(void) {
   rx_model_config c = config(0);
@@ -235,6 +290,7 @@ int main(void) {
   RUN(bf16_qwen2_tied_mqa);
   RUN(bf16_qwen3_qk_norm);
   RUN(bf16_llama31_rope_scaling);
+  RUN(frozen_bf16_model);
   RUN(device_errors_name_the_problem);
   return check_summary("gpu_test_model");
 }
