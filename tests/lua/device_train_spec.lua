@@ -68,6 +68,10 @@ describe("training on cuda", function()
       assert.are.equal("cuda", gpu.opt.m[name]:device_name())
       assert.are.equal("cuda", gpu.opt.v[name]:device_name())
     end
+    -- AdamW over the flat buffers: the moments in two device buffers, two update launches
+    -- (matrices with weight decay, norms and biases without) and one clip
+    assert.are.equal("cuda", gpu.opt.m_flat:device_name())
+    assert.are.equal(2, #gpu.opt.runs)
     local start = host_params(cpu.model)
     for step = 1, 3 do
       local mc, mg = cpu:train_step(), gpu:train_step()
@@ -168,6 +172,29 @@ describe("training on cuda", function()
     end
     assert.is_true(n2 > 0, "the steps changed no weight")
     assert.is_true(math.sqrt(d2 / n2) <= 3e-2, ("relative L2 of the change: %.3g"):format(math.sqrt(d2 / n2)))
+  end)
+
+  it("cuda: a bf16 run's KL reference is a frozen bf16 model, and trains as one whose reference keeps f32 masters", function()
+    local dir = setup()
+    local extra = { device = "cuda", dtype = "bf16", max_steps = 2, beta = 0.1, run_name = "frozen" }
+    local a = new_trainer(dir, extra)
+    extra.run_name, extra.frozen_dtype = "masters", "f32"
+    local b = new_trainer(dir, extra)
+    assert.are.equal("bf16", a.ref:weight_dtype())   -- every weight in bf16 alone
+    assert.are.equal("f32", b.ref:weight_dtype())    -- f32 masters and a bf16 working copy
+    local ma, mb, mp = a.ref:memory(), b.ref:memory(), a.model:memory()
+    assert.are.equal(0, ma.grads)
+    assert.is_true(3 * ma.params <= mb.params + 64 * 3 * #a.model.names, ("frozen %d bytes, with masters %d"):format(ma.params, mb.params))
+    assert.is_true(3 * ma.params <= mp.params + 64 * 3 * #a.model.names)
+    for step = 1, 2 do
+      local sa, sb = a:train_step(), b:train_step()
+      -- the frozen weights are the masters' working copy: the same log-probabilities, bit for bit
+      assert.are.equal(sb.kl, sa.kl, "step " .. step .. ": kl")
+      assert.are.equal(sb.loss, sa.loss, "step " .. step .. ": loss")
+      if step == 1 then assert.is_true(math.abs(sa.kl) < 1e-6, "kl " .. sa.kl .. " before the first update") end
+    end
+    local pa, pb = host_params(a.model), host_params(b.model)
+    for name, t in pairs(pa) do assert.is_true(bytes(t) == bytes(pb[name]), name) end
   end)
 
   it("cuda: a device model generates the cpu's tokens, greedy and sampled, after its weights change", function()
