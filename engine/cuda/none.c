@@ -64,7 +64,7 @@ int rx_cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, c
 int rx_cuda_adamw(float *param, const float *grad, float *m, float *v, int64_t n, double lr, double beta1,
                   double beta2, double eps, double shrink, double bc1, double sqrt_bc2) { return none(); }
 int rx_cuda_sum_squares(double *acc, const float *x, int64_t n) { return none(); }
-int rx_cuda_scale(float *x, int64_t n, double s) { return none(); }
+int rx_cuda_scale(void *x, int64_t n, double s, int32_t dtype) { return none(); }
 int rx_cuda_scalar(double **acc) { *acc = NULL; return none(); }
 int rx_cuda_read_double(double *out, const double *acc) { return none(); }
 int rx_cuda_sample(int32_t *token, float *logprob, float *prob, const void *logits, const rx_cuda_sample_row *rows,

@@ -249,7 +249,8 @@ int rx_model_flat(rx_model *m, rx_tensor **params, rx_tensor **grads, int64_t *m
 }
 
 int rx_model_refresh_work(rx_model *m) {
-  if (!m->work) return RX_OK;
+  int rc = rx_lora_refresh_work(m);   /* bf16 adapters from their f32 masters */
+  if (rc || !m->work) return rc;
   const int64_t n[1] = {m->param_bytes / 4};   /* the f32 master, padding included, in one conversion */
   rx_tensor master, work;
   rx_view_init(&master, m->param_arena, RX_F32, m->cfg.device, 1, n);

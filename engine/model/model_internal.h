@@ -77,7 +77,8 @@ static inline int rx_model_frozen_bf16(const rx_model_config *c) { return c->dty
 static inline int32_t rx_model_vector_dtype(const rx_model_config *c) {
   return rx_model_frozen_bf16(c) ? RX_BF16 : rx_model_master_dtype(c);
 }
-/* Refreshes a bf16 model's working weights from its master weights (no-op otherwise). */
+/* Refreshes a bf16 model's working weights (and its LoRA adapters') from the master weights
+ * (no-op otherwise). */
 int rx_model_refresh_work(rx_model *m);
 
 /* The KV-cache hook of a layer: called after RoPE with the layer's activations (a->k4, a->v4
@@ -137,6 +138,8 @@ void rx_lora_begin_train_forward(rx_model *m);
  * matrix, so *matrices is the whole). */
 int rx_lora_flat(rx_model *m, rx_tensor *fp, rx_tensor *fg, rx_tensor **params, rx_tensor **grads, int64_t *matrices);
 int64_t rx_lora_param_bytes(const rx_model *m);
+/* Under bf16 compute: the adapters' bf16 working copy from their f32 masters (no-op otherwise). */
+int rx_lora_refresh_work(rx_model *m);
 int64_t rx_lora_grad_bytes(const rx_model *m);
 
 /* The head on xf (engine/model/head.c): forward fills row_logp (log p of each row's target, 0

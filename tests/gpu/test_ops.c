@@ -58,6 +58,17 @@ static void test_add(void) {
   pair_free(a); pair_free(b); rx_tensor_free(c);
 }
 
+/* x *= s in the dtype under test (clipping in f32; LoRA's alpha / r on bf16 activations) */
+static void test_scale(void) {
+  int64_t s[2] = {23, 301};
+  pair x = input(2, s, 12, -3, 3);
+  CHECK_OK(rx_scale(x.c, 0.37));
+  CHECK_OK(rx_scale(x.g, 0.37));
+  const double e = gpu_nrmse(x.g, x.c);
+  CHECK(e <= (dt == RX_F32 ? 0 : gpu_tol(dt)), "scale (%s): normalised error %.3g", rx_dtype_name(dt), e);
+  pair_free(x);
+}
+
 static void test_swiglu(void) {
   int64_t s[2] = {19, 300};
   pair gate = input(2, s, 3, -6, 6), up = input(2, s, 4, -2, 2), dout = input(2, s, 5, -1, 1);
@@ -401,6 +412,7 @@ int main(void) {
     dt = k == 0 ? RX_F32 : RX_BF16;
     fprintf(stderr, "-- dtype %s\n", rx_dtype_name(dt));
     RUN(test_add);
+    RUN(test_scale);
     RUN(test_swiglu);
     RUN(test_rmsnorm);
     RUN(test_rmsnorm_in_place);

@@ -460,17 +460,12 @@ function M.derive(cfg)
 end
 
 -- device = cuda needs a CUDA device in this build (a typo never falls back to the CPU: the enum
--- catches it), and what the engine cannot yet do there is refused by name: LoRA adapters under
--- bf16 compute (engine/model/lora.c keeps a device model's adapters in f32).
+-- catches it).
 function M.check_device(device, source, cfg)
   if device ~= "cuda" then return end
   if not require("remax.bind.tensor").has_cuda() then
     error(("%s: device = cuda: this remax has no CUDA device or was built without CUDA (rebuild where the CUDA toolkit is found); use device = cpu")
       :format(source or "config"), 0)
-  end
-  if cfg and cfg.use_lora and cfg.dtype ~= "f32" then
-    error(("%s: device = cuda with use_lora = true and dtype = %s: LoRA adapters on the device need f32 compute " ..
-      "so far (engine/model/lora.c); use --dtype f32"):format(source or "config", tostring(cfg.dtype)), 0)
   end
 end
 

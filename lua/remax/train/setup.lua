@@ -29,9 +29,10 @@ end
 function methods.setup_model(self)
   local cfg = self.cfg
   local mopts = { dtype = cfg.dtype, seed = cfg.seed, device = cfg.device }
-  -- a model that is not trained (remax eval) or whose base is frozen (LoRA) may keep bf16 weights
-  -- (bf16 storage under f32 compute is a CPU feature of the engine; on cuda they stay in dtype)
-  if (self.opts.eval_only or cfg.use_lora) and cfg.device == "cpu" then mopts.weight_dtype = cfg.frozen_dtype end
+  -- a model that is not trained (remax eval) or whose base is frozen (LoRA) may keep bf16 weights:
+  -- bf16 matrices under f32 compute on the cpu; on cuda under bf16 compute a frozen bf16 model
+  -- (every weight in bf16 alone, no f32 masters; LoRA's adapters keep theirs)
+  if self.opts.eval_only or cfg.use_lora then mopts.weight_dtype = M.frozen_weight_dtype(cfg) end
   local source
   if cfg.model then
     -- a folder, or a Hugging Face name found in the cache (Qwen/Qwen2.5-0.5B-Instruct)
@@ -232,6 +233,15 @@ function methods.setup_optimizer(self)
   -- the schedule counts optimizer updates: num_iterations of them per step
   self.total_updates = cfg.max_steps * cfg.num_iterations
   self.warmup_steps = math.ceil(cfg.warmup_ratio * self.total_updates)
+end
+
+-- The weight_dtype of a frozen policy (remax eval, the base under LoRA adapters): frozen_dtype
+-- on the cpu; on cuda "bf16" under bf16 compute unless frozen_dtype = f32 (a frozen bf16 model),
+-- else nil (the compute dtype: bf16 storage under f32 compute is the cpu's).
+function M.frozen_weight_dtype(cfg)
+  if cfg.device == "cpu" then return cfg.frozen_dtype end
+  if cfg.dtype == "bf16" and cfg.frozen_dtype ~= "f32" then return "bf16" end
+  return nil
 end
 
 -- The weight_dtype of the separate reference model (remax.bind.model's option): frozen_dtype on
