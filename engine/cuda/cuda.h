@@ -37,6 +37,7 @@ int rx_cuda_first_bad_index(int64_t *bad, int32_t *bad_value, const int32_t *idx
 
 /* ---- kernels (engine/cuda/<op>.cu), the twins of engine/cpu/<op> */
 int rx_cuda_add(void *out, const void *a, const void *b, int64_t n, int32_t dtype);
+int rx_cuda_dropout(void *xd, const void *x, const float *u, int64_t n, double p, void *dy, int32_t dtype);
 int rx_cuda_swiglu_forward(void *out, const void *gate, const void *up, int64_t n, int32_t dtype);
 int rx_cuda_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n,
                             int32_t dtype);

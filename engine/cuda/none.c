@@ -25,6 +25,7 @@ int rx_cuda_fill(rx_tensor *t, double value) { return none(); }
 int rx_cuda_first_bad_index(int64_t *bad, int32_t *bad_value, const int32_t *idx, int64_t n, int64_t limit,
                             int allow_negative) { return none(); }
 int rx_cuda_add(void *out, const void *a, const void *b, int64_t n, int32_t dtype) { return none(); }
+int rx_cuda_dropout(void *xd, const void *x, const float *u, int64_t n, double p, void *dy, int32_t dtype) { return none(); }
 int rx_cuda_swiglu_forward(void *out, const void *gate, const void *up, int64_t n, int32_t dtype) { return none(); }
 int rx_cuda_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n,
                             int32_t dtype) { return none(); }

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "model/model_internal.h"
+#include "ops/engine_ops.h"
 
 enum { LORA_CHUNK_ROWS = 256 };
 
@@ -42,7 +43,8 @@ struct rx_lora {
   int64_t max_in, max_out;
   int32_t device;              /* the model's: adapters, their gradients and the scratch live there */
   void *param_handle, *grad_handle, *scratch_handle, *work_handle;   /* their allocator's pieces (rx_arena_free) */
-  float *host;                 /* a device model's dropout: 3 chunks of [rows, max(in, out)] f32 on the host */
+  float *draws;                /* a device model's dropout: the uniform draws of a chunk, [rows, max_in] f32 */
+  void *draws_handle;
 };
 
 static void proj_param(const rx_model *m, int64_t l, int32_t proj, int64_t *w, int64_t *b) {
@@ -73,7 +75,7 @@ void rx_lora_free(rx_lora *lo) {
   rx_arena_free(lo->device, lo->scratch, lo->scratch_handle);
   rx_arena_free(lo->device, lo->work_arena, lo->work_handle);
   free(lo->work);
-  free(lo->host);
+  rx_arena_free(lo->device, lo->draws, lo->draws_handle);
   free(lo);
 }
 
@@ -151,14 +153,16 @@ int rx_model_lora_init(rx_model *m, const rx_lora_config *cfg) {
   lo->param_arena = rx_arena_alloc(c->device, (size_t)total, "LoRA adapters", 1, &lo->param_handle);
   lo->scratch = rx_arena_alloc(c->device, (size_t)(LORA_CHUNK_ROWS * (lo->max_in + 2 * cfg->r + wide) * ces),
                                "LoRA scratch", 0, &lo->scratch_handle);
-  if (c->device != RX_CPU && cfg->dropout > 0) lo->host = malloc(sizeof(float) * 3 * (size_t)(LORA_CHUNK_ROWS * wide));
+  if (c->device != RX_CPU && cfg->dropout > 0)
+    lo->draws = rx_arena_alloc(c->device, sizeof(float) * (size_t)(LORA_CHUNK_ROWS * lo->max_in), "LoRA dropout draws", 0,
+                               &lo->draws_handle);
   if (c->dtype == RX_BF16) {
     lo->work = calloc((size_t)lo->n, sizeof *lo->work);
     lo->work_arena = lo->work ? rx_arena_alloc(c->device, (size_t)(total / 2), "LoRA adapters (bf16 working copy)", 1,
                                                &lo->work_handle)
                               : NULL;
   }
-  if (!lo->param_arena || !lo->scratch || (c->device != RX_CPU && cfg->dropout > 0 && !lo->host) ||
+  if (!lo->param_arena || !lo->scratch || (c->device != RX_CPU && cfg->dropout > 0 && !lo->draws) ||
       (c->dtype == RX_BF16 && !lo->work_arena)) {
     free(offsets);
     rx_lora_free(lo);
@@ -286,53 +290,16 @@ static uint64_t mask_offset(const rx_model *m, int64_t l, int32_t proj) {
           << 36);
 }
 
-/* xd = x * keep / (1 - p), or with dy given: dy *= keep / (1 - p) (the mask redrawn into xd). */
+/* xd = x * keep / (1 - p), or with dy given also dy *= keep / (1 - p) (the mask redrawn): the
+ * draws are made in xd itself on the CPU (its dtype), in an f32 scratch on a device (the CPU's f32
+ * numbers, so bf16 activations get the CPU's masks), and the dropout op applies them there. */
 static int dropout_rows(const rx_model *m, int64_t l, int32_t proj, chunk *ch, rx_tensor *dy) {
   const rx_lora *lo = m->lora;
-  const double p = lo->cfg.dropout, keep = 1.0 / (1.0 - p);
-  const int64_t in = ch->x.shape[1], n = ch->n * in;
-  const uint64_t seed = lo->cfg.seed ^ 0x9e3779b97f4a7c15ull, offset = mask_offset(m, l, proj) + (uint64_t)(ch->r0 * in);
-  int rc;
-  if (lo->device != RX_CPU) {   /* on a device: the same arithmetic on f32 host copies (no kernel yet); the
-                                 * draws are made in f32 on the host, so bf16 activations get the cpu's masks */
-    const int64_t wide = LORA_CHUNK_ROWS * (lo->max_in > lo->max_out ? lo->max_in : lo->max_out);
-    float *d = lo->host, *x = lo->host + wide, *g = lo->host + 2 * wide;
-    rx_tensor hd, hx, hg;
-    rx_view_init(&hd, d, RX_F32, RX_CPU, 2, ch->xd.shape);
-    rx_view_init(&hx, x, RX_F32, RX_CPU, 2, ch->x.shape);
-    if ((rc = rx_tensor_uniform(&hd, seed, offset, 0, 1)) || (rc = rx_tensor_copy(&hx, &ch->x))) return rc;
-    if (dy) {
-      rx_view_init(&hg, g, RX_F32, RX_CPU, 2, dy->shape);
-      if ((rc = rx_tensor_copy(&hg, dy))) return rc;
-    }
-    const float k = (float)keep;
-    for (int64_t i = 0; i < n; i++) {
-      const float f = d[i] >= p ? k : 0.0f;
-      if (dy) g[i] *= f;
-      d[i] = x[i] * f;
-    }
-    if ((rc = rx_tensor_copy(&ch->xd, &hd))) return rc;
-    return dy ? rx_tensor_copy(dy, &hg) : RX_OK;
-  }
-  if ((rc = rx_tensor_uniform(&ch->xd, seed, offset, 0, 1))) return rc;
-  if (ch->x.dtype == RX_F32) {
-    float *d = ch->xd.data, *g = dy ? dy->data : NULL;
-    const float *x = ch->x.data, k = (float)keep;
-    for (int64_t i = 0; i < n; i++) {
-      const float f = d[i] >= p ? k : 0.0f;
-      if (g) g[i] *= f;
-      d[i] = x[i] * f;
-    }
-  } else {
-    double *d = ch->xd.data, *g = dy ? dy->data : NULL;
-    const double *x = ch->x.data;
-    for (int64_t i = 0; i < n; i++) {
-      const double f = d[i] >= p ? keep : 0.0;
-      if (g) g[i] *= f;
-      d[i] = x[i] * f;
-    }
-  }
-  return RX_OK;
+  const int64_t in = ch->x.shape[1];
+  rx_tensor u = ch->xd;
+  if (lo->device != RX_CPU) rx_view_init(&u, lo->draws, RX_F32, lo->device, 2, ch->xd.shape);
+  int rc = rx_tensor_uniform(&u, lo->cfg.seed ^ 0x9e3779b97f4a7c15ull, mask_offset(m, l, proj) + (uint64_t)(ch->r0 * in), 0, 1);
+  return rc ? rc : rx_dropout_apply(&ch->xd, &ch->x, &u, lo->cfg.dropout, dy);
 }
 
 #define TRY(call) do { int rc_ = (call); if (rc_) return rc_; } while (0)

@@ -234,10 +234,24 @@ describe("training on cuda", function()
     local prompts, completions = { "2+2?", "a longer question, 3+5?" }, { "4", "eight" }
     local a, b = on_cpu:score(prompts, completions), on_gpu:score(prompts, completions)
     for i = 1, 2 do assert.is_true(math.abs(a[i] - b[i]) <= 1e-5 * math.max(1, math.abs(a[i])), ("row %d: %g, %g"):format(i, a[i], b[i])) end
+    -- under bf16 a frozen bf16 decoder (bf16 weights alone), the score head in f32
+    local on_bf16 = reward_model.load(dir, { device = "cuda", dtype = "bf16" })
+    assert.are.equal("bf16", on_bf16.model:weight_dtype())
+    assert.are.equal(0, on_bf16.model:memory().grads)
+    local c = on_bf16:score(prompts, completions)
+    -- the same bits as a bf16 decoder with f32 masters (its working copy is these weights)
+    local d = reward_model.load(dir, { device = "cuda", dtype = "bf16", weight_dtype = "f32" }):score(prompts, completions)
+    assert.are.same(d, c)
+    -- near the cpu's: a score is a dot product over hidden 32 with head weights ~ N(0, 0.5), so its
+    -- scale is about 2.8 while these scores are ~0.2; bf16's ~1% error on the hidden state is ~0.03
+    for i = 1, 2 do assert.is_true(math.abs(a[i] - c[i]) <= 0.1, ("bf16 row %d: %g, %g"):format(i, a[i], c[i])) end
     -- a run on cuda loads its reward models there
     local data = setup()
     local t = new_trainer(data, { device = "cuda", rewards = { { model = dir, name = "rm" } }, beta = 0 })
     assert.are.equal("cuda", t.rewards[1].reward_model.model:device_name())
+    local tb = new_trainer(data, { device = "cuda", dtype = "bf16", rewards = { { model = dir, name = "rm" } }, beta = 0,
+      run_name = "bf16" })
+    assert.are.equal("bf16", tb.rewards[1].reward_model.model:weight_dtype())
   end)
 
   it("cuda: LoRA on the device (dropout included) equals LoRA on the cpu (A within 1e-5, B within 1e-4 relative)", function()

@@ -208,8 +208,9 @@ function methods.setup_data(self)
 end
 
 function methods.setup_rewards(self)
-  -- reward models run on the policy's device
-  self.rewards = rewards.load_all(self.cfg.rewards, { base = self.recipe_dir, device = self.cfg.device })
+  -- reward models run on the policy's device (on cuda under bf16: frozen bf16 models)
+  self.rewards = rewards.load_all(self.cfg.rewards, { base = self.recipe_dir, device = self.cfg.device,
+    dtype = self.cfg.device ~= "cpu" and self.cfg.dtype or nil })
   rewards.probe(self.rewards, self.train_ds.rows, self.train_ds.source, data.collate, rewards.limit(self.cfg.reward_timeout))
   if self.eval_ds then rewards.probe(self.rewards, self.eval_ds.rows, self.eval_ds.source, data.collate, rewards.limit(self.cfg.reward_timeout)) end
   -- evaluation's accuracy: the first reward marked accuracy = true (right or wrong per
