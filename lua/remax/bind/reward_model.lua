@@ -81,7 +81,9 @@ function M.load(dir, opts)
     st:close()
     error(("reward model %s: score.weight has shape [%s], expected [1,%d]"):format(dir, table.concat(info.shape, ","), hidden), 0)
   end
-  local head = tensor.new({ 1, hidden }, "f32")
+  -- the head in the decoder's dtype (f32 for a bf16 decoder)
+  local dtype = tonumber(model:cfg().dtype)
+  local head = tensor.new({ 1, hidden }, dtype == tonumber(C.RX_BF16) and "f32" or dtype)
   st:read_into("score.weight", head)
   st:close()
   local okt, tok = pcall(require("remax.bind.tokenizer").load, dir)
@@ -136,8 +138,8 @@ function RewardModel:score_ids(rows, batch_size, pad_left)
     local h = tensor.new({ #chunk, hidden }, dtype)
     local rc = C.rx_model_hidden_at(self.model.handle, tok, mask, index, h)
     if rc ~= 0 then error(("reward model %s: %s"):format(self.dir, rx.last_error()), 0) end
-    if dtype ~= tonumber(C.RX_F32) then h = h:to("f32") end   -- a bf16 decoder: the head in f32
-    local s = tensor.new({ #chunk, 1 }, "f32")
+    if dtype == tonumber(C.RX_BF16) then h = h:to("f32") end   -- a bf16 decoder: the head in f32
+    local s = tensor.new({ #chunk, 1 }, tonumber(h.dtype))
     check(C.rx_matmul_forward(s, h, self.head, nil), 2)
     for b = 1, #chunk do out[first + b - 1] = s:get(b, 1) end
   end

@@ -226,7 +226,9 @@ function methods.setup_optimizer(self)
   local cfg = self.cfg
   local opts = { lr = cfg.learning_rate, betas = { cfg.adam_beta1, cfg.adam_beta2 }, eps = cfg.adam_epsilon,
     weight_decay = cfg.weight_decay, stage = cfg.zero_stage }
-  if cfg.zero_stage > 0 then   -- ZeRO-1/2: this rank's shard of the moments (docs/distributed.md)
+  if self.opts.eval_only then   -- remax eval trains nothing (its model may be frozen): no moments
+    self.opt = optim.adamw({}, {}, opts)
+  elseif cfg.zero_stage > 0 then   -- ZeRO-1/2: this rank's shard of the moments (docs/distributed.md)
     self.opt = optim.zero_adamw(self.dist, self.model, opts)
   else
     self.opt = optim.adamw(self.model, opts)   -- over the model's flat buffers (bind/optim)
