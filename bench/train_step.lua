@@ -23,7 +23,7 @@ else
   assert(opts.dtype == "f32", "--dtype bf16 trains on --device cuda only (the CPU trains in f32)")
   model, cfg = common.model(opts.shape)
 end
-local opt = remax.optim.adamw(model:params(), model:grads(), { lr = 1e-5, weight_decay = 0.0 })
+local opt = remax.optim.adamw(model, { lr = 1e-5, weight_decay = 0.0 })   -- over the flat buffers
 
 local B, T = opts.batch, opts.seq
 local tokens = remax.tensor.new({ B, T }, "i32")

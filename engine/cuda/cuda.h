@@ -37,6 +37,7 @@ int rx_cuda_first_bad_index(int64_t *bad, int32_t *bad_value, const int32_t *idx
 
 /* ---- kernels (engine/cuda/<op>.cu), the twins of engine/cpu/<op> */
 int rx_cuda_add(void *out, const void *a, const void *b, int64_t n, int32_t dtype);
+int rx_cuda_dropout(void *xd, const void *x, const float *u, int64_t n, double p, void *dy, int32_t dtype);
 int rx_cuda_swiglu_forward(void *out, const void *gate, const void *up, int64_t n, int32_t dtype);
 int rx_cuda_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n,
                             int32_t dtype);
@@ -132,7 +133,7 @@ int rx_cuda_adamw(float *param, const float *grad, float *m, float *v, int64_t n
                   double beta2, double eps, double shrink, double bc1, double sqrt_bc2);
 /* sum of squares of n f32 values, in double, in a fixed order; added to *acc (device double). */
 int rx_cuda_sum_squares(double *acc, const float *x, int64_t n);
-int rx_cuda_scale(float *x, int64_t n, double s);
+int rx_cuda_scale(void *x, int64_t n, double s, int32_t dtype);   /* f32 or bf16 */
 /* Scratch for the reductions: a device double, read back by rx_cuda_read_double (synchronises). */
 int rx_cuda_scalar(double **acc);
 int rx_cuda_read_double(double *out, const double *acc);

@@ -236,10 +236,14 @@ typedef struct rx_model_config {
   double rope_low_freq_factor;
   double rope_high_freq_factor;
   int64_t rope_original_max_position_embeddings;
-  int32_t weight_dtype;          /* storage of the weight matrices (embeddings, projections, head):
-                                  * RX_BF16 on the CPU with f32 compute keeps them in bf16 (half the
-                                  * memory; frozen: no gradients unless LoRA adapters are trained);
-                                  * any other value: the compute dtype. Norms and biases stay in dtype. */
+  int32_t weight_dtype;          /* storage of frozen weights. RX_BF16 with f32 compute on the CPU keeps
+                                  * the weight matrices (embeddings, projections, head) in bf16, norms
+                                  * and biases in f32 (half the memory); RX_BF16 with bf16 compute on
+                                  * cuda keeps every parameter in bf16 alone: no f32 master weights,
+                                  * no working copy (a third of a trained bf16 model's weight memory).
+                                  * Either way frozen: no gradients (LoRA adapters may train on it).
+                                  * Any other value (0 = RX_F32 included): trainable weights, in the
+                                  * compute dtype (f32 masters for bf16 compute). */
 } rx_model_config;
 
 /* inv_freq[0 .. head_dim/2) of a config: rope_theta^(-2i/head_dim), then its rope_scaling
@@ -253,9 +257,9 @@ typedef struct rx_model rx_model;
 int rx_model_new(rx_model **out, const rx_model_config *cfg);
 void rx_model_free(rx_model *m);
 const rx_model_config *rx_model_get_config(const rx_model *m);
-/* The dtype the weight matrices are stored in: RX_BF16 when the config asks for bf16 storage with
- * f32 compute, else the dtype of the parameters (f32 master weights for bf16 compute, else the
- * compute dtype). */
+/* The dtype the weight matrices are stored in: RX_BF16 when the config asks for bf16 storage
+ * (frozen weights, see weight_dtype), else the dtype of the parameters (f32 master weights for
+ * bf16 compute, else the compute dtype). */
 int32_t rx_model_weight_dtype(const rx_model_config *c);
 int64_t rx_model_param_count(const rx_model *m);
 const char *rx_model_param_name(const rx_model *m, int64_t i);
@@ -266,8 +270,9 @@ rx_tensor *rx_model_grad(rx_model *m, int64_t i);
  * device, for an optimizer that updates every tensor at once (AdamW in two calls, clipping in
  * one): each tensor lies at its own 64-byte aligned offset, the padding between tensors stays
  * zero, and the first *matrices elements hold the weight matrices (decayed by default), the rest
- * the norms and biases. The views belong to the model (valid until it is freed). Fails for a
- * model training LoRA adapters or storing its weights in another dtype than it computes in. */
+ * the norms and biases. The views belong to the model (valid until it is freed). For a model
+ * training LoRA adapters, the adapters' buffers (all matrices). Fails for a model storing its
+ * weights in another dtype than it computes in (frozen). */
 int rx_model_flat(rx_model *m, rx_tensor **params, rx_tensor **grads, int64_t *matrices);
 /* Index of a parameter by name, or -1. */
 int64_t rx_model_find_param(const rx_model *m, const char *name);

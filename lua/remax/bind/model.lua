@@ -141,11 +141,14 @@ local function create(cfg_table, opts, where)
   opts = opts or {}
   local cfg = M.resolve_config(cfg_table, where)
   cfg.dtype = tensor.dtype(opts.dtype or "f32")
-  cfg.weight_dtype = cfg.dtype
+  -- weight_dtype: trainable weights in the compute dtype (f32 masters under bf16 compute), or
+  -- bf16: frozen weights (bf16 matrices under f32 compute on the cpu; every parameter in bf16
+  -- alone under bf16 compute on cuda: no masters, no gradients)
+  cfg.weight_dtype = cfg.dtype == C.RX_BF16 and C.RX_F32 or cfg.dtype
   if opts.weight_dtype ~= nil and opts.weight_dtype ~= "auto" then
     local ok, wdt = pcall(tensor.dtype, opts.weight_dtype)
-    if not ok or (wdt ~= cfg.dtype and wdt ~= C.RX_BF16) then
-      error(("%s: weight_dtype '%s': expected f32 (the compute dtype) or bf16 (frozen weights, half the memory)"):format(
+    if not ok or (wdt ~= cfg.dtype and wdt ~= C.RX_BF16 and wdt ~= C.RX_F32) then
+      error(("%s: weight_dtype '%s': expected f32 (trainable weights) or bf16 (frozen weights, a half or a third of the memory)"):format(
         where, tostring(opts.weight_dtype)), 3)
     end
     cfg.weight_dtype = wdt
@@ -323,23 +326,49 @@ function Model:trainable_grads()
   return list
 end
 
+-- The trained tensors as the engine lays them out (rx_model_flat): { params, grads = two 1-D
+-- views over one arena each (the adapters' with LoRA, else every parameter's; alignment padding
+-- between tensors, always 0), n = their elements, matrices = how many of them hold weight
+-- matrices (they come first), names = the trained tensors' names, offsets = name -> its first
+-- element in both }. Made once per model (the views live as long as the model); it allocates the
+-- gradients if none exist yet. Fails for a model with frozen (bf16-stored) weights.
+function Model:flat()
+  if self.flat_layout then return self.flat_layout end
+  local p, g, mat = ffi.new("rx_tensor*[1]"), ffi.new("rx_tensor*[1]"), ffi.new("int64_t[1]")
+  check(C.rx_model_flat(self.handle, p, g, mat), 2)
+  local names = self.lora and self.lora.names or self.names
+  local params = self:trainable()
+  local out = { params = p[0], grads = g[0], n = tonumber(p[0].numel), matrices = tonumber(mat[0]), names = names,
+    offsets = {} }
+  local base, es = ffi.cast("char*", p[0].data), tonumber(C.rx_dtype_size(p[0].dtype))
+  for _, name in ipairs(names) do
+    local t = params[name]
+    local at = tonumber(ffi.cast("char*", t.data) - base) / es
+    if at < 0 or at + tonumber(t.numel) > out.n or at % 1 ~= 0 then   -- the engine's promise, checked once
+      error(("model:flat(): %s lies outside the flat buffer of %d elements (at %s)"):format(name, out.n, tostring(at)), 2)
+    end
+    out.offsets[name] = at
+  end
+  self.flat_layout = out
+  return out
+end
+
 -- Gradient accumulation over micro-batches: each micro-batch's gradient is computed from zero and
 -- then added to the sum of the earlier ones (G1 + G2 + ...), so one process with two micro-batches
 -- and two ranks with one each (summed by the all-reduce) give the same bits. hold_grads moves the
--- sum so far aside (one buffer per trained tensor, made on first use) and zeroes the gradients;
--- add_held_grads adds it back after the next micro-batch's backward.
+-- sum so far aside (one buffer the size of the flat gradient buffer, on the model's device, made
+-- on first use) and zeroes the gradients; add_held_grads adds it back after the next
+-- micro-batch's backward: one copy and one add over the whole buffer.
 function Model:hold_grads()
-  local grads = self:trainable_grads()
-  if not self.held then
-    self.held = {}
-    for i, g in ipairs(grads) do self.held[i] = tensor.new(g:size(), g:dtype_name(), g:device_name()) end
-  end
-  for i, g in ipairs(grads) do self.held[i]:copy_(g) end
+  local g = self:flat().grads
+  if not self.held then self.held = tensor.new({ tonumber(g.numel) }, g:dtype_name(), g:device_name()) end
+  self.held:copy_(g)
   self:zero_grad()
 end
 
 function Model:add_held_grads()
-  for i, g in ipairs(self:trainable_grads()) do check(C.rx_add(g, g, self.held[i])) end
+  local g = self:flat().grads
+  check(C.rx_add(g, g, self.held))
 end
 
 function Model:num_trainable()

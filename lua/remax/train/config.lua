@@ -22,7 +22,7 @@ M.groups = {
       unavailable = { f16 = "f16 compute is not supported; compute in f32 (or bf16 on device cuda)",
         f64 = "f64 is for the engine's gradient checks, not training; use f32" } },
     { "device", "cpu", "enum:cpu|cuda", "where the model trains: cpu, or cuda (an NVIDIA GPU; needs remax built with CUDA): weights, gradients, optimizer state, the KL reference and the rollouts' KV cache live there, and generation runs there too" },
-    { "frozen_dtype", "auto", "enum:auto|f32|bf16", "storage of the weights of frozen copies: the KL reference model, the base under LoRA adapters, the model of remax eval; bf16 halves their memory (compute stays f32); auto = bf16 when the checkpoint stores its weight matrices in bf16 (nothing lost), else f32" },
+    { "frozen_dtype", "auto", "enum:auto|f32|bf16", "storage of the weights of frozen copies: the KL reference model, the base under LoRA adapters, the model of remax eval; on the cpu bf16 halves their memory (compute stays f32), auto = bf16 when the checkpoint stores its weight matrices in bf16 (nothing lost), else f32; on cuda the KL reference of a dtype = bf16 run is a frozen bf16 model (bf16 weights alone, no f32 masters) unless f32, and bf16 makes an f32 run's reference one too (it then computes in bf16)" },
     { "data", nil, "data", "training data: a JSONL or JSON-array file, or in a recipe a function(split, n, cfg) -> rows that makes train_size rows of split \"train\" (and eval_size of \"test\"), such as remax.tasks.gsm8k.synthetic()" },
     { "eval_data", nil, "data", "held-out data, a file or a function as data; default: a data function's \"test\" split (none when data is a file)" },
     { "prompt_column", nil, "string", "dataset column holding the prompt (default: prompt, else question)" },
@@ -461,17 +461,12 @@ function M.derive(cfg)
 end
 
 -- device = cuda needs a CUDA device in this build (a typo never falls back to the CPU: the enum
--- catches it), and what the engine cannot yet do there is refused by name: LoRA adapters under
--- bf16 compute (engine/model/lora.c keeps a device model's adapters in f32).
+-- catches it).
 function M.check_device(device, source, cfg)
   if device ~= "cuda" then return end
   if not require("remax.bind.tensor").has_cuda() then
     error(("%s: device = cuda: this remax has no CUDA device or was built without CUDA (rebuild where the CUDA toolkit is found); use device = cpu")
       :format(source or "config"), 0)
-  end
-  if cfg and cfg.use_lora and cfg.dtype ~= "f32" then
-    error(("%s: device = cuda with use_lora = true and dtype = %s: LoRA adapters on the device need f32 compute " ..
-      "so far (engine/model/lora.c); use --dtype f32"):format(source or "config", tostring(cfg.dtype)), 0)
   end
 end
 

@@ -380,8 +380,7 @@ function Trainer:update(ro)
       norm = self.opt:reduce_grads(cfg.max_grad_norm)
     else
       self.dist:allreduce_grads(self.model)
-      local _, grads = self.model:trainable()
-      norm = cfg.max_grad_norm > 0 and optim.clip_grad_norm(grads, cfg.max_grad_norm) or optim.grad_norm(grads)
+      norm = self.opt:clip(cfg.max_grad_norm)   -- over the flat gradient buffer
     end
     local lr = optim.schedule(cfg.lr_scheduler_type, cfg.learning_rate, (step - 1) * mu + it, self.total_updates,
       self.warmup_steps)
