@@ -28,9 +28,8 @@ local function rss_mib(key)
 end
 
 local model, cfg = common.model(opts.shape)
-local params, grads = model:trainable()
 local adam = { lr = 1e-5, weight_decay = 0.0, stage = opts.stage }
-local opt = opts.stage > 0 and optim.zero_adamw(world, model, adam) or optim.adamw(params, grads, adam)
+local opt = opts.stage > 0 and optim.zero_adamw(world, model, adam) or optim.adamw(model, adam)
 
 local B, T = opts.batch, opts.seq
 local tokens = remax.tensor.new({ B, T }, "i32")
@@ -51,7 +50,7 @@ for step = 1, opts.warmup + opts.steps do
     opt:reduce_grads(1.0)
   else
     world:allreduce_grads(model)
-    optim.clip_grad_norm(grads, 1.0)
+    opt:clip(1.0)
   end
   opt:step()
   world:barrier()
@@ -69,7 +68,7 @@ local mine = {
 local all = world:gather(mine)
 if world.is_root then
   local n = 0
-  for _, p in pairs(params) do n = n + tonumber(p.numel) end
+  for _, p in pairs(model:trainable()) do n = n + tonumber(p.numel) end
   print(cjson.encode({ shape = opts.shape, layers = base.num_hidden_layers, vocab = base.vocab_size, parameters = n,
     ranks = world.size, stage = opts.stage, step_s = sum / #times, batch = B, seq = T, per_rank = all }))
 end

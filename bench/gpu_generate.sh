@@ -15,11 +15,7 @@
 #   as the peer: checks the script, measures nothing).
 # remax's side runs bench/generate.lua --device cuda; where the build cannot use the device it prints one line saying why.
 # window-seconds: 160
-set -uo pipefail
-cd "$(dirname "$0")/.." || exit 2
-python=${PYTHON:-python3}
-remax=${REMAX_BIN:-./remax}
-deadline=${RX_GPU_DEADLINE:-$((EPOCHSECONDS + 86400))}
+. "$(dirname "$0")/gpu_common.sh"
 if [ "${DRY_RUN:-0}" = 1 ]; then
   shapes=${SHAPES:-tiny}; rows=${ROWS:-1,4}; prompt=${PROMPT:-16}; new=${NEW:-8}; peer_dev=(--device cpu --impl plain)
 else
@@ -27,16 +23,8 @@ else
 fi
 compile=()
 [ "${HF_COMPILE:-0}" = 1 ] && compile=(--compile)
-lines=$(mktemp)
-trap 'rm -f "$lines"' EXIT
-say() { echo "$1" | tee -a "$lines"; }
-jesc() { local s=${1//\\/\\\\}; printf '%s' "${s//\"/\\\"}"; }   # a JSON string's inside
 
-remax_why=$("$remax" run bench/gpu_probe.lua 2>&1 | tail -1)
-if [ "$remax_why" = ok ] && ! grep -q -E '\bdevice *=' bench/generate.lua; then
-  remax_why="not available: bench/generate.lua takes no --device yet"
-fi
-[ "$remax_why" = ok ] || echo "remax side: not available in this build (${remax_why#not available: })"
+remax_side bench/generate.lua
 
 nshapes=$(echo "$shapes" | wc -w)
 i=0

@@ -12,28 +12,15 @@
 #   bench/torch_peer.py's decoder as the peer: checks the script, measures nothing).
 # Where the build cannot put a model on the device, remax's side prints one line saying so.
 # window-seconds: 70
-set -uo pipefail
-cd "$(dirname "$0")/.." || exit 2
-python=${PYTHON:-python3}
-remax=${REMAX_BIN:-./remax}
-deadline=${RX_GPU_DEADLINE:-$((EPOCHSECONDS + 86400))}
+. "$(dirname "$0")/gpu_common.sh"
 if [ "${DRY_RUN:-0}" = 1 ]; then
   shapes=${SHAPES:-tiny}; batch=${BATCH:-2}; seq=${SEQ:-64}; steps=${STEPS:-2}; peer_dev=(--device cpu --impl plain)
 else
   shapes=${SHAPES:-qwen1.5b qwen0.5b}; batch=${BATCH:-16}; seq=${SEQ:-1024}; steps=${STEPS:-5}; peer_dev=()
 fi
 warmup=${WARMUP:-2}
-lines=$(mktemp)
-trap 'rm -f "$lines"' EXIT
-say() { echo "$1" | tee -a "$lines"; }
-jesc() { local s=${1//\\/\\\\}; printf '%s' "${s//\"/\\\"}"; }   # a JSON string's inside
 
-# remax's side: when this build puts a model on the device and bench/train_step.lua takes --device
-remax_why=$("$remax" run bench/gpu_probe.lua 2>&1 | tail -1)
-if [ "$remax_why" = ok ] && ! grep -q -E '\bdevice *=' bench/train_step.lua; then
-  remax_why="not available: bench/train_step.lua takes no --device yet"
-fi
-[ "$remax_why" = ok ] || echo "remax side: not available in this build (${remax_why#not available: })"
+remax_side bench/train_step.lua
 
 for shape in $shapes; do
   left=$((deadline - EPOCHSECONDS))

@@ -20,7 +20,7 @@ local C = require("remax.bind.ffi").C
 local on_device = opts.device ~= "cpu"
 local model, cfg
 model, cfg = common.model(opts.shape, nil, { device = opts.device, dtype = opts.dtype })
-local opt = remax.optim.adamw(model:params(), model:grads(), { lr = 1e-5, weight_decay = 0.0 })
+local opt = remax.optim.adamw(model, { lr = 1e-5, weight_decay = 0.0 })   -- over the flat buffers
 
 local B, T = opts.batch, opts.seq
 local tokens = remax.tensor.new({ B, T }, "i32")

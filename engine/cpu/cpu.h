@@ -142,6 +142,8 @@ void rx_cpu_swiglu_backward_f64(double *dgate, double *dup, const double *dout, 
                                 const double *up, int64_t n);
 
 /* add: out = a + b over n elements; out may alias a or b. */
+void rx_cpu_dropout_f32(float *xd, const float *x, const float *u, int64_t n, double p, float *dy);
+void rx_cpu_dropout_f64(double *xd, const double *x, const double *u, int64_t n, double p, double *dy);
 void rx_cpu_add_f32(float *out, const float *a, const float *b, int64_t n);
 void rx_cpu_add_f64(double *out, const double *a, const double *b, int64_t n);
 

@@ -1,7 +1,7 @@
 // adamw.cu: the optimizer on the device, the twin of optim/adamw.c: AdamW on f32 master weights,
 // gradients and moments (the update in double per element, as on the CPU); the sum of squares of
 // the gradient norm in double in a fixed order (block partials, then the partials in order); and
-// the clipping scale.
+// the clipping scale (and LoRA's scale on bf16 activations).
 #include "common.cuh"
 
 __global__ void adamw_kernel(float *P, const float *G, float *M, float *Vv, int64_t n, double beta1, double beta2,
@@ -65,14 +65,18 @@ extern "C" int rx_cuda_sum_squares(double *acc, const float *x, int64_t n) {
   return RX_OK;
 }
 
-__global__ void scale_kernel(float *x, int64_t n, float f) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) x[i] *= f;
+template <typename T>
+__global__ void scale_kernel(T *x, int64_t n, float f) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    rx_st(x, i, rx_ld(x, i) * f);
 }
 
-extern "C" int rx_cuda_scale(float *x, int64_t n, double f) {
+// x *= f in x's dtype (f32: the clipping scale; bf16: LoRA's alpha / r on bf16 activations),
+// the product formed in f32 and rounded once.
+extern "C" int rx_cuda_scale(void *x, int64_t n, double f, int32_t dtype) {
   RX_STREAM(s);
   if (n == 0) return RX_OK;
-  RX_LAUNCH(scale_kernel, rx_blocks(n, 256), 256, 0, s, x, n, (float)f);
+  RX_DISPATCH_FLOAT(dtype, "scale", RX_LAUNCH((scale_kernel<T>), rx_blocks(n, 256), 256, 0, s, (T *)x, n, (float)f));
   RX_LAUNCHED("scale", "n=%lld", (long long)n);
   return RX_OK;
 }

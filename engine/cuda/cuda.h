@@ -37,6 +37,7 @@ int rx_cuda_first_bad_index(int64_t *bad, int32_t *bad_value, const int32_t *idx
 
 /* ---- kernels (engine/cuda/<op>.cu), the twins of engine/cpu/<op> */
 int rx_cuda_add(void *out, const void *a, const void *b, int64_t n, int32_t dtype);
+int rx_cuda_dropout(void *xd, const void *x, const float *u, int64_t n, double p, void *dy, int32_t dtype);
 int rx_cuda_swiglu_forward(void *out, const void *gate, const void *up, int64_t n, int32_t dtype);
 int rx_cuda_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n,
                             int32_t dtype);
@@ -91,15 +92,21 @@ int rx_cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, c
 /* The sampler on the device (sample.cu), the twin of engine/generate's: one row of logits [n, V]
  * per place and its settings; token i32 [n] (-1: sampled row without a finite logit), logprob
  * f32 [n] (log p of the token at temperature 1), prob f32 [n, V] scratch. u comes from Philox
- * (seed, key, position) as rx_sample_uniform. */
+ * (seed, key, position) as rx_sample_uniform. A row with repetition_penalty != 1 reads its tokens
+ * so far from seen[seen_row * seen_stride + (0 .. num_seen)], samples from a penalised copy of its
+ * logits in penalized f32 [n, V], and appends the token it picks at num_seen (when < seen_stride);
+ * seen and penalized may be NULL when no row has a penalty. */
 typedef struct rx_cuda_sample_row {
-  double temperature, top_p;
-  int32_t top_k, pad;
+  double temperature, top_p, min_p;
+  int32_t top_k;
+  float repetition_penalty;   /* 1 = off */
   uint64_t key;
   int64_t position;
+  int64_t seen_row, num_seen;
 } rx_cuda_sample_row;
-int rx_cuda_sample(int32_t *token, float *logprob, float *prob, const void *logits, const rx_cuda_sample_row *rows,
-                   uint64_t seed, int64_t n, int64_t V, int32_t dtype);
+int rx_cuda_sample(int32_t *token, float *logprob, float *prob, float *penalized, int32_t *seen, int64_t seen_stride,
+                   const void *logits, const rx_cuda_sample_row *rows, uint64_t seed, int64_t n, int64_t V,
+                   int32_t dtype);
 /* Attention of one query per row (dims->Tq == 1) over a KV cache, split along the cache (flash
  * decoding, decode_attention.cu); the same contract as rx_cuda_attention_forward for groups of
  * at most RX_CUDA_DECODE_MAX_GROUP query heads per kv head. */
@@ -126,7 +133,7 @@ int rx_cuda_adamw(float *param, const float *grad, float *m, float *v, int64_t n
                   double beta2, double eps, double shrink, double bc1, double sqrt_bc2);
 /* sum of squares of n f32 values, in double, in a fixed order; added to *acc (device double). */
 int rx_cuda_sum_squares(double *acc, const float *x, int64_t n);
-int rx_cuda_scale(float *x, int64_t n, double s);
+int rx_cuda_scale(void *x, int64_t n, double s, int32_t dtype);   /* f32 or bf16 */
 /* Scratch for the reductions: a device double, read back by rx_cuda_read_double (synchronises). */
 int rx_cuda_scalar(double **acc);
 int rx_cuda_read_double(double *out, const double *acc);

@@ -25,6 +25,7 @@ int rx_cuda_fill(rx_tensor *t, double value) { return none(); }
 int rx_cuda_first_bad_index(int64_t *bad, int32_t *bad_value, const int32_t *idx, int64_t n, int64_t limit,
                             int allow_negative) { return none(); }
 int rx_cuda_add(void *out, const void *a, const void *b, int64_t n, int32_t dtype) { return none(); }
+int rx_cuda_dropout(void *xd, const void *x, const float *u, int64_t n, double p, void *dy, int32_t dtype) { return none(); }
 int rx_cuda_swiglu_forward(void *out, const void *gate, const void *up, int64_t n, int32_t dtype) { return none(); }
 int rx_cuda_swiglu_backward(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n,
                             int32_t dtype) { return none(); }
@@ -64,11 +65,12 @@ int rx_cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, c
 int rx_cuda_adamw(float *param, const float *grad, float *m, float *v, int64_t n, double lr, double beta1,
                   double beta2, double eps, double shrink, double bc1, double sqrt_bc2) { return none(); }
 int rx_cuda_sum_squares(double *acc, const float *x, int64_t n) { return none(); }
-int rx_cuda_scale(float *x, int64_t n, double s) { return none(); }
+int rx_cuda_scale(void *x, int64_t n, double s, int32_t dtype) { return none(); }
 int rx_cuda_scalar(double **acc) { *acc = NULL; return none(); }
 int rx_cuda_read_double(double *out, const double *acc) { return none(); }
-int rx_cuda_sample(int32_t *token, float *logprob, float *prob, const void *logits, const rx_cuda_sample_row *rows,
-                   uint64_t seed, int64_t n, int64_t V, int32_t dtype) { return none(); }
+int rx_cuda_sample(int32_t *token, float *logprob, float *prob, float *penalized, int32_t *seen, int64_t seen_stride,
+                   const void *logits, const rx_cuda_sample_row *rows, uint64_t seed, int64_t n, int64_t V,
+                   int32_t dtype) { return none(); }
 int rx_cuda_decode_attention(void *out, float *lse, const void *q, const void *k, const void *v, const int32_t *mask,
                              const rx_cuda_attn_dims *dims, int32_t dtype) { return none(); }
 int64_t rx_cuda_decode_attention_scratch(const rx_cuda_attn_dims *dims) { return 0; }

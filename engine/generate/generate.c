@@ -64,6 +64,13 @@ struct rx_generator {
   float *sample_buf;                     /* per thread [V] */
   int32_t *index_buf;                    /* per thread [V] */
   cand *cand_buf;                        /* per thread [V]: top-p candidates */
+  float *pen_buf;                        /* per thread [V]: logits after the repetition penalty */
+  /* device sampler with a repetition penalty: the rows' tokens so far (i32 [R, S] by row, the
+   * prompt uploaded at begin, each sampled token appended by the device) and the penalised
+   * logits (f32 [R, V] scratch); NULL when no row has a penalty */
+  int32_t *d_seen;
+  float *d_pen;
+  void *d_seen_handle, *d_pen_handle;
   int nthreads;
 };
 
@@ -113,17 +120,47 @@ static float kth_largest(const float *x, int64_t n, int64_t k, float *buf) {
   return buf[want];
 }
 
+/* CTRL's repetition penalty as Hugging Face's RepetitionPenaltyLogitsProcessor and vLLM apply it,
+ * in f32 as they do: out holds a copy of x; each token of ids gets its logit divided by the
+ * penalty when positive, multiplied by it otherwise. Written from x, so a token seen twice is
+ * penalised once. */
+static void penalize(float *out, const float *x, int64_t V, float penalty, const int32_t *ids, int64_t n) {
+  for (int64_t j = 0; j < n; j++) {
+    const int32_t t = ids[j];
+    if (t < 0 || t >= V) continue;
+    const float v = x[t];
+    out[t] = v > 0 ? v / penalty : v * penalty;
+  }
+}
+
+/* 1 (and 0, a zeroed rx_sampling field) means no penalty. */
+static int penalty_on(double p) { return p != 0 && p != 1; }
+
+/* What is wrong with a row's settings (written to msg), or NULL. */
+static const char *sampling_problem(const rx_sampling *s, char *msg, size_t cap) {
+  if (!(s->temperature >= 0)) snprintf(msg, cap, "temperature = %g must be >= 0", s->temperature);
+  else if (!(s->top_p > 0 && s->top_p <= 1)) snprintf(msg, cap, "top_p = %g outside (0, 1]", s->top_p);
+  else if (s->top_k < 0) snprintf(msg, cap, "top_k = %d must be >= 0", s->top_k);
+  else if (!(s->min_p >= 0 && s->min_p <= 1)) snprintf(msg, cap, "min_p = %g outside [0, 1]", s->min_p);
+  else if (!(s->repetition_penalty >= 0 && isfinite(s->repetition_penalty)))
+    snprintf(msg, cap, "repetition_penalty = %g must be a finite number > 0 (1 = off)", s->repetition_penalty);
+  else return NULL;
+  return msg;
+}
+
 static int by_prob_desc(const void *a, const void *b) {
   const cand *x = a, *y = b;
   if (x->p != y->p) return x->p > y->p ? -1 : 1;
   return x->i - y->i;
 }
 
-/* The sampler, given mx = row_max(logits). Scratch: prob, index and c, [vocab] each. */
+/* The sampler, given mx = row_max(logits) (logits after the repetition penalty): temperature,
+ * top-k, top-p, min-p, then the draw. Scratch: prob, index and c, [vocab] each. */
 static int sample_with(const float *logits, int64_t V, float mx, double temperature, int32_t top_k, double top_p,
-                       double u, float *prob, int32_t *index, cand *c, int32_t *token) {
+                       double min_p, double u, float *prob, int32_t *index, cand *c, int32_t *token) {
   if (temperature <= 0 || top_k == 1) { *token = first_of(logits, V, mx); return RX_OK; }
   if (!isfinite(mx)) return rx_fail(RX_EINVAL, "sample: logits have no finite maximum (%g)", (double)mx);
+  const int64_t arg = first_of(logits, V, mx);
   /* top-k keeps exactly k tokens: those above the k-th largest logit, then as many tokens
    * equal to it (lowest ids first) as make up k. */
   float floor_logit = -INFINITY;
@@ -152,6 +189,7 @@ static int sample_with(const float *logits, int64_t V, float mx, double temperat
       z += p;
     }
   }
+  const float ptop = prob[arg];   /* the most likely token's weight, before top-p may reorder ties */
   if (top_p < 1.0) {
     /* The kept set is a prefix of the tokens sorted by probability. Only tokens at least as
      * likely as some tau can be in it once their mass reaches top_p: gather those, lowering
@@ -180,6 +218,17 @@ static int sample_with(const float *logits, int64_t V, float mx, double temperat
     for (int64_t j = 0; j < keep; j++) kept += c[j].p;
     z = kept;
   }
+  if (min_p > 0) {
+    /* min-p last (Hugging Face's MinPLogitsWarper after top-k and top-p): tokens whose weight is
+     * below min_p x the top token's go; the ratio does not depend on the normalisation */
+    const double floor_p = min_p * (double)ptop;
+    double kept = 0;
+    for (int64_t i = 0; i < V; i++) {
+      if (prob[i] > 0 && (double)prob[i] < floor_p) prob[i] = 0;
+      kept += prob[i];
+    }
+    z = kept;
+  }
   double target = u * z, cum = 0;
   int64_t last = -1;
   for (int64_t i = 0; i < V; i++) {
@@ -192,20 +241,33 @@ static int sample_with(const float *logits, int64_t V, float mx, double temperat
   return RX_OK;
 }
 
-int rx_sample_token(const float *logits, int64_t vocab, double temperature, int32_t top_k, double top_p, double u,
-                    int32_t *token) {
+int rx_sample_token(const float *logits, int64_t vocab, const rx_sampling *s, const int32_t *seen, int64_t num_seen,
+                    double u, int32_t *token) {
+  char msg[128];
   if (vocab <= 0) return rx_fail(RX_EINVAL, "sample: vocab %lld must be > 0", (long long)vocab);
   if (!(u >= 0 && u < 1)) return rx_fail(RX_EINVAL, "sample: u = %g outside [0, 1)", u);
-  if (!(top_p > 0 && top_p <= 1)) return rx_fail(RX_EINVAL, "sample: top_p = %g outside (0, 1]", top_p);
+  if (sampling_problem(s, msg, sizeof msg)) return rx_fail(RX_EINVAL, "sample: %s", msg);
+  if (num_seen < 0 || (num_seen > 0 && !seen))
+    return rx_fail(RX_EINVAL, "sample: %lld seen tokens %s", (long long)num_seen, seen ? "" : "without a list");
+  const int pen = penalty_on(s->repetition_penalty);
   float *prob = malloc(sizeof(float) * (size_t)vocab);
   int32_t *index = malloc(sizeof(int32_t) * (size_t)vocab);
   cand *c = malloc(sizeof(cand) * (size_t)vocab);
-  int rc = prob && index && c ? sample_with(logits, vocab, row_max(logits, vocab), temperature, top_k, top_p, u, prob,
-                                            index, c, token)
-                              : rx_fail(RX_ENOMEM, "sample: out of memory");
+  float *x = pen ? malloc(sizeof(float) * (size_t)vocab) : (float *)logits;
+  int rc = RX_OK;
+  if (prob && index && c && x) {
+    if (pen) {
+      memcpy(x, logits, sizeof(float) * (size_t)vocab);
+      penalize(x, logits, vocab, (float)s->repetition_penalty, seen, num_seen);
+    }
+    rc = sample_with(x, vocab, row_max(x, vocab), s->temperature, s->top_k, s->top_p, s->min_p, u, prob, index, c, token);
+  } else {
+    rc = rx_fail(RX_ENOMEM, "sample: out of memory");
+  }
   free(prob);
   free(index);
   free(c);
+  if (pen) free(x);
   return rc;
 }
 
@@ -339,7 +401,19 @@ static int choose_tokens(rx_generator *g) {
     int64_t n = g->res->lengths[r];
     double u = rx_sample_uniform(g->req.seed, s->key, g->prompt_len[place] + n);
     const float mx = row_max(x, V);   /* one pass, shared by the sampler and the log-probability */
-    int rc = sample_with(x, V, mx, s->temperature, s->top_k, s->top_p, u, g->sample_buf + (int64_t)th * V,
+    const float *xs = x;              /* what the sampler reads: the logits, or a penalised copy */
+    float mxs = mx;
+    if (penalty_on(s->repetition_penalty)) {
+      float *pen = g->pen_buf + (int64_t)th * V;
+      const int64_t p = g->req.row_prompt[r], a = g->req.prompt_offsets[p];
+      const float penalty = (float)s->repetition_penalty;
+      memcpy(pen, x, sizeof(float) * (size_t)V);
+      penalize(pen, x, V, penalty, g->req.prompt_tokens + a, g->req.prompt_offsets[p + 1] - a);
+      penalize(pen, x, V, penalty, g->res->tokens + r * g->req.max_new_tokens, n);
+      xs = pen;
+      mxs = row_max(pen, V);
+    }
+    int rc = sample_with(xs, V, mxs, s->temperature, s->top_k, s->top_p, s->min_p, u, g->sample_buf + (int64_t)th * V,
                          g->index_buf + (int64_t)th * V, g->cand_buf + (int64_t)th * V, &tok);
     if (rc) {
       #pragma omp critical
@@ -358,8 +432,11 @@ static int sample_on_device(rx_generator *g) {
   for (int64_t place = 0; place < n; place++) {
     const int64_t r = g->place_row[place];
     const rx_sampling *s = &g->req.rows[r];
-    g->h_rows[place] = (rx_cuda_sample_row){g->done[place] ? 0.0 : s->temperature, s->top_p, s->top_k, 0, s->key,
-                                            g->prompt_len[place] + g->res->lengths[r]};
+    const int64_t position = g->prompt_len[place] + g->res->lengths[r];
+    const int pen = !g->done[place] && penalty_on(s->repetition_penalty);
+    g->h_rows[place] = (rx_cuda_sample_row){g->done[place] ? 0.0 : s->temperature, s->top_p, s->min_p, s->top_k,
+                                            pen ? (float)s->repetition_penalty : 1.0f, s->key, position,
+                                            r, pen ? position : 0};
   }
   rx_cuda_sample_row *d_rows = g->dsamp;
   int32_t *d_tok = (int32_t *)(d_rows + g->R);
@@ -375,7 +452,13 @@ static int sample_on_device(rx_generator *g) {
   rx_view_init(&htok, g->h_tok, RX_I32, RX_CPU, 1, s1);
   rx_view_init(&hlp, g->h_tok + g->R, RX_F32, RX_CPU, 1, s1);
   view2(&prob, d_prob, RX_F32, c->device, n, V);
-  TRY(rx_sample_rows(&tok, &lp, &prob, &g->logits, d_rows, g->req.seed));
+  rx_tensor seen, pen;
+  if (g->d_seen) {
+    view2(&seen, g->d_seen, RX_I32, c->device, g->R, g->S);
+    view2(&pen, g->d_pen, RX_F32, c->device, n, V);
+  }
+  TRY(rx_sample_rows(&tok, &lp, &prob, &g->logits, d_rows, g->req.seed, g->d_seen ? &seen : NULL,
+                     g->d_seen ? &pen : NULL));
   TRY(rx_tensor_copy(&htok, &tok));
   TRY(rx_tensor_copy(&hlp, &lp));
   const float *lps = (const float *)(g->h_tok + g->R);
@@ -414,9 +497,8 @@ static int check_request(rx_model *m, const rx_generate_request *q) {
     if (q->row_prompt[r] < 0 || q->row_prompt[r] >= q->num_prompts)
       return rx_fail(RX_EINVAL, "generate: row %lld continues prompt %lld of %lld", (long long)r,
                      (long long)q->row_prompt[r], (long long)q->num_prompts);
-    if (!(s->temperature >= 0) || !(s->top_p > 0 && s->top_p <= 1) || s->top_k < 0)
-      return rx_fail(RX_EINVAL, "generate: row %lld: temperature %g (>= 0), top_p %g (in (0, 1]), top_k %d (>= 0)",
-                     (long long)r, s->temperature, s->top_p, s->top_k);
+    char msg[128];
+    if (sampling_problem(s, msg, sizeof msg)) return rx_fail(RX_EINVAL, "generate: row %lld: %s", (long long)r, msg);
     if (s->max_new_tokens < 1 || s->max_new_tokens > q->max_new_tokens)
       return rx_fail(RX_EINVAL, "generate: row %lld: max_new_tokens %d outside [1, %lld]", (long long)r,
                      s->max_new_tokens, (long long)q->max_new_tokens);
@@ -454,6 +536,9 @@ void rx_generate_end(rx_generator *g) {
   rx_free(g->sample_buf);
   rx_free(g->index_buf);
   rx_free(g->cand_buf);
+  rx_free(g->pen_buf);
+  if (g->d_seen) rx_arena_free(dev, g->d_seen, g->d_seen_handle);
+  if (g->d_pen) rx_arena_free(dev, g->d_pen, g->d_pen_handle);
   free(g);
 }
 
@@ -478,9 +563,15 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   /* size everything first, refuse before allocating */
   const int64_t cache = 2 * L * R * S * KD * es;
   const int64_t nthreads = omp_get_max_threads();
-  const int64_t sampler = nthreads * V * (int64_t)(sizeof(float) + sizeof(int32_t) + sizeof(cand));
+  const int64_t sampler = nthreads * V * (int64_t)(2 * sizeof(float) + sizeof(int32_t) + sizeof(cand));
+  int any_penalty = 0;   /* the device sampler then keeps each row's tokens and a penalised copy of its logits */
+  for (int64_t r = 0; r < R; r++) any_penalty |= penalty_on(req->rows[r].repetition_penalty);
+  const char *host_sampler = getenv("REMAX_HOST_SAMPLER");
+  const int device_sampler = on_device && !(host_sampler && strcmp(host_sampler, "1") == 0);
+  const int64_t penalty_bytes = device_sampler && any_penalty ? R * S * 4 + R * V * 4 : 0;
   const int64_t decode = R * (4 * C + 2 * HD + 2 * KD + 3 * I + H + 1) * es + R * V * es +
-                         (c->dtype == RX_F32 && !on_device ? 0 : R * V * 4) + sampler;   /* CPU f32 logits are sampled in place */
+                         (c->dtype == RX_F32 && !on_device ? 0 : R * V * 4) + sampler +   /* CPU f32 logits are sampled in place */
+                         penalty_bytes;
   const int64_t prefill = P * Pmax * ((L + 4) * C + 2 * HD + 2 * KD + 3 * I + H + 8) * es + (32ll << 20);
   const int64_t need = cache + decode + prefill;
   int64_t avail = available_memory();
@@ -519,6 +610,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   g->sample_buf = rx_alloc((size_t)(g->nthreads * V * 4), "sampler");
   g->index_buf = rx_alloc((size_t)(g->nthreads * V * 4), "sampler");
   g->cand_buf = rx_alloc((size_t)g->nthreads * (size_t)V * sizeof(cand), "sampler");
+  g->pen_buf = rx_alloc((size_t)(g->nthreads * V * 4), "sampler");
   rx_tensor *views[] = {&g->x, &g->xn, &g->rstd, &g->q, &g->k, &g->v, &g->att, &g->tmp, &g->gate, &g->up, &g->h, &g->lse, &g->logits};
   int64_t cols[] = {C, C, 1, HD, KD, KD, HD, C, I, I, I, H, V};
   int32_t dts[] = {c->dtype, c->dtype, st, c->dtype, c->dtype, c->dtype, c->dtype, c->dtype, c->dtype, c->dtype, c->dtype, st, c->dtype};
@@ -528,14 +620,20 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   if (alloc_ok) g->scratch = rx_arena_alloc(c->device, (size_t)total + 64, "decode activations", 0, &g->scratch_handle);
   if (alloc_ok && on_device)
     g->ids = rx_arena_alloc(c->device, sizeof(int32_t) * (size_t)(3 * R + R * S), "decode ids", 1, &g->ids_handle);
-  const char *host_sampler = getenv("REMAX_HOST_SAMPLER");
-  g->device_sampler = on_device && !(host_sampler && strcmp(host_sampler, "1") == 0);
+  g->device_sampler = device_sampler;
   if (alloc_ok && g->device_sampler) {
     g->dsamp = rx_arena_alloc(c->device, sizeof(rx_cuda_sample_row) * (size_t)R + 8 * (size_t)R + 4 * (size_t)(R * V),
                               "sampler", 0, &g->dsamp_handle);
     g->h_rows = calloc((size_t)R, sizeof *g->h_rows);
     g->h_tok = calloc((size_t)(2 * R), sizeof(int32_t));
     alloc_ok = g->dsamp && g->h_rows && g->h_tok;
+    if (alloc_ok && any_penalty) {
+      g->d_seen = rx_arena_alloc(c->device, sizeof(int32_t) * (size_t)(R * S), "sampler (tokens so far)", 1,
+                                 &g->d_seen_handle);
+      g->d_pen = g->d_seen ? rx_arena_alloc(c->device, sizeof(float) * (size_t)(R * V), "sampler (penalised logits)", 0,
+                                            &g->d_pen_handle) : NULL;
+      alloc_ok = g->d_seen && g->d_pen;
+    }
   }
   const char *graphs = getenv("REMAX_CUDA_GRAPHS");
   g->graphs = c->device == RX_CUDA && !(graphs && strcmp(graphs, "0") == 0);
@@ -557,10 +655,21 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   alloc_ok = alloc_ok && g->scratch && (!on_device || g->ids);
   if (!alloc_ok || !g->cache_mask || !g->step_mask || !g->prompt_len || !g->positions || !g->current ||
       !g->done || !g->place_row || !g->row_place || (!g->logits_f32 && (c->dtype != RX_F32 || on_device)) || !g->sample_buf ||
-      !g->index_buf || !g->cand_buf) {
+      !g->index_buf || !g->cand_buf || !g->pen_buf) {
     rx_generate_end(g);
     if (!alloc_ok) return rx_fail_context(RX_ENOMEM, "generate: a %.2f GiB KV cache and its decode buffers", gib(cache));
     return rx_fail(RX_ENOMEM, "generate: out of memory for the KV cache (%.2f GiB)", gib(cache));
+  }
+  if (g->d_seen) {   /* each row's prompt begins its tokens so far */
+    int32_t *h = calloc((size_t)(R * S), sizeof(int32_t));
+    int rc = h ? RX_OK : rx_fail(RX_ENOMEM, "generate: out of memory for the rows' tokens");
+    for (int64_t r = 0; h && r < R; r++) {
+      const int64_t p = req->row_prompt[r], a = req->prompt_offsets[p], n = req->prompt_offsets[p + 1] - a;
+      memcpy(h + r * S, req->prompt_tokens + a, sizeof(int32_t) * (size_t)n);
+    }
+    if (!rc) rc = stage_ids(g, g->d_seen, h, R * S);
+    free(h);
+    if (rc) { rx_generate_end(g); return rc; }
   }
   char *at = g->scratch;
   for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
@@ -832,6 +941,17 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
   int all = 1;
   for (int64_t r = 0; r < R; r++) all &= g->done[r];
   *done = all || g->generated >= g->req.max_new_tokens;
+  return RX_OK;
+}
+
+int rx_generate_stop_row(rx_generator *g, int64_t row) {
+  if (!g || row < 0 || row >= g->R)
+    return rx_fail(RX_EINVAL, "generate: stop_row: row %lld outside [0, %lld)", (long long)row, (long long)(g ? g->R : 0));
+  const int64_t place = g->row_place[row];
+  if (!g->done[place]) {
+    g->done[place] = 1;
+    g->res->finish[row] = RX_FINISH_STOP;
+  }
   return RX_OK;
 }
 

@@ -244,10 +244,14 @@ typedef struct rx_model_config {
   double rope_low_freq_factor;
   double rope_high_freq_factor;
   int64_t rope_original_max_position_embeddings;
-  int32_t weight_dtype;          /* storage of the weight matrices (embeddings, projections, head):
-                                  * RX_BF16 on the CPU with f32 compute keeps them in bf16 (half the
-                                  * memory; frozen: no gradients unless LoRA adapters are trained);
-                                  * any other value: the compute dtype. Norms and biases stay in dtype. */
+  int32_t weight_dtype;          /* storage of frozen weights. RX_BF16 with f32 compute on the CPU keeps
+                                  * the weight matrices (embeddings, projections, head) in bf16, norms
+                                  * and biases in f32 (half the memory); RX_BF16 with bf16 compute on
+                                  * cuda keeps every parameter in bf16 alone: no f32 master weights,
+                                  * no working copy (a third of a trained bf16 model's weight memory).
+                                  * Either way frozen: no gradients (LoRA adapters may train on it).
+                                  * Any other value (0 = RX_F32 included): trainable weights, in the
+                                  * compute dtype (f32 masters for bf16 compute). */
 } rx_model_config;
 
 /* inv_freq[0 .. head_dim/2) of a config: rope_theta^(-2i/head_dim), then its rope_scaling
@@ -261,9 +265,9 @@ typedef struct rx_model rx_model;
 int rx_model_new(rx_model **out, const rx_model_config *cfg);
 void rx_model_free(rx_model *m);
 const rx_model_config *rx_model_get_config(const rx_model *m);
-/* The dtype the weight matrices are stored in: RX_BF16 when the config asks for bf16 storage with
- * f32 compute, else the dtype of the parameters (f32 master weights for bf16 compute, else the
- * compute dtype). */
+/* The dtype the weight matrices are stored in: RX_BF16 when the config asks for bf16 storage
+ * (frozen weights, see weight_dtype), else the dtype of the parameters (f32 master weights for
+ * bf16 compute, else the compute dtype). */
 int32_t rx_model_weight_dtype(const rx_model_config *c);
 /* The dtype the weight matrices' GEMMs read: RX_BF16 for a bf16 model (its working copy) or bf16
  * storage, else the compute dtype. */
@@ -277,8 +281,9 @@ rx_tensor *rx_model_grad(rx_model *m, int64_t i);
  * device, for an optimizer that updates every tensor at once (AdamW in two calls, clipping in
  * one): each tensor lies at its own 64-byte aligned offset, the padding between tensors stays
  * zero, and the first *matrices elements hold the weight matrices (decayed by default), the rest
- * the norms and biases. The views belong to the model (valid until it is freed). Fails for a
- * model training LoRA adapters or storing its weights in another dtype than it computes in. */
+ * the norms and biases. The views belong to the model (valid until it is freed). For a model
+ * training LoRA adapters, the adapters' buffers (all matrices). Fails for a model storing its
+ * weights in another dtype than it computes in (frozen). */
 int rx_model_flat(rx_model *m, rx_tensor **params, rx_tensor **grads, int64_t *matrices);
 /* Index of a parameter by name, or -1. */
 int64_t rx_model_find_param(const rx_model *m, const char *name);
@@ -369,7 +374,13 @@ typedef struct rx_sampling {
   int32_t top_k;             /* keep the k most likely tokens; 0 = off */
   int32_t max_new_tokens;    /* this row's budget (<= the request's max_new_tokens) */
   uint64_t key;              /* the row's random stream: same (seed, key) -> same tokens, whatever the batch */
+  double min_p;              /* drop tokens less likely than min_p x the most likely one (in [0, 1]); 0 = off */
+  double repetition_penalty; /* CTRL's rule on the distinct tokens of the row's prompt and completion so far:
+                              * positive logits divided by it, negative ones multiplied; > 0; 1 (or 0, so a
+                              * zeroed field) = off. Greedy rows too, as in Hugging Face and vLLM. */
 } rx_sampling;
+/* The order (Hugging Face's processors, vLLM's V0 sampler): repetition penalty on the raw logits,
+ * temperature, top-k, top-p, min-p, then the draw. Log-probabilities stay those of the raw logits. */
 
 /* A batch of rows, each continuing one of the prompts (rows of a prompt share its prefill). */
 typedef struct rx_generate_request {
@@ -405,6 +416,10 @@ typedef struct rx_generator rx_generator;
 int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request *req, rx_generate_result *res);
 /* One token for every unfinished row. *done = 1 when every row has finished. */
 int rx_generate_step(rx_generator *g, int32_t *done);
+/* Ends a row between steps, as a stop token would (RX_FINISH_STOP, its tokens so far kept): the
+ * caller's own stop rule, such as a stop string matched on the decoded text. A row that has
+ * finished already stays as it is. The row leaves the batch at the next step. */
+int rx_generate_stop_row(rx_generator *g, int64_t row);
 void rx_generate_end(rx_generator *g);
 /* The logits (compute dtype) that chose each row's latest token, in decoding-batch order: after
  * begin, those after the prompt ([num_rows, vocab], batch index = row); after a step, those of
@@ -416,8 +431,10 @@ int64_t rx_generate_batch_index(const rx_generator *g, int64_t row);
 /* The whole loop in one call. */
 int rx_model_generate(rx_model *m, const rx_generate_request *req, rx_generate_result *res);
 
-/* The sampler on one row of logits with a uniform u in [0, 1); exposed for tests. */
-int rx_sample_token(const float *logits, int64_t vocab, double temperature, int32_t top_k, double top_p,
+/* The sampler on one row of logits with a uniform u in [0, 1), the settings of s (its
+ * max_new_tokens and key unused) and the row's tokens so far (seen, for the repetition penalty;
+ * NULL when num_seen is 0); exposed for tests. */
+int rx_sample_token(const float *logits, int64_t vocab, const rx_sampling *s, const int32_t *seen, int64_t num_seen,
                     double u, int32_t *token);
 /* Uniform in [0, 1) of Philox keyed by (seed, key, position). */
 double rx_sample_uniform(uint64_t seed, uint64_t key, int64_t position);

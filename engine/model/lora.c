@@ -8,7 +8,12 @@
  * product x A^T is recomputed in backward (r is small, so that costs r/out of the base GEMM)
  * instead of being kept per layer. Dropout masks are Philox draws keyed by (seed, train
  * forward, layer, projection, element), so backward and gradient checkpointing redraw the
- * forward's mask instead of storing it. */
+ * forward's mask instead of storing it.
+ *
+ * Under bf16 compute (cuda) the adapters keep f32 master weights and f32 gradients (what the
+ * optimizer sees: rx_model_flat) and a bf16 working copy that the matmuls read, refreshed from
+ * the masters before each forward with the model's own (rx_model_refresh_work); the base is
+ * then usually a frozen bf16 model (weight_dtype bf16: its weights in bf16 alone). */
 #include "internal.h"
 #include <math.h>
 #include <stdio.h>
@@ -16,6 +21,7 @@
 #include <string.h>
 
 #include "model/model_internal.h"
+#include "ops/engine_ops.h"
 
 enum { LORA_CHUNK_ROWS = 256 };
 
@@ -28,15 +34,17 @@ struct rx_lora {
   char **names;
   int64_t *base;               /* base parameter of each adapter tensor */
   rx_tensor *params, *grads;
-  void *param_arena, *grad_arena;
+  rx_tensor *work;             /* bf16 compute: the adapters in bf16 (master offsets / 2); else NULL */
+  void *param_arena, *grad_arena, *work_arena;
   int64_t bytes;
   int64_t (*index)[RX_PROJ_COUNT];   /* [layer][proj]: index of A (B follows), or -1 */
   int64_t *of_param;           /* base parameter -> index of A, or -1 */
   void *scratch;               /* chunk rows of: dropped x [in], x A^T [r], dout B [r], y / dx [max(in, out)] */
   int64_t max_in, max_out;
   int32_t device;              /* the model's: adapters, their gradients and the scratch live there */
-  void *param_handle, *grad_handle, *scratch_handle;   /* their allocator's pieces (rx_arena_free) */
-  float *host;                 /* a device model's dropout: 3 chunks of [rows, max(in, out)] f32 on the host */
+  void *param_handle, *grad_handle, *scratch_handle, *work_handle;   /* their allocator's pieces (rx_arena_free) */
+  float *draws;                /* a device model's dropout: the uniform draws of a chunk, [rows, max_in] f32 */
+  void *draws_handle;
 };
 
 static void proj_param(const rx_model *m, int64_t l, int32_t proj, int64_t *w, int64_t *b) {
@@ -65,7 +73,9 @@ void rx_lora_free(rx_lora *lo) {
   rx_arena_free(lo->device, lo->param_arena, lo->param_handle);
   rx_arena_free(lo->device, lo->grad_arena, lo->grad_handle);
   rx_arena_free(lo->device, lo->scratch, lo->scratch_handle);
-  free(lo->host);
+  rx_arena_free(lo->device, lo->work_arena, lo->work_handle);
+  free(lo->work);
+  rx_arena_free(lo->device, lo->draws, lo->draws_handle);
   free(lo);
 }
 
@@ -75,8 +85,6 @@ int rx_model_lora_init(rx_model *m, const rx_lora_config *cfg) {
   const rx_model_config *c = &m->cfg;
   const int64_t L = c->num_hidden_layers;
   if (m->lora) return rx_fail(RX_EINVAL, "lora: the model already has adapters");
-  if (c->device != RX_CPU && c->dtype != RX_F32)
-    return rx_fail(RX_EINVAL, "lora: adapters on device cuda need f32 compute (the model computes in %s)", rx_dtype_name(c->dtype));
   if (!cfg->targets || (cfg->targets >> RX_PROJ_COUNT))
     return rx_fail(RX_EINVAL, "lora: targets = 0x%x names no projection (bits 0..6: q, k, v, o, gate, up, down)",
                    cfg->targets);
@@ -103,7 +111,10 @@ int rx_model_lora_init(rx_model *m, const rx_lora_config *cfg) {
     return rx_fail(RX_ENOMEM, "out of memory for LoRA adapters");
   }
   for (int64_t i = 0; i < m->n_params; i++) lo->of_param[i] = -1;
-  const int64_t es = rx_dtype_size(c->dtype);
+  /* adapters and gradients in the master dtype (f32 under bf16 compute), the scratch in the
+   * compute dtype */
+  const int32_t mdt = rx_model_master_dtype(c);
+  const int64_t es = rx_dtype_size(mdt), ces = rx_dtype_size(c->dtype);
   int64_t k = 0, total = 0;
   for (int64_t l = 0; l < L; l++)
     for (int32_t p = 0; p < RX_PROJ_COUNT; p++) {
@@ -129,8 +140,8 @@ int rx_model_lora_init(rx_model *m, const rx_lora_config *cfg) {
         lo->names[k] = strdup(name);
         lo->base[k] = w;
         int64_t shape[2] = {ab ? out : cfg->r, ab ? cfg->r : in};
-        rx_view_init(&lo->params[k], NULL, c->dtype, c->device, 2, shape);
-        rx_view_init(&lo->grads[k], NULL, c->dtype, c->device, 2, shape);
+        rx_view_init(&lo->params[k], NULL, mdt, c->device, 2, shape);
+        rx_view_init(&lo->grads[k], NULL, mdt, c->device, 2, shape);
         offsets[k] = total;
         total += (shape[0] * shape[1] * es + 63) & ~(int64_t)63;
       }
@@ -138,11 +149,21 @@ int rx_model_lora_init(rx_model *m, const rx_lora_config *cfg) {
   lo->bytes = total;
   const int64_t wide = lo->max_in > lo->max_out ? lo->max_in : lo->max_out;
   lo->device = c->device;
-  lo->param_arena = rx_arena_alloc(c->device, (size_t)total, "LoRA adapters", 0, &lo->param_handle);
-  lo->scratch = rx_arena_alloc(c->device, (size_t)(LORA_CHUNK_ROWS * (lo->max_in + 2 * cfg->r + wide) * es),
+  /* zeroed: the padding between adapters stays 0 under an optimizer over the flat buffer */
+  lo->param_arena = rx_arena_alloc(c->device, (size_t)total, "LoRA adapters", 1, &lo->param_handle);
+  lo->scratch = rx_arena_alloc(c->device, (size_t)(LORA_CHUNK_ROWS * (lo->max_in + 2 * cfg->r + wide) * ces),
                                "LoRA scratch", 0, &lo->scratch_handle);
-  if (c->device != RX_CPU && cfg->dropout > 0) lo->host = malloc(sizeof(float) * 3 * (size_t)(LORA_CHUNK_ROWS * wide));
-  if (!lo->param_arena || !lo->scratch || (c->device != RX_CPU && cfg->dropout > 0 && !lo->host)) {
+  if (c->device != RX_CPU && cfg->dropout > 0)
+    lo->draws = rx_arena_alloc(c->device, sizeof(float) * (size_t)(LORA_CHUNK_ROWS * lo->max_in), "LoRA dropout draws", 0,
+                               &lo->draws_handle);
+  if (c->dtype == RX_BF16) {
+    lo->work = calloc((size_t)lo->n, sizeof *lo->work);
+    lo->work_arena = lo->work ? rx_arena_alloc(c->device, (size_t)(total / 2), "LoRA adapters (bf16 working copy)", 1,
+                                               &lo->work_handle)
+                              : NULL;
+  }
+  if (!lo->param_arena || !lo->scratch || (c->device != RX_CPU && cfg->dropout > 0 && !lo->draws) ||
+      (c->dtype == RX_BF16 && !lo->work_arena)) {
     free(offsets);
     rx_lora_free(lo);
     return RX_ENOMEM;
@@ -150,6 +171,8 @@ int rx_model_lora_init(rx_model *m, const rx_lora_config *cfg) {
   for (int64_t i = 0; i < lo->n; i++) {
     rx_tensor *t = &lo->params[i];
     t->data = (char *)lo->param_arena + offsets[i];
+    if (lo->work)
+      rx_view_init(&lo->work[i], (char *)lo->work_arena + offsets[i] / 2, RX_BF16, c->device, 2, t->shape);
     if (i % 2 == 0) {   /* A: kaiming_uniform_(a = sqrt(5)) over fan_in = in, i.e. U(-1/sqrt(in), 1/sqrt(in)) */
       const double bound = 1.0 / sqrt((double)t->shape[1]);
       rx_tensor_uniform(t, cfg->seed, (uint64_t)i << 40, -bound, bound);
@@ -184,7 +207,34 @@ void rx_lora_begin_train_forward(rx_model *m) {
   if (m->lora) m->lora->forwards++;
 }
 
-int64_t rx_lora_param_bytes(const rx_model *m) { return m->lora ? m->lora->bytes : 0; }
+int rx_lora_flat(rx_model *m, rx_tensor *fp, rx_tensor *fg, rx_tensor **params, rx_tensor **grads, int64_t *matrices) {
+  rx_lora *lo = m->lora;
+  int rc = rx_lora_ensure_grads(m);
+  if (rc) return rc;
+  const int32_t dt = lo->params[0].dtype;
+  const int64_t n[1] = {lo->bytes / rx_dtype_size(dt)};
+  rx_view_init(fp, lo->param_arena, dt, lo->device, 1, n);
+  rx_view_init(fg, lo->grad_arena, dt, lo->device, 1, n);
+  *params = fp;
+  *grads = fg;
+  *matrices = n[0];
+  return RX_OK;
+}
+
+int64_t rx_lora_param_bytes(const rx_model *m) { return m->lora ? m->lora->bytes + (m->lora->work ? m->lora->bytes / 2 : 0) : 0; }
+
+int rx_lora_refresh_work(rx_model *m) {
+  rx_lora *lo = m->lora;
+  if (!lo || !lo->work) return RX_OK;
+  const int64_t n[1] = {lo->bytes / 4};   /* the f32 masters, padding included, in one conversion */
+  rx_tensor master, work;
+  rx_view_init(&master, lo->param_arena, RX_F32, lo->device, 1, n);
+  rx_view_init(&work, lo->work_arena, RX_BF16, lo->device, 1, n);
+  return rx_tensor_copy(&work, &master);
+}
+
+/* Adapter tensor k as the matmuls read it: the bf16 working copy under bf16 compute. */
+static const rx_tensor *lora_w(const rx_lora *lo, int64_t k) { return lo->work ? &lo->work[k] : &lo->params[k]; }
 int64_t rx_lora_grad_bytes(const rx_model *m) { return m->lora && m->lora->grad_arena ? m->lora->bytes : 0; }
 
 const rx_lora_config *rx_model_lora_get_config(const rx_model *m) { return m->lora ? &m->lora->cfg : NULL; }
@@ -240,51 +290,16 @@ static uint64_t mask_offset(const rx_model *m, int64_t l, int32_t proj) {
           << 36);
 }
 
-/* xd = x * keep / (1 - p), or with dy given: dy *= keep / (1 - p) (the mask redrawn into xd). */
+/* xd = x * keep / (1 - p), or with dy given also dy *= keep / (1 - p) (the mask redrawn): the
+ * draws are made in xd itself on the CPU (its dtype), in an f32 scratch on a device (the CPU's f32
+ * numbers, so bf16 activations get the CPU's masks), and the dropout op applies them there. */
 static int dropout_rows(const rx_model *m, int64_t l, int32_t proj, chunk *ch, rx_tensor *dy) {
   const rx_lora *lo = m->lora;
-  const double p = lo->cfg.dropout, keep = 1.0 / (1.0 - p);
-  const int64_t in = ch->x.shape[1], n = ch->n * in;
-  int rc = rx_tensor_uniform(&ch->xd, lo->cfg.seed ^ 0x9e3779b97f4a7c15ull, mask_offset(m, l, proj) + (uint64_t)(ch->r0 * in), 0, 1);
-  if (rc) return rc;
-  if (lo->device != RX_CPU) {   /* f32 on a device: the same arithmetic on host copies (no kernel yet) */
-    const int64_t wide = LORA_CHUNK_ROWS * (lo->max_in > lo->max_out ? lo->max_in : lo->max_out);
-    float *d = lo->host, *x = lo->host + wide, *g = lo->host + 2 * wide;
-    rx_tensor hd, hx, hg;
-    rx_view_init(&hd, d, RX_F32, RX_CPU, 2, ch->xd.shape);
-    rx_view_init(&hx, x, RX_F32, RX_CPU, 2, ch->x.shape);
-    if ((rc = rx_tensor_copy(&hd, &ch->xd)) || (rc = rx_tensor_copy(&hx, &ch->x))) return rc;
-    if (dy) {
-      rx_view_init(&hg, g, RX_F32, RX_CPU, 2, dy->shape);
-      if ((rc = rx_tensor_copy(&hg, dy))) return rc;
-    }
-    const float k = (float)keep;
-    for (int64_t i = 0; i < n; i++) {
-      const float f = d[i] >= p ? k : 0.0f;
-      if (dy) g[i] *= f;
-      d[i] = x[i] * f;
-    }
-    if ((rc = rx_tensor_copy(&ch->xd, &hd))) return rc;
-    return dy ? rx_tensor_copy(dy, &hg) : RX_OK;
-  }
-  if (ch->x.dtype == RX_F32) {
-    float *d = ch->xd.data, *g = dy ? dy->data : NULL;
-    const float *x = ch->x.data, k = (float)keep;
-    for (int64_t i = 0; i < n; i++) {
-      const float f = d[i] >= p ? k : 0.0f;
-      if (g) g[i] *= f;
-      d[i] = x[i] * f;
-    }
-  } else {
-    double *d = ch->xd.data, *g = dy ? dy->data : NULL;
-    const double *x = ch->x.data;
-    for (int64_t i = 0; i < n; i++) {
-      const double f = d[i] >= p ? keep : 0.0;
-      if (g) g[i] *= f;
-      d[i] = x[i] * f;
-    }
-  }
-  return RX_OK;
+  const int64_t in = ch->x.shape[1];
+  rx_tensor u = ch->xd;
+  if (lo->device != RX_CPU) rx_view_init(&u, lo->draws, RX_F32, lo->device, 2, ch->xd.shape);
+  int rc = rx_tensor_uniform(&u, lo->cfg.seed ^ 0x9e3779b97f4a7c15ull, mask_offset(m, l, proj) + (uint64_t)(ch->r0 * in), 0, 1);
+  return rc ? rc : rx_dropout_apply(&ch->xd, &ch->x, &u, lo->cfg.dropout, dy);
 }
 
 #define TRY(call) do { int rc_ = (call); if (rc_) return rc_; } while (0)
@@ -294,7 +309,7 @@ static int adapter_input(rx_model *m, int64_t l, int32_t proj, int64_t a, chunk 
   const rx_lora *lo = m->lora;
   if (train && lo->cfg.dropout > 0) TRY(dropout_rows(m, l, proj, ch, dy));
   else ch->xd = ch->x;
-  TRY(rx_matmul_forward(&ch->xa, &ch->xd, &lo->params[a], NULL));
+  TRY(rx_matmul_forward(&ch->xa, &ch->xd, lora_w(lo, a), NULL));
   return rx_scale(&ch->xa, lo->scale);
 }
 
@@ -316,7 +331,7 @@ static int linear_forward(rx_model *m, int64_t l, int32_t proj, rx_tensor *out, 
     const int64_t n = N - r0 < LORA_CHUNK_ROWS ? N - r0 : LORA_CHUNK_ROWS;
     chunk_views(m->lora, &ch, inp, r0, n, in, o, 1);
     TRY(adapter_input(m, l, proj, a, &ch, train, NULL));
-    TRY(rx_matmul_forward(&ch.wide, &ch.xa, &m->lora->params[a + 1], NULL));
+    TRY(rx_matmul_forward(&ch.wide, &ch.xa, lora_w(m->lora, a + 1), NULL));
     rx_tensor y;
     int64_t sy[2] = {n, o};
     rx_view_init(&y, (char *)out->data + r0 * o * es, out->dtype, out->device, 2, sy);
@@ -346,9 +361,9 @@ static int linear_backward(rx_model *m, int64_t l, int32_t proj, rx_tensor *dinp
     rx_view_init(&dy, (char *)dout->data + r0 * o * es, dout->dtype, dout->device, 2, sy);
     rx_view_init(&dx, (char *)dinp->data + r0 * in * es, dinp->dtype, dinp->device, 2, sx);
     /* y = xa B^T: u = dout B, dB += dout^T xa; xa = s xd A^T: dA += (s u)^T xd, dxd = s u A */
-    TRY(rx_matmul_backward(&ch.u, &lo->grads[a + 1], NULL, &dy, &ch.xa, &lo->params[a + 1]));
+    TRY(rx_matmul_backward(&ch.u, &lo->grads[a + 1], NULL, &dy, &ch.xa, lora_w(lo, a + 1)));
     TRY(rx_scale(&ch.u, lo->scale));
-    TRY(rx_matmul_backward(&ch.wide, &lo->grads[a], NULL, &ch.u, &ch.xd, &lo->params[a]));
+    TRY(rx_matmul_backward(&ch.wide, &lo->grads[a], NULL, &ch.u, &ch.xd, lora_w(lo, a)));
     if (lo->cfg.dropout > 0) TRY(dropout_rows(m, l, proj, &ch, &ch.wide));   /* dx = dxd * keep / (1-p) */
     TRY(rx_add(&dx, &dx, &ch.wide));
   }

@@ -25,7 +25,8 @@ static int64_t add_spec(param_spec *specs, int64_t *n, const char *name, int32_t
 }
 
 int32_t rx_model_weight_dtype(const rx_model_config *c) {
-  return c->weight_dtype == RX_BF16 && c->dtype != RX_BF16 ? RX_BF16 : rx_model_master_dtype(c);
+  return c->weight_dtype == RX_BF16 && (c->dtype != RX_BF16 || rx_model_frozen_bf16(c)) ? RX_BF16
+                                                                                        : rx_model_master_dtype(c);
 }
 
 static int check_config(const rx_model_config *c) {
@@ -46,8 +47,8 @@ static int check_config(const rx_model_config *c) {
     return rx_fail(RX_EINVAL, "model config: compute dtype %s is not supported on device cuda (f32, or bf16 with f32 "
                    "master weights)", rx_dtype_name(c->dtype));
   if (c->weight_dtype == RX_BF16 && c->dtype != RX_BF16 && (c->dtype != RX_F32 || c->device != RX_CPU))
-    return rx_fail(RX_EINVAL, "model config: bf16 weight storage needs f32 compute on the cpu (compute dtype %s, device %s)",
-                   rx_dtype_name(c->dtype), c->device == RX_CPU ? "cpu" : "cuda");
+    return rx_fail(RX_EINVAL, "model config: bf16 weight storage needs f32 compute on the cpu or bf16 compute on cuda "
+                   "(compute dtype %s, device %s)", rx_dtype_name(c->dtype), c->device == RX_CPU ? "cpu" : "cuda");
   if (!(c->rms_norm_eps > 0)) return rx_fail(RX_EINVAL, "model config: rms_norm_eps = %g must be > 0", c->rms_norm_eps);
   if (!(c->rope_theta > 0)) return rx_fail(RX_EINVAL, "model config: rope_theta = %g must be > 0", c->rope_theta);
   if (c->rope_scaling != RX_ROPE_DEFAULT && c->rope_scaling != RX_ROPE_LLAMA3)
@@ -66,7 +67,7 @@ static int check_config(const rx_model_config *c) {
   const double params = (double)c->vocab_size * C * (c->tie_word_embeddings ? 1 : 2) + L * per_layer + C;
   const double tensors = L * (9 + (c->attention_bias ? 3 : 0) + (c->qk_norm ? 2 : 0)) + 3;
   const double bytes = matrices * (double)rx_dtype_size(rx_model_weight_dtype(c)) +
-                       (params - matrices) * (double)rx_dtype_size(c->dtype) + tensors * (64 + 512);
+                       (params - matrices) * (double)rx_dtype_size(rx_model_vector_dtype(c)) + tensors * (64 + 512);
   /* host memory; a device's allocator refuses what does not fit it, naming the bytes */
   const double memory = c->device == RX_CPU ? (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) : 0;
   if (!(bytes < 9.2e18) || (memory > 0 && bytes > memory))
@@ -136,14 +137,14 @@ int rx_model_new(rx_model **out, const rx_model_config *asked) {
   /* one arena for parameters, one for gradients, every tensor 64-byte aligned; the matrices
    * (in the weight dtype) first, then the vectors (norms, biases, in the compute dtype), so that
    * an optimizer over the flat buffer decays one range and not the other (rx_model_flat) */
-  const int32_t wdt = rx_model_weight_dtype(cfg), mdt = rx_model_master_dtype(cfg);
+  const int32_t wdt = rx_model_weight_dtype(cfg), mdt = rx_model_master_dtype(cfg), vdt = rx_model_vector_dtype(cfg);
   int64_t *offsets = calloc((size_t)n, sizeof *offsets), total = 0;
   for (int pass = 2; pass >= 1; pass--) {
     for (int64_t i = 0; i < n && offsets; i++) {
       if (specs[i].ndim != pass) continue;
       offsets[i] = total;
       int64_t numel = specs[i].shape[0] * (specs[i].ndim == 2 ? specs[i].shape[1] : 1);
-      total += (numel * rx_dtype_size(specs[i].ndim == 2 ? wdt : mdt) + 63) & ~(int64_t)63;
+      total += (numel * rx_dtype_size(specs[i].ndim == 2 ? wdt : vdt) + 63) & ~(int64_t)63;
     }
     if (pass == 2) m->matrix_bytes = total;
   }
@@ -161,13 +162,13 @@ int rx_model_new(rx_model **out, const rx_model_config *asked) {
   }
   for (int64_t i = 0; i < n; i++) {
     m->names[i] = strdup(specs[i].name);
-    rx_view_init(&m->params[i], (char *)m->param_arena + offsets[i], specs[i].ndim == 2 ? wdt : mdt, cfg->device,
+    rx_view_init(&m->params[i], (char *)m->param_arena + offsets[i], specs[i].ndim == 2 ? wdt : vdt, cfg->device,
                  specs[i].ndim, specs[i].shape);
     /* gradient views get their memory on first use: a model that only generates (or a frozen
      * reference model) never pays for a second copy of the weights */
     rx_view_init(&m->grads[i], NULL, mdt, cfg->device, specs[i].ndim, specs[i].shape);
   }
-  if (asked->dtype == RX_BF16) {   /* the working copy: the master's element offsets, in bf16 */
+  if (asked->dtype == RX_BF16 && !rx_model_frozen_bf16(cfg)) {   /* the working copy: the master's element offsets, in bf16 */
     m->work = calloc((size_t)n, sizeof *m->work);
     m->work_arena = m->work ? rx_arena_alloc(cfg->device, (size_t)(total / 2), "bf16 working weights", 1, &m->work_handle)
                             : NULL;
@@ -218,8 +219,9 @@ static int ensure_grads(rx_model *m) {
   if (m->lora) return rx_lora_ensure_grads(m);   /* frozen base: adapter gradients only */
   if (m->grad_arena) return RX_OK;
   if (rx_model_weight_dtype(&m->cfg) != rx_model_master_dtype(&m->cfg))
-    return rx_fail(RX_EINVAL, "model weights are stored in %s, which keeps them frozen: train a model loaded in %s "
-                   "(or train LoRA adapters on it)", rx_dtype_name(rx_model_weight_dtype(&m->cfg)), rx_dtype_name(m->cfg.dtype));
+    return rx_fail(RX_EINVAL, "model weights are stored in %s, which keeps them frozen: train a model loaded without "
+                   "weight_dtype %s (or train LoRA adapters on it)", rx_dtype_name(rx_model_weight_dtype(&m->cfg)),
+                   rx_dtype_name(rx_model_weight_dtype(&m->cfg)));
   m->grad_arena = rx_arena_alloc(m->cfg.device, (size_t)m->param_bytes, "model gradients", 1, &m->grad_handle);
   if (!m->grad_arena) return RX_ENOMEM;
   for (int64_t i = 0; i < m->n_params; i++)
@@ -239,10 +241,10 @@ rx_tensor *rx_model_grad(rx_model *m, int64_t i) {
 int rx_model_flat(rx_model *m, rx_tensor **params, rx_tensor **grads, int64_t *matrices) {
   *params = *grads = NULL;
   *matrices = 0;
-  if (m->lora) return rx_fail(RX_EINVAL, "model_flat: the model trains LoRA adapters; its base has no flat gradients");
+  if (m->lora) return rx_lora_flat(m, &m->flat_params, &m->flat_grads, params, grads, matrices);
   if (rx_model_weight_dtype(&m->cfg) != rx_model_master_dtype(&m->cfg))
-    return rx_fail(RX_EINVAL, "model_flat: the weight matrices are stored in %s and the vectors in %s (a frozen model)",
-                   rx_dtype_name(rx_model_weight_dtype(&m->cfg)), rx_dtype_name(m->cfg.dtype));
+    return rx_fail(RX_EINVAL, "model_flat: the weight matrices are stored in %s, master weights are %s (a frozen model)",
+                   rx_dtype_name(rx_model_weight_dtype(&m->cfg)), rx_dtype_name(rx_model_master_dtype(&m->cfg)));
   if (ensure_grads(m)) return RX_ENOMEM;
   const int32_t mdt = rx_model_master_dtype(&m->cfg);
   const int64_t es = rx_dtype_size(mdt), n[1] = {m->param_bytes / es};
@@ -255,7 +257,8 @@ int rx_model_flat(rx_model *m, rx_tensor **params, rx_tensor **grads, int64_t *m
 }
 
 int rx_model_refresh_work(rx_model *m) {
-  if (!m->work) return RX_OK;
+  int rc = rx_lora_refresh_work(m);   /* bf16 adapters from their f32 masters */
+  if (rc || !m->work) return rc;
   const int64_t n[1] = {m->param_bytes / 4};   /* the f32 master, padding included, in one conversion */
   rx_tensor master, work;
   rx_view_init(&master, m->param_arena, RX_F32, m->cfg.device, 1, n);

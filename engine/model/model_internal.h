@@ -73,7 +73,15 @@ static inline rx_tensor *rx_model_w(rx_model *m, int64_t i) {
 /* The dtype of parameters, gradients and per-row statistics: f32 for bf16 compute (master
  * weights), else the compute dtype. */
 static inline int32_t rx_model_master_dtype(const rx_model_config *c) { return c->dtype == RX_BF16 ? RX_F32 : c->dtype; }
-/* Refreshes a bf16 model's working weights from its master weights (no-op otherwise). */
+/* A frozen bf16 model (bf16 compute with weight_dtype bf16, on cuda): every parameter in bf16
+ * alone, no f32 master, no working copy, no gradients (a KL reference, a LoRA base). */
+static inline int rx_model_frozen_bf16(const rx_model_config *c) { return c->dtype == RX_BF16 && c->weight_dtype == RX_BF16; }
+/* The dtype norms and biases are stored in: bf16 in a frozen bf16 model, else the master dtype. */
+static inline int32_t rx_model_vector_dtype(const rx_model_config *c) {
+  return rx_model_frozen_bf16(c) ? RX_BF16 : rx_model_master_dtype(c);
+}
+/* Refreshes a bf16 model's working weights (and its LoRA adapters') from the master weights
+ * (no-op otherwise). */
 int rx_model_refresh_work(rx_model *m);
 
 /* The KV-cache hook of a layer: called after RoPE with the layer's activations (a->k4, a->v4
@@ -129,7 +137,12 @@ void rx_lora_free(struct rx_lora *lora);
 int rx_lora_ensure_grads(rx_model *m);
 void rx_lora_zero_grad(rx_model *m);
 void rx_lora_begin_train_forward(rx_model *m);
+/* rx_model_flat of a model training adapters: their arenas as two flat views (every adapter is a
+ * matrix, so *matrices is the whole). */
+int rx_lora_flat(rx_model *m, rx_tensor *fp, rx_tensor *fg, rx_tensor **params, rx_tensor **grads, int64_t *matrices);
 int64_t rx_lora_param_bytes(const rx_model *m);
+/* Under bf16 compute: the adapters' bf16 working copy from their f32 masters (no-op otherwise). */
+int rx_lora_refresh_work(rx_model *m);
 int64_t rx_lora_grad_bytes(const rx_model *m);
 
 /* The head on xf (engine/model/head.c): forward fills row_logp (log p of each row's target, 0

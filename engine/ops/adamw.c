@@ -71,9 +71,9 @@ int rx_scale(rx_tensor *t, double s) {
       else return rx_op_no_dtype("scale", t);
       return RX_OK;
     case RX_CUDA:
-      if (t->dtype != RX_F32) return rx_fail(RX_EINVAL, "scale: no cuda kernel for dtype %s (f32 only)",
-                                             rx_dtype_name(t->dtype));
-      return rx_cuda_scale(t->data, t->numel, s);
+      if (t->dtype != RX_F32 && t->dtype != RX_BF16)
+        return rx_fail(RX_EINVAL, "scale: no cuda kernel for dtype %s (f32, bf16)", rx_dtype_name(t->dtype));
+      return rx_cuda_scale(t->data, t->numel, s, t->dtype);
     default:
       return rx_op_no_kernel("scale", t);
   }

@@ -37,4 +37,9 @@ int rx_adamw_update(rx_tensor *param, const rx_tensor *grad, rx_tensor *m, rx_te
  * summed there in a fixed order and read back once). */
 int rx_sum_squares(const rx_tensor *const *xs, int64_t n, double *total);
 
+/* ---- LoRA's dropout (engine/model/lora.c; cpu/dropout.c, cuda/dropout.cu). u holds uniform
+ * draws in [0, 1), one per element of x: f32 (on the CPU also x's dtype; u may be xd, the draws
+ * made in place). f = u >= p ? 1 / (1 - p) : 0; xd = x * f, and dy *= f when dy is given. */
+int rx_dropout_apply(rx_tensor *xd, const rx_tensor *x, const rx_tensor *u, double p, rx_tensor *dy);
+
 #endif

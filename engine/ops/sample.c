@@ -3,7 +3,7 @@
 #include "ops/sample.h"
 
 int rx_sample_rows(rx_tensor *token, rx_tensor *logprob, rx_tensor *prob, const rx_tensor *logits,
-                   const rx_cuda_sample_row *rows, uint64_t seed) {
+                   const rx_cuda_sample_row *rows, uint64_t seed, rx_tensor *seen, rx_tensor *penalized) {
   const char *op = "sample";
   char a[96];
   if (rx_op_float(logits, op, "logits") || rx_check_tensor(logits, op, "logits", 2)) return RX_EINVAL;
@@ -20,9 +20,18 @@ int rx_sample_rows(rx_tensor *token, rx_tensor *logprob, rx_tensor *prob, const 
     return rx_fail(RX_EINVAL, "%s: prob must be f32 [%lld,%lld] on the device of the logits", op, (long long)n,
                    (long long)V);
   if (!rows && n > 0) return rx_fail(RX_EINVAL, "%s: rows are missing", op);
+  if (!seen != !penalized) return rx_fail(RX_EINVAL, "%s: give both seen and penalized, or neither", op);
+  if (seen && (rx_check_tensor(seen, op, "seen", 2) || seen->dtype != RX_I32 || seen->device != logits->device))
+    return rx_fail(RX_EINVAL, "%s: seen must be a contiguous i32 [rows, S] on the device of the logits", op);
+  if (penalized && (rx_check_tensor(penalized, op, "penalized", 2) || penalized->dtype != RX_F32 ||
+                    penalized->numel != n * V || penalized->device != logits->device))
+    return rx_fail(RX_EINVAL, "%s: penalized must be f32 [%lld,%lld] on the device of the logits", op, (long long)n,
+                   (long long)V);
   switch (logits->device) {
     case RX_CUDA:
-      return rx_cuda_sample(token->data, logprob->data, prob->data, logits->data, rows, seed, n, V, logits->dtype);
+      return rx_cuda_sample(token->data, logprob->data, prob->data, penalized ? penalized->data : NULL,
+                            seen ? seen->data : NULL, seen ? seen->shape[1] : 0, logits->data, rows, seed, n, V,
+                            logits->dtype);
     default:   /* the CPU samples on the host, in engine/generate/generate.c */
       return rx_op_no_kernel(op, logits);
   }

@@ -8,8 +8,10 @@
 #include "cuda/cuda.h"
 
 /* token i32 [n], logprob f32 [n], prob f32 [n, V] (scratch) and logits [n, V] on one device;
- * rows: n settings in that device's memory (temperature <= 0 or top_k == 1: greedy). */
+ * rows: n settings in that device's memory (temperature <= 0 or top_k == 1: greedy). seen i32
+ * [rows, S] (the rows' tokens so far, appended to) and penalized f32 [n, V] (scratch): both, for
+ * rows with a repetition penalty, or both NULL (every row's penalty then must be 1). */
 int rx_sample_rows(rx_tensor *token, rx_tensor *logprob, rx_tensor *prob, const rx_tensor *logits,
-                   const rx_cuda_sample_row *rows, uint64_t seed);
+                   const rx_cuda_sample_row *rows, uint64_t seed, rx_tensor *seen, rx_tensor *penalized);
 
 #endif

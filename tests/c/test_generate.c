@@ -79,7 +79,7 @@ static void add_prompt(req_buf *q, const int32_t *ids, int64_t n) {
 
 static void add_row(req_buf *q, int64_t prompt, double temperature, int32_t top_k, double top_p, int32_t max_new, uint64_t key) {
   q->row_prompt[q->R] = prompt;
-  q->rows[q->R] = (rx_sampling){temperature, top_p, top_k, max_new, key};
+  q->rows[q->R] = (rx_sampling){temperature, top_p, top_k, max_new, key, 0, 0};
   q->R++;
 }
 
@@ -258,9 +258,22 @@ static double chi2_bound(int df) {
   return df * pow(1 - a + z * sqrt(a), 3);
 }
 
+/* Reference of the repetition penalty (CTRL, as Hugging Face and vLLM): a token that occurs in
+ * seen has its logit divided by the penalty when positive, multiplied by it otherwise. */
+static void reference_penalty(float *out, const float *x, int V, float penalty, const int32_t *seen, int n) {
+  for (int i = 0; i < V; i++) {
+    int in_seen = 0;
+    for (int j = 0; j < n; j++) in_seen |= seen[j] == i;
+    out[i] = !in_seen ? x[i] : x[i] > 0 ? x[i] / penalty : x[i] * penalty;
+  }
+}
+
 /* Reference distribution: softmax(logits / T) restricted to the top k, then to the smallest
- * most-likely prefix with mass >= top_p (full sort), renormalised. Returns the kept count. */
-static int reference_probs(const float *logits, int V, double T, int top_k, double top_p, double *p, double *margin) {
+ * most-likely prefix with mass >= top_p (full sort), then to the tokens at least min_p times as
+ * likely as the most likely one, renormalised. Returns the kept count; *margin: how close the
+ * case is to a top-p or min-p boundary. */
+static int reference_probs(const float *logits, int V, double T, int top_k, double top_p, double min_p, double *p,
+                           double *margin) {
   int order[256];
   for (int i = 0; i < V; i++) order[i] = i;
   for (int i = 0; i < V; i++)      /* selection sort by logit, descending: plain and obvious */
@@ -280,21 +293,33 @@ static int reference_probs(const float *logits, int V, double T, int top_k, doub
     if (cum >= top_p) break;
   }
   if (top_p < 1) *margin = fmin(fabs(cum - top_p), fabs(cum - exp((logits[order[keep - 1]] - mx) / T) / z - top_p));
+  if (min_p > 0) {   /* a prefix again: the tokens whose ratio to the top one is >= min_p */
+    int k2 = 0;
+    while (k2 < keep && exp((logits[order[k2]] - mx) / T) >= min_p) k2++;
+    for (int i = 0; i < keep; i++) *margin = fmin(*margin, fabs(exp((logits[order[i]] - mx) / T) - min_p));
+    keep = k2;
+  }
   double kept = 0;
   for (int i = 0; i < keep; i++) kept += exp((logits[order[i]] - mx) / T);
   for (int i = 0; i < keep; i++) p[order[i]] = exp((logits[order[i]] - mx) / T) / kept;
   return keep;
 }
 
-static void check_distribution(const float *logits, int V, double T, int top_k, double top_p, uint64_t key) {
+/* The sampler's draws over N uniforms against the reference distribution of the logits after
+ * the repetition penalty (over seen) with the other settings. */
+static void check_distribution_all(const float *raw, int V, double T, int top_k, double top_p, double min_p,
+                                   double penalty, const int32_t *seen, int nseen, uint64_t key) {
   enum { N = 20000 };
   double p[256], margin;
-  int kept = reference_probs(logits, V, T, top_k, top_p, p, &margin);
-  CHECK(margin > 1e-4, "test case too close to the top-p boundary (%.3g)", margin);
+  float logits[256];
+  reference_penalty(logits, raw, V, penalty == 0 ? 1.0f : (float)penalty, seen, nseen);
+  int kept = reference_probs(logits, V, T, top_k, top_p, min_p, p, &margin);
+  CHECK(margin > 1e-4, "test case too close to a top-p or min-p boundary (%.3g)", margin);
   int64_t count[256] = {0};
   for (int64_t i = 0; i < N; i++) {
     int32_t tok = -1;
-    CHECK_OK(rx_sample_token(logits, V, T, top_k, top_p, rx_sample_uniform(99, key, i), &tok));
+    const rx_sampling s = {T, top_p, top_k, 1, 0, min_p, penalty};
+    CHECK_OK(rx_sample_token(raw, V, &s, seen, nseen, rx_sample_uniform(99, key, i), &tok));
     if (tok < 0 || tok >= V) { CHECK(0, "token %d outside [0, %d)", tok, V); return; }
     count[tok]++;
   }
@@ -306,13 +331,19 @@ static void check_distribution(const float *logits, int V, double T, int top_k, 
     double e = N * p[i];
     chi2 += (count[i] - e) * (count[i] - e) / e;
   }
-  CHECK(outside == 0, "T=%g top_k=%d top_p=%g: %d tokens outside the kept set were drawn", T, top_k, top_p, outside);
-  CHECK(missing == 0, "T=%g top_k=%d top_p=%g: %d kept tokens never drawn", T, top_k, top_p, missing);
+  CHECK(outside == 0, "T=%g top_k=%d top_p=%g min_p=%g penalty=%g: %d tokens outside the kept set were drawn", T,
+        top_k, top_p, min_p, penalty, outside);
+  CHECK(missing == 0, "T=%g top_k=%d top_p=%g min_p=%g penalty=%g: %d kept tokens never drawn", T, top_k, top_p, min_p,
+        penalty, missing);
   if (kept > 1)
-    CHECK(chi2 <= chi2_bound(kept - 1), "T=%g top_k=%d top_p=%g: chi-square %.1f > %.1f (df %d)", T, top_k, top_p, chi2,
-          chi2_bound(kept - 1), kept - 1);
+    CHECK(chi2 <= chi2_bound(kept - 1), "T=%g top_k=%d top_p=%g min_p=%g penalty=%g: chi-square %.1f > %.1f (df %d)", T,
+          top_k, top_p, min_p, penalty, chi2, chi2_bound(kept - 1), kept - 1);
   else
     CHECK(count[argmax_row(&(rx_tensor){.data = (void *)logits, .dtype = RX_F32}, 0, V)] == N, "single kept token");
+}
+
+static void check_distribution(const float *logits, int V, double T, int top_k, double top_p, uint64_t key) {
+  check_distribution_all(logits, V, T, top_k, top_p, 0.0, 1.0, NULL, 0, key);
 }
 
 static void test_sampler_distributions(void) {
@@ -333,19 +364,148 @@ static void test_sampler_distributions(void) {
   check_distribution(big, VOCAB, 1.0, 20, 0.75, 10);
 }
 
+/* min-p and the repetition penalty, alone and with the other settings, against the reference
+ * (penalty on the raw logits, then temperature, top-k, top-p, min-p); seen holds a token with a
+ * positive logit, one with a negative logit, a repeat and the top token. */
+static void test_sampler_min_p_and_penalty(void) {
+  const float small[8] = {1.5f, -0.3f, 0.9f, 2.2f, -1.7f, 0.1f, 1.1f, -0.8f};
+  const int32_t seen[5] = {3, 4, 3, 6, 1};
+  check_distribution_all(small, 8, 1.0, 0, 1.0, 0.1, 1.0, NULL, 0, 11);
+  check_distribution_all(small, 8, 0.7, 0, 1.0, 0.3, 1.0, NULL, 0, 12);
+  check_distribution_all(small, 8, 1.0, 0, 1.0, 0.0, 1.8, seen, 5, 13);
+  check_distribution_all(small, 8, 1.0, 0, 1.0, 0.0, 0.6, seen, 5, 14);   /* < 1 favours repeats */
+  check_distribution_all(small, 8, 1.0, 5, 0.9, 0.2, 1.5, seen, 5, 15);
+  check_distribution_all(small, 8, 1.3, 0, 0.8, 0.25, 2.0, seen, 5, 16);
+  float big[VOCAB];
+  int32_t many[20];
+  for (int i = 0; i < VOCAB; i++) big[i] = (float)(2.0 * sin(12.9898 * i + 1.0) + 0.5 * cos(3.7 * i));
+  for (int j = 0; j < 20; j++) many[j] = (j * 7) % VOCAB;
+  check_distribution_all(big, VOCAB, 1.0, 0, 1.0, 0.05, 1.3, many, 20, 17);
+  check_distribution_all(big, VOCAB, 0.8, 25, 0.95, 0.02, 1.2, many, 20, 18);
+
+  /* greedy rows see the penalty: the top token (3) once repeated gives way to the next (0) */
+  int32_t tok = -1;
+  CHECK_OK(rx_sample_token(small, 8, &(rx_sampling){0.0, 1.0, 0, 1, 0, 0.0, 2.0}, seen, 1, 0.5, &tok));
+  CHECK(tok == 0, "greedy with the top token penalised picked %d", tok);
+  CHECK_OK(rx_sample_token(small, 8, &(rx_sampling){0.0, 1.0, 0, 1, 0, 0.0, 1.0}, seen, 1, 0.5, &tok));
+  CHECK(tok == 3, "greedy without a penalty picked %d", tok);
+  /* min_p = 1 keeps only the most likely token */
+  for (int i = 0; i < 50; i++) {
+    CHECK_OK(rx_sample_token(small, 8, &(rx_sampling){1.0, 1.0, 0, 1, 0, 1.0, 0.0}, NULL, 0, rx_sample_uniform(3, 3, i), &tok));
+    CHECK(tok == 3, "min_p 1 drew %d", tok);
+  }
+  CHECK_FAILS(rx_sample_token(small, 8, &(rx_sampling){1.0, 1.0, 0, 1, 0, 1.5, 1.0}, NULL, 0, 0.5, &tok), "min_p = 1.5");
+  CHECK_FAILS(rx_sample_token(small, 8, &(rx_sampling){1.0, 1.0, 0, 1, 0, -0.1, 1.0}, NULL, 0, 0.5, &tok), "min_p = -0.1");
+  CHECK_FAILS(rx_sample_token(small, 8, &(rx_sampling){1.0, 1.0, 0, 1, 0, 0.0, -1.0}, NULL, 0, 0.5, &tok),
+              "repetition_penalty = -1");
+  CHECK_FAILS(rx_sample_token(small, 8, &(rx_sampling){1.0, 1.0, 0, 1, 0, 0.0, INFINITY}, NULL, 0, 0.5, &tok),
+              "repetition_penalty = inf");
+}
+
+/* Generation with min-p and repetition penalties: every token a row gets is what the sampler
+ * (checked above against the reference) draws from the logits that chose it, with the row's
+ * prompt and completion so far as its seen tokens; and a greedy row with a penalty is the
+ * argmax chain of penalised full forwards. */
+static void test_generate_min_p_and_penalty(void) {
+  rx_model *m = tiny_model(RX_F32);
+  CHECK(m != NULL, "model");
+  if (!m) return;
+  req_buf q = {0};
+  q.max_new = 12;
+  q.seed = 4321;
+  prompts_of_three(&q);
+  static const rx_sampling kinds[4] = {
+    {1.0, 1.0, 0, 12, 0, 0.05, 1.3}, {0.8, 0.9, 10, 9, 0, 0.1, 1.6}, {0.0, 1.0, 0, 12, 0, 0.0, 1.5},
+    {1.2, 1.0, 0, 12, 0, 0.0, 0.7}};
+  for (int64_t p = 0; p < 3; p++)
+    for (int k = 0; k < 4; k++) {
+      q.row_prompt[q.R] = p;
+      q.rows[q.R] = kinds[k];
+      q.rows[q.R].key = 100 * p + k;
+      q.R++;
+    }
+  res_buf b;
+  bind(&b);
+  rx_generate_request req = request(&q);
+  rx_generator *g = NULL;
+  CHECK_OK(rx_generate_begin(&g, m, &req, &b.res));
+  if (!g) { rx_model_free(m); return; }
+  int32_t prev_len[32] = {0}, done = 0;
+  int checked = 0, repeats_penalised = 0;
+  for (int step = 0; step <= q.max_new && !done; step++) {
+    if (step > 0) CHECK_OK(rx_generate_step(g, &done));
+    const rx_tensor *cached = rx_generate_logits(g);
+    for (int64_t r = 0; r < q.R; r++) {
+      if (b.lengths[r] == prev_len[r]) continue;
+      prev_len[r] = b.lengths[r];
+      const int64_t p = q.row_prompt[r], a = q.offsets[p], n = q.offsets[p + 1] - a, k = b.lengths[r] - 1;
+      int32_t seen[64];
+      memcpy(seen, q.tokens + a, sizeof(int32_t) * (size_t)n);
+      memcpy(seen + n, b.tokens + r * q.max_new, sizeof(int32_t) * (size_t)k);
+      const float *x = (const float *)cached->data + rx_generate_batch_index(g, r) * VOCAB;
+      int32_t want = -1;
+      CHECK_OK(rx_sample_token(x, VOCAB, &q.rows[r], seen, n + k, rx_sample_uniform(q.seed, q.rows[r].key, n + k), &want));
+      const int32_t got = b.tokens[r * q.max_new + k];
+      CHECK(got == want, "row %lld token %lld: %d generated, the sampler on its logits and tokens so far says %d",
+            (long long)r, (long long)k, got, want);
+      /* the raw log-probability, not the penalised one */
+      double mx = -INFINITY, z = 0;
+      for (int i = 0; i < VOCAB; i++) mx = fmax(mx, x[i]);
+      for (int i = 0; i < VOCAB; i++) z += exp(x[i] - mx);
+      CHECK(fabs(b.logprobs[r * q.max_new + k] - (x[got] - mx - log(z))) < 1e-5, "row %lld: log p %g of the raw logits",
+            (long long)r, b.logprobs[r * q.max_new + k]);
+      for (int64_t j = 0; j < n + k; j++) repeats_penalised += seen[j] == got;
+      checked++;
+    }
+  }
+  rx_generate_end(g);
+  CHECK(checked == 3 * (12 + 9 + 12 + 12), "checked %d tokens", checked);
+  printf("  min-p and penalties: %d tokens, %d of them repeat a token seen before\n", checked, repeats_penalised);
+
+  /* the greedy row of each prompt against the argmax chain of penalised full forwards */
+  for (int64_t p = 0; p < 3; p++) {
+    const int64_t r = 4 * p + 2, a = q.offsets[p], n = q.offsets[p + 1] - a, T = n + q.max_new;
+    int32_t seq[64];
+    memcpy(seq, q.tokens + a, sizeof(int32_t) * (size_t)n);
+    int64_t s1[2] = {1, T}, s1o[2] = {1, VOCAB};
+    rx_tensor *t1 = NULL, *m1 = NULL, *o1 = NULL;
+    rx_tensor_new(&t1, RX_I32, RX_CPU, 2, s1);
+    rx_tensor_new(&m1, RX_I32, RX_CPU, 2, s1);
+    rx_tensor_new(&o1, RX_F32, RX_CPU, 2, s1o);
+    int same = b.lengths[r] == q.max_new;
+    for (int64_t k = 0; k < q.max_new; k++) {
+      int32_t *tp = t1->data, *mp = m1->data;
+      for (int64_t i = 0; i < T; i++) { tp[i] = i < n + k ? seq[i] : 0; mp[i] = i < n + k; }
+      CHECK_OK(rx_model_next_logits(m, t1, m1, o1));
+      float pen[VOCAB];
+      reference_penalty(pen, o1->data, VOCAB, 1.5f, seq, (int)(n + k));
+      int32_t best = 0;
+      for (int i = 1; i < VOCAB; i++) best = pen[i] > pen[best] ? i : best;
+      seq[n + k] = best;
+      if (b.tokens[r * q.max_new + k] != best) same = 0;
+    }
+    CHECK(same, "greedy row of prompt %lld with repetition_penalty 1.5 is not the argmax chain of penalised full forwards",
+          (long long)p);
+    rx_tensor_free(t1);
+    rx_tensor_free(m1);
+    rx_tensor_free(o1);
+  }
+  rx_model_free(m);
+}
+
 static void test_sampler_edges(void) {
   const float x[5] = {0.5f, 2.0f, 2.0f, -1.0f, 1.0f};
   int32_t tok = -1;
   /* greedy (temperature 0, or top_k 1): the lowest id among the maxima */
-  CHECK_OK(rx_sample_token(x, 5, 0.0, 0, 1.0, 0.99, &tok));
+  CHECK_OK(rx_sample_token(x, 5, &(rx_sampling){0.0, 1.0, 0, 1, 0, 0, 0}, NULL, 0, 0.99, &tok));
   CHECK(tok == 1, "greedy picked %d", tok);
-  CHECK_OK(rx_sample_token(x, 5, 1.0, 1, 1.0, 0.99, &tok));
+  CHECK_OK(rx_sample_token(x, 5, &(rx_sampling){1.0, 1.0, 1, 1, 0, 0, 0}, NULL, 0, 0.99, &tok));
   CHECK(tok == 1, "top_k 1 picked %d", tok);
   /* top_k 2 with a tie at the boundary keeps exactly two tokens (the tied maxima) */
   const float y[5] = {1.0f, 3.0f, 1.0f, 1.0f, 0.0f};
   int seen[5] = {0};
   for (int i = 0; i < 2000; i++) {
-    CHECK_OK(rx_sample_token(y, 5, 1.0, 2, 1.0, rx_sample_uniform(5, 5, i), &tok));
+    CHECK_OK(rx_sample_token(y, 5, &(rx_sampling){1.0, 1.0, 2, 1, 0, 0, 0}, NULL, 0, rx_sample_uniform(5, 5, i), &tok));
     seen[tok]++;
   }
   CHECK(seen[1] > 0 && seen[0] > 0 && seen[2] == 0 && seen[3] == 0 && seen[4] == 0,
@@ -360,9 +520,9 @@ static void test_sampler_edges(void) {
   CHECK(fabs(sum / 10000 - 0.5) < 0.01, "mean of u %g", sum / 10000);
   CHECK(rx_sample_uniform(1, 2, 3) != rx_sample_uniform(2, 2, 3) && rx_sample_uniform(1, 2, 3) != rx_sample_uniform(1, 3, 3) &&
         rx_sample_uniform(1, 2, 3) != rx_sample_uniform(1, 2, 4), "u ignores part of its key");
-  CHECK_FAILS(rx_sample_token(x, 5, 1.0, 0, 1.0, 1.0, &tok), "u = 1");
-  CHECK_FAILS(rx_sample_token(x, 5, 1.0, 0, 0.0, 0.5, &tok), "top_p = 0");
-  CHECK_FAILS(rx_sample_token(x, 0, 1.0, 0, 1.0, 0.5, &tok), "vocab 0");
+  CHECK_FAILS(rx_sample_token(x, 5, &(rx_sampling){1.0, 1.0, 0, 1, 0, 0, 0}, NULL, 0, 1.0, &tok), "u = 1");
+  CHECK_FAILS(rx_sample_token(x, 5, &(rx_sampling){1.0, 0.0, 0, 1, 0, 0, 0}, NULL, 0, 0.5, &tok), "top_p = 0");
+  CHECK_FAILS(rx_sample_token(x, 0, &(rx_sampling){1.0, 1.0, 0, 1, 0, 0, 0}, NULL, 0, 0.5, &tok), "vocab 0");
 }
 
 /* ------------------------------------------------------------------ determinism */
@@ -545,6 +705,47 @@ static void test_stop_tokens(void) {
   rx_model_free(m);
 }
 
+/* rx_generate_stop_row ends a row between steps as a stop token would: its tokens so far kept,
+ * finish RX_FINISH_STOP, the other rows' tokens unchanged (the batch shrinks under them); a
+ * finished row stays as it was; a row outside the request is refused. */
+static void test_stop_row(void) {
+  rx_model *m = tiny_model(RX_F32);
+  if (!m) return;
+  req_buf q = {0};
+  q.max_new = 12;
+  q.seed = 8;
+  prompts_of_three(&q);
+  for (int i = 0; i < 6; i++) add_row(&q, i / 2, i == 3 ? 0.0 : 1.2, 0, 1.0, i == 5 ? 4 : 12, 700 + (uint64_t)i);
+  res_buf free_run, cut;
+  bind(&free_run);
+  rx_generate_request req = request(&q);
+  CHECK_OK(rx_model_generate(m, &req, &free_run.res));
+  bind(&cut);
+  rx_generator *g = NULL;
+  CHECK_OK(rx_generate_begin(&g, m, &req, &cut.res));
+  if (!g) { rx_model_free(m); return; }
+  int32_t done = 0;
+  for (int step = 1; !done; step++) {
+    CHECK_OK(rx_generate_step(g, &done));
+    if (step == 3) CHECK_OK(rx_generate_stop_row(g, 1));   /* after its 4th token */
+    if (step == 6) {
+      CHECK_OK(rx_generate_stop_row(g, 4));
+      CHECK_OK(rx_generate_stop_row(g, 5));                /* finished at its budget already */
+      CHECK_OK(rx_generate_stop_row(g, 1));                /* stopped already */
+    }
+  }
+  CHECK_FAILS(rx_generate_stop_row(g, 6), "row 6 outside [0, 6)");
+  rx_generate_end(g);
+  const int32_t want_len[6] = {12, 4, 12, 12, 7, 4}, want_finish[6] = {0, 1, 0, 0, 1, 0};
+  for (int r = 0; r < 6; r++) {
+    CHECK(cut.lengths[r] == want_len[r] && cut.finish[r] == want_finish[r], "row %d: length %d finish %d, want %d %d", r,
+          cut.lengths[r], cut.finish[r], want_len[r], want_finish[r]);
+    CHECK(memcmp(cut.tokens + r * 12, free_run.tokens + r * 12, sizeof(int32_t) * (size_t)cut.lengths[r]) == 0,
+          "row %d: stopping rows changed its tokens", r);
+  }
+  rx_model_free(m);
+}
+
 /* ------------------------------------------------------------------ request checks */
 
 static void test_bad_requests(void) {
@@ -570,15 +771,21 @@ static void test_bad_requests(void) {
   { FRESH(q); q.offsets[2] = q.offsets[1]; req = request(&q);     /* prompt 1 empty (prompt 2 grows) */
     CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "prompt 1 is empty"); }
   { FRESH(q); q.rows[2].temperature = -1; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 2: temperature -1"); }
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 2: temperature = -1 must be >= 0"); }
   { FRESH(q); q.rows[1].top_p = 0; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 1: temperature"); }
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 1: top_p = 0 outside (0, 1]"); }
   { FRESH(q); q.rows[1].top_p = 1.5; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "top_p 1.5"); }
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "top_p = 1.5"); }
   { FRESH(q); q.rows[0].top_k = -2; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "top_k -2"); }
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "top_k = -2"); }
   { FRESH(q); q.rows[0].temperature = NAN; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 0: temperature nan"); }
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 0: temperature = nan"); }
+  { FRESH(q); q.rows[1].min_p = 1.25; req = request(&q);
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 1: min_p = 1.25 outside [0, 1]"); }
+  { FRESH(q); q.rows[2].repetition_penalty = -0.5; req = request(&q);
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 2: repetition_penalty = -0.5 must be a finite number > 0"); }
+  { FRESH(q); q.rows[0].repetition_penalty = NAN; req = request(&q);
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 0: repetition_penalty = nan"); }
   { FRESH(q); q.rows[2].max_new_tokens = 9; req = request(&q);
     CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 2: max_new_tokens 9 outside [1, 8]"); }
   { FRESH(q); q.rows[2].max_new_tokens = 0; req = request(&q);
@@ -620,10 +827,13 @@ int main(void) {
   RUN(test_cached_llama31_f64);
   RUN(test_sampler_distributions);
   RUN(test_sampler_edges);
+  RUN(test_sampler_min_p_and_penalty);
+  RUN(test_generate_min_p_and_penalty);
   RUN(test_same_seed_same_tokens);
   RUN(test_prompts_without_rows);
   RUN(test_finished_rows_leave_the_batch);
   RUN(test_stop_tokens);
+  RUN(test_stop_row);
   RUN(test_bad_requests);
   return check_summary("test_generate");
 }

@@ -233,7 +233,7 @@ static void forward_merged_and_disabled(void) {
   /* generation applies the adapters: greedy tokens and logits as the merged model's */
   int32_t prompt[4] = {3, 17, 5, 9}, stop = 22;
   int64_t offs[2] = {0, 4}, row_prompt[2] = {0, 0};
-  rx_sampling rows[2] = {{0.0, 1.0, 0, 6, 1}, {1.0, 1.0, 0, 6, 2}};
+  rx_sampling rows[2] = {{0.0, 1.0, 0, 6, 1, 0, 0}, {1.0, 1.0, 0, 6, 2, 0, 0}};
   rx_generate_request req = {1, prompt, offs, 2, row_prompt, rows, &stop, 1, 5, 6};
   int32_t t1[12], t2[12], l1[2], l2[2], f1[2], f2[2];
   float p1[12], p2[12];

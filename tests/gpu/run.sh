@@ -6,7 +6,8 @@
 # own process, each printing its error and worst element, every tests/gpu/test_*.sh or .lua (the
 # model step, the loop), and the Lua specs' device tests (busted --filter=cuda on the specs that
 # mention it); compute-sanitizer memcheck, racecheck and synccheck on small cases;
-# every bench/gpu_*.sh benchmark; all behind one deadline: what would run past it is skipped and
+# every bench/gpu_*.sh benchmark (generation, the training step, a whole ReMax step; their shared
+# preamble bench/gpu_common.sh aside); all behind one deadline: what would run past it is skipped and
 # named. The CPU suite is not run here (CI runs it). docs/gpu.md ("Running on a GPU") is the procedure.
 #
 #   here, once, on Debian 12 with network:  sh tests/gpu/prepare.sh          (fills .debs/)
@@ -596,8 +597,10 @@ if skipped_phase bench; then
   skip bench bench "SKIP=bench"
 else
   phase "benchmarks (bench/gpu_*.sh)"
-  benches=(bench/gpu_*.sh)
-  [ -e "${benches[0]}" ] || benches=()
+  benches=()
+  for b in bench/gpu_*.sh; do   # bench/gpu_common.sh is their shared preamble, not a benchmark
+    [ -e "$b" ] && [ "$b" != bench/gpu_common.sh ] && benches+=("$b")
+  done
   # Each gets the time left in proportion to what its "# window-seconds: N" line says it needs
   # (120 without one); what one leaves unused goes to those after it.
   need=()

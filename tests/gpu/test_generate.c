@@ -1,8 +1,8 @@
 /* test_generate.c: generation on device "cuda" against the same model on the CPU (the same
  * weights), for the test configurations (Qwen2 untied GQA with biases, Qwen2 tied MQA, Qwen3's
- * q/k norm, Llama 3.1 RoPE scaling): f32 greedy and sampled rows (temperature, top-k, top-p, the
- * same seed and row keys) give the CPU's tokens, lengths and finish reasons, with log-probabilities
- * within 1e-4; prompts of different lengths (left-padded in the prefill), rows of different
+ * q/k norm, Llama 3.1 RoPE scaling): f32 greedy and sampled rows (temperature, top-k, top-p,
+ * min-p, repetition penalty; the same seed and row keys) give the CPU's tokens, lengths and
+ * finish reasons, with log-probabilities within 1e-4; prompts of different lengths (left-padded in the prefill), rows of different
  * budgets and a stop token (ragged batches that shrink as rows end); and the cached logits of
  * every decode step equal a full forward without cache (rx_model_next_logits) on the CPU and on
  * the device. bf16 compute: the cached logits against the device's own full forward. The CPU
@@ -38,7 +38,8 @@ static void models(int variant, int32_t dtype, rx_model **cpu, rx_model **dev) {
 
 /* Three prompts of lengths 5, 2 and 7 (left-padded to 7 in the prefill); rows: per prompt one
  * greedy (the ReMax baseline), one sampled at temperature 1, one with top-k 5 and top-p 0.9 at
- * temperature 1.3 and a shorter budget; a stop token ends some rows early. */
+ * temperature 1.3 and a shorter budget, one with min-p and a repetition penalty, one greedy with
+ * a repetition penalty; a stop token ends some rows early. */
 typedef struct {
   int32_t tokens[32];
   int64_t offsets[4], row_prompt[MAXR];
@@ -58,9 +59,12 @@ static void request(request_buf *q, uint64_t seed) {
   q->offsets[3] = 14;
   int64_t R = 0;
   for (int64_t p = 0; p < 3; p++) {
-    q->row_prompt[R] = p; q->rows[R++] = (rx_sampling){0.0, 1.0, 0, MAX_NEW, 10 * p + 1};
-    q->row_prompt[R] = p; q->rows[R++] = (rx_sampling){1.0, 1.0, 0, MAX_NEW, 10 * p + 2};
-    q->row_prompt[R] = p; q->rows[R++] = (rx_sampling){1.3, 0.9, 5, MAX_NEW - 3, 10 * p + 3};
+    q->row_prompt[R] = p; q->rows[R++] = (rx_sampling){0.0, 1.0, 0, MAX_NEW, 10 * p + 1, 0, 0};
+    q->row_prompt[R] = p; q->rows[R++] = (rx_sampling){1.0, 1.0, 0, MAX_NEW, 10 * p + 2, 0, 0};
+    q->row_prompt[R] = p; q->rows[R++] = (rx_sampling){1.3, 0.9, 5, MAX_NEW - 3, 10 * p + 3, 0, 0};
+    /* min-p with a repetition penalty, and a greedy row with one (over the prompt and completion) */
+    q->row_prompt[R] = p; q->rows[R++] = (rx_sampling){1.0, 0.95, 0, MAX_NEW, 10 * p + 4, 0.05, 1.3};
+    q->row_prompt[R] = p; q->rows[R++] = (rx_sampling){0.0, 1.0, 0, MAX_NEW, 10 * p + 5, 0, 1.5};
   }
   q->stop[0] = 13;
   q->req = (rx_generate_request){3, q->tokens, q->offsets, R, q->row_prompt, q->rows, q->stop, 1, seed, MAX_NEW};
@@ -239,24 +243,46 @@ static void cached_equals_full(int variant, int32_t dtype) {
 
 /* The device sampler alone against the CPU's (rx_sample_token with rx_sample_uniform's u), on
  * rows of 1000 logits rounded to multiples of 1/8 (so that top-k cuts through ties) and rows with
- * -inf entries: greedy, temperature, top-k, top-p and both, over many keys and positions. */
+ * -inf entries: greedy, temperature, top-k, top-p, min-p and the repetition penalty, alone and
+ * together, over many keys and positions; a penalised row's token is appended to its seen list. */
 static void sampler_equals_cpu(void) {
-  enum { N = 48, V = 1000 };
-  int64_t s2[2] = {N, V}, s1[1] = {N};
+  enum { N = 48, V = 1000, S = 80 };
+  int64_t s2[2] = {N, V}, s1[1] = {N}, ss[2] = {N, S};
   rx_tensor *x = cpu_uniform(2, s2, 11, -4.0, 4.0);
   float *h = x->data;
   for (int64_t i = 0; i < N * V; i++) h[i] = roundf(h[i] * 8) / 8;
   for (int64_t i = 0; i < V; i += 3) h[5 * V + i] = -INFINITY;   /* a row with masked tokens */
-  static const struct { double t, p; int32_t k; } set[] = {
-    {0, 1, 0}, {1, 1, 0}, {0.7, 1, 0}, {1.5, 1, 0}, {1, 1, 5}, {1, 1, 40}, {0.8, 0.9, 0}, {1.2, 0.5, 0},
-    {1, 0.95, 50}, {1, 1, 1}, {2, 0.3, 7}, {1, 0.999, 0},
+  static const struct { double t, p; int32_t k; double min_p; float pen; } set[] = {
+    {0, 1, 0, 0, 1}, {1, 1, 0, 0, 1}, {0.7, 1, 0, 0, 1}, {1.5, 1, 0, 0, 1}, {1, 1, 5, 0, 1}, {1, 1, 40, 0, 1},
+    {0.8, 0.9, 0, 0, 1}, {1.2, 0.5, 0, 0, 1}, {1, 0.95, 50, 0, 1}, {1, 1, 1, 0, 1}, {2, 0.3, 7, 0, 1},
+    {1, 0.999, 0, 0, 1}, {1, 1, 0, 0.05, 1}, {1.5, 1, 0, 0.3, 1}, {1, 0.9, 30, 0.1, 1}, {0, 1, 0, 0, 1.5},
+    {1, 1, 0, 0, 1.3}, {1, 1, 0, 0, 0.8}, {0.9, 0.95, 20, 0.05, 2}, {2, 0.7, 0, 0.2, 1.2},
   };
   rx_cuda_sample_row rows[N];
+  rx_sampling cpu_rows[N];
+  rx_tensor *seen_h;
+  gpu_must(rx_tensor_new(&seen_h, RX_I32, RX_CPU, 2, ss), NULL);
+  int32_t *seen = seen_h->data;
   for (int64_t r = 0; r < N; r++) {
     const int j = (int)(r % (int64_t)(sizeof set / sizeof set[0]));
-    rows[r] = (rx_cuda_sample_row){set[j].t, set[j].p, set[j].k, 0, 1000 + (uint64_t)r * 7, 3 + r};
+    /* tokens so far: some of the row's most likely tokens (the penalty changes the draw), repeats */
+    const int64_t num_seen = 5 + (r * 13) % 60;
+    for (int64_t i = 0; i < S; i++) seen[r * S + i] = i < num_seen ? (int32_t)((r * 31 + i * i * 17) % V) : -7;
+    for (int64_t i = 0; i < num_seen; i += 4) {
+      int64_t best = 0;
+      for (int64_t v = 1; v < V; v++) best = h[r * V + v] > h[r * V + best] && (v + i) % 3 ? v : best;
+      seen[r * S + i] = (int32_t)best;
+    }
+    rows[r] = (rx_cuda_sample_row){set[j].t, set[j].p, set[j].min_p, set[j].k, set[j].pen, 1000 + (uint64_t)r * 7,
+                                   3 + r, (N - 1 - r), num_seen};
+    cpu_rows[r] = (rx_sampling){set[j].t, set[j].p, set[j].k, 1, 0, set[j].min_p, set[j].pen};
   }
-  rx_tensor *xg = to_gpu(x, RX_F32), *tok, *lp, *prob, *rows_g, *rows_h;
+  /* the device reads row r's tokens from seen row N - 1 - r: rows and their lists need not align */
+  rx_tensor *seen_rev;
+  gpu_must(rx_tensor_new(&seen_rev, RX_I32, RX_CPU, 2, ss), NULL);
+  for (int64_t r = 0; r < N; r++) memcpy((int32_t *)seen_rev->data + (N - 1 - r) * S, seen + r * S, sizeof(int32_t) * S);
+  rx_tensor *xg = to_gpu(x, RX_F32), *tok, *lp, *prob, *rows_g, *rows_h, *pen_g, *seen_g;
+  gpu_must(rx_tensor_new(&pen_g, RX_F32, RX_CUDA, 2, s2), NULL);
   int64_t words[1] = {N * (int64_t)(sizeof(rx_cuda_sample_row) / 8)};
   gpu_must(rx_tensor_new(&tok, RX_I32, RX_CUDA, 1, s1), NULL);
   gpu_must(rx_tensor_new(&lp, RX_F32, RX_CUDA, 1, s1), NULL);
@@ -265,7 +291,11 @@ static void sampler_equals_cpu(void) {
   memcpy(rows_h->data, rows, sizeof rows);
   rows_g = to_gpu(rows_h, RX_I64);
   for (uint64_t seed = 0; seed < 3; seed++) {
-    CHECK_OK(rx_sample_rows(tok, lp, prob, xg, rows_g->data, seed));
+    seen_g = to_gpu(seen_rev, RX_I32);
+    CHECK_OK(rx_sample_rows(tok, lp, prob, xg, rows_g->data, seed, seen_g, pen_g));
+    rx_tensor *seen_back;
+    gpu_must(rx_tensor_new(&seen_back, RX_I32, RX_CPU, 2, ss), NULL);
+    gpu_must(rx_tensor_copy(seen_back, seen_g), seen_back);
     double got_lp[N], got_tok[N];
     gpu_must(rx_tensor_read_f64(tok, got_tok), NULL);
     gpu_must(rx_tensor_read_f64(lp, got_lp), NULL);
@@ -274,11 +304,20 @@ static void sampler_equals_cpu(void) {
       const float *row = h + r * V;
       int32_t want;
       double u = rx_sample_uniform(seed, rows[r].key, rows[r].position);
-      CHECK_OK(rx_sample_token(row, V, rows[r].temperature, rows[r].top_k, rows[r].top_p, u, &want));
+      CHECK_OK(rx_sample_token(row, V, &cpu_rows[r], seen + r * S, rows[r].num_seen, u, &want));
       differ += (int32_t)got_tok[r] != want;
-      CHECK((int32_t)got_tok[r] == want, "seed %llu row %lld (t %g k %d p %g): token %d on the device, %d on the cpu",
-            (unsigned long long)seed, (long long)r, rows[r].temperature, rows[r].top_k, rows[r].top_p,
-            (int32_t)got_tok[r], want);
+      CHECK((int32_t)got_tok[r] == want,
+            "seed %llu row %lld (t %g k %d p %g min_p %g penalty %g): token %d on the device, %d on the cpu",
+            (unsigned long long)seed, (long long)r, rows[r].temperature, rows[r].top_k, rows[r].top_p, rows[r].min_p,
+            rows[r].repetition_penalty, (int32_t)got_tok[r], want);
+      /* a penalised row's token is appended to its list, the rest of the lists untouched */
+      const int32_t *back = (const int32_t *)seen_back->data + (N - 1 - r) * S;
+      const int64_t ns = rows[r].num_seen;
+      int untouched = memcmp(back, seen + r * S, sizeof(int32_t) * (size_t)ns) == 0;
+      for (int64_t i = ns + 1; i < S; i++) untouched &= back[i] == -7;
+      CHECK(untouched && back[ns] == (rows[r].repetition_penalty != 1.0f ? want : -7),
+            "seed %llu row %lld: seen list after sampling holds %d at %lld", (unsigned long long)seed, (long long)r,
+            back[ns], (long long)ns);
       double mx = -INFINITY, z = 0;
       for (int64_t i = 0; i < V; i++) mx = fmax(mx, row[i]);
       for (int64_t i = 0; i < V; i++) z += exp((double)row[i] - mx);
@@ -287,6 +326,8 @@ static void sampler_equals_cpu(void) {
             (long long)r, got_lp[r], ref);
     }
     if (seed == 0) printf("  sampler: %d rows x %d logits, %d tokens differ from the cpu\n", N, V, differ);
+    rx_tensor_free(seen_back);
+    rx_tensor_free(seen_g);
   }
   /* a sampled row whose logits are all -inf has no finite maximum: token -1, which generation reports */
   for (int64_t i = 0; i < V; i++) h[i] = -INFINITY;
@@ -297,12 +338,13 @@ static void sampler_equals_cpu(void) {
   gpu_must(rx_tensor_new(&tok1, RX_I32, RX_CUDA, 1, o1), NULL);
   gpu_must(rx_tensor_new(&lp1, RX_F32, RX_CUDA, 1, o1), NULL);
   gpu_must(rx_tensor_new(&prob1, RX_F32, RX_CUDA, 2, o2), NULL);
-  CHECK_OK(rx_sample_rows(tok1, lp1, prob1, xg1, (const rx_cuda_sample_row *)rows_g->data + 1, 0));
+  CHECK_OK(rx_sample_rows(tok1, lp1, prob1, xg1, (const rx_cuda_sample_row *)rows_g->data + 1, 0, NULL, NULL));
   double t1;
   gpu_must(rx_tensor_read_f64(tok1, &t1), NULL);
   CHECK(t1 == -1, "a row without a finite logit gave token %g", t1);
-  CHECK_FAILS(rx_sample_rows(tok1, lp1, prob1, one, rows_g->data, 0), "sample");
-  rx_tensor *list[] = {x, xg, tok, lp, prob, rows_g, rows_h, one, xg1, tok1, lp1, prob1};
+  CHECK_FAILS(rx_sample_rows(tok1, lp1, prob1, one, rows_g->data, 0, NULL, NULL), "sample");
+  CHECK_FAILS(rx_sample_rows(tok, lp, prob, xg, rows_g->data, 0, NULL, pen_g), "give both seen and penalized");
+  rx_tensor *list[] = {x, xg, tok, lp, prob, rows_g, rows_h, one, xg1, tok1, lp1, prob1, seen_h, seen_rev, pen_g};
   for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) rx_tensor_free(list[i]);
 }
 
@@ -366,7 +408,7 @@ static void too_large_is_refused(void) {
   int32_t prompt[2] = {1, 2};
   int64_t offsets[2] = {0, 2}, *row_prompt = calloc(ROWS, sizeof(int64_t));
   rx_sampling *rows = calloc(ROWS, sizeof(rx_sampling));
-  for (int64_t r = 0; r < ROWS; r++) rows[r] = (rx_sampling){0.0, 1.0, 0, 1 << 19, (uint64_t)r};
+  for (int64_t r = 0; r < ROWS; r++) rows[r] = (rx_sampling){0.0, 1.0, 0, 1 << 19, (uint64_t)r, 0, 0};
   rx_generate_request q = {1, prompt, offsets, ROWS, row_prompt, rows, NULL, 0, 1, 1 << 19};
   rx_generate_result res = {0};   /* never written: the request fails first */
   CHECK_FAILS(rx_model_generate(m, &q, &res), "GiB of device memory (cuda) is available");

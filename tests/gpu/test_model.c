@@ -205,6 +205,132 @@ static void bf16_qwen2_tied_mqa(void) { check_variant(1, RX_BF16); }
 static void bf16_qwen3_qk_norm(void) { check_variant(2, RX_BF16); }
 static void bf16_llama31_rope_scaling(void) { check_variant(3, RX_BF16); }
 
+/* A frozen bf16 model on the device (weight_dtype bf16 under bf16 compute: the KL reference, a
+ * LoRA base): every parameter in bf16 alone, a third of a trained bf16 model's weight bytes, no
+ * gradients; from the same weights it computes the trained bf16 model's log-probabilities and
+ * entropies bit for bit (its weights are that model's working copy, rounded from the same f32). */
+static void frozen_bf16_model(void) {
+  for (int variant = 0; variant < 4; variant++) {
+    rx_model_config c = config(variant), g = c, f = c;
+    g.device = f.device = RX_CUDA;
+    g.dtype = f.dtype = RX_BF16;
+    f.weight_dtype = RX_BF16;
+    rx_model *mc = NULL, *mg = NULL, *mf = NULL;
+    CHECK_OK(rx_model_new(&mc, &c));
+    CHECK_OK(rx_model_new(&mg, &g));
+    CHECK_OK(rx_model_new(&mf, &f));
+    if (!mc || !mg || !mf) { rx_model_free(mc); rx_model_free(mg); rx_model_free(mf); return; }
+    CHECK(rx_model_weight_dtype(rx_model_get_config(mf)) == RX_BF16, "frozen model's weight dtype");
+    for (int64_t i = 0; i < rx_model_param_count(mc); i++) {
+      rx_tensor *p = rx_model_param(mc, i);
+      if (strstr(rx_model_param_name(mc, i), "norm.weight")) rx_tensor_uniform(p, 13, (uint64_t)i << 32, 0.5, 1.5);
+      else rx_tensor_normal(p, 13, (uint64_t)i << 32, 0.0, 0.3);
+      CHECK(rx_model_param(mf, i)->dtype == RX_BF16 && rx_model_param(mf, i)->device == RX_CUDA, "%s: %s on device %d",
+            rx_model_param_name(mf, i), rx_dtype_name(rx_model_param(mf, i)->dtype), rx_model_param(mf, i)->device);
+      CHECK_OK(rx_tensor_copy(rx_model_param(mg, i), p));
+      CHECK_OK(rx_tensor_copy(rx_model_param(mf, i), p));
+    }
+    rx_model_memory memg, memf;
+    rx_model_memory_usage(mg, &memg);
+    rx_model_memory_usage(mf, &memf);
+    CHECK(3 * memf.param_bytes <= memg.param_bytes + 64 * 3 * rx_model_param_count(mc),
+          "%s: frozen bf16 weights take %lld bytes, the trained bf16 model's %lld", variant_name[variant],
+          (long long)memf.param_bytes, (long long)memg.param_bytes);
+    CHECK(rx_model_grad(mf, 0) == NULL, "%s: a frozen model has no gradients", variant_name[variant]);
+    CHECK(memf.grad_bytes == 0, "%s: gradient bytes %lld", variant_name[variant], (long long)memf.grad_bytes);
+    rx_tensor *fp = NULL, *fg = NULL;
+    int64_t matrices = 0;
+    CHECK_FAILS(rx_model_flat(mf, &fp, &fg, &matrices), "a frozen model");
+    rx_tensor *tok = host(RX_I32, tokens), *msk = host(RX_I32, mask);
+    rx_tensor *lp_c = host(RX_F32, NULL), *ent_c = host(RX_F32, NULL), *lp_g = host(RX_F32, NULL),
+              *ent_g = host(RX_F32, NULL), *lp_f = host(RX_F32, NULL), *ent_f = host(RX_F32, NULL);
+    rx_forward_opts fo = {0, 0, 4, 7};
+    CHECK_OK(rx_model_logprobs(mc, tok, msk, lp_c, ent_c, &fo));
+    CHECK_OK(rx_model_logprobs(mg, tok, msk, lp_g, ent_g, &fo));
+    CHECK_OK(rx_model_logprobs(mf, tok, msk, lp_f, ent_f, &fo));
+    CHECK(gpu_same_bits(lp_f, lp_g) && gpu_same_bits(ent_f, ent_g),
+          "%s: the frozen bf16 model's log-probabilities differ from the trained bf16 model's", variant_name[variant]);
+    const double e = err(lp_f, lp_c);
+    CHECK(e <= 3e-2, "%s: frozen bf16 log-probabilities differ from the f32 cpu's by %g", variant_name[variant], e);
+    rx_tensor *all[] = {tok, msk, lp_c, ent_c, lp_g, ent_g, lp_f, ent_f};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) rx_tensor_free(all[i]);
+    rx_model_free(mc);
+    rx_model_free(mg);
+    rx_model_free(mf);
+  }
+}
+
+/* LoRA on the device, f32 and bf16 (a frozen bf16 base, f32 adapter masters with a bf16 working
+ * copy), dropout on, against LoRA on the CPU from the same weights (the base rounded through bf16
+ * on both sides for bf16): log-probabilities and every adapter gradient (B random, so A has one
+ * too), f32 within 1e-5 each; bf16 log-probabilities within 3e-2, the adapter gradients within
+ * 5e-2 as a whole and 8e-2 each (seen 3.4e-2 and 5.8e-2; 2.1e-2 and 6e-2 without dropout): beside
+ * the model's own bf16 roundings (its gradients: 3.3e-2 at worst) the adapter path rounds the
+ * dropped input (x / (1 - p) is not exact in bf16), x A^T and dy B once more each. */
+static void lora_on_the_device(void) {
+  for (int k = 0; k < 2; k++) {
+    const int32_t dtype = k ? RX_BF16 : RX_F32;
+    rx_model_config c = config(0), g = c;
+    g.device = RX_CUDA;
+    g.dtype = dtype;
+    g.weight_dtype = dtype == RX_BF16 ? RX_BF16 : 0;
+    rx_model *mc = NULL, *mg = NULL;
+    CHECK_OK(rx_model_new(&mc, &c));
+    CHECK_OK(rx_model_new(&mg, &g));
+    if (!mc || !mg) { rx_model_free(mc); rx_model_free(mg); return; }
+    for (int64_t i = 0; i < rx_model_param_count(mc); i++) {
+      rx_tensor *p = rx_model_param(mc, i);
+      if (strstr(rx_model_param_name(mc, i), "norm.weight")) rx_tensor_uniform(p, 17, (uint64_t)i << 32, 0.5, 1.5);
+      else rx_tensor_normal(p, 17, (uint64_t)i << 32, 0.0, 0.3);
+      if (dtype == RX_BF16) cpu_round_through(p, RX_BF16);
+      CHECK_OK(rx_tensor_copy(rx_model_param(mg, i), p));
+    }
+    rx_lora_config lc = {4, 8.0, 0.2, 0x7f, 0, 21};
+    CHECK_OK(rx_model_lora_init(mc, &lc));
+    CHECK_OK(rx_model_lora_init(mg, &lc));
+    const int64_t n = rx_model_lora_count(mc);
+    for (int64_t i = 1; i < n; i += 2) {   /* B random (it starts at 0), the same on both */
+      rx_tensor *b = rx_model_lora_param(mc, i);
+      rx_tensor_normal(b, 19, (uint64_t)i << 32, 0.0, 0.2);
+      CHECK_OK(rx_tensor_copy(rx_model_lora_param(mg, i), b));
+    }
+    for (int64_t i = 0; i < n; i++) {
+      CHECK_OK(rx_tensor_copy(rx_model_lora_param(mg, i), rx_model_lora_param(mc, i)));
+      CHECK(rx_model_lora_param(mg, i)->dtype == RX_F32 && rx_model_lora_param(mg, i)->device == RX_CUDA,
+            "%s: adapter %s is %s on device %d", rx_dtype_name(dtype), rx_model_lora_name(mg, i),
+            rx_dtype_name(rx_model_lora_param(mg, i)->dtype), rx_model_lora_param(mg, i)->device);
+    }
+    rx_tensor *tok = host(RX_I32, tokens), *msk = host(RX_I32, mask), *lp_c = host(RX_F32, NULL),
+              *lp_g = host(RX_F32, NULL), *dlp = host(RX_F32, NULL);
+    gpu_must(rx_tensor_normal(dlp, 23, 0, 0.0, 1.0), dlp);
+    rx_forward_opts fo = {1, 0, 4, 7};
+    CHECK_OK(rx_model_logprobs(mc, tok, msk, lp_c, NULL, &fo));
+    CHECK_OK(rx_model_logprobs(mg, tok, msk, lp_g, NULL, &fo));
+    const double tol = dtype == RX_BF16 ? 5e-2 : 1e-5, each = dtype == RX_BF16 ? 8e-2 : 1e-5;
+    const double e_lp = err(lp_g, lp_c);
+    CHECK(e_lp <= (dtype == RX_BF16 ? 3e-2 : 1e-5), "lora %s: logprobs differ from the cpu by %g", rx_dtype_name(dtype), e_lp);
+    CHECK_OK(rx_model_backward(mc, dlp));
+    CHECK_OK(rx_model_backward(mg, dlp));
+    double sums[2] = {0, 0}, worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+      rx_tensor *gc = rx_model_lora_grad(mc, i), *gg = rx_model_lora_grad(mg, i);
+      CHECK(gg && gg->dtype == RX_F32 && gg->device == RX_CUDA, "lora %s: gradient %lld", rx_dtype_name(dtype), (long long)i);
+      if (!gc || !gg) continue;
+      const double e = err_sums(gg, gc, sums);
+      worst = fmax(worst, e);
+      CHECK(e <= each, "lora %s: gradient of %s differs from the cpu by %g", rx_dtype_name(dtype), rx_model_lora_name(mc, i), e);
+    }
+    const double all = sqrt(sums[0] / sums[1]);
+    CHECK(all <= tol, "lora %s: the adapter gradients differ from the cpu by %g", rx_dtype_name(dtype), all);
+    fprintf(stderr, "lora %s on the device: logprobs %.2g, adapter gradients %.2g (each <= %.2g)\n", rx_dtype_name(dtype),
+            e_lp, all, worst);
+    rx_tensor *list[] = {tok, msk, lp_c, lp_g, dlp};
+    for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) rx_tensor_free(list[i]);
+    rx_model_free(mc);
+    rx_model_free(mg);
+  }
+}
+
 /* What the device cannot do is an error naming it, never a silent CPU model. */
 static void device_errors_name_the_problem(void) {
   rx_model_config c = config(0);
@@ -235,6 +361,8 @@ int main(void) {
   RUN(bf16_qwen2_tied_mqa);
   RUN(bf16_qwen3_qk_norm);
   RUN(bf16_llama31_rope_scaling);
+  RUN(frozen_bf16_model);
+  RUN(lora_on_the_device);
   RUN(device_errors_name_the_problem);
   return check_summary("gpu_test_model");
 }

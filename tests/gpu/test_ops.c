@@ -4,6 +4,7 @@
  * the bf16-rounded inputs), with sentinel guards around every device output, and two runs of each
  * backward compared bit for bit. Skips (exit 77) without a CUDA device. */
 #include "gpu.h"
+#include "ops/engine_ops.h"
 
 static int32_t dt;   /* the dtype under test: RX_F32 or RX_BF16 */
 
@@ -56,6 +57,36 @@ static void test_add(void) {
   CHECK_OK(rx_add(a.g, a.g, b.g));   /* out aliasing a */
   CHECK(gpu_nrmse(a.g, c) <= gpu_tol(dt), "add in place");
   pair_free(a); pair_free(b); rx_tensor_free(c);
+}
+
+/* x *= s in the dtype under test (clipping in f32; LoRA's alpha / r on bf16 activations) */
+static void test_scale(void) {
+  int64_t s[2] = {23, 301};
+  pair x = input(2, s, 12, -3, 3);
+  CHECK_OK(rx_scale(x.c, 0.37));
+  CHECK_OK(rx_scale(x.g, 0.37));
+  const double e = gpu_nrmse(x.g, x.c);
+  CHECK(e <= (dt == RX_F32 ? 0 : gpu_tol(dt)), "scale (%s): normalised error %.3g", rx_dtype_name(dt), e);
+  pair_free(x);
+}
+
+/* LoRA's dropout from the same f32 draws: xd = x * f and dy *= f, f = u >= p ? 1/(1-p) : 0 */
+static void test_dropout(void) {
+  int64_t s[2] = {29, 133};
+  pair x = input(2, s, 21, -2, 2), dy = input(2, s, 22, -1, 1), u = input_f32(2, s, 23, 0, 1);
+  rx_tensor *xd = cpu_zeros(2, s);
+  gpu_guarded g = gpu_guarded_new(dt, 2, s, NULL);
+  CHECK_OK(rx_dropout_apply(xd, x.c, u.c, 0.3, dy.c));
+  CHECK_OK(rx_dropout_apply(g.t, x.g, u.g, 0.3, dy.g));
+  int64_t dropped = 0;
+  const float *xc = xd->data;
+  for (int64_t i = 0; i < xd->numel; i++) dropped += xc[i] == 0;
+  CHECK(dropped > xd->numel / 5 && dropped < xd->numel * 2 / 5, "dropout: %lld of %lld dropped at p = 0.3",
+        (long long)dropped, (long long)xd->numel);
+  CHECK(gpu_nrmse(dy.g, dy.c) <= (dt == RX_F32 ? 0 : gpu_tol(dt)), "dropout dy (%s)", rx_dtype_name(dt));
+  EXPECT_CLOSE(g, xd, dt == RX_F32 ? 0 : gpu_tol(dt), "dropout");
+  CHECK_FAILS(rx_dropout_apply(xd, x.c, u.c, 1.0, NULL), "p = 1 must be in [0, 1)");
+  pair_free(x); pair_free(dy); pair_free(u); rx_tensor_free(xd);
 }
 
 static void test_swiglu(void) {
@@ -401,6 +432,8 @@ int main(void) {
     dt = k == 0 ? RX_F32 : RX_BF16;
     fprintf(stderr, "-- dtype %s\n", rx_dtype_name(dt));
     RUN(test_add);
+    RUN(test_scale);
+    RUN(test_dropout);
     RUN(test_swiglu);
     RUN(test_rmsnorm);
     RUN(test_rmsnorm_in_place);

@@ -5,10 +5,8 @@ local trainer = require("remax.train.trainer")
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 
-local dirs = {}
 local function setup()
   local d = tmpdir()
-  dirs[#dirs + 1] = d
   write(d .. "/len.lua", [[
 return { name = "len", fn = function(completions, batch)
   local s = {}
@@ -16,17 +14,13 @@ return { name = "len", fn = function(completions, batch)
   return s
 end }
 ]])
-  local lines = {}
-  for i = 1, 8 do lines[i] = ('{"prompt": "say something %d", "answer": "x%d"}'):format(i, i) end
-  write(d .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+  support.prompts(d .. "/p.jsonl", 8)
   return d
 end
 
 local function recipe(d, extra)
   local r = {
-    model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
-      num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
-      rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true },
+    model_config = support.tiny_model(),
     data = d .. "/p.jsonl", rewards = { d .. "/len.lua" }, chat_template = "plain",
     num_generations = 3, max_completion_length = 6, per_device_train_batch_size = 2, learning_rate = 1e-3,
     max_steps = 2, eval_size = 0, output_dir = d .. "/runs", save_steps = 0, log_completions = 0, seed = 3,
@@ -36,10 +30,6 @@ local function recipe(d, extra)
 end
 
 describe("algorithm defaults", function()
-  teardown(function()
-    for _, d in ipairs(dirs) do os.execute("rm -rf '" .. d .. "'") end
-  end)
-
   it("generates the greedy row for remax only, unless generate_greedy asks", function()
     assert.is_true(config.resolve({ algo = "remax" }).generate_greedy)
     for _, algo in ipairs({ "grpo", "rloo", "reinforce" }) do

@@ -144,6 +144,18 @@ describe("config.resolve's derived settings", function()
   it("checks sampling settings once, in the schema, naming their source", function()
     assert.matches("recipe: temperature = -1: expected a number in [0, inf)", err_of(config.resolve, { temperature = -1 }), 1, true)
     assert.matches("recipe: top_p = 0: expected a number in (0, 1]", err_of(config.resolve, { top_p = 0 }), 1, true)
+    assert.matches("recipe: min_p = 1.5: expected a number in [0, 1]", err_of(config.resolve, { min_p = 1.5 }), 1, true)
+    assert.matches("command line: repetition_penalty = 0: expected a number in (0, inf)",
+      err_of(config.resolve, {}, (config.parse_args({ "--repetition_penalty", "0" }))), 1, true)
+    assert.matches("recipe: repetition_penalty = inf: expected a finite number",
+      err_of(config.resolve, { repetition_penalty = 1 / 0 }), 1, true)
+    local c = config.resolve({ min_p = 0.05 }, (config.parse_args({ "--repetition_penalty", "1.2" })))
+    assert.are.equal(0.05, c.min_p)
+    assert.are.equal(1.2, c.repetition_penalty)
+    assert.are.same({ "\n\n", "Question:" }, config.resolve({ stop_strings = { "\n\n", "Question:" } }).stop_strings)
+    assert.matches("stop_strings", err_of(config.resolve, { stop_strings = {} }), 1, true)
+    assert.are.equal(0, config.resolve({}).min_p)              -- off by default, as in TRL
+    assert.are.equal(1, config.resolve({}).repetition_penalty)
     -- what the model's own check (the last guard) would let through
     assert.matches("recipe: temperature = inf: expected a finite number", err_of(config.resolve, { temperature = 1 / 0 }), 1, true)
   end)

@@ -103,6 +103,57 @@ describe("evaluation", function()
     os.execute("rm -rf " .. dir)
   end)
 
+  -- The program beside the library in use (REMAX_LIB: the CUDA emulator's build runs the specs
+  -- named cuda), else the build's.
+  local function binary()
+    local d = (os.getenv("REMAX_LIB") or ""):match("^(.*)/[^/]*$")
+    local f = d and io.open(d .. "/remax")
+    if f then f:close(); return d .. "/remax" end
+    return cli.build_dir() .. "/remax"
+  end
+  local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+  it("remax eval --device cuda: the CPU's report (greedy and sampled rows, f32), else a clear refusal", function()
+    local remax = require("remax")
+    local dir = tmpdir()
+    local tok = remax.tokenizer.load("tests/fixtures/byte_tokenizer")
+    local m = remax.model.new(support.tiny_model({ vocab_size = tok.vocab_size, attention_bias = true }),
+      { seed = 9, init_std = 0.3 })
+    m:save(dir .. "/model")
+    for _, name in ipairs({ "tokenizer.json", "tokenizer_config.json" }) do
+      support.write(dir .. "/model/" .. name, support.read("tests/fixtures/byte_tokenizer/" .. name))
+    end
+    local lines = {}
+    for i = 1, 6 do lines[i] = ('{"prompt": "say %d things", "answer": "x"}'):format(i) end
+    support.write(dir .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+    support.write(dir .. "/lower.lua", support.LOWER)
+    -- min-p and the repetition penalty on: the sampled rows go through every rule of the sampler
+    support.write(dir .. "/r.lua", ("return { data = %q, eval_data = %q, rewards = { %q }, chat_template = 'plain', "
+      .. "eval_size = 6, max_completion_length = 6, temperature = 1.2, min_p = 0.02, repetition_penalty = 1.3, "
+      .. "seed = 5, output_dir = %q }"):format(dir .. "/p.jsonl", dir .. "/p.jsonl", dir .. "/lower.lua", dir .. "/runs"))
+    local function eval(device)
+      local err_file = support.tmpfile()
+      local p = io.popen(("%s eval %s --model %s --samples 3 --device %s 2>%s; echo \"rc=$?\""):format(q(binary()),
+        q(dir .. "/r.lua"), q(dir .. "/model"), device, q(err_file)))
+      local out = p:read("*a")
+      p:close()
+      local text = out:gsub("rc=%d+%s*$", ""):gsub(", [%d.]+s%)", ")")   -- the report's timing aside
+      return text, support.read(err_file), tonumber(out:match("rc=(%d+)%s*$"))
+    end
+    local want, werr, wrc = eval("cpu")
+    assert.are.equal(0, wrc, werr)
+    assert.matches("pass@3", want, 1, true)
+    assert.matches("held-out prompts)", want, 1, true)
+    local got, err, rc = eval("cuda")
+    if remax.tensor.has_cuda() then
+      assert.are.equal(0, rc, err)
+      assert.are.equal(want, got)
+    else
+      assert.are_not.equal(0, rc)
+      assert.matches("device = cuda", err, 1, true)
+    end
+  end)
+
   it("remax eval refuses a bad --samples value by name", function()
     local ok, err = pcall(cli.eval, "recipes/gsm8k.lua", "--samples", "zero")
     assert.is_false(ok)

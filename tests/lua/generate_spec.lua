@@ -95,6 +95,134 @@ describe("model:generate", function()
     assert.are.equal("stop", out.rows[1].finish)
   end)
 
+  -- The rules as Hugging Face writes them, in plain Lua: CTRL's penalty on every token seen so far
+  -- (prompt and completion), then the temperature, then min-p against the most likely token.
+  local function penalised(row, seen, penalty)
+    local out, hit = {}, {}
+    for _, id in ipairs(seen) do hit[id] = true end
+    for i, x in ipairs(row) do
+      if hit[i - 1] then out[i] = x > 0 and x / penalty or x * penalty else out[i] = x end
+    end
+    return out
+  end
+
+  it("applies repetition_penalty over the prompt and the completion so far, greedy rows too", function()
+    local m = model(7)
+    local out = m:generate(prompts, { temperature = 0, max_new_tokens = 10, repetition_penalty = 1.8, seed = 1 })
+    local plain = m:generate(prompts, { temperature = 0, max_new_tokens = 10, seed = 1 })
+    local repeats_plain, repeats = 0, 0
+    for i, row in ipairs(out.rows) do
+      local seq = prompts[row.prompt]
+      for t, id in ipairs(row.tokens) do
+        local logits = m:next_logits({ seq }):totable()[1]
+        assert.are.equal(argmax(penalised(logits, seq, 1.8)), id)
+        -- log-probabilities stay those of the model, not of the penalised logits
+        local want = log_softmax_at(logits, id)
+        assert.is_true(math.abs(row.logprobs[t] - want) < 1e-4, ("%g vs %g"):format(row.logprobs[t], want))
+        for _, s in ipairs(seq) do if s == id then repeats = repeats + 1; break end end
+        seq = concat(seq, { id })
+      end
+      local pseq = prompts[row.prompt]
+      for _, id in ipairs(plain.rows[i].tokens) do
+        for _, s in ipairs(pseq) do if s == id then repeats_plain = repeats_plain + 1; break end end
+        pseq = concat(pseq, { id })
+      end
+    end
+    assert.is_true(repeats < repeats_plain, ("%d repeats with the penalty, %d without"):format(repeats, repeats_plain))
+  end)
+
+  it("keeps only tokens at least min_p times as likely as the top one, after the penalty and temperature", function()
+    local m = model(8)
+    local T, min_p, pen = 1.5, 0.3, 1.3
+    local out = m:generate(prompts, { temperature = { T, T, T, T }, min_p = min_p, repetition_penalty = pen,
+      max_new_tokens = 8, seed = 5 })
+    local ratios = {}
+    for _, row in ipairs(out.rows) do
+      local seq = prompts[row.prompt]
+      for _, id in ipairs(row.tokens) do
+        local x = penalised(m:next_logits({ seq }):totable()[1], seq, pen)
+        local top = x[argmax(x) + 1]
+        local ratio = math.exp((x[id + 1] - top) / T)
+        assert.is_true(ratio >= min_p - 1e-6, ("token %d: p / p_top = %g < min_p %g"):format(id, ratio, min_p))
+        ratios[#ratios + 1] = ratio
+        seq = concat(seq, { id })
+      end
+    end
+    -- the draws are not all the top token: the filter kept a set, not just the argmax
+    local below_top = 0
+    for _, r in ipairs(ratios) do if r < 1 then below_top = below_top + 1 end end
+    assert.is_true(below_top > 0, "every draw was the most likely token")
+    -- min_p = 1 leaves the most likely token only: sampled rows equal the (penalised) greedy row
+    local one = m:generate(prompts, { temperature = { 1, 0 }, min_p = 1, repetition_penalty = pen, max_new_tokens = 8, seed = 5 })
+    for p = 1, #prompts do assert.are.same(one.rows[2 * p].tokens, one.rows[2 * p - 1].tokens) end
+  end)
+
+  -- A detokenizer of the test's own: each id is one of a few texts, some of them two letters and
+  -- one empty (as a special token skipped), so that a stop string spans several tokens.
+  local pieces = { "a", "b", "c", "ab", "", "ca", "d" }
+  local function detok(ids)
+    local out = {}
+    for i, id in ipairs(ids) do out[i] = pieces[id % #pieces + 1] end
+    return table.concat(out)
+  end
+  -- where each row should end: the first prefix of its free run whose text holds a stop string
+  local function expect_stops(free, stops, budget)
+    local want = {}
+    for i, row in ipairs(free.rows) do
+      local len, hit = math.min(#row.tokens, budget), nil
+      for k = 1, len do
+        local text = detok({ unpack(row.tokens, 1, k) })
+        for _, st in ipairs(stops) do if text:find(st, 1, true) then hit = st; break end end
+        if hit then len = k; break end
+      end
+      want[i] = { len = len, stop_string = hit }
+    end
+    return want
+  end
+  local function check_stops(out, free, want, what)
+    local stopped, ran = 0, 0
+    for i, row in ipairs(out.rows) do
+      assert.are.equal(want[i].len, #row.tokens, what .. ": row " .. i)
+      assert.are.same({ unpack(free.rows[i].tokens, 1, want[i].len) }, row.tokens)
+      assert.are.equal(want[i].stop_string, row.stop_string, what .. ": row " .. i)
+      if want[i].stop_string then stopped = stopped + 1; assert.are.equal("stop", row.finish)
+      else ran = ran + 1 end
+    end
+    assert.is_true(stopped > 0 and ran > 0, ("%s: %d rows stopped, %d ran on: the case checks both"):format(what, stopped, ran))
+  end
+
+  it("ends a row where a stop string appears in its text, keeping the token that completed it", function()
+    local m = model(9)
+    local opts = { temperature = { 1, 1, 0 }, max_new_tokens = 12, seed = 2 }
+    local free = m:generate(prompts, opts)
+    local stops = { "dca", "cabc" }
+    opts.stop_strings, opts.detokenize = stops, detok
+    check_stops(m:generate(prompts, opts), free, expect_stops(free, stops, 12), "cpu")
+    local function fails(needle, o)
+      local ok, err = pcall(m.generate, m, prompts, o)
+      assert.is_false(ok)
+      assert.is_truthy(tostring(err):find(needle, 1, true), tostring(err))
+    end
+    fails("stop_strings needs detokenize", { stop_strings = { "x" } })
+    fails("stop_strings[2] =  is not a non-empty string", { stop_strings = { "x", "" }, detokenize = detok })
+  end)
+
+  it("cuda: stop strings end the same rows at the same token on the device as on the cpu", function()
+    if not remax.tensor.has_cuda() then return end
+    local m = model(9)
+    local g = remax.model.new(tiny(), { seed = 9, init_std = 0.3, device = "cuda" })
+    local mp, gp = m:params(), g:params()
+    for name, t in pairs(mp) do gp[name]:copy_(t) end
+    local opts = { temperature = { 1, 1, 0 }, max_new_tokens = 12, seed = 2 }
+    local free = m:generate(prompts, opts)
+    assert.are.same(free.rows[3].tokens, g:generate(prompts, opts).rows[3].tokens)   -- the same weights
+    local stops = { "dca", "cabc" }
+    opts.stop_strings, opts.detokenize = stops, detok
+    local want = expect_stops(free, stops, 12)
+    check_stops(m:generate(prompts, opts), free, want, "cpu")
+    check_stops(g:generate(prompts, opts), free, want, "cuda")
+  end)
+
   it("reports each step to on_token", function()
     local m = model(4)
     local seen = {}
@@ -124,6 +252,10 @@ describe("model:generate", function()
     fails("temperature = -1 (slot 2) must be >= 0", nil, { temperature = { 1, -1 } })
     fails("top_p = 0 must be in (0, 1]", nil, { top_p = 0 })
     fails("top_k = 2.5 must be an integer", nil, { top_k = 2.5 })
+    fails("min_p = 1.5 must be in [0, 1]", nil, { min_p = 1.5 })
+    fails("min_p = -0.25 (slot 2) must be in [0, 1]", nil, { min_p = { 0, -0.25 } })
+    fails("repetition_penalty = 0 must be a finite number > 0", nil, { repetition_penalty = 0 })
+    fails("repetition_penalty = inf must be a finite number > 0", nil, { repetition_penalty = math.huge })
     fails("max_new_tokens = 0 must be an integer >= 1", nil, { max_new_tokens = 0 })
     fails("stop[1] = 99 is not a token id", nil, { stop = { 99 } })
     fails("max_position_embeddings", nil, { max_new_tokens = 125 })
@@ -221,6 +353,57 @@ describe("remax generate", function()
     assert.is_truthy(err:find("--dtype f16: the CPU keeps weights in auto, f32 or bf16", 1, true), err)
   end)
 
+  it("takes --min-p and --repetition-penalty: the tokens model:generate gives with them", function()
+    local out, err, rc = run(("--model %s --prompt-ids 104,105,104 --n 3 --max-new-tokens 6 --seed 2 --min-p 0.05 "
+      .. "--repetition-penalty 1.4"):format(q(dir)))
+    assert.are.equal(0, rc, err)
+    local want = m:generate({ { 104, 105, 104 } }, { temperature = { 1, 1, 1 }, min_p = 0.05, repetition_penalty = 1.4,
+      max_new_tokens = 6, seed = 2, stop = { 256, 258 } })
+    local plain = m:generate({ { 104, 105, 104 } }, { temperature = { 1, 1, 1 }, max_new_tokens = 6, seed = 2, stop = { 256, 258 } })
+    assert.are_not.same(plain.rows[1].tokens, want.rows[1].tokens)   -- the settings reached the sampler
+    for i, row in ipairs(want.rows) do
+      local header = ("--- completion %d (%d tokens, %s)\n"):format(i, #row.tokens, row.finish)
+      assert.is_truthy(out:find(header .. tok:decode(row.tokens, { skip_special_tokens = true }) .. "\n", 1, true), out)
+    end
+    _, err, rc = run(("--model %s --prompt hi --min-p 2"):format(q(dir)))
+    assert.are_not.equal(0, rc)
+    assert.is_truthy(err:find("--min-p 2: expected a number in [0, 1]", 1, true), err)
+    _, err, rc = run(("--model %s --prompt hi --repetition-penalty 0"):format(q(dir)))
+    assert.are_not.equal(0, rc)
+    assert.is_truthy(err:find("--repetition-penalty 0: expected a number > 0 (1 = off)", 1, true), err)
+  end)
+
+  it("takes --stop-string: completions end where the text appears, as model:generate's stop_strings", function()
+    local gen = { temperature = { 1, 1, 1, 1 }, max_new_tokens = 10, seed = 6, stop = { 256, 258 } }
+    local free = m:generate({ { 104, 105 } }, gen)
+    -- two letters or digits (byte-level ids are the bytes) one completion draws in a row, after its first token
+    local function alnum(id) return id < 128 and string.char(id):match("%w") ~= nil end
+    local stop, row_with
+    for i, row in ipairs(free.rows) do
+      for t = 2, #row.tokens - 1 do
+        if not stop and alnum(row.tokens[t]) and alnum(row.tokens[t + 1]) then
+          stop, row_with = string.char(row.tokens[t], row.tokens[t + 1]), i
+        end
+      end
+    end
+    assert.is_truthy(stop, "no two letters in a row to stop on")
+    local out, err, rc = run(("--model %s --prompt-ids 104,105 --n 4 --max-new-tokens 10 --seed 6 --stop-string %s"):format(
+      q(dir), q(stop)))
+    assert.are.equal(0, rc, err)
+    gen.stop_strings = { stop }
+    gen.detokenize = function(ids) return tok:decode(ids, { skip_special_tokens = true }) end
+    local want = m:generate({ { 104, 105 } }, gen)
+    assert.are.equal("stop", want.rows[row_with].finish)
+    assert.are.equal(stop, want.rows[row_with].stop_string)
+    for i, row in ipairs(want.rows) do
+      local header = ("--- completion %d (%d tokens, %s)\n"):format(i, #row.tokens, row.finish)
+      assert.is_truthy(out:find(header .. tok:decode(row.tokens, { skip_special_tokens = true }) .. "\n", 1, true), out)
+    end
+    _, err, rc = run(("--model %s --prompt hi --stop-string ''"):format(q(dir)))
+    assert.are_not.equal(0, rc)
+    assert.is_truthy(err:find("--stop-string: expected a non-empty text", 1, true), err)
+  end)
+
   it("runs with --device cuda: the CPU's tokens in f32 where a device is present, else a clear error", function()
     local args = ("--model %s --prompt-ids 104,105 --n 3 --max-new-tokens 6 --seed 3 --top-k 5"):format(q(dir))
     local want, werr, wrc = run(args)
@@ -229,6 +412,25 @@ describe("remax generate", function()
     if remax.tensor.has_cuda() then
       assert.are.equal(0, rc, err)
       assert.are.equal(want, out)
+      -- min-p and the repetition penalty, sampled and greedy, sample the CPU's tokens too
+      for _, extra in ipairs({ " --min-p 0.1 --repetition-penalty 1.5 --top-k 0", " --temperature 0 --repetition-penalty 2" }) do
+        local cw, cerr, crc = run(args .. extra)
+        assert.are.equal(0, crc, cerr)
+        local gw, gerr, grc = run(args .. extra .. " --device cuda")
+        assert.are.equal(0, grc, gerr)
+        assert.are.equal(cw, gw)
+      end
+      -- stop tokens (what `stop` names resolve to) end the same rows at the same token: one that
+      -- the second completion draws midway, so that some rows stop and others run on
+      local free = m:generate({ { 104, 105 } }, { temperature = { 1, 1, 1 }, top_k = 5, max_new_tokens = 6, seed = 3,
+        stop = { 256, 258 } })
+      local stop = free.rows[2].tokens[3]
+      local cw, cerr, crc = run(args .. " --stop " .. stop)
+      assert.are.equal(0, crc, cerr)
+      assert.is_truthy(cw:find("tokens, stop)", 1, true), cw)
+      local gw, gerr, grc = run(args .. " --stop " .. stop .. " --device cuda")
+      assert.are.equal(0, grc, gerr)
+      assert.are.equal(cw, gw)
     else
       assert.are_not.equal(0, rc)
       assert.is_truthy(err:find("--device cuda: no usable CUDA device", 1, true), err)

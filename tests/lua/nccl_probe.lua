@@ -51,13 +51,17 @@ local function fake_model(device)
   local total = 0
   for _, s in ipairs(sizes) do total = total + math.ceil(s / 16) * 16 end
   local parena, garena = filled(total, device, 7), filled(total, device, 8)
-  local p, g, at = {}, {}, 0
+  local p, g, at, offsets = {}, {}, 0, {}
   for i, s in ipairs(sizes) do
     p[names[i]] = dist.view(ffi.cast("char*", parena.data) + at * 4, s, parena)
     g[names[i]] = dist.view(ffi.cast("char*", garena.data) + at * 4, s, garena)
+    offsets[names[i]] = at
     at = at + math.ceil(s / 16) * 16
   end
-  return { names = names, arenas = { parena, garena }, trainable = function() return p, g end, p = p }
+  -- model:flat()'s layout (the padding between tensors is not zero here: both devices see the same)
+  local flat = { params = parena, grads = garena, n = total, matrices = total, names = names, offsets = offsets }
+  return { names = names, arenas = { parena, garena }, trainable = function() return p, g end, p = p,
+    flat = function() return flat end }
 end
 local mc, md = fake_model("cpu"), fake_model("cuda")
 local oc = optim.zero_adamw(w, mc, { lr = 1e-2, weight_decay = 0.1, stage = 2 })

@@ -1,5 +1,7 @@
 local remax = require("remax")
 local tensor, optim = remax.tensor, remax.optim
+local ffi = require("ffi")
+pcall(ffi.cdef, "int memcmp(const void *a, const void *b, size_t n);")
 
 describe("optim", function()
   it("chooses weight decay by parameter name", function()
@@ -50,6 +52,91 @@ describe("optim", function()
     local before = optim.clip_grad_norm({ x = a, y = b }, 1.0)
     assert.are.equal(5, before)
     assert.is_true(math.abs(optim.grad_norm({ a, b }) - 1) < 1e-5)
+  end)
+
+  -- AdamW's model form (over the engine's flat buffers: a handful of calls) against the tensor by
+  -- tensor form on an identical model: the same bits in the weights and the moments after steps
+  -- with clipping and weight decay, the same gradient norm up to the order of the sum
+  local function same_bits(a, b, what)
+    local n = tonumber(a.numel) * tonumber(require("remax.bind.ffi").C.rx_dtype_size(a.dtype))
+    assert.are.equal(tonumber(a.numel), tonumber(b.numel), what)
+    assert.are.equal(0, ffi.C.memcmp(a.data, b.data, n), what)
+  end
+  local function flat_equals_tensors(opts, lora)
+    local cfg = { architectures = { "Qwen2ForCausalLM" }, vocab_size = 300, hidden_size = 32, intermediate_size = 48,
+      num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, rms_norm_eps = 1e-6,
+      rope_theta = 10000, tie_word_embeddings = false, max_position_embeddings = 64 }
+    local a, b = remax.model.new(cfg, { seed = 2 }), remax.model.new(cfg, { seed = 2 })
+    if lora then
+      for _, m in ipairs({ a, b }) do require("remax.bind.lora").apply(m, { r = 2, target_modules = { "q_proj", "v_proj", "down_proj" } }) end
+    end
+    local oa = optim.adamw(a, opts)
+    local pb, gb = b:trainable()
+    local ob = optim.adamw(pb, gb, opts)
+    assert.is_true(#oa.runs < #ob.runs, "the flat form takes fewer calls")
+    local pa, ga = a:trainable()
+    for step = 1, 3 do
+      for i, name in ipairs(oa.names) do
+        ga[name]:normal_(step, i * 4096, 0, 0.5)
+        gb[name]:normal_(step, i * 4096, 0, 0.5)
+      end
+      local na, nb = oa:clip(1.0), optim.clip_grad_norm(gb, 1.0)
+      assert.is_true(nb > 1, "clipping happened")
+      assert.is_true(math.abs(na - nb) <= 1e-12 * nb, ("norm %.17g over the flat buffer, %.17g over the tensors"):format(na, nb))
+      oa:step(1e-2 * step)
+      ob:step(1e-2 * step)
+    end
+    local sa, sb = oa:state(), ob:state()
+    for _, name in ipairs(oa.names) do
+      same_bits(pa[name], pb[name], name)
+      for _, which in ipairs({ "m", "v" }) do
+        same_bits(sa.tensors[which .. "." .. name], sb.tensors[which .. "." .. name], which .. "." .. name)
+      end
+    end
+    -- a checkpoint of either form resumes the other
+    local oc = optim.adamw(a, opts)
+    oc:load_state(sb)
+    for k, t in pairs(oc:state().tensors) do same_bits(t, sb.tensors[k], k) end
+    return oa
+  end
+
+  it("updates a model over its flat buffers as tensor by tensor, bit for bit, in two calls", function()
+    local opt = flat_equals_tensors({ weight_decay = 0.1 })
+    -- the default no_decay: the matrices (decayed) first, then the norms and biases (not)
+    assert.are.equal(2, #opt.runs)
+    assert.are.same({ 1, 0 }, { opt.runs[1].decay, opt.runs[2].decay })
+    assert.are.equal(opt.state_bytes(opt), 2 * 4 * opt.flat.n)
+  end)
+
+  it("keeps any no_decay choice over the flat buffer (one call per stretch of equal decay)", function()
+    local opt = flat_equals_tensors({ weight_decay = 0.3, no_decay = { "embed_tokens", "norm%.weight$", "o_proj" } })
+    assert.is_true(#opt.runs > 2)
+  end)
+
+  it("updates LoRA adapters over their flat buffer as tensor by tensor, bit for bit", function()
+    local opt = flat_equals_tensors({ weight_decay = 0.1 }, true)
+    assert.are.equal(1, #opt.runs)   -- adapters are matrices: all decayed
+  end)
+
+  it("accumulates gradients over the flat buffer: held + new equals the sum tensor by tensor", function()
+    local m = remax.model.new({ architectures = { "Qwen2ForCausalLM" }, vocab_size = 50, hidden_size = 16,
+      intermediate_size = 24, num_hidden_layers = 1, num_attention_heads = 2, num_key_value_heads = 1,
+      rms_norm_eps = 1e-6, rope_theta = 10000, tie_word_embeddings = true, max_position_embeddings = 32 }, { seed = 1 })
+    local g = m:grads()
+    local first, want = {}, {}
+    for i, name in ipairs(m.names) do
+      g[name]:normal_(1, i * 4096, 0, 1)
+      first[name] = g[name]:clone()
+    end
+    m:hold_grads()
+    for _, name in ipairs(m.names) do assert.are.equal(0, optim.grad_norm({ g[name] }), name .. " zeroed") end
+    for i, name in ipairs(m.names) do
+      g[name]:normal_(2, i * 4096, 0, 1)
+      want[name] = first[name]:clone()
+      require("remax.bind.ffi").check(require("remax.bind.ffi").C.rx_add(want[name], want[name], g[name]))
+    end
+    m:add_held_grads()
+    for _, name in ipairs(m.names) do same_bits(g[name], want[name], name) end
   end)
 
   it("computes warmup, linear and cosine schedules", function()

@@ -43,7 +43,7 @@ describe("profile", function()
     C.rx_profile_enable(0)
     C.rx_profile_reset()
     local m = remax.model.new(cfg, { seed = 1 })
-    step(m, remax.optim.adamw(m:params(), m:grads(), { lr = 1e-3 }))
+    step(m, remax.optim.adamw(m, { lr = 1e-3 }))
     for name, p in pairs(read()) do
       assert.are.equal(0, p.calls, name)
       assert.are.equal(0, p.seconds, name)
@@ -52,7 +52,7 @@ describe("profile", function()
 
   it("times every phase of a training step, within the step's wall time", function()
     local m = remax.model.new(cfg, { seed = 1 })
-    local opt = remax.optim.adamw(m:params(), m:grads(), { lr = 1e-3 })
+    local opt = remax.optim.adamw(m, { lr = 1e-3 })
     step(m, opt)   -- plans the activations
     C.rx_profile_enable(1)
     C.rx_profile_reset()
@@ -62,14 +62,17 @@ describe("profile", function()
     C.rx_profile_enable(0)
     local p, total = read(), 0
     local L, n_params = cfg.num_hidden_layers, #m.names
-    -- 7 projections a layer; norms: 2 a layer and the final one; AdamW: one call per tensor
+    -- 7 projections a layer; norms: 2 a layer and the final one; AdamW: two calls over the flat
+    -- buffer (the matrices with weight decay, then the norms and biases without), however many
+    -- tensors
     assert.are.equal(7 * L, p["linear forward (GEMM)"].calls)
     assert.are.equal(7 * L, p["linear backward (GEMM)"].calls)
     assert.are.equal(2 * L + 1, p["rmsnorm forward"].calls)
     assert.are.equal(2 * L + 1, p["rmsnorm backward"].calls)
     assert.are.equal(L, p["attention forward"].calls)
     assert.are.equal(L, p["attention backward"].calls)
-    assert.are.equal(n_params, p["adamw"].calls)
+    assert.is_true(n_params > 2)
+    assert.are.equal(2, p["adamw"].calls)
     assert.are.equal(1, p["zero_grad"].calls)
     assert.are.equal(2, p["embedding"].calls)
     -- logits once in the forward and recomputed in the backward (one chunk here)

@@ -6,14 +6,7 @@ local runs = require("remax.train.runs")
 local tensorboard = require("remax.train.tensorboard")
 local cjson = require("cjson")
 local support = require("support")
-local tmpdir, write = support.tmpdir, support.write
-
-local function has_python()
-  local p = io.popen("python3 -c 'print(1)' 2>/dev/null")
-  local out = p:read("*a")
-  p:close()
-  return out:match("1") ~= nil
-end
+local tmpdir, write, has_python = support.tmpdir, support.write, support.has_python
 
 local function capture(cmd)
   local p = io.popen(cmd)
@@ -48,18 +41,9 @@ local function read_csv(path)
   return cjson.decode(out)
 end
 
-local dirs = {}
-local function dir()
-  local d = tmpdir()
-  dirs[#dirs + 1] = d
-  return d
-end
+local dir = tmpdir   -- removed when the spec file ends
 
 describe("report_to", function()
-  teardown(function()
-    for _, d in ipairs(dirs) do os.execute("rm -rf '" .. d .. "'") end
-  end)
-
   it("computes CRC-32C as the standard check value and TFRecord's mask", function()
     assert.are.equal(0xE3069283, tensorboard.crc32c("123456789"))
     assert.are.equal(0, tensorboard.crc32c(""))
@@ -92,24 +76,10 @@ describe("report_to", function()
   it("writes every step's metrics as TensorBoard scalars and metrics.csv rows", function()
     local trainer = require("remax.train.trainer")
     local d = dir()
-    write(d .. "/lower.lua", [[
-return { name = "lower", fn = function(completions, batch)
-  local s = {}
-  for i in ipairs(completions) do
-    local ids, n = batch.completion_ids[i], 0
-    for _, id in ipairs(ids) do if id >= 97 and id <= 122 then n = n + 1 end end
-    s[i] = n / math.max(1, #ids)
-  end
-  return s
-end }
-]])
-    local lines = {}
-    for i = 1, 16 do lines[i] = ('{"prompt": "say something %d", "answer": "x%d"}'):format(i, i) end
-    write(d .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+    write(d .. "/lower.lua", support.LOWER)
+    support.prompts(d .. "/p.jsonl", 16)
     local cfg = config.resolve({
-      model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
-        num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
-        rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true },
+      model_config = support.tiny_model(),
       data = d .. "/p.jsonl", rewards = { d .. "/lower.lua" }, chat_template = "plain",
       num_generations = 4, max_completion_length = 8, per_device_train_batch_size = 4, learning_rate = 1e-2,
       max_steps = 3, eval_size = 0, output_dir = d .. "/runs", run_name = "tb", save_steps = 0,

@@ -5,36 +5,19 @@ local trainer = require("remax.train.trainer")
 local resume = require("remax.train.resume")
 local fs = require("remax.bind.fs")
 local support = require("support")
-local tmpdir, write = support.tmpdir, support.write
+local tmpdir, write, error_of = support.tmpdir, support.write, support.error_of
 
-local LOWER = [[
-return { name = "lower", fn = function(completions, batch)
-  local s = {}
-  for i in ipairs(completions) do
-    local ids, n = batch.completion_ids[i], 0
-    for _, id in ipairs(ids) do if id >= 97 and id <= 122 then n = n + 1 end end
-    s[i] = n / math.max(1, #ids)
-  end
-  return s
-end }
-]]
-
-local dirs = {}
+-- A folder with the LOWER reward and 16 prompts (removed when the spec file ends).
 local function setup()
   local d = tmpdir()
-  dirs[#dirs + 1] = d
-  write(d .. "/lower.lua", LOWER)
-  local lines = {}
-  for i = 1, 16 do lines[i] = ('{"prompt": "say something %d", "answer": "x%d"}'):format(i, i) end
-  write(d .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+  write(d .. "/lower.lua", support.LOWER)
+  support.prompts(d .. "/p.jsonl", 16)
   return d
 end
 
 local function recipe(d, extra)
   local r = {
-    model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
-      num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
-      rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true },
+    model_config = support.tiny_model(),
     data = d .. "/p.jsonl", rewards = { d .. "/lower.lua" }, chat_template = "plain",
     num_generations = 4, max_completion_length = 8, per_device_train_batch_size = 4, learning_rate = 1e-2,
     max_steps = 2, eval_size = 0, output_dir = d .. "/runs", run_name = "r", save_steps = 1,
@@ -44,17 +27,7 @@ local function recipe(d, extra)
   return r
 end
 
-local function capture_error(f, ...)
-  local ok, err = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
-
 describe("resume", function()
-  teardown(function()
-    for _, d in ipairs(dirs) do os.execute("rm -rf '" .. d .. "'") end
-  end)
-
   it("continues with the run's own settings; only the command line changes them, and says so", function()
     local d = setup()
     -- the first run: the recipe says learning_rate 1e-2, the command line said 2e-2 and top_k 5
@@ -103,12 +76,12 @@ describe("resume", function()
     t:train_step()
     t:save_checkpoint("test")
     local dir = d .. "/runs/r"
-    local err = capture_error(resume.resolve, recipe(d), config.parse_args({ "--resume", dir, "--seed", "8", "--algo", "grpo" }))
+    local err = error_of(resume.resolve, recipe(d), config.parse_args({ "--resume", dir, "--seed", "8", "--algo", "grpo" }))
     assert.matches("cannot change when a run resumes", err, 1, true)
     assert.matches("seed (7 -> 8: the data order and the sampling seeds derive from it)", err, 1, true)
     assert.matches("algo (remax -> grpo", err, 1, true)
     assert.matches("--overwrite_output_dir", err, 1, true)
-    err = capture_error(resume.resolve, recipe(d), { resume = d .. "/runs/none" })
+    err = error_of(resume.resolve, recipe(d), { resume = d .. "/runs/none" })
     assert.matches("--resume " .. d .. "/runs/none: no run there (no config.json)", err, 1, true)
   end)
 
@@ -118,7 +91,7 @@ describe("resume", function()
     t:train_step()
     t:train_step()
     assert.are.equal(2, #t.run:metrics())
-    local err = capture_error(trainer.new, config.resolve(recipe(d)), { quiet = true, signals = false })
+    local err = error_of(trainer.new, config.resolve(recipe(d)), { quiet = true, signals = false })
     assert.matches("runs/r already holds a run: continue it with --resume", err, 1, true)
     assert.matches("replace it with --overwrite_output_dir", err, 1, true)
     local again = trainer.new(config.resolve(recipe(d), config.parse_args({ "--overwrite_output_dir" })),
@@ -173,11 +146,11 @@ return {
 
   it("leaves no half-made run folder after a failed start", function()
     local d = setup()
-    local err = capture_error(trainer.new, config.resolve(recipe(d, { model = d .. "/no-such-model", model_config = nil })),
+    local err = error_of(trainer.new, config.resolve(recipe(d, { model = d .. "/no-such-model", model_config = nil })),
       { quiet = true, signals = false })
     assert.matches("no%-such%-model", err)
     assert.is_false(fs.is_dir(d .. "/runs/r"))
-    err = capture_error(trainer.new, config.resolve(recipe(d, { data = d .. "/missing.jsonl" })), { quiet = true, signals = false })
+    err = error_of(trainer.new, config.resolve(recipe(d, { data = d .. "/missing.jsonl" })), { quiet = true, signals = false })
     assert.matches("missing.jsonl", err, 1, true)
     assert.is_false(fs.is_dir(d .. "/runs/r"))
   end)

@@ -4,28 +4,10 @@
 local rewards = require("remax.train.rewards")
 local rw = require("remax.train.reward_worker")
 local support = require("support")
-local tmpdir, write = support.tmpdir, support.write
+local tmpdir, write, has_python = support.tmpdir, support.write, support.has_python
+local capture_error = support.error_of
 
-local function capture_error(f, ...)
-  local ok, err = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
-
-local function has_python()
-  local p = io.popen("python3 -c 'print(1)' 2>/dev/null")
-  local out = p:read("*a")
-  p:close()
-  return out:match("1") ~= nil
-end
-
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = support.try_read   -- nil when the file does not exist
 
 local function lines_of(path)
   local n = 0
@@ -40,22 +22,13 @@ local function sample_batch()
       completion_ids = { { 1, 2 }, {}, { 3 } } }
 end
 
-local dirs = {}
-local function dir()
-  local d = tmpdir()
-  dirs[#dirs + 1] = d
-  return d
-end
+local dir = tmpdir   -- removed when the spec file ends
 
 describe("reward workers", function()
   if not has_python() then
     pending("python3 is not installed")
     return
   end
-
-  teardown(function()
-    for _, d in ipairs(dirs) do os.execute("rm -rf '" .. d .. "'") end
-  end)
 
   it("scores with rewards/verify.py as the built-in Lua gsm8k reward does", function()
     local py = rewards.normalize("py:rewards/verify.py", 1, {})
@@ -213,14 +186,10 @@ def other(completions, **kw):
     local d = dir()
     write(d .. "/len.py", "def reward(completions, completion_ids, **kw):\n    return [len(ids) % 3 for ids in completion_ids]\n")
     write(d .. "/len.lua", "return { name = 'len', fn = function(c, b) local s = {} for i in ipairs(c) do s[i] = #b.completion_ids[i] % 3 end return s end }")
-    local lines = {}
-    for i = 1, 8 do lines[i] = ('{"prompt": "say something %d", "answer": "x%d"}'):format(i, i) end
-    write(d .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+    support.prompts(d .. "/p.jsonl", 8)
     local function new(reward)
       return trainer.new(config.resolve({
-        model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
-          num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
-          rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true },
+        model_config = support.tiny_model(),
         data = d .. "/p.jsonl", eval_data = d .. "/p.jsonl", eval_size = 7, per_device_eval_batch_size = 2,
         rewards = { reward }, chat_template = "plain", max_completion_length = 8, max_steps = 1,
         output_dir = d .. "/runs", save_steps = 0, log_completions = 0, seed = 7,
@@ -328,13 +297,9 @@ def reward(completions, completion_ids, **kw):
         raise RuntimeError("judge unavailable")
     return [sum(97 <= i <= 122 for i in ids) / max(1, len(ids)) for ids in completion_ids]
 ]]):format(d .. "/broken"))
-    local lines = {}
-    for i = 1, 16 do lines[i] = ('{"prompt": "say something %d", "answer": "x%d"}'):format(i, i) end
-    write(d .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+    support.prompts(d .. "/p.jsonl", 16)
     local cfg = config.resolve({
-      model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
-        num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
-        rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true },
+      model_config = support.tiny_model(),
       data = d .. "/p.jsonl", rewards = { "py:" .. d .. "/lower.py" }, chat_template = "plain",
       num_generations = 4, max_completion_length = 8, per_device_train_batch_size = 4, learning_rate = 1e-2,
       max_steps = 3, eval_size = 0, output_dir = d .. "/runs", save_steps = 0, log_completions = 0, seed = 7,

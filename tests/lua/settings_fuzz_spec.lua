@@ -21,6 +21,8 @@ local MEANINGFUL = {
   learning_rate = function(v) return v >= 0 and v <= 1 end,
   warmup_ratio = function(v) return v >= 0 and v <= 1 end,
   top_p = function(v) return v > 0 and v <= 1 end,
+  min_p = function(v) return v >= 0 and v <= 1 end,
+  repetition_penalty = function(v) return v > 0 and finite(v) end,
   temperature = function(v) return v >= 0 end,
   top_k = function(v) return whole(v, 0, 2 ^ 31) end,
   beta = function(v) return v >= 0 end,

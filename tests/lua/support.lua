@@ -66,7 +66,32 @@ function M.try_read(path)
   return s
 end
 
+---------------------------------------------------------------------------- errors and tools
+
+-- The error message f(...) raises, as a string; the test fails when f does not raise.
+function M.error_of(f, ...)
+  local ok, err = pcall(f, ...)
+  assert(not ok, "expected an error")
+  return tostring(err)
+end
+
+-- Whether python3 runs here (specs that read results back with Python's standard library).
+function M.has_python()
+  local p = io.popen("python3 -c 'print(1)' 2>/dev/null")
+  local out = p:read("*a")
+  p:close()
+  return out:match("1") ~= nil
+end
+
 ---------------------------------------------------------------------------- training fixtures
+
+-- A JSON-lines prompt file of n rows {"prompt": "say something i", "answer": "xi"} at path.
+function M.prompts(path, n)
+  local lines = {}
+  for i = 1, n do lines[i] = ('{"prompt": "say something %d", "answer": "x%d"}'):format(i, i) end
+  M.write(path, table.concat(lines, "\n") .. "\n")
+  return path
+end
 
 -- A tiny Qwen2 model config (a few thousand parameters: a training step in milliseconds), with
 -- fields of `changes` replacing its own. vocab_size is left out: the trainer takes the byte-level

@@ -45,11 +45,7 @@ local function params_bytes(model)
   return out
 end
 
-local function capture_error(f, ...)
-  local ok, err = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
+local capture_error = support.error_of
 
 describe("trainer", function()
   it("raises the reward of a learnable task with ReMax (and logs the contract's metrics)", function()
@@ -74,6 +70,46 @@ describe("trainer", function()
     local rows = t.run:metrics()
     assert.are.equal(30, #rows)
     assert.is_not_nil(t.run:latest_checkpoint())
+  end)
+
+  it("ends completions at stop_strings and applies min_p and repetition_penalty to its rollouts", function()
+    local dir = setup()
+    local free = new_trainer(dir, { max_steps = 1 })
+    local batch = free:next_batch()
+    local ro_free = free:rollout(batch)
+    -- a two-letter text that some completions hold and others do not
+    local counts = {}
+    for _, r in ipairs(ro_free.rows) do
+      for i = 1, #r.text - 1 do
+        local s = r.text:sub(i, i + 1)
+        if s:match("^%w%w$") then counts[s] = (counts[s] or 0) + 1 end
+      end
+    end
+    local stop
+    for s, n in pairs(counts) do if n >= 1 and n < #ro_free.rows and (not stop or s < stop) then stop = s end end
+    assert.is_truthy(stop, "no two-letter text to stop on")
+    local t = new_trainer(dir, { max_steps = 1, stop_strings = { stop } })
+    local ro = t:rollout(t:next_batch())
+    local stopped = 0
+    for i, r in ipairs(ro.rows) do
+      local at = ro_free.rows[i].text:find(stop, 1, true)
+      if at then
+        stopped = stopped + 1
+        assert.are.equal("stop", r.finish)
+        assert.are.equal(stop, r.text:sub(-2))   -- the text of its tokens, up to the one that completed it
+      else
+        assert.are.same(ro_free.rows[i].tokens, r.tokens)
+      end
+    end
+    assert.is_true(stopped > 0)
+    -- the sampler settings reach the rollouts: a strong penalty changes what is drawn
+    local p = new_trainer(dir, { max_steps = 1, repetition_penalty = 3, min_p = 0.2 })
+    local ro_p = p:rollout(p:next_batch())
+    local differ = 0
+    for i, r in ipairs(ro_p.rows) do
+      if table.concat(r.tokens, ",") ~= table.concat(ro_free.rows[i].tokens, ",") then differ = differ + 1 end
+    end
+    assert.is_true(differ > 0, "min_p and repetition_penalty changed no rollout row")
   end)
 
   it("resumes exactly: 3 steps + resume + 3 steps == 6 steps", function()

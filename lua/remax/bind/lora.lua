@@ -82,6 +82,7 @@ function M.apply(model, opts)
   model.lora = { r = r, alpha = alpha, dropout = dropout, target_modules = names, names = {}, index = {},
     base = model.source_dir }
   model.adapters = M   -- the model reaches params, num_parameters and save through this
+  model.flat_layout, model.held = nil, nil   -- the trained tensors are the adapters from here on
   for i = 0, tonumber(C.rx_model_lora_count(model.handle)) - 1 do
     local name = ffi.string(C.rx_model_lora_name(model.handle, i))
     model.lora.names[#model.lora.names + 1] = name

@@ -141,11 +141,14 @@ local function create(cfg_table, opts, where)
   opts = opts or {}
   local cfg = M.resolve_config(cfg_table, where)
   cfg.dtype = tensor.dtype(opts.dtype or "f32")
-  cfg.weight_dtype = cfg.dtype
+  -- weight_dtype: trainable weights in the compute dtype (f32 masters under bf16 compute), or
+  -- bf16: frozen weights (bf16 matrices under f32 compute on the cpu; every parameter in bf16
+  -- alone under bf16 compute on cuda: no masters, no gradients)
+  cfg.weight_dtype = cfg.dtype == C.RX_BF16 and C.RX_F32 or cfg.dtype
   if opts.weight_dtype ~= nil and opts.weight_dtype ~= "auto" then
     local ok, wdt = pcall(tensor.dtype, opts.weight_dtype)
-    if not ok or (wdt ~= cfg.dtype and wdt ~= C.RX_BF16) then
-      error(("%s: weight_dtype '%s': expected f32 (the compute dtype) or bf16 (frozen weights, half the memory)"):format(
+    if not ok or (wdt ~= cfg.dtype and wdt ~= C.RX_BF16 and wdt ~= C.RX_F32) then
+      error(("%s: weight_dtype '%s': expected f32 (trainable weights) or bf16 (frozen weights, a half or a third of the memory)"):format(
         where, tostring(opts.weight_dtype)), 3)
     end
     cfg.weight_dtype = wdt
@@ -330,23 +333,49 @@ function Model:trainable_grads()
   return list
 end
 
+-- The trained tensors as the engine lays them out (rx_model_flat): { params, grads = two 1-D
+-- views over one arena each (the adapters' with LoRA, else every parameter's; alignment padding
+-- between tensors, always 0), n = their elements, matrices = how many of them hold weight
+-- matrices (they come first), names = the trained tensors' names, offsets = name -> its first
+-- element in both }. Made once per model (the views live as long as the model); it allocates the
+-- gradients if none exist yet. Fails for a model with frozen (bf16-stored) weights.
+function Model:flat()
+  if self.flat_layout then return self.flat_layout end
+  local p, g, mat = ffi.new("rx_tensor*[1]"), ffi.new("rx_tensor*[1]"), ffi.new("int64_t[1]")
+  check(C.rx_model_flat(self.handle, p, g, mat), 2)
+  local names = self.lora and self.lora.names or self.names
+  local params = self:trainable()
+  local out = { params = p[0], grads = g[0], n = tonumber(p[0].numel), matrices = tonumber(mat[0]), names = names,
+    offsets = {} }
+  local base, es = ffi.cast("char*", p[0].data), tonumber(C.rx_dtype_size(p[0].dtype))
+  for _, name in ipairs(names) do
+    local t = params[name]
+    local at = tonumber(ffi.cast("char*", t.data) - base) / es
+    if at < 0 or at + tonumber(t.numel) > out.n or at % 1 ~= 0 then   -- the engine's promise, checked once
+      error(("model:flat(): %s lies outside the flat buffer of %d elements (at %s)"):format(name, out.n, tostring(at)), 2)
+    end
+    out.offsets[name] = at
+  end
+  self.flat_layout = out
+  return out
+end
+
 -- Gradient accumulation over micro-batches: each micro-batch's gradient is computed from zero and
 -- then added to the sum of the earlier ones (G1 + G2 + ...), so one process with two micro-batches
 -- and two ranks with one each (summed by the all-reduce) give the same bits. hold_grads moves the
--- sum so far aside (one buffer per trained tensor, made on first use) and zeroes the gradients;
--- add_held_grads adds it back after the next micro-batch's backward.
+-- sum so far aside (one buffer the size of the flat gradient buffer, on the model's device, made
+-- on first use) and zeroes the gradients; add_held_grads adds it back after the next
+-- micro-batch's backward: one copy and one add over the whole buffer.
 function Model:hold_grads()
-  local grads = self:trainable_grads()
-  if not self.held then
-    self.held = {}
-    for i, g in ipairs(grads) do self.held[i] = tensor.new(g:size(), g:dtype_name(), g:device_name()) end
-  end
-  for i, g in ipairs(grads) do self.held[i]:copy_(g) end
+  local g = self:flat().grads
+  if not self.held then self.held = tensor.new({ tonumber(g.numel) }, g:dtype_name(), g:device_name()) end
+  self.held:copy_(g)
   self:zero_grad()
 end
 
 function Model:add_held_grads()
-  for i, g in ipairs(self:trainable_grads()) do check(C.rx_add(g, g, self.held[i])) end
+  local g = self:flat().grads
+  check(C.rx_add(g, g, self.held))
 end
 
 function Model:num_trainable()
@@ -428,14 +457,18 @@ function Model:memory()
     activations = tonumber(mu.activation_bytes), head = tonumber(mu.head_bytes) }
 end
 
--- Generation with a KV cache. prompts: list of token-id lists. Options are numbers, or lists
--- whose length gives the number of rows per prompt, one entry per row ("slot"):
+-- Generation with a KV cache. prompts: list of token-id lists. Options (temperature, top_k,
+-- top_p, min_p, repetition_penalty, max_new_tokens) are numbers, or lists whose length gives the
+-- number of rows per prompt, one entry per row ("slot"):
 --   model:generate(prompts, { max_new_tokens = 256, temperature = {1.0, 1.0, 0.0}, stop = {eos} })
 -- gives each prompt two sampled rows and one greedy row. Rows are returned prompt-major:
 --   out.rows[i] = { prompt =, slot =, tokens = {...}, logprobs = {...}, finish = "stop"|"length" }
 -- Randomness: Philox keyed by (seed, row key, position); the row key defaults to a hash of the
 -- prompt's tokens and the slot, so the same prompt gets the same samples in any batch.
 -- opts.on_token(step, out_rows) is called after each decoding step (streaming).
+-- opts.stop_strings (with opts.detokenize = function(ids) -> text): a row also ends when one of
+-- these strings appears in the text of its completion (vLLM's `stop`): its tokens are kept up to
+-- and including the one that completed the string, row.finish = "stop", row.stop_string = it.
 local function slot_list(v, name)
   if type(v) == "table" then return v end
   return nil
@@ -458,13 +491,18 @@ end
 
 -- The one check of sampling settings at the Lua boundary (model:generate, and the trainer's
 -- config through remax.train.config; the engine checks again as the last guard): nil when
--- temperature, top_k, top_p and max_new_tokens (entries of s; a missing one is not checked) are
--- valid, else what is wrong, naming the setting, its value and `where`.
+-- temperature, top_k, top_p, min_p, repetition_penalty and max_new_tokens (entries of s; a
+-- missing one is not checked) are valid, else what is wrong, naming the setting, its value and `where`.
 function M.sampling_problem(s, where)
   where = where or ""
   local t, k, p, n = s.temperature, s.top_k, s.top_p, s.max_new_tokens
+  local mp, rp = s.min_p, s.repetition_penalty
   if t ~= nil and not (t >= 0) then return ("temperature = %s%s must be >= 0"):format(tostring(t), where) end
   if p ~= nil and not (p > 0 and p <= 1) then return ("top_p = %s%s must be in (0, 1]"):format(tostring(p), where) end
+  if mp ~= nil and not (mp >= 0 and mp <= 1) then return ("min_p = %s%s must be in [0, 1]"):format(tostring(mp), where) end
+  if rp ~= nil and not (rp > 0 and rp < math.huge) then
+    return ("repetition_penalty = %s%s must be a finite number > 0 (1: none)"):format(tostring(rp), where)
+  end
   if k ~= nil and (k < 0 or k ~= math.floor(k)) then return ("top_k = %s%s must be an integer >= 0"):format(tostring(k), where) end
   if n ~= nil and (n < 1 or n ~= math.floor(n)) then return ("max_new_tokens = %s%s must be an integer >= 1"):format(tostring(n), where) end
   return nil
@@ -500,7 +538,7 @@ function Model:generate(prompts, opts)
   if type(prompts) ~= "table" or #prompts == 0 then error("generate: expected a non-empty list of prompts (token-id lists)", 2) end
   -- every per-slot list must have the same length; that length is the number of rows per prompt
   local slots, slots_from = 1, nil
-  for _, key in ipairs({ "temperature", "top_k", "top_p", "max_new_tokens" }) do
+  for _, key in ipairs({ "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_new_tokens" }) do
     local l = slot_list(opts[key], key)
     if l then
       if #l == 0 then error(("generate: %s is an empty list (give a number, or one entry per row of a prompt)"):format(key), 2) end
@@ -519,7 +557,8 @@ function Model:generate(prompts, opts)
   end
   for s = 1, slots do   -- checked here so the message names the slot as the caller wrote it
     local problem = M.sampling_problem({ temperature = per_slot("temperature", 1.0, s), top_k = per_slot("top_k", 0, s),
-      top_p = per_slot("top_p", 1.0, s), max_new_tokens = per_slot("max_new_tokens", 128, s) },
+      top_p = per_slot("top_p", 1.0, s), min_p = per_slot("min_p", 0.0, s),
+      repetition_penalty = per_slot("repetition_penalty", 1.0, s), max_new_tokens = per_slot("max_new_tokens", 128, s) },
       slots > 1 and (" (slot %d)"):format(s) or "")
     if problem then error("generate: " .. problem, 2) end
   end
@@ -557,6 +596,8 @@ function Model:generate(prompts, opts)
       row.temperature = per_slot("temperature", 1.0, s)
       row.top_k = per_slot("top_k", 0, s)
       row.top_p = per_slot("top_p", 1.0, s)
+      row.min_p = per_slot("min_p", 0.0, s)
+      row.repetition_penalty = per_slot("repetition_penalty", 1.0, s)
       row.max_new_tokens = per_slot("max_new_tokens", 128, s)
       row.key = keys and keys[r + 1] or fnv1a64(prompts[i], s)
     end
@@ -567,6 +608,18 @@ function Model:generate(prompts, opts)
     if type(id) ~= "number" or id ~= math.floor(id) or id < 0 or id >= V then
       error(("generate: stop[%d] = %s is not a token id in [0, %d)"):format(i, tostring(id), V), 2)
     end
+  end
+  local stop_strings = opts.stop_strings or {}
+  if type(stop_strings) ~= "table" then error("generate: stop_strings must be a list of strings", 2) end
+  local longest = 0
+  for i, s in ipairs(stop_strings) do
+    if type(s) ~= "string" or s == "" then
+      error(("generate: stop_strings[%d] = %s is not a non-empty string"):format(i, tostring(s)), 2)
+    end
+    longest = math.max(longest, #s)
+  end
+  if #stop_strings > 0 and type(opts.detokenize) ~= "function" then
+    error("generate: stop_strings needs detokenize = function(ids) -> text", 2)
   end
   local stop_ids = ffi.new("int32_t[?]", math.max(#stop, 1))
   for i, id in ipairs(stop) do stop_ids[i - 1] = id end
@@ -590,11 +643,42 @@ function Model:generate(prompts, opts)
   local gen = ffi.gc(g[0], C.rx_generate_end)
   local done = ffi.new("int32_t[1]")
   local step = 0
+  -- stop strings: after each step, the text of each row's newest tokens (enough of them for the
+  -- longest string, whatever special tokens decode to nothing) is searched; an occurrence there
+  -- ends in the newest token, since one that ended earlier would have ended the row then
+  local matched, checked = {}, {}
+  local function check_stop_strings()
+    local stopped = 0
+    for r = 0, R - 1 do
+      local n = lengths[r]
+      if n > (checked[r] or 0) and finish[r] ~= C.RX_FINISH_STOP then
+        checked[r] = n
+        local w, text = longest + 1, ""
+        repeat
+          local ids, lo = {}, math.max(0, n - w)
+          for t = lo, n - 1 do ids[#ids + 1] = out_tok[r * max_new + t] end
+          text = opts.detokenize(ids)
+          w = w * 2
+        until #text >= longest + 4 or lo == 0
+        for _, s in ipairs(stop_strings) do
+          if text:find(s, 1, true) then
+            matched[r] = s
+            if C.rx_generate_stop_row(gen, r) ~= 0 then error(rx.last_error(), 3) end
+            stopped = stopped + 1
+            break
+          end
+        end
+      end
+    end
+    return stopped
+  end
+  if #stop_strings > 0 then check_stop_strings() end
   if opts.on_token then opts.on_token(step, out_tok, lengths, max_new) end
   while done[0] == 0 do
     local rc = C.rx_generate_step(gen, done)
     if rc ~= 0 then error(rx.last_error(), 2) end
     step = step + 1
+    if #stop_strings > 0 then check_stop_strings() end
     if opts.on_token then opts.on_token(step, out_tok, lengths, max_new) end
   end
   C.rx_generate_end(ffi.gc(gen, nil))
@@ -603,7 +687,7 @@ function Model:generate(prompts, opts)
   for r = 0, R - 1 do
     local n = lengths[r]
     local row = { prompt = math.floor(r / slots) + 1, slot = r % slots + 1, tokens = {}, logprobs = {},
-      finish = finish[r] == C.RX_FINISH_STOP and "stop" or "length" }
+      finish = (finish[r] == C.RX_FINISH_STOP or matched[r]) and "stop" or "length", stop_string = matched[r] }
     for t = 0, n - 1 do
       row.tokens[t + 1] = out_tok[r * max_new + t]
       row.logprobs[t + 1] = out_lp[r * max_new + t]

@@ -27,9 +27,65 @@ end
 local AdamW = {}
 AdamW.__index = AdamW
 
--- params, grads: tables name -> tensor (same keys). opts: lr, betas = {b1, b2}, eps,
--- weight_decay, no_decay = {patterns}.
+-- A view of `count` elements of the 1-D buffer `flat` from element `first`, shaped like `shape_of`
+-- when given (a tensor whose shape it takes; count must be its numel), else 1-D.
+local function flat_view(flat, first, count, shape_of)
+  local t = ffi.new("rx_tensor")
+  t.data = ffi.cast("char*", flat.data) + first * tonumber(C.rx_dtype_size(flat.dtype))
+  t.dtype, t.device, t.device_index, t.numel = flat.dtype, flat.device, flat.device_index, count
+  if shape_of then
+    t.ndim = shape_of.ndim
+    local stride = 1
+    for d = shape_of.ndim - 1, 0, -1 do
+      t.shape[d], t.stride[d] = shape_of.shape[d], stride
+      stride = stride * shape_of.shape[d]
+    end
+  else
+    t.ndim, t.shape[0], t.stride[0] = 1, count, 1
+  end
+  return t
+end
+M.flat_view = flat_view
+
+-- The runs of a flat buffer that one AdamW call each updates: pieces = { {first, count, decay},
+-- ... } (elements of the buffer, in any order, not overlapping) sorted by first, and neighbours
+-- with the same decay merged across the padding between them (padding holds zeros: parameters,
+-- gradients and moments of 0 stay 0, decay or not). Returns { {first, count, decay}, ... }.
+local function decay_runs(pieces)
+  local sorted = {}
+  for i, p in ipairs(pieces) do sorted[i] = p end
+  table.sort(sorted, function(a, b) return a.first < b.first end)
+  local runs = {}
+  for _, p in ipairs(sorted) do
+    local last = runs[#runs]
+    if last and last.decay == p.decay then
+      last.count = p.first + p.count - last.first
+    else
+      runs[#runs + 1] = { first = p.first, count = p.count, decay = p.decay }
+    end
+  end
+  return runs
+end
+M.decay_runs = decay_runs
+
+-- AdamW. Two forms:
+--   optim.adamw(model, opts)          the model's trained tensors (the adapters with LoRA, else
+--                                     every parameter) over its flat buffers (model:flat()): the
+--                                     moments are two flat buffers beside them on the model's
+--                                     device; the gradient norm and clipping run over the whole
+--                                     gradient buffer, and the update over one run per stretch
+--                                     of equal weight decay (two with the default no_decay: the
+--                                     matrices, then the norms and biases). A handful of launches
+--                                     on a GPU, whatever the number of tensors.
+--   optim.adamw(params, grads, opts)  tables name -> tensor (same keys), tensor by tensor, the
+--                                     moments one pair of tensors per parameter on its device.
+-- opts: lr, betas = {b1, b2}, eps, weight_decay, no_decay = {patterns}. Both forms give the same
+-- bits per element (the update is element-wise); checkpoints hold the moments per tensor
+-- ("m.<name>", "v.<name>", views into the flat buffers in the first form), so either form
+-- resumes from the other's.
 function M.adamw(params, grads, opts)
+  local model
+  if type(params) == "table" and params.handle and params.flat then model, opts = params, grads end
   opts = opts or {}
   local self = setmetatable({
     lr = opts.lr or 1e-3,
@@ -38,17 +94,47 @@ function M.adamw(params, grads, opts)
     eps = opts.eps or 1e-8,
     weight_decay = opts.weight_decay or 0.0,
     step_count = 0,
-    names = sorted_names(params),
-    params = params, grads = grads, m = {}, v = {}, decay = {},
+    m = {}, v = {}, decay = {}, runs = {},
   }, AdamW)
+  if model then params, grads = model:trainable() end
+  self.names, self.params, self.grads = sorted_names(params), params, grads
   local no_decay = opts.no_decay or M.default_no_decay
   for _, name in ipairs(self.names) do
-    local p, g = params[name], grads[name]
-    if not g then error(("adamw: parameter '%s' has no gradient tensor"):format(name), 2) end
-    local moment_dtype = p:dtype_name() == "f64" and "f64" or "f32"
-    self.m[name] = tensor.new(p:size(), moment_dtype, p:device_name())   -- on the parameter's device
-    self.v[name] = tensor.new(p:size(), moment_dtype, p:device_name())
+    if not grads[name] then error(("adamw: parameter '%s' has no gradient tensor"):format(name), 2) end
     self.decay[name] = not matches_any(name, no_decay)
+  end
+  if model then
+    local flat = model:flat()
+    local p, g = flat.params, flat.grads
+    local pdtype = ffi.string(C.rx_dtype_name(p.dtype))
+    local device = tonumber(p.device) == tonumber(C.RX_CUDA) and "cuda" or "cpu"
+    self.flat = flat
+    self.m_flat = tensor.new({ flat.n }, pdtype, device)   -- zeros, padding included
+    self.v_flat = tensor.new({ flat.n }, pdtype, device)
+    local pieces = {}
+    for _, name in ipairs(self.names) do
+      local at, t = flat.offsets[name], params[name]
+      self.m[name] = flat_view(self.m_flat, at, tonumber(t.numel), t)
+      self.v[name] = flat_view(self.v_flat, at, tonumber(t.numel), t)
+      pieces[#pieces + 1] = { first = at, count = tonumber(t.numel), decay = self.decay[name] and 1 or 0 }
+    end
+    for k, r in ipairs(decay_runs(pieces)) do
+      self.runs[k] = { name = ("elements %d..%d of the flat buffer"):format(r.first, r.first + r.count - 1),
+        decay = r.decay, p = flat_view(p, r.first, r.count), g = flat_view(g, r.first, r.count),
+        m = flat_view(self.m_flat, r.first, r.count), v = flat_view(self.v_flat, r.first, r.count) }
+    end
+    self.norm_list = { g }
+  else
+    self.norm_list = {}
+    for _, name in ipairs(self.names) do
+      local p = params[name]
+      local moment_dtype = p:dtype_name() == "f64" and "f64" or "f32"
+      self.m[name] = tensor.new(p:size(), moment_dtype, p:device_name())   -- on the parameter's device
+      self.v[name] = tensor.new(p:size(), moment_dtype, p:device_name())
+      self.runs[#self.runs + 1] = { name = name, decay = self.decay[name] and 1 or 0, p = p, g = grads[name],
+        m = self.m[name], v = self.v[name] }
+      self.norm_list[#self.norm_list + 1] = grads[name]
+    end
   end
   self.cfg = ffi.new("rx_adamw_config")
   return self
@@ -60,11 +146,18 @@ function AdamW:step(lr)
   local cfg = self.cfg
   cfg.lr, cfg.beta1, cfg.beta2, cfg.eps = lr or self.lr, self.beta1, self.beta2, self.eps
   cfg.weight_decay, cfg.step = self.weight_decay, self.step_count
-  for _, name in ipairs(self.names) do
-    local rc = C.rx_adamw_step(self.params[name], self.grads[name], self.m[name], self.v[name], cfg,
-      self.decay[name] and 1 or 0)
-    if rc ~= 0 then error(name .. ": " .. rx.last_error(), 2) end
+  for _, r in ipairs(self.runs) do
+    local rc = C.rx_adamw_step(r.p, r.g, r.m, r.v, cfg, r.decay)
+    if rc ~= 0 then error(r.name .. ": " .. rx.last_error(), 2) end
   end
+end
+
+-- The global norm of the gradients the optimizer updates with; with max_norm > 0 they are then
+-- scaled so it is at most max_norm. Returns the norm before clipping (inf or nan when a gradient
+-- is not finite: skip the update). Over the flat gradient buffer in the model form.
+function AdamW:clip(max_norm)
+  if max_norm and max_norm > 0 then return M.clip_grad_norm(self.norm_list, max_norm) end
+  return M.grad_norm(self.norm_list)
 end
 
 -- Moments and step count, as tensors keyed "m.<name>", "v.<name>" (for checkpoints).
@@ -90,6 +183,7 @@ end
 
 -- Bytes the moments take (memory reports).
 function AdamW:state_bytes()
+  if self.m_flat then return 2 * tonumber(self.m_flat.numel) * tonumber(C.rx_dtype_size(self.m_flat.dtype)) end
   local bytes = 0
   for _, name in ipairs(self.names) do
     bytes = bytes + 2 * tonumber(self.m[name].numel) * tonumber(C.rx_dtype_size(self.m[name].dtype))
@@ -151,7 +245,7 @@ local function piece_views(self)
     if x < y then
       local n = y - x
       self.pieces[#self.pieces + 1] = {
-        name = name, index = i, first = x - a, count = n, decay = self.decay[name] and 1 or 0,
+        name = name, index = i, at = x, first = x - a, count = n, decay = self.decay[name] and 1 or 0,
         p = dist.view(ffi.cast("char*", p.data) + (x - a) * pes, n, p),
         g = dist.view(ffi.cast("char*", g.data) + (x - a) * pes, n, g),
         m = dist.view(ffi.cast("char*", self.m_flat.data) + (x - lo) * mes, n, self.m_flat),
@@ -159,12 +253,23 @@ local function piece_views(self)
       }
     end
   end
+  -- the update: one AdamW call per stretch of equal decay of this rank's shard (as AdamW's model
+  -- form, whose runs these are cut at the shard's ends)
+  local spans = {}
+  for k, piece in ipairs(self.pieces) do spans[k] = { first = piece.at, count = piece.count, decay = piece.decay } end
+  self.runs = {}
+  for k, r in ipairs(decay_runs(spans)) do
+    self.runs[k] = { name = ("elements %d..%d of the flat buffer"):format(r.first, r.first + r.count - 1),
+      decay = r.decay, p = flat_view(self.pflat.view, r.first, r.count), g = flat_view(self.gflat.view, r.first, r.count),
+      m = flat_view(self.m_flat, r.first - lo, r.count), v = flat_view(self.v_flat, r.first - lo, r.count) }
+  end
+  -- this rank's shard of the gradient buffer (stage 2's norm and clipping), padding included
+  self.shard_grads = hi > lo and flat_view(self.gflat.view, lo, hi - lo) or nil
 end
 
 -- world: a remax.bind.dist world. model: a remax.model (its trainable tensors: the adapters with
 -- LoRA, else every parameter). opts: adamw's, plus stage = 1 or 2.
 function M.zero_adamw(world, model, opts)
-  local dist = require("remax.bind.dist")
   opts = opts or {}
   local stage = opts.stage
   if stage ~= 1 and stage ~= 2 then error(("zero_adamw: stage %s (1 or 2)"):format(tostring(stage)), 2) end
@@ -181,14 +286,12 @@ function M.zero_adamw(world, model, opts)
     self.names[i], self.params[i], self.grads[i] = name, ptable[name], gtable[name]
     self.decay[name] = not matches_any(name, no_decay)
   end
-  self.pflat = dist.flat(self.params, "the trained parameters")
-  self.gflat = dist.flat(self.grads, "their gradients")
-  for i = 1, #self.names do
-    if self.pflat.offsets[i] ~= self.gflat.offsets[i] then
-      error(("zero_adamw: %s sits at element %d of the parameters but %d of the gradients (the two arenas must match)")
-        :format(self.names[i], self.pflat.offsets[i], self.gflat.offsets[i]), 2)
-    end
-  end
+  -- the engine's flat buffers of the trained tensors (model:flat(), as AdamW's model form)
+  local flat = model:flat()
+  local es = tonumber(C.rx_dtype_size(flat.params.dtype))
+  self.pflat = { view = flat.params, offsets = {}, esize = es, n = flat.n }
+  self.gflat = { view = flat.grads, offsets = self.pflat.offsets, esize = es, n = flat.n }
+  for i, name in ipairs(self.names) do self.pflat.offsets[i] = flat.offsets[name] end
   local p1 = self.params[1]
   local pdtype = ffi.string(C.rx_dtype_name(p1.dtype))
   if pdtype ~= "f32" and pdtype ~= "f64" then
@@ -209,19 +312,21 @@ end
 -- by the global norm when max_norm > 0, and returns that norm (before clipping; inf or nan
 -- when a gradient is not finite: skip the update).
 function Zero:reduce_grads(max_norm)
+  local whole = { self.gflat.view }
   if self.zero == 1 then
     self.world:allreduce_tensors(self.grads)
-    return max_norm > 0 and M.clip_grad_norm(self.grad_table, max_norm) or M.grad_norm(self.grad_table)
+    return max_norm > 0 and M.clip_grad_norm(whole, max_norm) or M.grad_norm(whole)
   end
   self.world:reduce_scatter(self.gflat.view, self.shard)
-  local list = {}
-  for k, piece in ipairs(self.pieces) do list[k] = piece.g end
   local out = ffi.new("double[1]")
-  check(C.rx_grad_sum_squares(ffi.cast("const rx_tensor *const *", tensor_array(list)), #list, out), 2)
+  out[0] = 0
+  local list = { self.shard_grads }
+  if self.shard_grads then
+    check(C.rx_grad_sum_squares(ffi.cast("const rx_tensor *const *", tensor_array(list)), 1, out), 2)
+  end
   local norm = math.sqrt(self.world:sum(out[0]))
-  if max_norm > 0 and norm == norm and norm ~= math.huge and norm > max_norm then
-    local scale = max_norm / (norm + 1e-6)   -- as rx_clip_grad_norm
-    for _, g in ipairs(list) do check(C.rx_scale(g, scale), 2) end
+  if self.shard_grads and max_norm > 0 and norm == norm and norm ~= math.huge and norm > max_norm then
+    check(C.rx_scale(self.shard_grads, max_norm / (norm + 1e-6)), 2)   -- as rx_clip_grad_norm
   end
   return norm
 end
@@ -232,9 +337,9 @@ function Zero:step(lr)
   local cfg = self.cfg
   cfg.lr, cfg.beta1, cfg.beta2, cfg.eps = lr or self.lr, self.beta1, self.beta2, self.eps
   cfg.weight_decay, cfg.step = self.weight_decay, self.step_count
-  for _, piece in ipairs(self.pieces) do
-    local rc = C.rx_adamw_step(piece.p, piece.g, piece.m, piece.v, cfg, piece.decay)
-    if rc ~= 0 then error(piece.name .. ": " .. rx.last_error(), 2) end
+  for _, r in ipairs(self.runs) do
+    local rc = C.rx_adamw_step(r.p, r.g, r.m, r.v, cfg, r.decay)
+    if rc ~= 0 then error(r.name .. ": " .. rx.last_error(), 2) end
   end
   self.world:allgather(self.pflat.view, self.shard)
 end

@@ -28,6 +28,8 @@ local function json_value(v) if v == cjson.null then return nil end return v end
 
 -- Loads a reward model folder. opts: dtype ("f32"), device, weight_dtype ("auto": the decoder's
 -- weights stay bf16 when the checkpoint stores them in bf16, halving its memory; "f32", "bf16").
+-- On cuda with dtype "bf16" the decoder is a frozen bf16 model (bf16 weights alone) unless
+-- weight_dtype = "f32". The score head stays f32 (the hidden states are widened to f32 for it).
 -- Errors name the folder.
 function M.load(dir, opts)
   opts = opts or {}
@@ -62,11 +64,12 @@ function M.load(dir, opts)
   for k, v in pairs(cfg) do dcfg[k] = v end
   dcfg.architectures = { decoder }
   dcfg.tie_word_embeddings = true
-  -- bf16 storage under f32 compute ("auto") is a CPU feature of the engine: on a device the
-  -- decoder keeps its compute dtype
+  -- bf16 storage under f32 compute ("auto") is a CPU feature of the engine; on a device under
+  -- bf16 compute the decoder is a frozen bf16 model (no f32 masters)
   local on_cpu = (opts.device or "cpu") == "cpu"
+  local wdt = opts.weight_dtype or (on_cpu and "auto" or (opts.dtype == "bf16" and "bf16" or nil))
   local okm, model = pcall(model_mod.load, dir, { config = dcfg, dtype = opts.dtype, device = opts.device,
-    weight_dtype = opts.weight_dtype or (on_cpu and "auto" or nil),
+    weight_dtype = wdt,
     skip = { ["score.weight"] = true, ["lm_head.weight"] = true } })
   if not okm then error(("reward model %s: %s"):format(dir, tostring(model)), 0) end
   local st = require("remax.bind.safetensors").open(dir)
@@ -78,7 +81,9 @@ function M.load(dir, opts)
     st:close()
     error(("reward model %s: score.weight has shape [%s], expected [1,%d]"):format(dir, table.concat(info.shape, ","), hidden), 0)
   end
-  local head = tensor.new({ 1, hidden }, tonumber(model:cfg().dtype))
+  -- the head in the decoder's dtype (f32 for a bf16 decoder)
+  local dtype = tonumber(model:cfg().dtype)
+  local head = tensor.new({ 1, hidden }, dtype == tonumber(C.RX_BF16) and "f32" or dtype)
   st:read_into("score.weight", head)
   st:close()
   local okt, tok = pcall(require("remax.bind.tokenizer").load, dir)
@@ -133,7 +138,8 @@ function RewardModel:score_ids(rows, batch_size, pad_left)
     local h = tensor.new({ #chunk, hidden }, dtype)
     local rc = C.rx_model_hidden_at(self.model.handle, tok, mask, index, h)
     if rc ~= 0 then error(("reward model %s: %s"):format(self.dir, rx.last_error()), 0) end
-    local s = tensor.new({ #chunk, 1 }, dtype)
+    if dtype == tonumber(C.RX_BF16) then h = h:to("f32") end   -- a bf16 decoder: the head in f32
+    local s = tensor.new({ #chunk, 1 }, tonumber(h.dtype))
     check(C.rx_matmul_forward(s, h, self.head, nil), 2)
     for b = 1, #chunk do out[first + b - 1] = s:get(b, 1) end
   end

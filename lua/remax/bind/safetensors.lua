@@ -107,7 +107,7 @@ function M.save(path, tensors, metadata)
   local keep = {}   -- host copies of device tensors, alive while C writes them
   for i, name in ipairs(names) do
     local t = tensors[name]
-    if not ffi.istype("rx_tensor*", t) then
+    if not (ffi.istype("rx_tensor*", t) or ffi.istype("rx_tensor", t)) then   -- a tensor or a view
       error(("safetensors.save: '%s' is a %s, expected a tensor"):format(name, type(t)), 2)
     end
     if t:device_name() ~= "cpu" then   -- a device tensor is written through a host copy

@@ -3,6 +3,7 @@
 --
 --   remax generate --model DIR --prompt "Once upon a time" --max-new-tokens 64
 --   remax generate --model DIR --prompt "What is 7*6?" --chat --n 4 --temperature 0.8 --top-p 0.95
+--   remax generate --model DIR --prompt "Once" --min-p 0.05 --repetition-penalty 1.1
 --   remax generate --model DIR --prompt-ids 9707,11,1879 --temperature 0
 --   remax generate --model DIR --prompt "Hello" --device cuda --dtype bf16
 local M = {}
@@ -20,6 +21,11 @@ usage: remax generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [options]
   --temperature T       0 = greedy (default 1)
   --top-p P             nucleus sampling: keep the smallest most likely set with mass >= P (default 1)
   --top-k K             keep the K most likely tokens; 0 = off (default 0)
+  --min-p P             drop tokens less likely than P times the most likely one, after
+                        top-k and top-p; 0 = off (default 0)
+  --repetition-penalty R  CTRL's penalty on the prompt's and completion's tokens, before the
+                        temperature: positive logits divided by R, negative ones multiplied
+                        (greedy too); 1 = off (default 1)
   --max-new-tokens M    tokens per completion (default 128)
   --seed S              random seed (default 0): the same seed gives the same completions
   --dtype D             on the cpu, weight storage: auto (default: bf16 when the checkpoint
@@ -29,19 +35,23 @@ usage: remax generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [options]
   --device D            cpu (default) or cuda: the weights, KV cache and sampler on the GPU
   --stop ID[,ID...]     extra stop token ids (the tokenizer's eos and generation_config.json's
                         eos_token_id always stop)
+  --stop-string TEXT    also end a completion where TEXT appears in its text (vLLM's stop);
+                        the completion keeps the token that completed it
 ]]
 
 local flags = {   -- name -> kind
   model = "string", prompt = "string", template = "string", ["prompt-ids"] = "string", chat = "bool", n = "int",
   ["no-thinking"] = "bool",
   temperature = "number", ["top-p"] = "number", ["top-k"] = "int", ["max-new-tokens"] = "int",
-  seed = "int", stop = "string", dtype = "string", device = "string", help = "bool",
+  ["min-p"] = "number", ["repetition-penalty"] = "number",
+  seed = "int", stop = "string", ["stop-string"] = "string", dtype = "string", device = "string", help = "bool",
 }
 
 local function fail(msg) error("generate: " .. msg .. "\n\n" .. M.usage, 0) end
 
 function M.parse(argv)
-  local o = { dtype = "auto", device = "cpu", n = 1, temperature = 1.0, ["top-p"] = 1.0, ["top-k"] = 0, ["max-new-tokens"] = 128, seed = 0 }
+  local o = { dtype = "auto", device = "cpu", n = 1, temperature = 1.0, ["top-p"] = 1.0, ["top-k"] = 0, ["max-new-tokens"] = 128,
+    ["min-p"] = 0.0, ["repetition-penalty"] = 1.0, seed = 0 }
   local i = 1
   while i <= #argv do
     local name, inline = argv[i]:match("^%-%-([%w%-_]+)=(.*)$")
@@ -83,7 +93,11 @@ function M.parse(argv)
   if o["max-new-tokens"] < 1 then fail(("--max-new-tokens %d: expected at least 1"):format(o["max-new-tokens"])) end
   if o.temperature < 0 then fail(("--temperature %g: expected >= 0"):format(o.temperature)) end
   if not (o["top-p"] > 0 and o["top-p"] <= 1) then fail(("--top-p %g: expected a number in (0, 1]"):format(o["top-p"])) end
+  if not (o["min-p"] >= 0 and o["min-p"] <= 1) then fail(("--min-p %g: expected a number in [0, 1]"):format(o["min-p"])) end
+  local rp = o["repetition-penalty"]
+  if not (rp > 0 and rp < math.huge) then fail(("--repetition-penalty %g: expected a number > 0 (1 = off)"):format(rp)) end
   if o.template and not o.chat then fail("--template needs --chat") end
+  if o["stop-string"] == "" then fail("--stop-string: expected a non-empty text") end
   if o.device ~= "cpu" and o.device ~= "cuda" then fail(("--device %s: expected cpu or cuda"):format(o.device)) end
   if o.dtype ~= "auto" and o.dtype ~= "f32" and o.dtype ~= "bf16" then
     if o.device == "cuda" then fail(("--dtype %s: on cuda the compute dtype is auto, f32 or bf16"):format(o.dtype)) end
@@ -161,6 +175,9 @@ function M.main(...)
   else
     prompt = remax.chat.encode_text(tok, o.prompt, false)
   end
+  if o["stop-string"] and not tok then
+    error(("generate: --stop-string needs the folder's tokenizer.json to read the text (%s has none)"):format(dir), 0)
+  end
   local load_opts = { weight_dtype = o.dtype }
   if o.device == "cuda" and not remax.tensor.has_cuda() then
     error("generate: --device cuda: no usable CUDA device (remax built without CUDA, or no GPU visible); "
@@ -177,7 +194,10 @@ function M.main(...)
     for i = 1, o.n do l[i] = v end
     return l
   end
-  local opts = { temperature = per_row(o.temperature), top_p = o["top-p"], top_k = o["top-k"],
+  local opts = { temperature = per_row(o.temperature), top_p = o["top-p"], top_k = o["top-k"], min_p = o["min-p"],
+    repetition_penalty = o["repetition-penalty"],
+    stop_strings = o["stop-string"] and { o["stop-string"] } or nil,
+    detokenize = tok and function(ids) return tok:decode(ids, { skip_special_tokens = true }) end,
     max_new_tokens = o["max-new-tokens"], seed = o.seed, stop = stop }
   local stream
   if o.n == 1 then

@@ -22,7 +22,7 @@ M.groups = {
       unavailable = { f16 = "f16 compute is not supported; compute in f32 or bf16",
         f64 = "f64 is for the engine's gradient checks, not training; use f32" } },
     { "device", "cpu", "enum:cpu|cuda", "where the model trains: cpu, or cuda (an NVIDIA GPU; needs remax built with CUDA): weights, gradients, optimizer state, the KL reference and the rollouts' KV cache live there, and generation runs there too" },
-    { "frozen_dtype", "auto", "enum:auto|f32|bf16", "storage of the weights of frozen copies: the KL reference model, the base under LoRA adapters, the model of remax eval; bf16 halves their memory (compute stays f32); auto = bf16 when the checkpoint stores its weight matrices in bf16 (nothing lost), else f32" },
+    { "frozen_dtype", "auto", "enum:auto|f32|bf16", "storage of the weights of frozen copies: the KL reference model, the base under LoRA adapters, the model of remax eval; on the cpu bf16 halves their memory (compute stays f32), auto = bf16 when the checkpoint stores its weight matrices in bf16 (nothing lost), else f32; on cuda the KL reference of a dtype = bf16 run is a frozen bf16 model (bf16 weights alone, no f32 masters) unless f32, and bf16 makes an f32 run's reference one too (it then computes in bf16)" },
     { "data", nil, "data", "training data: a JSONL or JSON-array file, or in a recipe a function(split, n, cfg) -> rows that makes train_size rows of split \"train\" (and eval_size of \"test\"), such as remax.tasks.gsm8k.synthetic()" },
     { "eval_data", nil, "data", "held-out data, a file or a function as data; default: a data function's \"test\" split (none when data is a file)" },
     { "prompt_column", nil, "string", "dataset column holding the prompt (default: prompt, else question)" },
@@ -34,6 +34,7 @@ M.groups = {
     { "enable_thinking", nil, "boolean", "chat template variable enable_thinking (Qwen3: false renders an empty <think> block; unset: the template's default)" },
     { "chat_template_kwargs", nil, "table", "recipe only: extra variables for the tokenizer's chat template, e.g. { date_string = \"26 Jul 2024\" }" },
     { "stop", nil, "strings", "extra stop tokens (as written in tokenizer.json) besides EOS, <|im_end|>, <|endoftext|>, <|eot_id|>" },
+    { "stop_strings", nil, "strings", "text that ends a completion where it appears in the completion's decoded text (vLLM's stop; any number of tokens): the tokens up to the one that completes it are kept, and the reward sees their text, as TRL with vLLM" },
   } },
   { "Algorithm", {
     { "algo", "remax", "enum:remax|grpo|rloo|reinforce|sft", "remax, grpo, rloo, reinforce (RL with that advantage estimator), or sft (cross-entropy on prompt -> answer)" },
@@ -79,6 +80,8 @@ M.groups = {
     { "temperature", 1.0, "number", "sampling temperature of the sampled rows", hot = true },
     { "top_p", 1.0, "number", "nucleus sampling threshold", hot = true },
     { "top_k", 0, "integer", "sample among the k most likely tokens (0: all)", hot = true },
+    { "min_p", 0.0, "number", "drop tokens less likely than min_p times the most likely one, after top_k and top_p (0: off)", hot = true },
+    { "repetition_penalty", 1.0, "number", "CTRL's penalty on the tokens of a row's prompt and completion so far, before temperature (positive logits divided by it, negative ones multiplied; greedy rows too; 1: off)", hot = true },
   } },
   { "Optimisation", {
     { "learning_rate", 1e-5, "number", "peak learning rate of AdamW", hot = true },
@@ -182,9 +185,7 @@ M.not_supported = {
   logging_strategy = "remax counts steps: logging_steps",
   optim = "the optimizer is AdamW (adam_beta1, adam_beta2, adam_epsilon, weight_decay)",
   warmup_steps = "give warmup_ratio (a fraction of max_steps)",
-  min_p = "the sampler has temperature, top_p and top_k",
-  repetition_penalty = "the sampler has temperature, top_p and top_k",
-  generation_kwargs = "the sampler has temperature, top_p and top_k (and stop)",
+  generation_kwargs = "the sampler's settings are their own keys: temperature, top_p, top_k, min_p, repetition_penalty (and stop)",
   remove_unused_columns = "every dataset column reaches the rewards already (TRL's False)",
   shuffle_dataset = "the training data is always shuffled (seeded by seed, resumable)",
   data_seed = "seed drives the data order",
@@ -468,17 +469,12 @@ function M.auto_dtype(device)
 end
 
 -- device = cuda needs a CUDA device in this build (a typo never falls back to the CPU: the enum
--- catches it), and what the engine cannot yet do there is refused by name: LoRA adapters under
--- bf16 compute (engine/model/lora.c keeps a device model's adapters in f32).
+-- catches it).
 function M.check_device(device, source, cfg)
   if device ~= "cuda" then return end
   if not require("remax.bind.tensor").has_cuda() then
     error(("%s: device = cuda: this remax has no CUDA device or was built without CUDA (rebuild where the CUDA toolkit is found); use device = cpu")
       :format(source or "config"), 0)
-  end
-  if cfg and cfg.use_lora and cfg.dtype ~= "f32" then
-    error(("%s: device = cuda with use_lora = true and dtype = %s: LoRA adapters on the device need f32 compute " ..
-      "so far (engine/model/lora.c); use --dtype f32"):format(source or "config", tostring(cfg.dtype)), 0)
   end
 end
 

@@ -137,7 +137,8 @@ end
 function methods.reload_recipe(self)
   local rtab = recipe_mod.load(self.recipe_path)
   local cfg = config.resolve(rtab, self.opts.overrides, { where = self.recipe_path, running = true })
-  local list = rewards.load_all(cfg.rewards, { base = self.recipe_dir, device = self.cfg.device })
+  local list = rewards.load_all(cfg.rewards, { base = self.recipe_dir, device = self.cfg.device,
+    dtype = self.cfg.device ~= "cpu" and self.cfg.dtype or nil })
   for _, r in ipairs(list) do self:trial(r) end
   if cfg.reward_weights and #cfg.reward_weights ~= #list then
     error("reward_weights does not match the rewards", 0)

@@ -21,7 +21,7 @@ M.limits = {
   model = { path = true }, data = { path = true }, eval_data = { path = true },
   -- a data function makes its rows up front: ten million is minutes and gigabytes already
   train_size = "[1, 1e7]", eval_size = "[0, 1e7]",
-  stop = { min_items = 1 },
+  stop = { min_items = 1 }, stop_strings = { min_items = 1 },
   -- algorithm
   num_generations = "[0, 2^24]", advantage_clip = "[0, inf)", baseline_momentum = "[0, 1)",
   beta = "[0, inf)", num_iterations = "[1, 1024]", epsilon = "[0, 1]", epsilon_high = "[0, inf)",
@@ -33,7 +33,7 @@ M.limits = {
   reward_weights = { each = "(-inf, inf)", min_items = 1 }, reward_timeout = "[0, inf)",
   -- generation
   max_prompt_length = "[1, 2^20]", max_completion_length = "[1, 2^20]",
-  temperature = "[0, inf)", top_p = "(0, 1]", top_k = I31,
+  temperature = "[0, inf)", top_p = "(0, 1]", top_k = I31, min_p = "[0, 1]", repetition_penalty = "(0, inf)",
   -- optimisation
   learning_rate = "[0, 1]", warmup_ratio = "[0, 1]", weight_decay = "[0, inf)",
   adam_beta1 = "[0, 1)", adam_beta2 = "[0, 1)", adam_epsilon = "(0, 1]", max_grad_norm = "[0, inf)",

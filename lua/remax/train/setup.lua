@@ -29,9 +29,10 @@ end
 function methods.setup_model(self)
   local cfg = self.cfg
   local mopts = { dtype = cfg.dtype, seed = cfg.seed, device = cfg.device }
-  -- a model that is not trained (remax eval) or whose base is frozen (LoRA) may keep bf16 weights
-  -- (bf16 storage under f32 compute is a CPU feature of the engine; on cuda they stay in dtype)
-  if (self.opts.eval_only or cfg.use_lora) and cfg.device == "cpu" then mopts.weight_dtype = cfg.frozen_dtype end
+  -- a model that is not trained (remax eval) or whose base is frozen (LoRA) may keep bf16 weights:
+  -- bf16 matrices under f32 compute on the cpu; on cuda under bf16 compute a frozen bf16 model
+  -- (every weight in bf16 alone, no f32 masters; LoRA's adapters keep theirs)
+  if self.opts.eval_only or cfg.use_lora then mopts.weight_dtype = M.frozen_weight_dtype(cfg) end
   -- a frozen base under bf16 on the cpu: bf16 storage is what the bf16 working copy would hold
   -- (the same GEMMs, half the memory of an f32 master beside it); the adapters train in f32
   if (self.opts.eval_only or cfg.use_lora) and cfg.device == "cpu" and cfg.dtype == "bf16" then
@@ -105,10 +106,14 @@ function methods.load_reference(self)
     return self.ref
   end
   local src = self.model_source
-  -- on the policy's device; frozen_dtype's bf16 storage on the cpu only (the engine keeps a cuda
-  -- model's weights in its compute dtype)
-  local ropts = { weight_dtype = self.cfg.device == "cpu" and self.cfg.frozen_dtype or nil }
+  -- on the policy's device. The cpu keeps frozen_dtype's bf16 weights under f32 compute. On
+  -- cuda a bf16 reference is a frozen bf16 model (bf16 compute, every weight in bf16 alone: no
+  -- f32 masters, gradients or working copy): for a bf16 policy unless frozen_dtype = f32, for
+  -- an f32 policy when frozen_dtype = bf16 (its forward then computes in bf16 too)
+  local ropts = {}
   for k, v in pairs(self.model_opts) do if k ~= "weight_dtype" then ropts[k] = v end end
+  ropts.weight_dtype = M.reference_weight_dtype(self.cfg)
+  if self.cfg.device ~= "cpu" and ropts.weight_dtype == "bf16" then ropts.dtype = "bf16" end
   -- a bf16 policy on the cpu: the reference stores its matrices in bf16, the numbers the policy's
   -- GEMMs read from its working copy (so the KL starts at 0), without an f32 master beside them
   if self.cfg.device == "cpu" and ropts.dtype == "bf16" then ropts.dtype, ropts.weight_dtype = "f32", "bf16" end
@@ -211,8 +216,9 @@ function methods.setup_data(self)
 end
 
 function methods.setup_rewards(self)
-  -- reward models run on the policy's device
-  self.rewards = rewards.load_all(self.cfg.rewards, { base = self.recipe_dir, device = self.cfg.device })
+  -- reward models run on the policy's device (on cuda under bf16: frozen bf16 models)
+  self.rewards = rewards.load_all(self.cfg.rewards, { base = self.recipe_dir, device = self.cfg.device,
+    dtype = self.cfg.device ~= "cpu" and self.cfg.dtype or nil })
   rewards.probe(self.rewards, self.train_ds.rows, self.train_ds.source, data.collate, rewards.limit(self.cfg.reward_timeout))
   if self.eval_ds then rewards.probe(self.rewards, self.eval_ds.rows, self.eval_ds.source, data.collate, rewards.limit(self.cfg.reward_timeout)) end
   -- evaluation's accuracy: the first reward marked accuracy = true (right or wrong per
@@ -226,17 +232,36 @@ end
 
 function methods.setup_optimizer(self)
   local cfg = self.cfg
-  local params, grads = self.model:trainable()
   local opts = { lr = cfg.learning_rate, betas = { cfg.adam_beta1, cfg.adam_beta2 }, eps = cfg.adam_epsilon,
     weight_decay = cfg.weight_decay, stage = cfg.zero_stage }
-  if cfg.zero_stage > 0 then   -- ZeRO-1/2: this rank's shard of the moments (docs/distributed.md)
+  if self.opts.eval_only then   -- remax eval trains nothing (its model may be frozen): no moments
+    self.opt = optim.adamw({}, {}, opts)
+  elseif cfg.zero_stage > 0 then   -- ZeRO-1/2: this rank's shard of the moments (docs/distributed.md)
     self.opt = optim.zero_adamw(self.dist, self.model, opts)
   else
-    self.opt = optim.adamw(params, grads, opts)
+    self.opt = optim.adamw(self.model, opts)   -- over the model's flat buffers (bind/optim)
   end
   -- the schedule counts optimizer updates: num_iterations of them per step
   self.total_updates = cfg.max_steps * cfg.num_iterations
   self.warmup_steps = math.ceil(cfg.warmup_ratio * self.total_updates)
+end
+
+-- The weight_dtype of a frozen policy (remax eval, the base under LoRA adapters): frozen_dtype
+-- on the cpu; on cuda "bf16" under bf16 compute unless frozen_dtype = f32 (a frozen bf16 model),
+-- else nil (the compute dtype: bf16 storage under f32 compute is the cpu's).
+function M.frozen_weight_dtype(cfg)
+  if cfg.device == "cpu" then return cfg.frozen_dtype end
+  if cfg.dtype == "bf16" and cfg.frozen_dtype ~= "f32" then return "bf16" end
+  return nil
+end
+
+-- The weight_dtype of the separate reference model (remax.bind.model's option): frozen_dtype on
+-- the cpu; on cuda "bf16" (a frozen bf16 model) for a bf16 policy unless frozen_dtype = f32, or
+-- when frozen_dtype = bf16; else nil (the policy's storage).
+function M.reference_weight_dtype(cfg)
+  if cfg.device == "cpu" then return cfg.frozen_dtype end
+  if cfg.frozen_dtype == "bf16" or (cfg.dtype == "bf16" and cfg.frozen_dtype ~= "f32") then return "bf16" end
+  return nil
 end
 
 -- Stops before anything is made when no model is given and the built-in base model is missing.

@@ -104,6 +104,8 @@ function Trainer:rollout(prompt_rows, opts)
   local t0 = now()
   local out = self.model:generate(prompt_ids, {
     max_new_tokens = cfg.max_completion_length, temperature = plan.temperatures, top_p = cfg.top_p, top_k = cfg.top_k,
+    min_p = cfg.min_p, repetition_penalty = cfg.repetition_penalty, stop_strings = cfg.stop_strings,
+    detokenize = cfg.stop_strings and function(ids) return self.tok:decode(ids, { skip_special_tokens = true }) end,
     stop = self.stop, seed = self:seed_for(step), on_token = self.progress and self.progress:ticker("generating: token %d/%d"),
   })
   local seconds = now() - t0
@@ -378,8 +380,7 @@ function Trainer:update(ro)
       norm = self.opt:reduce_grads(cfg.max_grad_norm)
     else
       self.dist:allreduce_grads(self.model)
-      local _, grads = self.model:trainable()
-      norm = cfg.max_grad_norm > 0 and optim.clip_grad_norm(grads, cfg.max_grad_norm) or optim.grad_norm(grads)
+      norm = self.opt:clip(cfg.max_grad_norm)   -- over the flat gradient buffer
     end
     local lr = optim.schedule(cfg.lr_scheduler_type, cfg.learning_rate, (step - 1) * mu + it, self.total_updates,
       self.warmup_steps)
