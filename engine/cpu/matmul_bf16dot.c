@@ -123,7 +123,7 @@ static const char *no_dot(void) {
 
 const char *rx_bf16_kernels(void) {
   static char text[320];
-  snprintf(text, sizeof text, "%s; %s%s", rx_cpu_bf16_dot() ? "vdpbf16ps (AVX-512 BF16) for bf16 weights' decode matmuls" : no_dot(),
+  snprintf(text, sizeof text, "%s; %s%s", rx_cpu_bf16_dot() ? "vdpbf16ps (AVX-512 BF16) for bf16 weights' matmuls" : no_dot(),
            rx_cpu_dnnl_kernel(), rx_cpu_dnnl() ? " (bf16 GEMMs built in; training still runs in f32)" : "");
   return text;
 }

@@ -34,7 +34,7 @@ int rx_cuda_synchronize(void);
 const char *rx_blas_core(void);
 const char *rx_blas_better_core(void);
 /* The bf16 kernels this CPU runs, or why none (for `remax version`): e.g. "vdpbf16ps (AVX-512
- * BF16) for bf16 weights' decode matmuls". */
+ * BF16) for bf16 weights' matmuls". */
 const char *rx_bf16_kernels(void);
 const char *rx_abi_layout(void);     /* "name size\nname.field offset\n..." for every struct here */
 /* Ctrl-C: after install, the first SIGINT/SIGTERM only sets a flag (its signal number) that
