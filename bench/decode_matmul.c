@@ -5,6 +5,8 @@
  * (1 GB): the AVX-512 BF16 dot product (matmul_bf16dot.c) where the CPU has it, and the weights
  * widened to f32 in registers (matmul_bf16.c), and OpenBLAS sgemm on the f32 weights. The weights
  * are bf16 values, so all of them multiply the same weights (the bf16 paths round the inputs).
+ * Past 48 rows (a prefill's row counts) f32 is sgemm, the bf16 dot product runs in blocks of 48
+ * rows and the widening path widens blocks of W for sgemm.
  * Not a test. Build and run with bench/decode_matmul.sh. Prints the best of 6 steps each. */
 #include <cblas.h>
 #include <stdint.h>
@@ -37,9 +39,9 @@ static double step(int64_t N, const float *x, float *y, int how) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OC, (int)C, 1, x, (int)C, w32[l], (int)C, 0,
                   y, (int)OC);
     else if (how == BF16 || how == WIDEN) ok = rx_cpu_matmul_forward_f32_bf16(y, x, w16[l], NULL, N, C, OC);
-    else ok = rx_cpu_matmul_rows_f32(y, x, w32[l], NULL, N, C, OC) || rx_cpu_matmul_rows_any_f32(y, x, w32[l], NULL, N, C, OC);
+    else rx_cpu_matmul_forward_f32(y, x, w32[l], NULL, N, C, OC);   /* the decode kernel up to 48 rows, then sgemm */
     if (!ok) {
-      fprintf(stderr, "decode_matmul: %lld rows: more than the decode kernels take (48), or out of memory\n", (long long)N);
+      fprintf(stderr, "decode_matmul: %lld rows: out of memory\n", (long long)N);
       exit(1);
     }
   }

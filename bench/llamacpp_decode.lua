@@ -1,13 +1,17 @@
 -- bench/llamacpp_decode.lua: greedy batched decoding, remax beside llama.cpp, in one run on the
 -- same random weights: remax's model of a bench/common.lua shape, and the GGUF file remax exports
 -- of it at each weight dtype. Every row decodes exactly `new` tokens after a `prompt`-token
--- prompt; each side times one run after a warm-up, prefill included; tokens/s = rows * new /
--- seconds. The peer (--peer) is llama.cpp's own batched decoder, llama-batched-bench built
+-- prompt; each side times one run after a short warm-up, prefill included; tokens/s = rows * new
+-- / seconds. With --repeat K the whole set runs K times, remax and the peer alternating pair by
+-- pair, and the summary gives each figure's median and spread, the ratios taken round by round. The peer (--peer) is llama.cpp's own batched decoder, llama-batched-bench built
 -- natively from the source node-llama-cpp ships (bench/llamacpp_install.sh --batched; every row
 -- in one batch, as remax decodes): "batched", the default; or node-llama-cpp 3.21.1's prebuilt
--- binary evaluating the sequences one at a time: "node" (slower from 8 rows on). Not a test.
+-- binary evaluating the sequences one at a time: "node" (slower from 8 rows on); "prebuilt": the
+-- same llama-batched-bench on the libraries node-llama-cpp ships prebuilt (bench/llamacpp_install.sh
+-- --batched-prebuilt: seconds to build where the native build takes 10-90 minutes); or "none"
+-- (remax alone: its bf16 weights against its f32 ones). Not a test.
 --   bench/llamacpp_decode.sh                       # the wrapper: threads, OpenBLAS kernels, the build
---   ./remax run bench/llamacpp_decode.lua --shape qwen0.5b --rows 1,8,16,32 --dtypes f32,bf16 --peer batched
+--   ./remax run bench/llamacpp_decode.lua --shape qwen0.5b --rows 1,8,16,32 --dtypes f32,bf16 --peer batched --repeat 3
 -- remax's weights at a dtype are its weight_dtype (f32, bf16); a dtype remax cannot keep
 -- weights in (f16, q8_0) is skipped, saying why: llama.cpp alone at it is no comparison.
 local cjson = require("cjson")
@@ -19,7 +23,8 @@ local now = require("remax.bind.clock").now
 local here = arg[0]:match("^(.-)[^/]*$")
 local common = dofile(here .. "common.lua")
 local opts = common.options({ shape = "qwen0.5b", rows = "1,8,16,32", prompt = 64, new = 128, dtypes = "f32,bf16",
-  threads = tonumber(os.getenv("OMP_NUM_THREADS") or "") or 2, warmup = 1, keep = false, peer = "batched" }, arg)
+  threads = tonumber(os.getenv("OMP_NUM_THREADS") or "") or 2, warmup = 1, keep = false, peer = "batched",
+  ["repeat"] = 1 }, arg)
 
 local function list(v)
   local out = {}
@@ -28,15 +33,16 @@ local function list(v)
 end
 
 local llamacpp = os.getenv("REMAX_LLAMACPP_HOME") or ".cache/llamacpp"
-if not fs.exists(llamacpp .. "/node_modules/node-llama-cpp/package.json") then
+if opts.peer ~= "none" and not fs.exists(llamacpp .. "/node_modules/node-llama-cpp/package.json") then
   error("node-llama-cpp is not installed in " .. llamacpp .. ": run bench/llamacpp_install.sh", 0)
 end
 
-local batched = llamacpp .. "/batched/bin/llama-batched-bench"
-if opts.peer == "batched" and not fs.exists(batched) then
-  error("llama-batched-bench is not built in " .. batched .. ": run bench/llamacpp_install.sh --batched", 0)
-elseif opts.peer ~= "batched" and opts.peer ~= "node" then
-  error("--peer " .. tostring(opts.peer) .. ": expected batched or node", 0)
+local batched = llamacpp .. (opts.peer == "prebuilt" and "/prebuilt/llama-batched-bench" or "/batched/bin/llama-batched-bench")
+if (opts.peer == "batched" or opts.peer == "prebuilt") and not fs.exists(batched) then
+  error(("llama-batched-bench is not built in %s: run bench/llamacpp_install.sh --%s"):format(batched,
+    opts.peer == "batched" and "batched" or "batched-prebuilt"), 0)
+elseif opts.peer ~= "batched" and opts.peer ~= "prebuilt" and opts.peer ~= "node" and opts.peer ~= "none" then
+  error("--peer " .. tostring(opts.peer) .. ": expected batched, prebuilt, node or none", 0)
 end
 
 local function sh(cmd)
@@ -57,7 +63,8 @@ local tok = remax.tokenizer.load(tok_dir)
 print(("remax %s (OpenBLAS kernels: %s; bf16 kernels: %s), %s, %d threads each; shape %s, prompt %d, new %d; peer %s"):format(
   remax.version(), require("ffi").string(remax.ffi.C.rx_blas_core()), require("ffi").string(remax.ffi.C.rx_bf16_kernels()),
   sh("lscpu | sed -n 's/^Model name: *//p'"), opts.threads, opts.shape, opts.prompt, opts.new,
-  opts.peer == "batched" and "llama-batched-bench" or "node-llama-cpp"))
+  opts.peer == "batched" and "llama-batched-bench (native build)" or opts.peer == "prebuilt" and
+    "llama-batched-bench (node-llama-cpp's prebuilt libraries)" or opts.peer == "node" and "node-llama-cpp" or "none"))
 
 -- The remax model that decodes with weights stored in a dtype (its weight_dtype: f32, or bf16
 -- since remax keeps frozen weights in bf16), holding the f32 model's weights rounded, or nil and
@@ -72,7 +79,8 @@ end
 
 local function remax_decode(m, prompts)
   local gen = { temperature = 0, max_new_tokens = opts.new }
-  for _ = 1, opts.warmup do m:generate(prompts, gen) end
+  -- the warm-up as llama-batched-bench's (one small batch): the prompts and 2 new tokens
+  for _ = 1, opts.warmup do m:generate(prompts, { temperature = 0, max_new_tokens = math.min(2, opts.new) }) end
   local t0 = now()
   local out = m:generate(prompts, gen)
   local seconds = now() - t0
@@ -94,14 +102,16 @@ end
 -- llama-batched-bench: rows sequences of `prompt` tokens each (not shared), then `new` tokens
 -- each, all in one batch per step, after its own warm-up; llama.cpp's default CPU settings.
 local function batched_decode(path, rows)
-  local cmd = ("%s -m %s -c %d -b 2048 -ub 512 -npp %d -ntg %d -npl %d -t %d -tb %d --output-format jsonl 2>&1")
-    :format(batched, path, rows * (opts.prompt + opts.new), opts.prompt, opts.new, rows, opts.threads, opts.threads)
+  -- (the prebuilt libraries log nothing, the result line included, unless verbose)
+  local cmd = ("%s -m %s -c %d -b 2048 -ub 512 -npp %d -ntg %d -npl %d -t %d -tb %d --output-format jsonl%s 2>&1")
+    :format(batched, path, rows * (opts.prompt + opts.new), opts.prompt, opts.new, rows, opts.threads, opts.threads,
+      opts.peer == "prebuilt" and " -v" or "")
   local out = sh(cmd)
-  local line = out:match("(%b{})%s*[^{]*$")
+  local line = out:match('({"n_kv_max"[^\n]*})')
   local ok, r = pcall(cjson.decode, line or "")
   if not ok or not r.t then error("llama-batched-bench failed: " .. out:sub(-2000), 0) end
   return { tokens = rows * opts.new, tokens_per_s = rows * opts.new / r.t, seconds = r.t, threads = r.n_threads,
-    flash_attention = r.flash_attn, kernels = "GGML_NATIVE" }
+    flash_attention = r.flash_attn, kernels = opts.peer == "prebuilt" and "prebuilt CPU variant" or "GGML_NATIVE" }
 end
 
 -- the widest vector extension llama.cpp's CPU build reports using
@@ -112,25 +122,81 @@ local function simd(info)
   return "?"
 end
 
+-- Every dtype's remax model and GGUF file first; then `repeat` rounds, each running every
+-- (rows, dtype) pair with remax and the peer alternating, so that a shared machine's load falls
+-- on both sides alike; then each pair's median and spread, remax over the peer, and remax bf16
+-- over remax f32 (the weights' bytes halved) at each row count.
+local models, paths, dtypes = {}, {}, {}
 for _, dtype in ipairs(list(opts.dtypes)) do
   local m, why = remax_model(dtype)
   if not m then
     print(("%s: skipped: remax does not keep weights in %s (%s)"):format(dtype, dtype, (why:gsub("\n.*", ""))))
   else
     local path = ("%s/%s-%s.gguf"):format(work, opts.shape, dtype)
-    local t0 = now()
-    local ex = gguf.export(m, path, { type = dtype, tokenizer = tok, name = opts.shape .. " random" })
-    print(("%s: exported %s (%.0f MiB) in %.1f s"):format(dtype, path, ex.bytes / 2 ^ 20, now() - t0))
-    for _, rows in ipairs(list(opts.rows)) do
-      local prompts = common.prompts(cfg, rows, opts.prompt)
-      local r_tps = remax_decode(m, prompts)
-      local l = opts.peer == "batched" and batched_decode(path, rows) or llamacpp_decode(path, prompts)
+    if opts.peer ~= "none" then
+      local t0 = now()
+      local ex = gguf.export(m, path, { type = dtype, tokenizer = tok, name = opts.shape .. " random" })
+      print(("%s: exported %s (%.0f MiB) in %.1f s"):format(dtype, path, ex.bytes / 2 ^ 20, now() - t0))
+    end
+    models[dtype], paths[dtype] = m, path
+    dtypes[#dtypes + 1] = dtype
+  end
+end
+
+local rows_list = list(opts.rows)
+local got = {}   -- got[dtype][rows] = { remax = {tok/s ...}, peer = {tok/s ...} }
+for _, dtype in ipairs(dtypes) do
+  got[dtype] = {}
+  for _, rows in ipairs(rows_list) do got[dtype][rows] = { remax = {}, peer = {} } end
+end
+for round = 1, opts["repeat"] do
+  for _, rows in ipairs(rows_list) do
+    local prompts = common.prompts(cfg, rows, opts.prompt)
+    for _, dtype in ipairs(dtypes) do
+      local r_tps = remax_decode(models[dtype], prompts)
+      local l = (opts.peer == "batched" or opts.peer == "prebuilt") and batched_decode(paths[dtype], rows)
+        or opts.peer == "node" and llamacpp_decode(paths[dtype], prompts)
+        or { tokens = rows * opts.new, tokens_per_s = 0 / 0, threads = 0, kernels = "no peer" }
       assert(l.tokens == rows * opts.new, "llama.cpp decoded " .. tostring(l.tokens) .. " tokens")
-      print(("%-9s %-5s rows=%-3d remax %8.1f tok/s   llama.cpp %8.1f tok/s   ratio %.2fx   (llama.cpp: %d threads, flash attention %s, %s kernels)")
-        :format(opts.shape, dtype, rows, r_tps, l.tokens_per_s, r_tps / l.tokens_per_s, l.threads,
+      local g = got[dtype][rows]
+      g.remax[#g.remax + 1], g.peer[#g.peer + 1] = r_tps, l.tokens_per_s
+      print(("round %d  %-9s %-5s rows=%-3d remax %8.1f tok/s   llama.cpp %8.1f tok/s   ratio %.2fx   (llama.cpp: %d threads, flash attention %s, %s kernels)")
+        :format(round, opts.shape, dtype, rows, r_tps, l.tokens_per_s, r_tps / l.tokens_per_s, l.threads,
           tostring(l.flash_attention), l.kernels or simd(l.cpu)))
       io.stdout:flush()
     end
-    if not opts.keep then os.remove(path) end
   end
 end
+
+local function median(v)
+  local t = {}
+  for i, x in ipairs(v) do t[i] = x end
+  table.sort(t)
+  local n = #t
+  return n % 2 == 1 and t[(n + 1) / 2] or (t[n / 2] + t[n / 2 + 1]) / 2, t[1], t[n]
+end
+local function ratios(a, b)   -- round by round: the two sides of one round ran back to back
+  local r = {}
+  for i = 1, #a do r[i] = a[i] / b[i] end
+  return r
+end
+
+print(("summary over %d round(s): median (min-max); ratios taken round by round"):format(opts["repeat"]))
+for _, dtype in ipairs(dtypes) do
+  for _, rows in ipairs(rows_list) do
+    local g = got[dtype][rows]
+    local rm, rlo, rhi = median(g.remax)
+    local pm, plo, phi = median(g.peer)
+    local qm, qlo, qhi = median(ratios(g.remax, g.peer))
+    print(("%-5s rows=%-3d remax %7.1f (%.1f-%.1f) tok/s   llama.cpp %7.1f (%.1f-%.1f) tok/s   remax/llama.cpp %.2fx (%.2f-%.2f)")
+      :format(dtype, rows, rm, rlo, rhi, pm, plo, phi, qm, qlo, qhi))
+  end
+end
+if got.bf16 and got.f32 then
+  for _, rows in ipairs(rows_list) do
+    local qm, qlo, qhi = median(ratios(got.bf16[rows].remax, got.f32[rows].remax))
+    local lm, llo, lhi = median(ratios(got.bf16[rows].peer, got.f32[rows].peer))
+    print(("bf16/f32 rows=%-3d remax %.2fx (%.2f-%.2f)   llama.cpp %.2fx (%.2f-%.2f)"):format(rows, qm, qlo, qhi, lm, llo, lhi))
+  end
+end
+if not opts.keep then for _, dtype in ipairs(dtypes) do os.remove(paths[dtype]) end end

@@ -40,9 +40,10 @@ static inline uint16_t rx_cpu_f32_to_bf16(float f) {
 
 /* Weights stored in bf16, inputs and outputs f32 (matmul_bf16.c): out = inp W^T (+ bias) with the
  * inputs rounded to bf16 (the bf16 dot product: exact products, f32 sums), on every path and CPU;
- * dinp = dout W (backward through a frozen weight, dout not rounded); an embedding gather. Up to
- * RX_BF16_FEW_ROWS rows take a decode kernel (vdpbf16ps where the CPU has AVX-512 BF16, else
- * weights widened in registers), more widen blocks of W for sgemm.
+ * dinp = dout W (backward through a frozen weight, dout not rounded); an embedding gather. Where
+ * the CPU has AVX-512 BF16 every row count takes vdpbf16ps (matmul_bf16dot.c); elsewhere up to
+ * RX_BF16_FEW_ROWS rows take a kernel that widens the weights in registers, more widen blocks of
+ * W for sgemm.
  * The matmuls return 0 when out of memory for their buffer (writing nothing), else 1. */
 enum { RX_BF16_FEW_ROWS = 48 };
 int rx_cpu_matmul_forward_f32_bf16(float *out, const float *inp, const uint16_t *weight, const float *bias, int64_t N,
@@ -53,9 +54,10 @@ int rx_cpu_matmul_dinp_f32_bf16(float *dinp, const float *dout, const uint16_t *
  * writing nothing, for more than RX_BF16_FEW_ROWS rows or C = 0. */
 int rx_cpu_matmul_rows_any_f32(float *out, const float *inp, const float *weight, const float *bias, int64_t N,
                                int64_t C, int64_t OC);
-/* The AVX-512 BF16 decode kernel (matmul_bf16dot.c), compiled whatever the build's -march: 1 when
- * it computed out, 0 where it does not apply (writing nothing: more than RX_BF16_FEW_ROWS rows,
- * C = 0, or rx_cpu_bf16_dot() is 0), -1 when out of memory for the rounded inputs. */
+/* The AVX-512 BF16 kernel (matmul_bf16dot.c), compiled whatever the build's -march: a decode
+ * step's rows in one pass over W, more rows (a prefill) in blocks of RX_BF16_FEW_ROWS. 1 when it
+ * computed out, 0 where it does not apply (writing nothing: N = 0, C = 0, or rx_cpu_bf16_dot() is
+ * 0), -1 when out of memory for the rounded inputs. */
 int rx_cpu_matmul_rows_bf16dot(float *out, const float *inp, const uint16_t *weight, const float *bias, int64_t N,
                                int64_t C, int64_t OC);
 /* 1 when the CPU has the AVX-512 BF16 dot product and the build can use it (asked once; the

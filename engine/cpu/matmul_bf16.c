@@ -7,13 +7,14 @@
  * 16 bits zero: widening is a shift), sums in f32. So a model's numbers do not depend on whether
  * the CPU has the instruction, nor on the number of rows, beyond the order of the sums.
  *
- *  - A few rows (decoding, N <= RX_BF16_FEW_ROWS): vdpbf16ps where the CPU has it
- *    (matmul_bf16dot.c); else register tiles of up to 4 input rows x a few weight rows, the
- *    weights widened in registers as they stream in (in blocks of 4 rows when there are more;
- *    the tile is in L1 after the first block). Every output is one accumulator vector over k,
- *    reduced in a fixed order, plus a scalar tail: the same bits whatever the tile, block or
- *    thread count.
- *  - Many rows (prefill, training forwards of a frozen model): blocks of weight rows are widened
+ *  - Where the CPU has AVX-512 BF16, every row count: vdpbf16ps (matmul_bf16dot.c; a prefill in
+ *    blocks of 48 rows, each a pass over W, ahead of widening W for sgemm: see docs/benchmarks.md).
+ *  - Elsewhere a few rows (decoding, N <= RX_BF16_FEW_ROWS): register tiles of up to 4 input
+ *    rows x a few weight rows, the weights widened in registers as they stream in (in blocks of
+ *    4 rows when there are more; the tile is in L1 after the first block). Every output is one
+ *    accumulator vector over k, reduced in a fixed order, plus a scalar tail: the same bits
+ *    whatever the tile, block or thread count.
+ *  - Elsewhere many rows (prefill, training forwards of a frozen model): blocks of weight rows are widened
  *    into an f32 buffer and multiplied by OpenBLAS's sgemm with the rounded inputs; the widening
  *    costs OC*C per call against 2*N*OC*C flops. dinp = dout W (backward through a frozen weight,
  *    e.g. LoRA on a bf16 base; dout is not rounded) walks the same blocks.
@@ -215,10 +216,8 @@ int rx_cpu_matmul_forward_f32_bf16(float *out, const float *inp, const uint16_t 
       for (int64_t o = 0; o < OC; o++) out[n * OC + o] = bias ? bias[o] : 0.0f;
     return 1;
   }
-  if (N <= RX_BF16_FEW_ROWS) {
-    const int dot = rx_cpu_matmul_rows_bf16dot(out, inp, weight, bias, N, C, OC);   /* AVX-512 BF16 */
-    if (dot) return dot > 0;
-  }
+  const int dot = rx_cpu_matmul_rows_bf16dot(out, inp, weight, bias, N, C, OC);   /* AVX-512 BF16, any N */
+  if (dot) return dot > 0;
   inp = round_inputs(inp, N, C);
   if (!inp) return 0;
   if (N <= RX_BF16_FEW_ROWS) { matmul_rows(out, inp, weight, 1, bias, N, C, OC); return 1; }

@@ -9,10 +9,10 @@
  * denormal inputs, which the instruction reads as zero). matmul_bf16.c's other paths round the
  * inputs the same way, so a bf16-stored weight computes the same numbers on every CPU.
  *
- * The layout follows matmul_rows.c (the f32 kernel): register tiles of up to 8 rows x 3 weight
- * rows or 4 x 6, one accumulator of 16 lanes per (row, output) summed over k in steps of 32 (the
- * tail loaded with a zero mask) and reduced by rx_reduce4, the next tiles prefetched into L2, k
- * in chunks of KC; so a row's outputs do not depend on the rows beside it or the thread count.
+ * The tiling, prefetching and threading are matmul_rows.inc's, shared with the f32 kernel
+ * (matmul_rows.c): one accumulator of 16 lanes per (row, output) summed over k in steps of 32
+ * (the tail loaded with a zero mask) and reduced in a fixed order, so a row's outputs do not
+ * depend on the rows beside it or the thread count.
  *
  * Compiled for AVX-512 BF16 with a target pragma whatever the build's -march, and used only where
  * the CPU reports the instruction (rx_cpu_bf16_dot): one binary runs everywhere. */
@@ -24,100 +24,20 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
 #include <immintrin.h>
-#include <omp.h>
-#include "reduce4.h"
 
-enum { MAX_RB = 8, MAX_NW = 6, KC = 2048, PF_TILES = 2 };   /* KC: 4 KB of a weight row, as matmul_rows.c */
-
-/* Rows [0, rb) of x (bf16, ldx apart, zero-padded to a multiple of 32) x weight rows [0, nw) over
- * k in [k0, k1): accumulators start at 0 (k0 == 0) or from part, and end reduced into y plus the
- * bias (k1 == C) or back in part. Prefetches npf weight rows from pf on over the same k range. */
-static inline __attribute__((always_inline)) void tile(float *restrict y, int64_t ldy, float *restrict part,
-                                                        const uint16_t *restrict x, int64_t ldx,
-                                                        const uint16_t *restrict w, int64_t C, int64_t k0, int64_t k1,
-                                                        int rb, int nw, const char *pf, int npf, const float *bias) {
-  __m512 acc[MAX_RB][MAX_NW];
-  if (k0 == 0) {
-    _Pragma("GCC unroll 8") for (int i = 0; i < rb; i++)
-      _Pragma("GCC unroll 8") for (int j = 0; j < nw; j++) acc[i][j] = _mm512_setzero_ps();
-  } else {
-    _Pragma("GCC unroll 8") for (int i = 0; i < rb; i++)
-      _Pragma("GCC unroll 8") for (int j = 0; j < nw; j++) acc[i][j] = _mm512_load_ps(part + (i * MAX_NW + j) * 16);
-  }
-  int64_t k = k0;
-  for (; k + 32 <= k1; k += 32) {
-    __m512bh wv[MAX_NW];
-    _Pragma("GCC unroll 8") for (int j = 0; j < nw; j++) wv[j] = (__m512bh)_mm512_loadu_si512(w + j * C + k);
-    if (pf) _Pragma("GCC unroll 8") for (int j = 0; j < npf; j++) _mm_prefetch(pf + (j * C + k) * 2, _MM_HINT_T1);
-    _Pragma("GCC unroll 8") for (int i = 0; i < rb; i++) {
-      const __m512bh xv = (__m512bh)_mm512_load_si512(x + i * ldx + k);
-      _Pragma("GCC unroll 8") for (int j = 0; j < nw; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
-    }
-  }
-  if (k < k1) {   /* only in the last chunk: KC is a multiple of 32; x's padding is zero */
-    const __mmask32 m = (__mmask32)((1ull << (k1 - k)) - 1);
-    __m512bh wv[MAX_NW];
-    _Pragma("GCC unroll 8") for (int j = 0; j < nw; j++) wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(m, w + j * C + k);
-    _Pragma("GCC unroll 8") for (int i = 0; i < rb; i++) {
-      const __m512bh xv = (__m512bh)_mm512_load_si512(x + i * ldx + k);
-      _Pragma("GCC unroll 8") for (int j = 0; j < nw; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
-    }
-  }
-  if (k1 == C) {
-    _Pragma("GCC unroll 8") for (int i = 0; i < rb; i++)
-      _Pragma("GCC unroll 8") for (int j = 0; j < nw; j += 4) {
-        const int n = nw - j < 4 ? nw - j : 4;
-        const __mmask8 m = (__mmask8)((1u << n) - 1);
-        const __m512 z = _mm512_setzero_ps();
-        __m128 sum = rx_reduce4(acc[i][j], n > 1 ? acc[i][j + 1] : z, n > 2 ? acc[i][j + 2] : z, n > 3 ? acc[i][j + 3] : z);
-        if (bias) sum = _mm_add_ps(_mm_maskz_loadu_ps(m, bias + j), sum);
-        _mm_mask_storeu_ps(y + i * ldy + j, m, sum);
-      }
-  } else {
-    _Pragma("GCC unroll 8") for (int i = 0; i < rb; i++)
-      _Pragma("GCC unroll 8") for (int j = 0; j < nw; j++) _mm512_store_ps(part + (i * MAX_NW + j) * 16, acc[i][j]);
-  }
-}
-
-/* Weight rows [0, nw) against rows [0, N): one pass up to 8 rows, else blocks of 4 (the first
- * brings the tile into L1). next is the tile to prefetch, or NULL. */
-#define ONE_PASS(R) case R: tile(y, OC, part, x, ldx, w, C, k0, k1, R, nw, next, nw, bias); break;
-#define BLOCK(R)                                                                                             \
-  case R: tile(y + n * OC, OC, part + n * MAX_NW * 16, x + n * ldx, ldx, w, C, k0, k1, R, nw,                 \
-               next && b < nw ? next + b * C * 2 : NULL, 1, bias); break;
-static inline __attribute__((always_inline)) void column(float *y, const uint16_t *x, int64_t ldx, const uint16_t *w,
-                                                          const float *bias, int64_t N, int64_t C, int64_t OC, int nw,
-                                                          const char *next) {
-  _Alignas(64) float part[RX_BF16_FEW_ROWS * MAX_NW * 16];
-  for (int64_t k0 = 0; k0 < C; k0 += KC) {
-    const int64_t k1 = C - k0 < KC ? C : k0 + KC;
-    if (N <= 8) {
-      switch (N) { ONE_PASS(1) ONE_PASS(2) ONE_PASS(3) ONE_PASS(4) ONE_PASS(5) ONE_PASS(6) ONE_PASS(7) ONE_PASS(8) }
-      continue;
-    }
-    int64_t n = 0, b = 0;
-    for (; n + 4 <= N; n += 4, b++) switch (4) { BLOCK(4) }
-    switch (N - n) { BLOCK(3) BLOCK(2) BLOCK(1) default: break; }
-  }
-}
-#undef ONE_PASS
-#undef BLOCK
-
-/* 8 rows x 3 outputs in one pass for 5..8 rows, 4 x 6 otherwise (as matmul_rows.c). */
-static int tile_width(int64_t N) { return N > 4 && N <= 8 ? 3 : 6; }
-
-static void column6(float *y, const uint16_t *x, int64_t ldx, const uint16_t *w, const float *b, int64_t N, int64_t C,
-                    int64_t OC, const char *next) {
-  column(y, x, ldx, w, b, N, C, OC, 6, next);
-}
-static void column3(float *y, const uint16_t *x, int64_t ldx, const uint16_t *w, const float *b, int64_t N, int64_t C,
-                    int64_t OC, const char *next) {
-  column(y, x, ldx, w, b, N, C, OC, 3, next);
-}
-static void column1(float *y, const uint16_t *x, int64_t ldx, const uint16_t *w, const float *b, int64_t N, int64_t C,
-                    int64_t OC) {
-  column(y, x, ldx, w, b, N, C, OC, 1, NULL);
-}
+#define ROWS_W uint16_t
+#define ROWS_X uint16_t
+#define ROWS_VW __m512bh
+#define ROWS_VX __m512bh
+#define ROWS_STEP 32
+#define ROWS_KC 2048
+#define ROWS_MASK_T __mmask32
+#define ROWS_LOAD_W(p) ((__m512bh)_mm512_loadu_si512(p))
+#define ROWS_LOAD_W_TAIL(m, p) ((__m512bh)_mm512_maskz_loadu_epi16(m, p))
+#define ROWS_LOAD_X(p) ((__m512bh)_mm512_load_si512(p))
+#define ROWS_LOAD_X_TAIL(m, p) ((__m512bh)_mm512_load_si512(p))   /* x's padding is zero */
+#define ROWS_MAC(acc, x, w) _mm512_dpbf16_ps(acc, x, w)
+#include "matmul_rows.inc"
 
 /* dst[n, 0..ldx) = the row inp[n, 0..C) rounded to bf16, then zeros. */
 static void round_rows(uint16_t *dst, int64_t ldx, const float *inp, int64_t N, int64_t C) {
@@ -134,24 +54,6 @@ static void round_rows(uint16_t *dst, int64_t ldx, const float *inp, int64_t N, 
   }
 }
 
-static void matmul_rows_dot(float *out, const uint16_t *x, int64_t ldx, const uint16_t *weight, const float *bias,
-                            int64_t N, int64_t C, int64_t OC) {
-  const int nw = tile_width(N);
-  const int64_t tiles = OC / nw;
-  /* threads take contiguous runs of tiles: each streams its own part of W, prefetching ahead */
-  #pragma omp parallel if (OC * C > 65536)
-  {
-    const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
-    const int64_t t0 = tiles * id / nt, t1 = tiles * (id + 1) / nt;
-    for (int64_t t = t0; t < t1; t++) {
-      const char *next = t + PF_TILES < t1 ? (const char *)(weight + (t + PF_TILES) * nw * C) : NULL;
-      const float *b = bias ? bias + t * nw : NULL;
-      if (nw == 6) column6(out + t * nw, x, ldx, weight + t * nw * C, b, N, C, OC, next);
-      else column3(out + t * nw, x, ldx, weight + t * nw * C, b, N, C, OC, next);
-    }
-  }
-  for (int64_t o = tiles * nw; o < OC; o++) column1(out + o, x, ldx, weight + o * C, bias ? bias + o : NULL, N, C, OC);
-}
 #pragma GCC pop_options
 
 static _Thread_local uint16_t *xbuf;
@@ -159,7 +61,7 @@ static _Thread_local size_t xbuf_len;
 
 int rx_cpu_matmul_rows_bf16dot(float *out, const float *inp, const uint16_t *weight, const float *bias, int64_t N,
                                int64_t C, int64_t OC) {
-  if (N > RX_BF16_FEW_ROWS || C == 0 || !rx_cpu_bf16_dot()) return 0;
+  if (N == 0 || C == 0 || !rx_cpu_bf16_dot()) return 0;
   const int64_t ldx = (C + 31) / 32 * 32;
   const size_t need = (size_t)(N * ldx);
   if (need > xbuf_len) {   /* the calling thread's, grown to the largest shape seen and kept */
@@ -170,7 +72,12 @@ int rx_cpu_matmul_rows_bf16dot(float *out, const float *inp, const uint16_t *wei
     xbuf_len = need;
   }
   round_rows(xbuf, ldx, inp, N, C);
-  matmul_rows_dot(out, xbuf, ldx, weight, bias, N, C, OC);
+  /* more rows (a prefill) in blocks of ROWS_MAX_ROWS, each a pass over W: 96 flops per weight
+   * read keep the pass bound by the dot products, not by reading W from the caches or memory */
+  for (int64_t n0 = 0; n0 < N; n0 += ROWS_MAX_ROWS) {
+    const int64_t n = N - n0 < ROWS_MAX_ROWS ? N - n0 : ROWS_MAX_ROWS;
+    rows_matmul(out + n0 * OC, xbuf + n0 * ldx, ldx, weight, bias, n, C, OC);
+  }
   return 1;
 }
 
@@ -216,7 +123,7 @@ static const char *no_dot(void) {
 
 const char *rx_bf16_kernels(void) {
   static char text[320];
-  snprintf(text, sizeof text, "%s; %s%s", rx_cpu_bf16_dot() ? "vdpbf16ps (AVX-512 BF16) for bf16 weights' decode matmuls" : no_dot(),
+  snprintf(text, sizeof text, "%s; %s%s", rx_cpu_bf16_dot() ? "vdpbf16ps (AVX-512 BF16) for bf16 weights' matmuls" : no_dot(),
            rx_cpu_dnnl_kernel(), rx_cpu_dnnl() ? " (bf16 GEMMs built in)" : "");
   return text;
 }

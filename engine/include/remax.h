@@ -34,7 +34,7 @@ int rx_cuda_synchronize(void);
 const char *rx_blas_core(void);
 const char *rx_blas_better_core(void);
 /* The bf16 kernels this CPU runs, or why none (for `remax version`): e.g. "vdpbf16ps (AVX-512
- * BF16) for bf16 weights' decode matmuls". */
+ * BF16) for bf16 weights' matmuls". */
 const char *rx_bf16_kernels(void);
 /* The GEMMs bf16 training runs on this CPU (a model of compute dtype RX_BF16 on RX_CPU) and why
  * they were chosen; rx_bf16_train_pays: 1 where they are expected to outrun f32 training's (AMX,

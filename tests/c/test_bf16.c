@@ -135,7 +135,8 @@ static void forward_matches_reference_at_every_row_count(void) {
 }
 
 /* The AVX-512 BF16 kernel against remax's f32 kernel on the bf16-rounded inputs and widened
- * weights: equal up to the order of the sums, at every row count it takes, at the Qwen2.5-0.5B
+ * weights: equal up to the order of the sums, at every row count of a decode step and at prefill
+ * row counts (blocks of 48 rows and a remainder), at the Qwen2.5-0.5B
  * widths (k chunks, a 4864 tail) and odd ones; and its rounding is nearest even, as rx_f32_to_bf16. */
 static void dot_kernel_matches_f32_kernel_on_rounded_inputs(void) {
   if (!rx_cpu_bf16_dot()) {
@@ -144,7 +145,8 @@ static void dot_kernel_matches_f32_kernel_on_rounded_inputs(void) {
   }
   static const int64_t shapes[4][2] = {{896, 160}, {4864, 37}, {33, 301}, {5000, 13}};   /* {C, OC} */
   for (int s = 0; s < 4; s++) {
-    const int64_t C = shapes[s][0], OC = shapes[s][1], N = RX_BF16_FEW_ROWS;
+    /* every row count of one block of 48, then blocks of 48 and a remainder (a prefill) */
+    const int64_t C = shapes[s][0], OC = shapes[s][1], N = 2 * RX_BF16_FEW_ROWS + 5;
     int64_t xs[2] = {N, C}, ws[2] = {OC, C};
     rx_tensor *x = randn(RX_F32, 2, xs), *w32 = randn(RX_F32, 2, ws), *w = NULL;
     CHECK_OK(rx_tensor_new(&w, RX_BF16, RX_CPU, 2, ws));
@@ -153,7 +155,7 @@ static void dot_kernel_matches_f32_kernel_on_rounded_inputs(void) {
     float *yd = malloc(sizeof(float) * (size_t)(N * OC + 1)), *yf = malloc(sizeof(float) * (size_t)(N * OC));
     for (int64_t i = 0; i < N * C; i++) xr[i] = rx_bf16_to_f32(rx_f32_to_bf16(((float *)x->data)[i]));
     for (int64_t i = 0; i < OC * C; i++) wr[i] = rx_bf16_to_f32(((uint16_t *)w->data)[i]);
-    for (int64_t n = 1; n <= N; n++) {
+    for (int64_t n = 1; n <= N; n = n < RX_BF16_FEW_ROWS + 1 ? n + 1 : n == RX_BF16_FEW_ROWS + 1 ? 2 * RX_BF16_FEW_ROWS : n + 5) {
       yd[n * OC] = 12345.0f;   /* sentinel past the output */
       CHECK(rx_cpu_matmul_rows_bf16dot(yd, x->data, w->data, NULL, n, C, OC) == 1, "rows=%lld: kernel declined",
             (long long)n);
