@@ -41,11 +41,16 @@ static inline uint16_t rx_cpu_f32_to_bf16(float f) {
 /* Weights stored in bf16, inputs and outputs f32 (matmul_bf16.c): out = inp W^T (+ bias) with the
  * inputs rounded to bf16 (the bf16 dot product: exact products, f32 sums), on every path and CPU;
  * dinp = dout W (backward through a frozen weight, dout not rounded); an embedding gather. Where
- * the CPU has AVX-512 BF16 every row count takes vdpbf16ps (matmul_bf16dot.c); elsewhere up to
- * RX_BF16_FEW_ROWS rows take a kernel that widens the weights in registers, more widen blocks of
- * W for sgemm.
+ * the CPU has AVX-512 BF16 up to RX_BF16_DOT_ROWS rows take vdpbf16ps (matmul_bf16dot.c);
+ * elsewhere up to RX_BF16_FEW_ROWS rows take a kernel that widens the weights in registers; more
+ * rows widen blocks of W for sgemm.
+ * RX_BF16_DOT_ROWS, measured with the SkylakeX OpenBLAS kernels, 2 threads, an AVX-512 BF16
+ * Xeon: the dot kernel ran 130-150 GFLOP/s at every row count, sgemm on widened blocks 110-150
+ * at 49-64 rows and 145-250 from 96 rows up (C = 896, OC = 896 and 4864); at C = 256 sgemm led
+ * from 49 rows. So a 64-token prefill keeps the dot kernel and a training-sized forward
+ * (thousands of rows: a bf16 model's GEMMs, a frozen reference) goes to sgemm.
  * The matmuls return 0 when out of memory for their buffer (writing nothing), else 1. */
-enum { RX_BF16_FEW_ROWS = 48 };
+enum { RX_BF16_FEW_ROWS = 48, RX_BF16_DOT_ROWS = 64 };
 int rx_cpu_matmul_forward_f32_bf16(float *out, const float *inp, const uint16_t *weight, const float *bias, int64_t N,
                                    int64_t C, int64_t OC);
 int rx_cpu_matmul_dinp_f32_bf16(float *dinp, const float *dout, const uint16_t *weight, int64_t N, int64_t C,

@@ -7,8 +7,9 @@
  * 16 bits zero: widening is a shift), sums in f32. So a model's numbers do not depend on whether
  * the CPU has the instruction, nor on the number of rows, beyond the order of the sums.
  *
- *  - Where the CPU has AVX-512 BF16, every row count: vdpbf16ps (matmul_bf16dot.c; a prefill in
- *    blocks of 48 rows, each a pass over W, ahead of widening W for sgemm: see docs/benchmarks.md).
+ *  - Where the CPU has AVX-512 BF16, up to RX_BF16_DOT_ROWS rows: vdpbf16ps (matmul_bf16dot.c; a
+ *    64-token prefill in blocks of 48 rows, each a pass over W); more rows widen blocks of W for
+ *    sgemm, faster there (the measurements are in cpu.h).
  *  - Elsewhere a few rows (decoding, N <= RX_BF16_FEW_ROWS): register tiles of up to 4 input
  *    rows x a few weight rows, the weights widened in registers as they stream in (in blocks of
  *    4 rows when there are more; the tile is in L1 after the first block). Every output is one
@@ -216,7 +217,7 @@ int rx_cpu_matmul_forward_f32_bf16(float *out, const float *inp, const uint16_t 
       for (int64_t o = 0; o < OC; o++) out[n * OC + o] = bias ? bias[o] : 0.0f;
     return 1;
   }
-  const int dot = rx_cpu_matmul_rows_bf16dot(out, inp, weight, bias, N, C, OC);   /* AVX-512 BF16, any N */
+  const int dot = N <= RX_BF16_DOT_ROWS ? rx_cpu_matmul_rows_bf16dot(out, inp, weight, bias, N, C, OC) : 0;
   if (dot) return dot > 0;
   inp = round_inputs(inp, N, C);
   if (!inp) return 0;
