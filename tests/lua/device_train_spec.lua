@@ -18,9 +18,7 @@ end
 local function setup()
   local dir = support.tmpdir()
   support.write(dir .. "/lower.lua", support.LOWER)
-  local lines = {}
-  for i = 1, 8 do lines[i] = ('{"prompt": "say something %d", "answer": "x%d"}'):format(i, i) end
-  support.write(dir .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+  support.prompts(dir .. "/p.jsonl", 8)
   return dir
 end
 

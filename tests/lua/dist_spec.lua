@@ -249,9 +249,7 @@ end }
 
 local function recipe(dir)
   write(dir .. "/lower.lua", REWARD)
-  local lines = {}
-  for i = 1, 24 do lines[i] = ('{"prompt": "say something %d", "answer": "x%d"}'):format(i, i) end
-  write(dir .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+  support.prompts(dir .. "/p.jsonl", 24)
   write(dir .. "/r.lua", ([[
 return {
   model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 16, intermediate_size = 32,

@@ -142,9 +142,7 @@ describe("lora", function()
     local function setup()
       local dir = tmpdir()
       write(dir .. "/lower.lua", LOWER)
-      local lines = {}
-      for i = 1, 24 do lines[i] = ('{"prompt": "say something %d", "answer": "x%d"}'):format(i, i) end
-      write(dir .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+      support.prompts(dir .. "/p.jsonl", 24)
       return dir
     end
     local function new_trainer(dir, extra)
