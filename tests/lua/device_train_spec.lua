@@ -47,6 +47,26 @@ local function new_trainer(dir, extra)
   return trainer.new(config.resolve(settings(dir, extra)), { quiet = true, signals = false })
 end
 
+-- Two runs of the same settings: one straight through max_steps ("straight"), one that stops
+-- after `split` steps, saves a checkpoint and is resumed to the end ("split"). Returns the
+-- straight trainer and the resumed one (after its own train()), and the step it resumed at.
+local function straight_and_resumed(dir, extra, split)
+  local s = {}
+  for k, v in pairs(extra) do s[k] = v end
+  s.run_name = "straight"
+  local a = new_trainer(dir, s)
+  a:train()
+  s.run_name = "split"
+  local b = new_trainer(dir, s)
+  for _ = 1, split do b:train_step() end
+  b:save_checkpoint()
+  s.run_name, s.resume = nil, dir .. "/runs/split"
+  local c = new_trainer(dir, s)
+  local resumed_at = c.step
+  c:train()
+  return a, c, resumed_at
+end
+
 -- name -> host copy of each parameter
 local function host_params(model)
   local out = {}
@@ -97,17 +117,8 @@ describe("training on cuda", function()
 
   it("cuda: a LoRA run resumed on the device is bit-identical to an uninterrupted one", function()
     local dir = setup()
-    local extra = { device = "cuda", max_steps = 2, run_name = "straight", use_lora = true, lora_r = 2 }
-    local a = new_trainer(dir, extra)
-    a:train()
-    extra.run_name = "split"
-    local b = new_trainer(dir, extra)
-    b:train_step()
-    b:save_checkpoint()
-    extra.run_name, extra.resume = nil, dir .. "/runs/split"
-    local c = new_trainer(dir, extra)
-    assert.are.equal(1, c.step)
-    c:train()
+    local a, c, resumed_at = straight_and_resumed(dir, { device = "cuda", max_steps = 2, use_lora = true, lora_r = 2 }, 1)
+    assert.are.equal(1, resumed_at)
     local pa, pc = a.model:trainable(), c.model:trainable()
     for name, t in pairs(pa) do
       assert.is_true(bytes(t:to("cpu")) == bytes(pc[name]:to("cpu")), "adapter " .. name .. " differs after resume")
@@ -116,18 +127,9 @@ describe("training on cuda", function()
 
   it("cuda: a resume on the device is bit-identical to an uninterrupted run", function()
     local dir = setup()
-    local extra = { device = "cuda", max_steps = 4, run_name = "straight" }
-    local a = new_trainer(dir, extra)
-    a:train()
-    extra.run_name = "split"
-    local b = new_trainer(dir, extra)
-    for _ = 1, 2 do b:train_step() end
-    b:save_checkpoint()
-    extra.run_name, extra.resume = nil, dir .. "/runs/split"
-    local c = new_trainer(dir, extra)
-    assert.are.equal(2, c.step)
+    local a, c, resumed_at = straight_and_resumed(dir, { device = "cuda", max_steps = 4 }, 2)
+    assert.are.equal(2, resumed_at)
     assert.are.equal("cuda", c.model:device_name())
-    c:train()
     assert.are.equal(4, c.step)
     local pa, pc = host_params(a.model), host_params(c.model)
     for name, t in pairs(pa) do
@@ -319,17 +321,8 @@ describe("training on cuda", function()
     -- relative difference of the step itself; the losses agree within 1e-4
     assert.is_true(math.sqrt(d2 / n2) <= 1e-1, ("relative L2 of the change: %.3g"):format(math.sqrt(d2 / n2)))
     -- a resume: two steps straight equal one, a checkpoint, and one more
-    local r = { algo = "sft", beta = 0, device = "cuda", dtype = "bf16", use_lora = true, lora_r = 2, lora_dropout = 0.1,
-      max_steps = 2, run_name = "straight" }
-    local a = new_trainer(dir, r)
-    a:train()
-    r.run_name = "split"
-    local b = new_trainer(dir, r)
-    b:train_step()
-    b:save_checkpoint()
-    r.run_name, r.resume = nil, dir .. "/runs/split"
-    local c = new_trainer(dir, r)
-    c:train()
+    local a, c = straight_and_resumed(dir, { algo = "sft", beta = 0, device = "cuda", dtype = "bf16", use_lora = true,
+      lora_r = 2, lora_dropout = 0.1, max_steps = 2 }, 1)
     local pa, pc = a.model:trainable(), c.model:trainable()
     for name, t in pairs(pa) do
       assert.is_true(bytes(t:to("cpu")) == bytes(pc[name]:to("cpu")), "adapter " .. name .. " differs after resume")
