@@ -31,6 +31,7 @@ static const char *const phase_names[RX_PROF_COUNT] = {
   [RX_PROF_HEAD_LOGPROB_BWD] = "head log-softmax backward",
   [RX_PROF_ADAMW] = "adamw",
   [RX_PROF_ZERO_GRAD] = "zero_grad",
+  [RX_PROF_WORK_COPY] = "bf16 working copy from the masters",
 };
 
 static uint64_t total_ns[RX_PROF_COUNT];

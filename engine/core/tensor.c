@@ -66,6 +66,63 @@ int rx_memzero(int32_t device, void *ptr, size_t bytes) {
   return d->memset0(ptr, bytes);
 }
 
+/* ------------------------------------------------------------------ mirrors (internal.h) */
+
+typedef struct mirror { const char *master; size_t bytes; char *copy; int32_t device; int32_t *stale; } mirror;
+static mirror *mirrors;
+static int n_mirrors, cap_mirrors;
+
+int rx_mirror_watch(const void *master, size_t bytes, int32_t device, void *copy, int32_t *stale) {
+  if (n_mirrors == cap_mirrors) {
+    const int cap = cap_mirrors ? 2 * cap_mirrors : 8;
+    mirror *grown = realloc(mirrors, (size_t)cap * sizeof *grown);
+    if (!grown) return rx_fail(RX_ENOMEM, "out of memory registering a bf16 working copy");
+    mirrors = grown;
+    cap_mirrors = cap;
+  }
+  mirrors[n_mirrors++] = (mirror){master, bytes, copy, device, stale};
+  *stale = 1;
+  return RX_OK;
+}
+
+void rx_mirror_unwatch(const void *master) {
+  for (int i = 0; i < n_mirrors; i++)
+    if (mirrors[i].master == master) {
+      mirrors[i] = mirrors[--n_mirrors];
+      return;
+    }
+}
+
+/* The bytes [*lo, *hi) that t's elements span (strides are never negative). */
+static int byte_span(const rx_tensor *t, const char **lo, const char **hi) {
+  if (!t || !t->data || t->numel <= 0) return 0;
+  int64_t last = 0;
+  for (int i = 0; i < t->ndim; i++) last += (t->shape[i] - 1) * t->stride[i];
+  *lo = t->data;
+  *hi = (const char *)t->data + (last + 1) * rx_dtype_size(t->dtype);
+  return 1;
+}
+
+void rx_note_write(const rx_tensor *t) {
+  const char *lo, *hi;
+  if (!n_mirrors || !byte_span(t, &lo, &hi)) return;
+  for (int i = 0; i < n_mirrors; i++) {
+    const mirror *w = &mirrors[i];
+    if (w->device == t->device && lo < w->master + w->bytes && w->master < hi) *w->stale = 1;
+  }
+}
+
+void *rx_mirror_of(const rx_tensor *t) {
+  const char *lo, *hi;
+  if (!n_mirrors || t->dtype != RX_F32 || !rx_tensor_is_contiguous(t) || !byte_span(t, &lo, &hi)) return NULL;
+  for (int i = 0; i < n_mirrors; i++) {
+    const mirror *w = &mirrors[i];
+    if (w->device == t->device && lo >= w->master && hi <= w->master + w->bytes)
+      return w->copy + (lo - w->master) / 2;
+  }
+  return NULL;
+}
+
 const char *rx_shape_str(const rx_tensor *t, char *buf, size_t n) {
   size_t k = (size_t)snprintf(buf, n, "[");
   for (int i = 0; i < t->ndim && k < n; i++)
@@ -297,6 +354,7 @@ int rx_tensor_copy(rx_tensor *dst, const rx_tensor *src) {
   if (dst->numel != src->numel)
     return rx_fail(RX_EINVAL, "copy: destination %s and source %s differ in element count",
                    rx_shape_str(dst, a, sizeof a), rx_shape_str(src, b, sizeof b));
+  rx_note_write(dst);
   if (dst->device != RX_CPU) return rx_device_memory_of(dst->device)->copy(dst, src);
   if (src->device != RX_CPU) return rx_device_memory_of(src->device)->copy(dst, src);
   int64_t n = src->numel;
@@ -334,6 +392,7 @@ int rx_tensor_copy(rx_tensor *dst, const rx_tensor *src) {
 
 int rx_tensor_fill(rx_tensor *t, double value) {
   if (need_known(t, "fill")) return RX_EDEVICE;
+  rx_note_write(t);
   if (t->device != RX_CPU) {
     if (rx_tensor_is_contiguous(t)) return rx_device_memory_of(t->device)->fill(t, value);
     rx_tensor *h;
@@ -360,6 +419,7 @@ static void philox_at(uint64_t seed, uint64_t index, uint32_t r[4]) {
 
 int rx_tensor_uniform(rx_tensor *t, uint64_t seed, uint64_t offset, double lo, double hi) {
   if (need_known(t, "uniform")) return RX_EDEVICE;
+  rx_note_write(t);
   if (t->device != RX_CPU) {   /* the same numbers as on the CPU: drawn there, then copied */
     rx_tensor *h;
     if (host_copy(&h, t, 0)) return rx_fail_context(RX_EDEVICE, "uniform");
@@ -378,6 +438,7 @@ int rx_tensor_uniform(rx_tensor *t, uint64_t seed, uint64_t offset, double lo, d
 
 int rx_tensor_normal(rx_tensor *t, uint64_t seed, uint64_t offset, double mean, double std) {
   if (need_known(t, "normal")) return RX_EDEVICE;
+  rx_note_write(t);
   if (t->device != RX_CPU) {   /* the same numbers as on the CPU: drawn there, then copied */
     rx_tensor *h;
     if (host_copy(&h, t, 0)) return rx_fail_context(RX_EDEVICE, "normal");
@@ -419,6 +480,7 @@ int rx_tensor_get(const rx_tensor *t, int64_t index, double *value) {
 
 int rx_tensor_set(rx_tensor *t, int64_t index, double value) {
   if (need_known(t, "set")) return RX_EDEVICE;
+  rx_note_write(t);
   if (t->device != RX_CPU) {
     rx_tensor *h;
     if (index < 0 || index >= t->numel)
@@ -448,6 +510,7 @@ int rx_tensor_read_f64(const rx_tensor *t, double *out) {
 
 int rx_tensor_write_f64(rx_tensor *t, const double *in) {
   if (need_known(t, "write")) return RX_EDEVICE;
+  rx_note_write(t);
   if (t->device != RX_CPU) {
     rx_tensor *h;
     if (host_copy(&h, t, 0)) return rx_fail_context(RX_EDEVICE, "write");

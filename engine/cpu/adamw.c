@@ -5,7 +5,7 @@
 
 /* p = p * shrink - step_size * m_hat / (sqrt(v_hat) + eps), the moments updated first; the bias
  * corrections folded into step_size = lr / bc1 and sqrt_bc2. */
-#define ADAMW_LOOP(P, G, M, V)                                                   \
+#define ADAMW_LOOP(P, G, M, V, MIRROR)                                           \
   _Pragma("omp parallel for simd schedule(static) if (n > 32768)")               \
   for (int64_t i = 0; i < n; i++) {                                              \
     double g = G[i];                                                             \
@@ -14,21 +14,28 @@
     V[i] = v;                                                                    \
     double p = P[i] * shrink;                                                    \
     P[i] = p - step_size * m / (sqrt(v) / sqrt_bc2 + eps);                       \
+    MIRROR;                                                                      \
   }
 
-void rx_cpu_adamw_f32(float *P, const float *G, float *M, float *V, int64_t n, double step_size, double beta1,
-                      double beta2, double eps, double shrink, double sqrt_bc2) {
-  ADAMW_LOOP(P, G, M, V)
+/* W, when not NULL, is the bf16 working copy of P: written in the same pass, rounded as
+ * rx_tensor_copy rounds (nearest even). */
+void rx_cpu_adamw_f32(float *P, const float *G, float *M, float *V, uint16_t *W, int64_t n, double step_size,
+                      double beta1, double beta2, double eps, double shrink, double sqrt_bc2) {
+  if (W) {
+    ADAMW_LOOP(P, G, M, V, W[i] = rx_cpu_f32_to_bf16(P[i]))
+  } else {
+    ADAMW_LOOP(P, G, M, V, (void)0)
+  }
 }
 
 void rx_cpu_adamw_f64(double *P, const double *G, double *M, double *V, int64_t n, double step_size, double beta1,
                       double beta2, double eps, double shrink, double sqrt_bc2) {
-  ADAMW_LOOP(P, G, M, V)
+  ADAMW_LOOP(P, G, M, V, (void)0)
 }
 
 void rx_cpu_adamw_f64_m32(double *P, const double *G, float *M, float *V, int64_t n, double step_size, double beta1,
                           double beta2, double eps, double shrink, double sqrt_bc2) {
-  ADAMW_LOOP(P, G, M, V)
+  ADAMW_LOOP(P, G, M, V, (void)0)
 }
 
 double rx_cpu_sum_squares_f32(const float *x, int64_t n) {

@@ -179,9 +179,10 @@ void rx_cpu_logprob_entropy_backward_f64(double *dlogits, const double *dlogp, c
 
 /* The optimizer (adamw.c): AdamW with step_size = lr / (1 - beta1^step), sqrt_bc2 = sqrt(1 -
  * beta2^step) and shrink = 1 - lr * weight_decay (decoupled decay); f32 or f64 params with moments
- * of their dtype, or f64 params with f32 moments (_f64_m32). Sums of squares in double. */
-void rx_cpu_adamw_f32(float *P, const float *G, float *M, float *V, int64_t n, double step_size, double beta1,
-                      double beta2, double eps, double shrink, double sqrt_bc2);
+ * of their dtype, or f64 params with f32 moments (_f64_m32); _f32 also writes P's bf16 working copy W
+ * in the same pass when W is not NULL. Sums of squares in double. */
+void rx_cpu_adamw_f32(float *P, const float *G, float *M, float *V, uint16_t *W, int64_t n, double step_size,
+                      double beta1, double beta2, double eps, double shrink, double sqrt_bc2);
 void rx_cpu_adamw_f64(double *P, const double *G, double *M, double *V, int64_t n, double step_size, double beta1,
                       double beta2, double eps, double shrink, double sqrt_bc2);
 void rx_cpu_adamw_f64_m32(double *P, const double *G, float *M, float *V, int64_t n, double step_size, double beta1,

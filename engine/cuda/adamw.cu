@@ -4,24 +4,28 @@
 // the clipping scale (and LoRA's scale on bf16 activations).
 #include "common.cuh"
 
-__global__ void adamw_kernel(float *P, const float *G, float *M, float *Vv, int64_t n, double beta1, double beta2,
-                             double eps, double shrink, double step_size, double sqrt_bc2) {
+// W, when not NULL, is P's bf16 working copy, written in the same pass (rounded as the f32 -> bf16
+// copy rounds: nearest even).
+__global__ void adamw_kernel(float *P, const float *G, float *M, float *Vv, bf16 *W, int64_t n, double beta1,
+                             double beta2, double eps, double shrink, double step_size, double sqrt_bc2) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const double g = G[i];
     const double m = beta1 * M[i] + (1 - beta1) * g, v = beta2 * Vv[i] + (1 - beta2) * g * g;
     M[i] = (float)m;
     Vv[i] = (float)v;
     const double p = P[i] * shrink;
-    P[i] = (float)(p - step_size * m / (sqrt(v) / sqrt_bc2 + eps));
+    const float out = (float)(p - step_size * m / (sqrt(v) / sqrt_bc2 + eps));
+    P[i] = out;
+    if (W) rx_st(W, i, out);
   }
 }
 
-extern "C" int rx_cuda_adamw(float *param, const float *grad, float *m, float *v, int64_t n, double lr, double beta1,
-                             double beta2, double eps, double shrink, double bc1, double sqrt_bc2) {
+extern "C" int rx_cuda_adamw(float *param, const float *grad, float *m, float *v, void *work, int64_t n, double lr,
+                             double beta1, double beta2, double eps, double shrink, double bc1, double sqrt_bc2) {
   RX_STREAM(s);
   if (n == 0) return RX_OK;
   RX_LAUNCH(adamw_kernel, rx_blocks(n, 256), 256, 0, s,
-            param, grad, m, v, n, beta1, beta2, eps, shrink, lr / bc1, sqrt_bc2);
+            param, grad, m, v, (bf16 *)work, n, beta1, beta2, eps, shrink, lr / bc1, sqrt_bc2);
   RX_LAUNCHED("adamw", "n=%lld", (long long)n);
   return RX_OK;
 }

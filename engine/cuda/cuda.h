@@ -128,9 +128,10 @@ int rx_cuda_graph_begin(void);
 int rx_cuda_graph_end(void **exec);
 int rx_cuda_graph_launch(void *exec);
 void rx_cuda_graph_free(void *exec);
-/* AdamW on f32 master weights, f32 grads and moments; bc1 = 1 - beta1^step, sqrt_bc2 = sqrt(1 - beta2^step). */
-int rx_cuda_adamw(float *param, const float *grad, float *m, float *v, int64_t n, double lr, double beta1,
-                  double beta2, double eps, double shrink, double bc1, double sqrt_bc2);
+/* AdamW on f32 master weights, f32 grads and moments; bc1 = 1 - beta1^step, sqrt_bc2 = sqrt(1 - beta2^step);
+ * work, when not NULL, is param's bf16 working copy, written in the same pass. */
+int rx_cuda_adamw(float *param, const float *grad, float *m, float *v, void *work, int64_t n, double lr,
+                  double beta1, double beta2, double eps, double shrink, double bc1, double sqrt_bc2);
 /* sum of squares of n f32 values, in double, in a fixed order; added to *acc (device double). */
 int rx_cuda_sum_squares(double *acc, const float *x, int64_t n);
 int rx_cuda_scale(void *x, int64_t n, double s, int32_t dtype);   /* f32 or bf16 */

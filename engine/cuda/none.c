@@ -62,8 +62,8 @@ int rx_cuda_attention_forward(void *out, float *lse, const void *q, const void *
 int rx_cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                                const void *v, const void *out, const float *lse, const int32_t *mask,
                                const rx_cuda_attn_dims *dims, int32_t dtype) { return none(); }
-int rx_cuda_adamw(float *param, const float *grad, float *m, float *v, int64_t n, double lr, double beta1,
-                  double beta2, double eps, double shrink, double bc1, double sqrt_bc2) { return none(); }
+int rx_cuda_adamw(float *param, const float *grad, float *m, float *v, void *work, int64_t n, double lr,
+                  double beta1, double beta2, double eps, double shrink, double bc1, double sqrt_bc2) { return none(); }
 int rx_cuda_sum_squares(double *acc, const float *x, int64_t n) { return none(); }
 int rx_cuda_scale(void *x, int64_t n, double s, int32_t dtype) { return none(); }
 int rx_cuda_scalar(double **acc) { *acc = NULL; return none(); }

@@ -130,6 +130,7 @@ int rx_dist_allreduce_tensors(rx_tensor *const *tensors, int64_t n) {
   }
   int a = active("rx_dist_allreduce_tensors");
   if (a <= 0) return a ? RX_EINVAL : RX_OK;
+  for (int64_t i = 0; i < n; i++) rx_note_write(tensors[i]);
   /* Runs of tensors that follow each other in memory (a gradient arena) go in one call. */
   for (int64_t i = 0; i < n;) {
     const rx_tensor *t = tensors[i];
@@ -216,6 +217,7 @@ int rx_dist_reduce_scatter(rx_tensor *flat, int64_t shard) {
   if (check_flat(flat, shard, "rx_dist_reduce_scatter")) return RX_EINVAL;
   int a = active("rx_dist_reduce_scatter");
   if (a <= 0) return a ? RX_EINVAL : RX_OK;
+  rx_note_write(flat);
   if (flat->device == RX_CUDA) {
     if (!world.backend->reduce_scatter_cuda) return no_nccl("rx_dist_reduce_scatter");
     return world.backend->reduce_scatter_cuda(flat->data, flat->numel, shard, flat->dtype, flat->device_index)
@@ -228,6 +230,7 @@ int rx_dist_allgather(rx_tensor *flat, int64_t shard) {
   if (check_flat(flat, shard, "rx_dist_allgather")) return RX_EINVAL;
   int a = active("rx_dist_allgather");
   if (a <= 0) return a ? RX_EINVAL : RX_OK;
+  rx_note_write(flat);
   if (flat->device == RX_CUDA) {
     if (!world.backend->allgather_cuda) return no_nccl("rx_dist_allgather");
     return world.backend->allgather_cuda(flat->data, flat->numel, shard, flat->dtype, flat->device_index)
@@ -241,6 +244,7 @@ int rx_dist_broadcast_tensor(rx_tensor *t, int32_t root) {
   if (root < 0 || root >= world.size) return rx_fail(RX_EINVAL, "rx_dist_broadcast_tensor: root %d outside 0..%d", (int)root, (int)world.size - 1);
   int a = active("rx_dist_broadcast_tensor");
   if (a <= 0) return a ? RX_EINVAL : RX_OK;
+  rx_note_write(t);
   int64_t bytes = t->numel * rx_dtype_size(t->dtype);
   if (t->device == RX_CUDA) {
     if (!world.backend->broadcast_cuda) return no_nccl("rx_dist_broadcast_tensor");

@@ -586,6 +586,7 @@ int rx_safetensors_read(const rx_safetensors *st, const char *name, rx_tensor *d
     return rx_fail(RX_EINVAL, "%s: shape %s in %s, destination wants %s", name, dims_str(a, sizeof a, e->ndim, e->shape),
                    f->path, rx_shape_str(dst, b, sizeof b));
   if (e->numel == 0) return RX_OK;
+  rx_note_write(dst);
   int32_t dtype = e->format->dtype;
   const uint8_t *src = f->data + e->begin;
   size_t bytes = (size_t)(e->end - e->begin);

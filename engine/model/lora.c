@@ -35,6 +35,7 @@ struct rx_lora {
   int64_t *base;               /* base parameter of each adapter tensor */
   rx_tensor *params, *grads;
   rx_tensor *work;             /* bf16 compute: the adapters in bf16 (master offsets / 2); else NULL */
+  int32_t work_stale;          /* a mirror of the masters (core/internal.h), as the model's own */
   void *param_arena, *grad_arena, *work_arena;
   int64_t bytes;
   int64_t (*index)[RX_PROJ_COUNT];   /* [layer][proj]: index of A (B follows), or -1 */
@@ -73,6 +74,7 @@ void rx_lora_free(rx_lora *lo) {
   rx_arena_free(lo->device, lo->param_arena, lo->param_handle);
   rx_arena_free(lo->device, lo->grad_arena, lo->grad_handle);
   rx_arena_free(lo->device, lo->scratch, lo->scratch_handle);
+  if (lo->work_arena) rx_mirror_unwatch(lo->param_arena);
   rx_arena_free(lo->device, lo->work_arena, lo->work_handle);
   free(lo->work);
   rx_arena_free(lo->device, lo->draws, lo->draws_handle);
@@ -163,7 +165,8 @@ int rx_model_lora_init(rx_model *m, const rx_lora_config *cfg) {
                               : NULL;
   }
   if (!lo->param_arena || !lo->scratch || (c->device != RX_CPU && cfg->dropout > 0 && !lo->draws) ||
-      (c->dtype == RX_BF16 && !lo->work_arena)) {
+      (c->dtype == RX_BF16 && (!lo->work_arena ||
+                               rx_mirror_watch(lo->param_arena, (size_t)total, c->device, lo->work_arena, &lo->work_stale)))) {
     free(offsets);
     rx_lora_free(lo);
     return RX_ENOMEM;
@@ -225,12 +228,16 @@ int64_t rx_lora_param_bytes(const rx_model *m) { return m->lora ? m->lora->bytes
 
 int rx_lora_refresh_work(rx_model *m) {
   rx_lora *lo = m->lora;
-  if (!lo || !lo->work) return RX_OK;
+  if (!lo || !lo->work || !lo->work_stale) return RX_OK;
   const int64_t n[1] = {lo->bytes / 4};   /* the f32 masters, padding included, in one conversion */
   rx_tensor master, work;
   rx_view_init(&master, lo->param_arena, RX_F32, lo->device, 1, n);
   rx_view_init(&work, lo->work_arena, RX_BF16, lo->device, 1, n);
-  return rx_tensor_copy(&work, &master);
+  const int prof = rx_prof_begin(RX_PROF_WORK_COPY);
+  int rc = rx_tensor_copy(&work, &master);
+  rx_prof_end(prof);
+  if (!rc) lo->work_stale = 0;
+  return rc;
 }
 
 /* Adapter tensor k as the matmuls read it: the bf16 working copy under bf16 compute. */

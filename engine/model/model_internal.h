@@ -49,11 +49,13 @@ struct rx_model {
   int64_t param_bytes, matrix_bytes;   /* matrix_bytes: the leading part holding the weight matrices */
   rx_tensor flat_params, flat_grads;   /* rx_model_flat's views */
   /* bf16 compute: params and grads are the f32 master copy, work the bf16 copy the forward and
-   * backward read (same element offsets, refreshed from the master before each forward); NULL
-   * otherwise. On the CPU cfg.dtype is then f32 (the activations' dtype) and only the weight
-   * matrices' GEMMs read work (rx_model_w). */
+   * backward read (same element offsets); NULL otherwise. On the CPU cfg.dtype is then f32 (the
+   * activations' dtype) and only the weight matrices' GEMMs read work (rx_model_w). The masters are
+   * a mirror (core/internal.h): AdamW rounds work in the same pass; any other write to the masters
+   * raises work_stale, and the next forward converts them all again (rx_model_refresh_work). */
   rx_tensor *work;
   void *work_arena, *work_handle;
+  int32_t work_stale;
   layer_params *layers;
   int64_t embed, final_norm, lm_head;
   double *inv_freq;          /* RoPE frequencies [head_dim/2], rope_scaling applied */
@@ -80,8 +82,9 @@ static inline int rx_model_frozen_bf16(const rx_model_config *c) { return c->dty
 static inline int32_t rx_model_vector_dtype(const rx_model_config *c) {
   return rx_model_frozen_bf16(c) ? RX_BF16 : rx_model_master_dtype(c);
 }
-/* Refreshes a bf16 model's working weights (and its LoRA adapters') from the master weights
- * (no-op otherwise). */
+/* A bf16 model's working weights (and its LoRA adapters') converted from the master weights when
+ * something other than AdamW wrote the masters since the last conversion (work_stale); a no-op
+ * when AdamW kept the copy current, and for a model without a working copy. */
 int rx_model_refresh_work(rx_model *m);
 
 /* The KV-cache hook of a layer: called after RoPE with the layer's activations (a->k4, a->v4

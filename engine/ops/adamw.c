@@ -4,13 +4,17 @@
 #include "ops/engine_ops.h"
 #include "cpu/cpu.h"
 
-int rx_adamw_update(rx_tensor *param, const rx_tensor *grad, rx_tensor *m, rx_tensor *v, double lr, double beta1,
-                    double beta2, double eps, double shrink, double bc1, double sqrt_bc2) {
+int rx_adamw_update(rx_tensor *param, const rx_tensor *grad, rx_tensor *m, rx_tensor *v, void *work, double lr,
+                    double beta1, double beta2, double eps, double shrink, double bc1, double sqrt_bc2) {
   const int64_t n = param->numel;
+  if (work && (param->dtype != RX_F32 || m->dtype != RX_F32))
+    return rx_fail(RX_EINVAL, "adamw: a bf16 working copy needs f32 params and moments, got %s and %s",
+                   rx_dtype_name(param->dtype), rx_dtype_name(m->dtype));
   switch (param->device) {
     case RX_CPU:
       if (param->dtype == RX_F32 && m->dtype == RX_F32)
-        rx_cpu_adamw_f32(param->data, grad->data, m->data, v->data, n, lr / bc1, beta1, beta2, eps, shrink, sqrt_bc2);
+        rx_cpu_adamw_f32(param->data, grad->data, m->data, v->data, work, n, lr / bc1, beta1, beta2, eps, shrink,
+                         sqrt_bc2);
       else if (param->dtype == RX_F64 && m->dtype == RX_F64)
         rx_cpu_adamw_f64(param->data, grad->data, m->data, v->data, n, lr / bc1, beta1, beta2, eps, shrink, sqrt_bc2);
       else if (param->dtype == RX_F64 && m->dtype == RX_F32)
@@ -24,7 +28,8 @@ int rx_adamw_update(rx_tensor *param, const rx_tensor *grad, rx_tensor *m, rx_te
       if (param->dtype != RX_F32 || m->dtype != RX_F32)
         return rx_fail(RX_EINVAL, "adamw: cuda keeps params and moments in f32, got param %s, moments %s",
                        rx_dtype_name(param->dtype), rx_dtype_name(m->dtype));
-      return rx_cuda_adamw(param->data, grad->data, m->data, v->data, n, lr, beta1, beta2, eps, shrink, bc1, sqrt_bc2);
+      return rx_cuda_adamw(param->data, grad->data, m->data, v->data, work, n, lr, beta1, beta2, eps, shrink, bc1,
+                           sqrt_bc2);
     default:
       return rx_op_no_kernel("adamw", param);
   }
@@ -64,6 +69,7 @@ int rx_sum_squares(const rx_tensor *const *xs, int64_t n, double *total) {
 
 int rx_scale(rx_tensor *t, double s) {
   if (rx_op_float(t, "scale", "tensor")) return RX_EINVAL;
+  rx_note_write(t);
   switch (t->device) {
     case RX_CPU:
       if (t->dtype == RX_F32) rx_cpu_scale_f32(t->data, t->numel, (float)s);

@@ -12,6 +12,7 @@ int rx_add(rx_tensor *out, const rx_tensor *a, const rx_tensor *b) {
   if (rx_op_like(b, a, op, "b", "a") || rx_op_rows_cols(b, rx_rows(a), rx_last(a), op, "b", why) ||
       rx_op_like(out, a, op, "out", "a") || rx_op_rows_cols(out, rx_rows(a), rx_last(a), op, "out", why))
     return RX_EINVAL;
+  rx_note_write(out);
   switch (a->device) {
     case RX_CPU:
       if (a->dtype == RX_F32) rx_cpu_add_f32(out->data, a->data, b->data, a->numel);

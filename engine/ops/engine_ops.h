@@ -30,9 +30,11 @@ int rx_logprob_slice_backward(rx_tensor *dlogits, const rx_tensor *dlogp, const 
  * tensors (contiguous, same numel and device). */
 /* AdamW on one tensor or flat buffer: m = beta1 m + (1 - beta1) g, v = beta2 v + (1 - beta2) g^2,
  * p = p shrink - lr / bc1 * m / (sqrt(v) / sqrt_bc2 + eps). CPU: f32 or f64 params with moments
- * of their dtype, or f64 params with f32 moments; CUDA: f32 throughout. */
-int rx_adamw_update(rx_tensor *param, const rx_tensor *grad, rx_tensor *m, rx_tensor *v, double lr, double beta1,
-                    double beta2, double eps, double shrink, double bc1, double sqrt_bc2);
+ * of their dtype, or f64 params with f32 moments; CUDA: f32 throughout. work, when not NULL, is the
+ * bf16 working copy of an f32 param (element i at element i), rounded from the new param in the
+ * same pass. */
+int rx_adamw_update(rx_tensor *param, const rx_tensor *grad, rx_tensor *m, rx_tensor *v, void *work, double lr,
+                    double beta1, double beta2, double eps, double shrink, double bc1, double sqrt_bc2);
 /* total = the sum of squares of every element of the n tensors, in double (each device's share
  * summed there in a fixed order and read back once). */
 int rx_sum_squares(const rx_tensor *const *xs, int64_t n, double *total);

@@ -42,8 +42,12 @@ int rx_adamw_step(rx_tensor *param, const rx_tensor *grad, rx_tensor *m, rx_tens
   const double beta1 = cfg->beta1, beta2 = cfg->beta2, eps = cfg->eps;
   const double bc1 = 1 - pow(beta1, (double)cfg->step), sqrt_bc2 = sqrt(1 - pow(beta2, (double)cfg->step));
   const double shrink = decay ? 1 - cfg->lr * cfg->weight_decay : 1;
+  /* A bf16 model's masters: their working copy is rounded in the same pass and stays current;
+   * any other param the optimizer writes may be masters in part, which makes their copy stale. */
+  void *work = rx_mirror_of(param);
+  if (!work) rx_note_write(param);
   const int prof = rx_prof_begin(RX_PROF_ADAMW);
-  const int rc = rx_adamw_update(param, grad, m, v, cfg->lr, beta1, beta2, eps, shrink, bc1, sqrt_bc2);
+  const int rc = rx_adamw_update(param, grad, m, v, work, cfg->lr, beta1, beta2, eps, shrink, bc1, sqrt_bc2);
   rx_prof_end(prof);
   return rc;
 }

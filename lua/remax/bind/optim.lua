@@ -140,17 +140,22 @@ function M.adamw(params, grads, opts)
   return self
 end
 
--- One update of every parameter. lr overrides the configured rate for this step (schedules).
-function AdamW:step(lr)
+-- One AdamW update of each of self.runs ({p, g, m, v, decay, name}) at step self.step_count + 1.
+-- Where p is a bf16 model's master weights the engine rounds their bf16 working copy in the same
+-- pass (rx_mirror_of in engine/core), so the next forward converts nothing.
+local function update_runs(self, lr)
   self.step_count = self.step_count + 1
   local cfg = self.cfg
   cfg.lr, cfg.beta1, cfg.beta2, cfg.eps = lr or self.lr, self.beta1, self.beta2, self.eps
   cfg.weight_decay, cfg.step = self.weight_decay, self.step_count
   for _, r in ipairs(self.runs) do
     local rc = C.rx_adamw_step(r.p, r.g, r.m, r.v, cfg, r.decay)
-    if rc ~= 0 then error(r.name .. ": " .. rx.last_error(), 2) end
+    if rc ~= 0 then error(r.name .. ": " .. rx.last_error(), 3) end
   end
 end
+
+-- One update of every parameter. lr overrides the configured rate for this step (schedules).
+function AdamW:step(lr) update_runs(self, lr) end
 
 -- The global norm of the gradients the optimizer updates with; with max_norm > 0 they are then
 -- scaled so it is at most max_norm. Returns the norm before clipping (inf or nan when a gradient
@@ -333,14 +338,8 @@ end
 
 -- One update of this rank's shard, then every rank's shard of the weights to every rank.
 function Zero:step(lr)
-  self.step_count = self.step_count + 1
-  local cfg = self.cfg
-  cfg.lr, cfg.beta1, cfg.beta2, cfg.eps = lr or self.lr, self.beta1, self.beta2, self.eps
-  cfg.weight_decay, cfg.step = self.weight_decay, self.step_count
-  for _, r in ipairs(self.runs) do
-    local rc = C.rx_adamw_step(r.p, r.g, r.m, r.v, cfg, r.decay)
-    if rc ~= 0 then error(r.name .. ": " .. rx.last_error(), 2) end
-  end
+  update_runs(self, lr)
+  -- the other ranks' shards of the masters: a bf16 model converts its working copy once more
   self.world:allgather(self.pflat.view, self.shard)
 end
 
