@@ -65,7 +65,7 @@ int rx_memzero(int32_t device, void *ptr, size_t bytes);
  * LoRA adapters'), so that it is converted again only when the masters changed. The owner
  * registers the masters' bytes, the copy (element i of the masters at element i of the copy) and
  * a flag. Every engine entry that writes a tensor (copy, fill, random fills, set, write_f64, file
- * reads, the collectives, add, scale, and AdamW where it cannot write the copy too) calls
+ * reads, the collectives, every op's outputs, and AdamW where it cannot write the copy too) calls
  * rx_note_write, which raises the flag of every mirror the tensor's bytes overlap; the owner
  * converts the masters again before it next reads the copy, and clears the flag. AdamW over
  * masters that lie wholly inside a mirror writes their copy in the same pass (rx_mirror_of) and

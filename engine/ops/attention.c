@@ -125,6 +125,7 @@ int rx_attention_forward(rx_tensor *out, rx_tensor *lse, const rx_tensor *q, con
   if (check_inputs(op, q, k, v, mask, scale, &dims)) return RX_EINVAL;
   if (check_like_q(out, op, "out", q) || check_lse(lse, op, q)) return RX_EINVAL;
   const int32_t *keep = mask ? mask->data : NULL;
+  rx_note_write(out); rx_note_write(lse);
   switch (q->device) {
     case RX_CPU: {
       const int threads = omp_get_max_threads();
@@ -158,6 +159,7 @@ int rx_attention_backward(rx_tensor *dq, rx_tensor *dk, rx_tensor *dv, const rx_
   if (dk && (check_shape(dk, op, "dk", 4, kv_dims, "k", k) || rx_check_same(q, dk, op, "dk"))) return RX_EINVAL;
   if (dv && (check_shape(dv, op, "dv", 4, kv_dims, "k", k) || rx_check_same(q, dv, op, "dv"))) return RX_EINVAL;
   const int32_t *keep = mask ? mask->data : NULL;
+  rx_note_write(dq); rx_note_write(dk); rx_note_write(dv);
   switch (q->device) {
     case RX_CPU: {
       if (!dq && !dk && !dv) return RX_OK;

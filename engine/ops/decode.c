@@ -25,6 +25,7 @@ int rx_decode_attention_lens(rx_tensor *out, rx_tensor *lse, const rx_tensor *q,
       lens->dtype != RX_I32 || mask->dtype != RX_I32 || lse->dtype != RX_F32)
     return rx_fail(RX_EINVAL, "%s: q %s and cache %s: one query per row, a [B,S] i32 mask, i32 lengths [B] and f32 lse",
                    op, rx_shape_str(q, a, sizeof a), rx_shape_str(k, b, sizeof b));
+  rx_note_write(out); rx_note_write(lse);
   switch (q->device) {
     case RX_CUDA: {
       const rx_cuda_attn_dims d = dims_of(q, k);
@@ -43,6 +44,7 @@ int rx_kv_append(rx_tensor *kc, rx_tensor *vc, const rx_tensor *k, const rx_tens
       kc->stride[0] != vc->stride[0] || kc->stride[0] % KD != 0)
     return rx_fail(RX_EINVAL, "%s: cache and step's keys disagree (rows %lld, %lld values each)", op, (long long)B,
                    (long long)KD);
+  rx_note_write(kc); rx_note_write(vc);
   switch (k->device) {
     case RX_CUDA:
       return rx_cuda_kv_append(kc->data, vc->data, k->data, v->data, lens->data, B, kc->stride[0] / KD, KD, k->dtype);

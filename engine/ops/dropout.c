@@ -16,6 +16,7 @@ int rx_dropout_apply(rx_tensor *xd, const rx_tensor *x, const rx_tensor *u, doub
     return rx_fail(RX_EINVAL, "dropout: the draws u are %s on device %d, expected f32 (or %s) on device %d",
                    rx_dtype_name(u->dtype), u->device, rx_dtype_name(x->dtype), x->device);
   if (!(p >= 0 && p < 1)) return rx_fail(RX_EINVAL, "dropout: p = %g must be in [0, 1)", p);
+  rx_note_write(xd); rx_note_write(dy);
   switch (x->device) {
     case RX_CPU:
       if (x->dtype == RX_F32 && u->dtype == RX_F32)

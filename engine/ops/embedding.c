@@ -31,6 +31,7 @@ int rx_embedding_forward(rx_tensor *out, const rx_tensor *tokens, const rx_tenso
                      op, rx_dtype_name(out->dtype), rx_device_label(out->device));
   } else if (rx_op_like(out, weight, op, "out", "weight")) return RX_EINVAL;
   if (rx_op_rows_cols(out, N, C, op, "out", why)) return RX_EINVAL;
+  rx_note_write(out);
   switch (weight->device) {
     case RX_CPU:
       if (weight->dtype != RX_F32 && weight->dtype != RX_F64 && !widen) return rx_op_no_dtype(op, weight);
@@ -69,6 +70,7 @@ int rx_embedding_backward(rx_tensor *dweight, const rx_tensor *dout, const rx_te
   if (dout->device != dweight->device)
     return rx_fail(RX_EINVAL, "%s: dout is on %s, expected %s (device of dweight)", op, rx_device_label(dout->device),
                    rx_device_label(dweight->device));
+  rx_note_write(dweight);
   switch (dweight->device) {
     case RX_CPU:
       if (dweight->dtype != RX_F32 && dweight->dtype != RX_F64) return rx_op_no_dtype(op, dweight);

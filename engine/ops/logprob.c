@@ -40,6 +40,7 @@ int rx_logprob_forward(rx_tensor *logp, rx_tensor *lse, rx_tensor *entropy, cons
       (lse && check_per_row(op, lse, "lse", logits, N, s)) ||
       (entropy && check_per_row(op, entropy, "entropy", logits, N, s)))
     return RX_EINVAL;
+  rx_note_write(logp); rx_note_write(lse); rx_note_write(entropy);
   switch (logits->device) {
     case RX_CPU:
       if (logits->dtype != RX_F32 && logits->dtype != RX_F64) return rx_op_no_dtype(op, logits);
@@ -70,6 +71,7 @@ int rx_logprob_backward(rx_tensor *dlogits, const rx_tensor *dlogp, const rx_ten
   snprintf(why, sizeof why, "shape of logits %s", s);
   if (rx_op_like(dlogits, logits, op, "dlogits", "logits") || rx_op_rows_cols(dlogits, N, V, op, "dlogits", why))
     return RX_EINVAL;
+  rx_note_write(dlogits);
   switch (logits->device) {
     case RX_CPU:
       if (logits->dtype != RX_F32 && logits->dtype != RX_F64) return rx_op_no_dtype(op, logits);
@@ -100,6 +102,7 @@ int rx_logprob_entropy_backward(rx_tensor *dlogits, const rx_tensor *dlogp, cons
   snprintf(why, sizeof why, "shape of logits %s", s);
   if (rx_op_like(dlogits, logits, op, "dlogits", "logits") || rx_op_rows_cols(dlogits, N, V, op, "dlogits", why))
     return RX_EINVAL;
+  rx_note_write(dlogits);
   switch (logits->device) {
     case RX_CPU:
       if (logits->dtype != RX_F32 && logits->dtype != RX_F64) return rx_op_no_dtype(op, logits);

@@ -50,6 +50,7 @@ int rx_logprob_slice_forward(rx_tensor *rmax, rx_tensor *rsum, rx_tensor *rsz, r
       check_stat(op, xt, "xt", logits, n, s) || check_sum(op, rsum, "rsum", logits, n) ||
       check_sum(op, rsz, "rsz", logits, n))
     return RX_EINVAL;
+  rx_note_write(rmax); rx_note_write(rsum); rx_note_write(rsz); rx_note_write(xt);
   switch (logits->device) {
     case RX_CPU:
       if (logits->dtype == RX_F32)
@@ -82,6 +83,7 @@ int rx_logprob_slice_finish(rx_tensor *logp, rx_tensor *lse, rx_tensor *entropy,
       check_sum(op, rsum, "rsum", rmax, n) || check_sum(op, rsz, "rsz", rmax, n) ||
       rx_op_index(targets, rmax, n, op, "targets", why))
     return RX_EINVAL;
+  rx_note_write(logp); rx_note_write(lse); rx_note_write(entropy);
   switch (rmax->device) {
     case RX_CPU:
       if (rmax->dtype == RX_F32)
@@ -116,6 +118,7 @@ int rx_logprob_slice_backward(rx_tensor *dlogits, const rx_tensor *dlogp, const 
   if (rx_op_like(dlogits, logits, op, "dlogits", "logits") || rx_op_rows_cols(dlogits, n, Vs, op, "dlogits", why))
     return RX_EINVAL;
   const double *H = dentropy ? entropy->data : NULL;
+  rx_note_write(dlogits);
   switch (logits->device) {
     case RX_CPU:
       if (logits->dtype == RX_F32)

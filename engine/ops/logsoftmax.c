@@ -10,6 +10,7 @@ int rx_logsoftmax_forward(rx_tensor *out, const rx_tensor *inp) {
   snprintf(why, sizeof why, "shape of inp %s", rx_shape_str(inp, s, sizeof s));
   int64_t N = rx_rows(inp), V = rx_last(inp);
   if (rx_op_like(out, inp, op, "out", "inp") || rx_op_rows_cols(out, N, V, op, "out", why)) return RX_EINVAL;
+  rx_note_write(out);
   switch (inp->device) {
     case RX_CPU:
       if (inp->dtype == RX_F32) rx_cpu_logsoftmax_forward_f32(out->data, inp->data, N, V);
@@ -30,6 +31,7 @@ int rx_logsoftmax_backward(rx_tensor *dinp, const rx_tensor *dout, const rx_tens
   if (rx_op_like(dout, out, op, "dout", "out") || rx_op_rows_cols(dout, N, V, op, "dout", why)) return RX_EINVAL;
   if (!dinp) return RX_OK;
   if (rx_op_like(dinp, out, op, "dinp", "out") || rx_op_rows_cols(dinp, N, V, op, "dinp", why)) return RX_EINVAL;
+  rx_note_write(dinp);
   switch (out->device) {
     case RX_CPU:
       if (out->dtype == RX_F32) rx_cpu_logsoftmax_backward_f32(dinp->data, dout->data, out->data, N, V);

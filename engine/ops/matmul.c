@@ -46,6 +46,7 @@ int rx_matmul_forward(rx_tensor *out, const rx_tensor *inp, const rx_tensor *wei
   if (rx_op_like(out, inp, op, "out", "inp") || rx_op_rows_cols(out, N, OC, op, "out", why)) return RX_EINVAL;
   snprintf(why, sizeof why, "out features of weight %s", b);
   if (bias && (rx_op_like(bias, inp, op, "bias", "inp") || rx_op_vector(bias, OC, op, "bias", why))) return RX_EINVAL;
+  rx_note_write(out);
   switch (inp->device) {
     case RX_CPU:
       if (weight->dtype == RX_BF16) {
@@ -84,6 +85,7 @@ int rx_matmul_backward(rx_tensor *dinp, rx_tensor *dweight, rx_tensor *dbias, co
   if (dweight && stored_bf16(inp, weight) && dweight->dtype != RX_F32)
     return rx_fail(RX_EINVAL, "%s: dweight of the bf16 weight %s has dtype %s, expected f32 (the master's gradient)",
                    op, b, rx_dtype_name(dweight->dtype));
+  rx_note_write(dinp); rx_note_write(dweight); rx_note_write(dbias);
   switch (inp->device) {
     case RX_CPU:
       if (weight->dtype == RX_BF16) {

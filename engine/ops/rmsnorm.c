@@ -27,6 +27,7 @@ int rx_rmsnorm_forward(rx_tensor *out, rx_tensor *rstd, const rx_tensor *inp, co
   snprintf(why, sizeof why, "one per row of inp %s", s);
   if (rstd && (rx_op_acc_like(rstd, inp, op, "rstd", "inp") || rx_op_numel(rstd, N, op, "rstd", why))) return RX_EINVAL;
   if (!(eps >= 0) || !isfinite(eps)) return rx_fail(RX_EINVAL, "%s: eps %g must be finite and >= 0", op, eps);
+  rx_note_write(out); rx_note_write(rstd);
   switch (inp->device) {
     case RX_CPU:
       if (inp->dtype == RX_F32) rx_cpu_rmsnorm_forward_f32(out->data, rx_data(rstd), inp->data, weight->data, N, C, (float)eps);
@@ -55,6 +56,7 @@ int rx_rmsnorm_backward(rx_tensor *dinp, rx_tensor *dweight, const rx_tensor *do
     return RX_EINVAL;
   snprintf(why, sizeof why, "one per row of inp %s, saved by rmsnorm forward", s);
   if (rx_op_acc_like(rstd, inp, op, "rstd", "inp") || rx_op_numel(rstd, N, op, "rstd", why)) return RX_EINVAL;
+  rx_note_write(dinp); rx_note_write(dweight);
   switch (inp->device) {
     case RX_CPU:
       if (inp->dtype == RX_F32)

@@ -69,6 +69,7 @@ int rx_rope_forward_freq(rx_tensor *out, const rx_tensor *inp, const rx_tensor *
   int64_t P, H, D;
   if (!out) return rx_fail(RX_EINVAL, "%s: out is missing", op);
   if (check_args(op, out, "out", inp, "inp", positions, inv_freq, &P, &H, &D)) return RX_EINVAL;
+  rx_note_write(out);
   switch (inp->device) {
     case RX_CPU:
       if (inp->dtype == RX_F32) rx_cpu_rope_forward_f32(out->data, inp->data, positions->data, P, H, D, inv_freq);
@@ -87,6 +88,7 @@ int rx_rope_backward_freq(rx_tensor *dinp, const rx_tensor *dout, const rx_tenso
   int64_t P, H, D;
   if (check_args(op, dinp, "dinp", dout, "dout", positions, inv_freq, &P, &H, &D)) return RX_EINVAL;
   if (!dinp) return RX_OK;
+  rx_note_write(dinp);
   switch (dout->device) {
     case RX_CPU:
       if (dout->dtype == RX_F32) rx_cpu_rope_backward_f32(dinp->data, dout->data, positions->data, P, H, D, inv_freq);

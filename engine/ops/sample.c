@@ -27,6 +27,7 @@ int rx_sample_rows(rx_tensor *token, rx_tensor *logprob, rx_tensor *prob, const 
                     penalized->numel != n * V || penalized->device != logits->device))
     return rx_fail(RX_EINVAL, "%s: penalized must be f32 [%lld,%lld] on the device of the logits", op, (long long)n,
                    (long long)V);
+  rx_note_write(token); rx_note_write(logprob); rx_note_write(prob);
   switch (logits->device) {
     case RX_CUDA:
       return rx_cuda_sample(token->data, logprob->data, prob->data, penalized ? penalized->data : NULL,

@@ -15,6 +15,7 @@ int rx_swiglu_forward(rx_tensor *out, const rx_tensor *gate, const rx_tensor *up
   const char *op = "swiglu";
   if (rx_op_float(gate, op, "gate") || check_like_gate(op, up, "up", gate) || check_like_gate(op, out, "out", gate))
     return RX_EINVAL;
+  rx_note_write(out);
   switch (gate->device) {
     case RX_CPU:
       if (gate->dtype == RX_F32) rx_cpu_swiglu_forward_f32(out->data, gate->data, up->data, gate->numel);
@@ -34,6 +35,7 @@ int rx_swiglu_backward(rx_tensor *dgate, rx_tensor *dup, const rx_tensor *dout, 
   if (rx_op_float(gate, op, "gate") || check_like_gate(op, up, "up", gate) || check_like_gate(op, dout, "dout", gate) ||
       (dgate && check_like_gate(op, dgate, "dgate", gate)) || (dup && check_like_gate(op, dup, "dup", gate)))
     return RX_EINVAL;
+  rx_note_write(dgate); rx_note_write(dup);
   switch (gate->device) {
     case RX_CPU:
       if (gate->dtype == RX_F32)

@@ -1,7 +1,8 @@
 -- The bf16 working copy of a bf16 model's f32 master weights (docs/gpu.md, "bf16"): AdamW rounds
 -- it in the same pass as it updates the masters, so the forward after an optimizer step converts
 -- nothing, and computes exactly what a fresh conversion would; any other write to the masters
--- (copy_, fill_, set, uniform_, a safetensors read) makes the next forward convert them all again.
+-- (copy_, fill_, set, uniform_, an op's output, a safetensors read) makes the next forward convert
+-- them all again.
 -- On the CPU (bf16 mixed precision) here; on "cuda" in the tests named so, which CI runs against
 -- the CUDA emulation build (REMAX_LIB=build-emu/libremax.so busted --filter=cuda ...).
 local ffi = require("ffi")
@@ -92,7 +93,7 @@ local function suite(device, label)
       end)
     end
 
-    it("is converted again after any other write to the masters (copy_, fill_, set, uniform_, a safetensors read)", function()
+    it("is converted again after any other write to the masters (copy_, fill_, set, uniform_, an op, a safetensors read)", function()
       local m = model_mod.new(tiny(), { seed = 3, init_std = 0.1, dtype = "bf16", device = device })
       local opt = optim.adamw(m, { lr = 1e-2 })
       local dir = support.tmpdir()
@@ -103,6 +104,14 @@ local function suite(device, label)
         { "fill_", function() m:param("model.layers.1.self_attn.o_proj.weight"):fill_(0.01) end },
         { "set", function() m:param("lm_head.weight"):set(3, 1, 2.0) end },
         { "uniform_", function() m:param("model.layers.1.self_attn.k_proj.weight"):uniform_(5, 0, -1, 1) end },
+        { "an op's output (add)", function()
+          local p = m:param("model.layers.0.self_attn.v_proj.weight")
+          assert.are.equal(0, C.rx_add(p, p, other:param("model.layers.0.self_attn.v_proj.weight")))
+        end },
+        { "an op's output (swiglu)", function()
+          assert.are.equal(0, C.rx_swiglu_forward(m:param("model.layers.1.mlp.gate_proj.weight"),
+            other:param("model.layers.1.mlp.gate_proj.weight"), other:param("model.layers.1.mlp.up_proj.weight")))
+        end },
         { "a safetensors read", function()
           local st = safetensors.open(dir .. "/w.safetensors")
           st:read_into("model.embed_tokens.weight", m:param("model.embed_tokens.weight"))
