@@ -4,17 +4,13 @@
 #define RX_FASTMATH_H
 #include <math.h>
 #include <stdint.h>
+#include "host_device.h"   /* the device sampler (cuda/sample.cu) uses the same exp */
 
 /* exp(x) for float that GCC vectorises inside `omp simd` loops (glibc's expf does not without
  * -ffast-math). Cephes-style: n = round(x / ln2), r = x - n ln2 split in two constants, a degree-6
  * polynomial for exp(r) on |r| <= ln2/2, then the scale 2^n built in the exponent bits (as
  * 2^(n-1) * 2 so that n = 128 near the overflow threshold stays representable). Relative error
  * ~1 ulp; results below 2^-125 (x < -86.6) flush to 0, x > 88.72 gives inf, NaN stays NaN. */
-#if defined(__CUDACC__)
-#define RX_HOST_DEVICE __host__ __device__   /* the device sampler (cuda/sample.cu) uses the same exp */
-#else
-#define RX_HOST_DEVICE
-#endif
 static inline RX_HOST_DEVICE float rx_exp_f32(float x) {
   float xc = x > -86.6f ? x : -86.6f;   /* written so that NaN lands inside the range too: */
   xc = xc < 88.72283f ? xc : 88.72283f;  /* the float -> int conversion below must not see it */

@@ -13,7 +13,7 @@
 // [B,Tk,KV,D]; lse f32 [B,H,Tq]; mask i32 [B,Tk] or NULL. Query i sits at key position
 // off + i, off = Tk - Tq, and sees keys s <= off + i with mask 1; a padded query gives zeros
 // (out, lse, dq), a padded key gets zero dk and dv.
-#include "common.cuh"
+#include "attention.cuh"
 
 enum { WARPS = 4 };
 
@@ -44,6 +44,75 @@ __device__ __forceinline__ void stage_rows(float *dst, const T *base, int64_t ld
   }
 }
 
+// The query-major kernels' (forward, dq) shared memory: a tile of TILE keys and values of one kv
+// head as floats [TILE, D], keep[t] = whether key s0 + t exists and is not masked.
+template <int TILE>
+struct kv_tile {
+  float *K, *V;
+  int *keep;
+  __device__ kv_tile(float *smem, int64_t D) : K(smem), V(smem + TILE * D), keep((int *)(smem + 2 * TILE * D)) {}
+  // Stages keys [s0, s0 + TILE) of row b, kv head g, between two barriers.
+  template <typename T>
+  __device__ void stage(const T *k, const T *v, int64_t b, int64_t g, int64_t s0, const int32_t *mask,
+                        const attn_args &a) {
+    const int64_t ldk = a.KV * a.D;
+    __syncthreads();   // the previous tile is no longer read
+    stage_rows(K, k + b * a.ksb + g * a.D, ldk, s0, a.Tk, TILE, a.D);
+    stage_rows(V, v + b * a.vsb + g * a.D, ldk, s0, a.Tk, TILE, a.D);
+    for (int t = threadIdx.x; t < TILE; t += blockDim.x) keep[t] = key_kept(mask, b, a.Tk, s0 + t);
+    __syncthreads();
+  }
+};
+
+// out[r] = rows[r] . x for each of the warp's RPW rows, from the lanes' shares (warp sums).
+template <int RPW, int NJ>
+__device__ __forceinline__ void warp_dots(float out[RPW], const float rows[RPW][NJ], const float x[NJ]) {
+#pragma unroll
+  for (int r = 0; r < RPW; r++) {
+    float p = 0;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) p += rows[r][j] * x[j];
+    out[r] = rx_warp_sum(p);
+  }
+}
+
+// Stores x[j] * mul, the lane's share, into the D-element row of dst at element `at`.
+template <typename T, int NJ>
+__device__ __forceinline__ void store_lane_share(T *dst, int64_t at, const float x[NJ], float mul, int lane,
+                                                 int64_t D) {
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+    const int64_t d = lane + 32 * j;
+    if (d < D) rx_st(dst, at + d, x[j] * mul);
+  }
+}
+
+// The warp's RPW query rows in a query-major block (forward, dq; grid (ceil(Tq / (WARPS RPW)), H,
+// B)): row r is query i(r) = i0 + r of head h (kv head g) in batch row b, at key position pos[r] =
+// off + i(r); valid[r] when that query exists, live[r] when it is also no padding.
+template <int RPW>
+struct query_rows {
+  int64_t b, h, g, off, i_block, i0;   // i_block: the block's first query
+  int64_t pos[RPW];
+  bool valid[RPW], live[RPW];
+  __device__ query_rows(const int32_t *mask, const attn_args &a)
+      : b(blockIdx.z), h(blockIdx.y), g(h / (a.H / a.KV)), off(a.Tk - a.Tq),
+        i_block((int64_t)blockIdx.x * WARPS * RPW), i0(i_block + (threadIdx.x >> 5) * RPW) {
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+      valid[r] = i(r) < a.Tq;
+      pos[r] = off + i(r);
+      live[r] = valid[r] && key_kept(mask, b, a.Tk, pos[r]);
+    }
+  }
+  __device__ int64_t i(int r) const { return i0 + r; }
+  // Row r's element 0 in q, out, dq or dout [B,Tq,H,D], and its entry in lse or Delta [B,H,Tq].
+  __device__ int64_t at(int r, const attn_args &a) const { return ((b * a.Tq + i(r)) * a.H + h) * a.D; }
+  __device__ int64_t stat(int r, const attn_args &a) const { return (b * a.H + h) * a.Tq + i(r); }
+  // Keys the block's last query can see.
+  __device__ int64_t key_end(const attn_args &a) const { return off + min(a.Tq - 1, i_block + WARPS * RPW - 1) + 1; }
+};
+
 // ---------------------------------------------------------------- forward
 // grid (ceil(Tq / (WARPS RPW)), H, B); each warp owns RPW query rows.
 template <typename T, int NJ>
@@ -51,80 +120,49 @@ __global__ void __launch_bounds__(WARPS * 32) attn_forward_kernel(T *out, float 
                                                                   const T *v, const int32_t *mask, attn_args a) {
   constexpr int RPW = attn_cfg<NJ>::RPW, TILE = attn_cfg<NJ>::TILE;
   RX_DYNAMIC_SHARED(float, smem);
-  float *Ks = smem, *Vs = smem + TILE * a.D;
-  int *keep = (int *)(Vs + TILE * a.D);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (a.H / a.KV), off = a.Tk - a.Tq;
-  const int64_t i_block = (int64_t)blockIdx.x * WARPS * RPW;
-  const T *kb = k + b * a.ksb + g * a.D, *vb = v + b * a.vsb + g * a.D;
-  const int64_t ldk = a.KV * a.D;
+  kv_tile<TILE> tile(smem, a.D);
+  const query_rows<RPW> w(mask, a);
+  const int lane = threadIdx.x & 31;
 
   float qr[RPW][NJ], acc[RPW][NJ], m[RPW], l[RPW];
-  int64_t pos[RPW];
-  bool valid[RPW], live[RPW];
 #pragma unroll
   for (int r = 0; r < RPW; r++) {
-    const int64_t i = i_block + warp * RPW + r;
-    valid[r] = i < a.Tq;
-    pos[r] = off + i;
-    live[r] = valid[r] && (!mask || mask[b * a.Tk + pos[r]] != 0);
     m[r] = -INFINITY;
     l[r] = 0;
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
       const int64_t d = lane + 32 * j;
-      qr[r][j] = live[r] && d < a.D ? a.scale * rx_ld(q, ((b * a.Tq + i) * a.H + h) * a.D + d) : 0.0f;
+      qr[r][j] = w.live[r] && d < a.D ? a.scale * rx_ld(q, w.at(r, a) + d) : 0.0f;
       acc[r][j] = 0;
     }
   }
-  const int64_t i_last = min(a.Tq - 1, i_block + WARPS * RPW - 1);
-  const int64_t s_end = off + i_last + 1;   // keys the block's last query can see
+  const int64_t s_end = w.key_end(a);
   for (int64_t s0 = 0; s0 < s_end; s0 += TILE) {
-    __syncthreads();
-    stage_rows(Ks, kb, ldk, s0, a.Tk, TILE, a.D);
-    stage_rows(Vs, vb, ldk, s0, a.Tk, TILE, a.D);
-    for (int t = threadIdx.x; t < TILE; t += blockDim.x) keep[t] = key_kept(mask, b, a.Tk, s0 + t);
-    __syncthreads();
+    tile.stage(k, v, w.b, w.g, s0, mask, a);
     const int nk = (int)min((int64_t)TILE, s_end - s0);
     for (int t = 0; t < nk; t++) {
-      if (!keep[t]) continue;   // the same for the whole block
+      if (!tile.keep[t]) continue;   // the same for the whole block
       const int64_t s = s0 + t;
       float kk[NJ], vv[NJ], dot[RPW];
-#pragma unroll
-      for (int j = 0; j < NJ; j++) {
-        const int64_t d = lane + 32 * j;
-        kk[j] = d < a.D ? Ks[t * a.D + d] : 0.0f;
-        vv[j] = d < a.D ? Vs[t * a.D + d] : 0.0f;
-      }
+      lane_share<NJ>(kk, tile.K + t * a.D, lane, a.D);
+      lane_share<NJ>(vv, tile.V + t * a.D, lane, a.D);
+      warp_dots<RPW, NJ>(dot, qr, kk);
 #pragma unroll
       for (int r = 0; r < RPW; r++) {
-        float p = 0;
-#pragma unroll
-        for (int j = 0; j < NJ; j++) p += qr[r][j] * kk[j];
-        dot[r] = rx_warp_sum(p);
-      }
-#pragma unroll
-      for (int r = 0; r < RPW; r++) {
-        if (!live[r] || s > pos[r]) continue;   // uniform across the warp
-        const float mn = fmaxf(m[r], dot[r]), corr = expf(m[r] - mn), p = expf(dot[r] - mn);
-        l[r] = l[r] * corr + p;
+        if (!w.live[r] || s > w.pos[r]) continue;   // uniform across the warp
+        float corr, p;
+        online_softmax_add(m[r], l[r], dot[r], corr, p);
 #pragma unroll
         for (int j = 0; j < NJ; j++) acc[r][j] = acc[r][j] * corr + p * vv[j];
-        m[r] = mn;
       }
     }
   }
 #pragma unroll
   for (int r = 0; r < RPW; r++) {
-    if (!valid[r]) continue;
-    const int64_t i = i_block + warp * RPW + r;
-    const float inv = live[r] ? 1.0f / l[r] : 0.0f;
-#pragma unroll
-    for (int j = 0; j < NJ; j++) {
-      const int64_t d = lane + 32 * j;
-      if (d < a.D) rx_st(out, ((b * a.Tq + i) * a.H + h) * a.D + d, acc[r][j] * inv);
-    }
-    if (lane == 0) lse[(b * a.H + h) * a.Tq + i] = live[r] ? m[r] + logf(l[r]) : 0.0f;
+    if (!w.valid[r]) continue;
+    const float inv = w.live[r] ? 1.0f / l[r] : 0.0f;
+    store_lane_share<T, NJ>(out, w.at(r, a), acc[r], inv, lane, a.D);
+    if (lane == 0) lse[w.stat(r, a)] = w.live[r] ? m[r] + logf(l[r]) : 0.0f;
   }
 }
 
@@ -150,63 +188,38 @@ __global__ void __launch_bounds__(WARPS * 32) attn_dq_kernel(T *dq, const T *dou
                                                              attn_args a) {
   constexpr int RPW = attn_cfg<NJ>::RPW, TILE = attn_cfg<NJ>::TILE;
   RX_DYNAMIC_SHARED(float, smem);
-  float *Ks = smem, *Vs = smem + TILE * a.D;
-  int *keep = (int *)(Vs + TILE * a.D);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (a.H / a.KV), off = a.Tk - a.Tq;
-  const int64_t i_block = (int64_t)blockIdx.x * WARPS * RPW;
-  const T *kb = k + b * a.ksb + g * a.D, *vb = v + b * a.vsb + g * a.D;
-  const int64_t ldk = a.KV * a.D;
+  kv_tile<TILE> tile(smem, a.D);
+  const query_rows<RPW> w(mask, a);
+  const int lane = threadIdx.x & 31;
 
   float qr[RPW][NJ], dor[RPW][NJ], acc[RPW][NJ], L[RPW], Dl[RPW];
-  int64_t pos[RPW];
-  bool valid[RPW], live[RPW];
 #pragma unroll
   for (int r = 0; r < RPW; r++) {
-    const int64_t i = i_block + warp * RPW + r;
-    valid[r] = i < a.Tq;
-    pos[r] = off + i;
-    live[r] = valid[r] && (!mask || mask[b * a.Tk + pos[r]] != 0);
-    L[r] = live[r] ? lse[(b * a.H + h) * a.Tq + i] : 0.0f;
-    Dl[r] = live[r] ? delta[(b * a.H + h) * a.Tq + i] : 0.0f;
+    L[r] = w.live[r] ? lse[w.stat(r, a)] : 0.0f;
+    Dl[r] = w.live[r] ? delta[w.stat(r, a)] : 0.0f;
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
-      const int64_t d = lane + 32 * j, at = ((b * a.Tq + i) * a.H + h) * a.D + d;
-      qr[r][j] = live[r] && d < a.D ? a.scale * rx_ld(q, at) : 0.0f;
-      dor[r][j] = live[r] && d < a.D ? rx_ld(dout, at) : 0.0f;
+      const int64_t d = lane + 32 * j, at = w.at(r, a) + d;
+      qr[r][j] = w.live[r] && d < a.D ? a.scale * rx_ld(q, at) : 0.0f;
+      dor[r][j] = w.live[r] && d < a.D ? rx_ld(dout, at) : 0.0f;
       acc[r][j] = 0;
     }
   }
-  const int64_t i_last = min(a.Tq - 1, i_block + WARPS * RPW - 1);
-  const int64_t s_end = off + i_last + 1;
+  const int64_t s_end = w.key_end(a);
   for (int64_t s0 = 0; s0 < s_end; s0 += TILE) {
-    __syncthreads();
-    stage_rows(Ks, kb, ldk, s0, a.Tk, TILE, a.D);
-    stage_rows(Vs, vb, ldk, s0, a.Tk, TILE, a.D);
-    for (int t = threadIdx.x; t < TILE; t += blockDim.x) keep[t] = key_kept(mask, b, a.Tk, s0 + t);
-    __syncthreads();
+    tile.stage(k, v, w.b, w.g, s0, mask, a);
     const int nk = (int)min((int64_t)TILE, s_end - s0);
     for (int t = 0; t < nk; t++) {
-      if (!keep[t]) continue;
+      if (!tile.keep[t]) continue;
       const int64_t s = s0 + t;
       float kk[NJ], vv[NJ], sc[RPW], dp[RPW];
-#pragma unroll
-      for (int j = 0; j < NJ; j++) {
-        const int64_t d = lane + 32 * j;
-        kk[j] = d < a.D ? Ks[t * a.D + d] : 0.0f;
-        vv[j] = d < a.D ? Vs[t * a.D + d] : 0.0f;
-      }
+      lane_share<NJ>(kk, tile.K + t * a.D, lane, a.D);
+      lane_share<NJ>(vv, tile.V + t * a.D, lane, a.D);
+      warp_dots<RPW, NJ>(sc, qr, kk);
+      warp_dots<RPW, NJ>(dp, dor, vv);
 #pragma unroll
       for (int r = 0; r < RPW; r++) {
-        float x = 0, y = 0;
-#pragma unroll
-        for (int j = 0; j < NJ; j++) { x += qr[r][j] * kk[j]; y += dor[r][j] * vv[j]; }
-        sc[r] = rx_warp_sum(x);
-        dp[r] = rx_warp_sum(y);
-      }
-#pragma unroll
-      for (int r = 0; r < RPW; r++) {
-        if (!live[r] || s > pos[r]) continue;
+        if (!w.live[r] || s > w.pos[r]) continue;
         const float p = expf(sc[r] - L[r]), ds = p * (dp[r] - Dl[r]);
 #pragma unroll
         for (int j = 0; j < NJ; j++) acc[r][j] += ds * kk[j];
@@ -214,15 +227,8 @@ __global__ void __launch_bounds__(WARPS * 32) attn_dq_kernel(T *dq, const T *dou
     }
   }
 #pragma unroll
-  for (int r = 0; r < RPW; r++) {
-    if (!valid[r]) continue;
-    const int64_t i = i_block + warp * RPW + r;
-#pragma unroll
-    for (int j = 0; j < NJ; j++) {
-      const int64_t d = lane + 32 * j;
-      if (d < a.D) rx_st(dq, ((b * a.Tq + i) * a.H + h) * a.D + d, a.scale * acc[r][j]);
-    }
-  }
+  for (int r = 0; r < RPW; r++)
+    if (w.valid[r]) store_lane_share<T, NJ>(dq, w.at(r, a), acc[r], a.scale, lane, a.D);
 }
 
 // dv_s = sum_{h in group} sum_i P_is dout_i; dk_s = scale sum_h sum_i P_is (dP_is - Delta_i) q_i.
@@ -279,20 +285,10 @@ __global__ void __launch_bounds__(WARPS * 32) attn_dkdv_kernel(T *dk, T *dv, con
         if (!qkeep[t]) continue;
         const int64_t pos = off + i0 + t;
         float qq[NJ], oo[NJ], sc[RPW], dp[RPW];
-#pragma unroll
-        for (int j = 0; j < NJ; j++) {
-          const int64_t d = lane + 32 * j;
-          qq[j] = d < a.D ? Qs[t * a.D + d] : 0.0f;
-          oo[j] = d < a.D ? Os[t * a.D + d] : 0.0f;
-        }
-#pragma unroll
-        for (int r = 0; r < RPW; r++) {
-          float x = 0, y = 0;
-#pragma unroll
-          for (int j = 0; j < NJ; j++) { x += kr[r][j] * qq[j]; y += vr[r][j] * oo[j]; }
-          sc[r] = rx_warp_sum(x);
-          dp[r] = rx_warp_sum(y);
-        }
+        lane_share<NJ>(qq, Qs + t * a.D, lane, a.D);
+        lane_share<NJ>(oo, Os + t * a.D, lane, a.D);
+        warp_dots<RPW, NJ>(sc, kr, qq);
+        warp_dots<RPW, NJ>(dp, vr, oo);
         const float Li = Ls[t], Di = Ds[t];
 #pragma unroll
         for (int r = 0; r < RPW; r++) {
@@ -365,15 +361,6 @@ static int check_dims(const char *op, const rx_cuda_attn_dims *d) {
     return rx_fail(RX_EINVAL, "%s: B = %lld or H = %lld exceeds 65535 (grid limits)", op, (long long)d->B, (long long)d->H);
   return RX_OK;
 }
-
-// Runs BODY with NJ = 1, 2, 4 or 8 for D <= 32, 64, 128, 256.
-#define RX_DISPATCH_NJ(D, ...)                                  \
-  do {                                                          \
-    if ((D) <= 32) { constexpr int NJ = 1; __VA_ARGS__; }       \
-    else if ((D) <= 64) { constexpr int NJ = 2; __VA_ARGS__; }  \
-    else if ((D) <= 128) { constexpr int NJ = 4; __VA_ARGS__; } \
-    else { constexpr int NJ = 8; __VA_ARGS__; }                 \
-  } while (0)
 
 extern "C" int rx_cuda_attention_forward(void *out, float *lse, const void *q, const void *k, const void *v,
                                          const int32_t *mask, const rx_cuda_attn_dims *dims, int32_t dtype) {

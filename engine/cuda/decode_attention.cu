@@ -12,7 +12,7 @@
 // the cache's length, row b's query sits at lens[b] - 1 and chunks past it do nothing, so a
 // CUDA graph captured once replays for every step; rx_cuda_kv_append writes a step's keys and
 // values at slot lens[b] - 1 the same way.
-#include "common.cuh"
+#include "attention.cuh"
 
 enum { DEC_WARPS = 4, DEC_HEADS = 4 };   // heads per warp: a group of up to 16 query heads (RX_CUDA_DECODE_MAX_GROUP)
 
@@ -70,15 +70,13 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) decode_partial_kernel(float *p
           const int64_t d = lane + 32 * e;
           if (d < a.D) dot += qr[j][e] * Ks[r * a.D + d];
         }
-        const float sc = rx_warp_sum(dot);
-        const float mn = fmaxf(m[j], sc), corr = expf(m[j] - mn), p = expf(sc - mn);
-        l[j] = l[j] * corr + p;
+        float corr, p;
+        online_softmax_add(m[j], l[j], rx_warp_sum(dot), corr, p);
 #pragma unroll
         for (int e = 0; e < NJ; e++) {
           const int64_t d = lane + 32 * e;
           acc[j][e] = acc[j][e] * corr + (d < a.D ? p * Vs[r * a.D + d] : 0.0f);
         }
-        m[j] = mn;
       }
     }
   }
@@ -121,14 +119,6 @@ __global__ void decode_merge_kernel(T *out, float *lse, const float *part_o, con
   if (threadIdx.x == 0) lse[b * a.H + h] = L > 0 ? M + logf(L) : 0.0f;
 }
 
-#define DEC_DISPATCH_NJ(D, ...)                                 \
-  do {                                                          \
-    if ((D) <= 32) { constexpr int NJ = 1; __VA_ARGS__; }       \
-    else if ((D) <= 64) { constexpr int NJ = 2; __VA_ARGS__; }  \
-    else if ((D) <= 128) { constexpr int NJ = 4; __VA_ARGS__; } \
-    else { constexpr int NJ = 8; __VA_ARGS__; }                 \
-  } while (0)
-
 // Chunks of the cache: enough for about two blocks per multiprocessor of a large GPU, each of at
 // least 64 keys.
 static dec_args plan(const rx_cuda_attn_dims *dims) {
@@ -160,7 +150,7 @@ static int launch(const char *op, void *out, float *lse, const void *q, const vo
   const size_t smem = (size_t)(2 * a.tile * a.D) * sizeof(float) + (size_t)a.tile * sizeof(int);
   const dim3 grid((unsigned)a.splits, (unsigned)a.KV, (unsigned)a.B);
   RX_DISPATCH_FLOAT(dtype, op,
-    DEC_DISPATCH_NJ(a.D, RX_LAUNCH((decode_partial_kernel<T, NJ>), grid, DEC_WARPS * 32, smem, s, part, part_ml,
+    RX_DISPATCH_NJ(a.D, RX_LAUNCH((decode_partial_kernel<T, NJ>), grid, DEC_WARPS * 32, smem, s, part, part_ml,
                                    (const T *)q, (const T *)k, (const T *)v, mask, lens, a));
     RX_LAUNCH((decode_merge_kernel<T>), dim3((unsigned)a.H, (unsigned)a.B), 32, 0, s, (T *)out, lse, part, part_ml, a));
   RX_LAUNCHED(op, "B=%lld Tk=%lld H=%lld KV=%lld D=%lld splits=%lld", (long long)a.B, (long long)a.Tk, (long long)a.H,

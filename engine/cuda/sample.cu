@@ -17,27 +17,10 @@
 #include <string.h>
 extern "C" {
 #include "fastmath.h"
+#include "philox.h"   /* rx_philox_sample_uniform: the CPU sampler's uniform */
 }
 
 enum { SAMPLE_THREADS = 256 };
-
-// Philox-4x32-10, the generator of engine/core/philox.c, and rx_sample_uniform's use of it.
-__device__ static double sample_uniform(uint64_t seed, uint64_t key, int64_t position) {
-  uint32_t c0 = (uint32_t)key, c1 = (uint32_t)(key >> 32), c2 = (uint32_t)position, c3 = 0x53414d50u;   // "SAMP"
-  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-  for (int round = 0; round < 10; round++) {
-    uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-    c1 = (uint32_t)p1;
-    c3 = (uint32_t)p0;
-    c0 = n0;
-    c2 = n2;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  uint64_t bits = ((uint64_t)c0 << 21) ^ (c1 >> 11);
-  return (double)(bits & ((1ull << 53) - 1)) / 9007199254740992.0;
-}
 
 // A float's bits and back (memcpy: the same under nvcc and the emulator).
 __device__ __forceinline__ uint32_t bits_of(float v) {
@@ -285,7 +268,7 @@ __global__ void sample_kernel(int32_t *token, float *logprob, float *prob_all, f
       z = rx_block_sum(kept, shd);
     }
     // the draw: the first kept id (in id order) whose cumulative mass passes u * z
-    const double target = sample_uniform(seed, rs.key, rs.position) * z;
+    const double target = rx_philox_sample_uniform(seed, rs.key, rs.position) * z;
     double before = 0;
     int64_t found = V, last = -1;
     __syncthreads();

@@ -13,6 +13,7 @@
  * REMAX_HOST_SAMPLER=1 reads the logits back as f32 and samples on the host instead. */
 #include "model/model_internal.h"
 #include "fastmath.h"
+#include "philox.h"
 #include "ops/sample.h"
 #include "ops/decode.h"
 #include <math.h>
@@ -77,12 +78,7 @@ struct rx_generator {
 /* ------------------------------------------------------------------ sampling */
 
 double rx_sample_uniform(uint64_t seed, uint64_t key, int64_t position) {
-  uint32_t k[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-  uint32_t c[4] = {(uint32_t)key, (uint32_t)(key >> 32), (uint32_t)position, 0x53414d50u /* "SAMP" */};
-  uint32_t r[4];
-  rx_philox4x32(k, c, r);
-  uint64_t bits = ((uint64_t)r[0] << 21) ^ (r[1] >> 11);
-  return (double)(bits & ((1ull << 53) - 1)) / 9007199254740992.0;
+  return rx_philox_sample_uniform(seed, key, position);
 }
 
 /* The largest value, in a pass the compiler vectorises. NaNs after x[0] never win; a NaN x[0]

@@ -123,3 +123,30 @@ int rx_op_index(const rx_tensor *t, const rx_tensor *ref, int64_t n, const char 
                    t->device_index, rx_device_label(ref->device), ref->device_index);
   return rx_op_numel(t, n, op, what, why);
 }
+
+int rx_op_logits(const char *op, const rx_tensor *logits, const rx_tensor *targets, int64_t *rows, int64_t *V,
+                 char *s, size_t n) {
+  char why[160];
+  if (rx_op_float(logits, op, "logits")) return RX_EINVAL;
+  rx_shape_str(logits, s, n);
+  *rows = rx_rows(logits);
+  *V = rx_last(logits);
+  if (*V < 1) return rx_fail(RX_EINVAL, "%s: logits %s have an empty vocabulary (last) dim", op, s);
+  snprintf(why, sizeof why, "one per row of logits %s", s);
+  return rx_op_index(targets, logits, *rows, op, "targets", why);
+}
+
+int rx_op_row_stat(const char *op, const rx_tensor *t, const char *what, const rx_tensor *logits, int64_t rows,
+                   const char *s) {
+  char why[160];
+  snprintf(why, sizeof why, "one per row of logits %s", s);
+  return rx_op_acc_like(t, logits, op, what, "logits") || rx_op_numel(t, rows, op, what, why) ? RX_EINVAL : RX_OK;
+}
+
+int rx_op_dlogits(const char *op, const rx_tensor *dlogits, const rx_tensor *logits, int64_t rows, int64_t V,
+                  const char *s) {
+  char why[160];
+  snprintf(why, sizeof why, "shape of logits %s", s);
+  return rx_op_like(dlogits, logits, op, "dlogits", "logits") || rx_op_rows_cols(dlogits, rows, V, op, "dlogits", why)
+             ? RX_EINVAL : RX_OK;
+}

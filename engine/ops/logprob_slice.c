@@ -5,26 +5,12 @@
 #include "cpu/cpu.h"
 #include <stdio.h>
 
-/* logits [n, Vs]; targets i32 [n] on the logits' device; v0 >= 0. Sets n, Vs and the shape text. */
+/* logits [n, Vs] and targets (rx_op_logits), v0 >= 0. Sets n, Vs and the shape text. */
 static int check_logits(const char *op, const rx_tensor *logits, const rx_tensor *targets, int64_t v0, int64_t *n,
                         int64_t *Vs, char *s, size_t len) {
-  char why[160];
-  if (rx_op_float(logits, op, "logits")) return RX_EINVAL;
-  rx_shape_str(logits, s, len);
-  *n = rx_rows(logits);
-  *Vs = rx_last(logits);
-  if (*Vs < 1) return rx_fail(RX_EINVAL, "%s: logits %s have an empty vocabulary slice", op, s);
+  if (rx_op_logits(op, logits, targets, n, Vs, s, len)) return RX_EINVAL;
   if (v0 < 0) return rx_fail(RX_EINVAL, "%s: slice start v0 = %lld must be >= 0", op, (long long)v0);
-  snprintf(why, sizeof why, "one per row of logits %s", s);
-  return rx_op_index(targets, logits, *n, op, "targets", why);
-}
-
-/* A per-row statistic in the logits' statistics dtype. */
-static int check_stat(const char *op, const rx_tensor *t, const char *what, const rx_tensor *logits, int64_t n,
-                      const char *s) {
-  char why[160];
-  snprintf(why, sizeof why, "one per row of logits %s", s);
-  return rx_op_acc_like(t, logits, op, what, "logits") || rx_op_numel(t, n, op, what, why) ? RX_EINVAL : RX_OK;
+  return RX_OK;
 }
 
 /* A per-row f64 sum (rsum, rsz) on the device of ref. */
@@ -46,8 +32,8 @@ int rx_logprob_slice_forward(rx_tensor *rmax, rx_tensor *rsum, rx_tensor *rsz, r
   const char *op = "logprob_slice";
   char s[96];
   int64_t n, Vs;
-  if (check_logits(op, logits, targets, v0, &n, &Vs, s, sizeof s) || check_stat(op, rmax, "rmax", logits, n, s) ||
-      check_stat(op, xt, "xt", logits, n, s) || check_sum(op, rsum, "rsum", logits, n) ||
+  if (check_logits(op, logits, targets, v0, &n, &Vs, s, sizeof s) || rx_op_row_stat(op, rmax, "rmax", logits, n, s) ||
+      rx_op_row_stat(op, xt, "xt", logits, n, s) || check_sum(op, rsum, "rsum", logits, n) ||
       check_sum(op, rsz, "rsz", logits, n))
     return RX_EINVAL;
   rx_note_write(rmax); rx_note_write(rsum); rx_note_write(rsz); rx_note_write(xt);
@@ -108,15 +94,14 @@ int rx_logprob_slice_backward(rx_tensor *dlogits, const rx_tensor *dlogp, const 
                               const rx_tensor *entropy, const rx_tensor *logits, const rx_tensor *targets,
                               const rx_tensor *lse, int64_t v0) {
   const char *op = "logprob_slice_backward";
-  char why[160], s[96];
+  char s[96];
   int64_t n, Vs;
-  if (check_logits(op, logits, targets, v0, &n, &Vs, s, sizeof s) || check_stat(op, dlogp, "dlogp", logits, n, s) ||
-      check_stat(op, lse, "lse", logits, n, s) || (dentropy && check_stat(op, dentropy, "dentropy", logits, n, s)) ||
+  if (check_logits(op, logits, targets, v0, &n, &Vs, s, sizeof s) || rx_op_row_stat(op, dlogp, "dlogp", logits, n, s) ||
+      rx_op_row_stat(op, lse, "lse", logits, n, s) ||
+      (dentropy && rx_op_row_stat(op, dentropy, "dentropy", logits, n, s)) ||
       (dentropy && check_sum(op, entropy, "entropy", logits, n)))
     return RX_EINVAL;
-  snprintf(why, sizeof why, "shape of logits %s", s);
-  if (rx_op_like(dlogits, logits, op, "dlogits", "logits") || rx_op_rows_cols(dlogits, n, Vs, op, "dlogits", why))
-    return RX_EINVAL;
+  if (rx_op_dlogits(op, dlogits, logits, n, Vs, s)) return RX_EINVAL;
   const double *H = dentropy ? entropy->data : NULL;
   rx_note_write(dlogits);
   switch (logits->device) {

@@ -44,4 +44,16 @@ int rx_op_numel(const rx_tensor *t, int64_t n, const char *op, const char *what,
 int rx_op_index(const rx_tensor *t, const rx_tensor *ref, int64_t n, const char *op, const char *what,
                 const char *why);
 
+/* The head ops (logprob, logprob_slice). Logits: a float tensor [.., V] with V >= 1; targets: i32,
+ * one per row, on the logits' device. Sets rows, V and s, the logits' shape text for messages. */
+int rx_op_logits(const char *op, const rx_tensor *logits, const rx_tensor *targets, int64_t *rows, int64_t *V,
+                 char *s, size_t n);
+/* A per-row statistic of the head (logp, lse, entropy, dlogp, ...): one element per row of the
+ * logits (shape text s), in rx_acc_dtype of their dtype, on their device. */
+int rx_op_row_stat(const char *op, const rx_tensor *t, const char *what, const rx_tensor *logits, int64_t rows,
+                   const char *s);
+/* The logits' gradient: their dtype and device, shape [rows, V] (s: the logits' shape text). */
+int rx_op_dlogits(const char *op, const rx_tensor *dlogits, const rx_tensor *logits, int64_t rows, int64_t V,
+                  const char *s);
+
 #endif

@@ -275,21 +275,29 @@ static int add_step_regex(rx_tokenizer *t, const char *where, const char *patter
 #endif
 }
 
+/* The members of a Sequence (pre-tokenizers, normalizers, decoders, post-processors): each element
+ * of seq[key] goes to load as "where.key[i]", the first error stops. A missing or non-array list
+ * is an error when required, else has no members. */
+typedef int (*load_member_fn)(rx_tokenizer *t, const rx_json *member, const char *where);
+static int load_members(rx_tokenizer *t, const rx_json *seq, const char *key, const char *where, int required,
+                        load_member_fn load) {
+  const rx_json *list = rx_json_get(seq, key);
+  if (required && (!list || list->kind != RX_JSON_ARRAY))
+    return rx_fail(RX_EFORMAT, "%s: %s.%s: missing or not an array", t->path, where, key);
+  char sub[160];
+  int i = 0;
+  for (const rx_json *c = list ? list->child : NULL; c; c = c->next, i++) {
+    snprintf(sub, sizeof sub, "%s.%s[%d]", where, key, i);
+    int rc = load(t, c, sub);
+    if (rc) return rc;
+  }
+  return RX_OK;
+}
+
 static int load_pre_tokenizer(rx_tokenizer *t, const rx_json *pt, const char *where) {
   const char *ty = type_of(pt);
-  char sub[160];
   if (!ty) return rx_fail(RX_EFORMAT, "%s: %s: missing \"type\"", t->path, where);
-  if (!strcmp(ty, "Sequence")) {
-    const rx_json *list = rx_json_get(pt, "pretokenizers");
-    if (!list || list->kind != RX_JSON_ARRAY) return rx_fail(RX_EFORMAT, "%s: %s.pretokenizers: missing or not an array", t->path, where);
-    int i = 0;
-    for (const rx_json *c = list->child; c; c = c->next, i++) {
-      snprintf(sub, sizeof sub, "%s.pretokenizers[%d]", where, i);
-      int rc = load_pre_tokenizer(t, c, sub);
-      if (rc) return rc;
-    }
-    return RX_OK;
-  }
+  if (!strcmp(ty, "Sequence")) return load_members(t, pt, "pretokenizers", where, 1, load_pre_tokenizer);
   if (!strcmp(ty, "Split")) {
     const rx_json *pat = rx_json_get(pt, "pattern");
     const rx_json *re = pat ? rx_json_get(pat, "Regex") : NULL, *lit = pat ? rx_json_get(pat, "String") : NULL;
@@ -305,6 +313,7 @@ static int load_pre_tokenizer(rx_tokenizer *t, const rx_json *pt, const char *wh
     else if (!strcmp(bs, "MergedWithPrevious")) beh = SPLIT_MERGED_PREV;
     else if (!strcmp(bs, "MergedWithNext")) beh = SPLIT_MERGED_NEXT;
     else return rx_fail(RX_EFORMAT, "%s: %s.behavior \"%s\" is not supported (Isolated, Removed, MergedWithPrevious, MergedWithNext)", t->path, where, bs);
+    char sub[160];
     snprintf(sub, sizeof sub, "%s.pattern", where);
     return add_step_regex(t, sub, src->str, src->len, src == lit, beh);
   }
@@ -352,18 +361,7 @@ static int load_normalizer(rx_tokenizer *t, const rx_json *n, const char *where)
   const char *ty = type_of(n);
   if (!ty) return rx_fail(RX_EFORMAT, "%s: %s: missing \"type\"", t->path, where);
   if (!strcmp(ty, "NFC")) { t->nfc = 1; return RX_OK; }
-  if (!strcmp(ty, "Sequence")) {
-    const rx_json *list = rx_json_get(n, "normalizers");
-    if (!list || list->kind != RX_JSON_ARRAY) return rx_fail(RX_EFORMAT, "%s: %s.normalizers: missing or not an array", t->path, where);
-    int i = 0;
-    char sub[160];
-    for (const rx_json *c = list->child; c; c = c->next, i++) {
-      snprintf(sub, sizeof sub, "%s.normalizers[%d]", where, i);
-      int rc = load_normalizer(t, c, sub);
-      if (rc) return rc;
-    }
-    return RX_OK;
-  }
+  if (!strcmp(ty, "Sequence")) return load_members(t, n, "normalizers", where, 1, load_normalizer);
   return rx_fail(RX_EFORMAT, "%s: %s: normalizer type \"%s\" is not supported (NFC or Sequence of NFC)", t->path, where, ty);
 }
 
@@ -371,17 +369,7 @@ static int check_decoder(rx_tokenizer *t, const rx_json *d, const char *where) {
   const char *ty = type_of(d);
   if (!ty) return rx_fail(RX_EFORMAT, "%s: %s: missing (byte-level BPE needs a ByteLevel decoder)", t->path, where);
   if (!strcmp(ty, "ByteLevel")) return RX_OK;
-  if (!strcmp(ty, "Sequence")) {
-    const rx_json *list = rx_json_get(d, "decoders");
-    int i = 0;
-    char sub[160];
-    for (const rx_json *c = list ? list->child : NULL; c; c = c->next, i++) {
-      snprintf(sub, sizeof sub, "%s.decoders[%d]", where, i);
-      int rc = check_decoder(t, c, sub);
-      if (rc) return rc;
-    }
-    return RX_OK;
-  }
+  if (!strcmp(ty, "Sequence")) return load_members(t, d, "decoders", where, 0, check_decoder);
   return rx_fail(RX_EFORMAT, "%s: %s: decoder type \"%s\" is not supported (ByteLevel)", t->path, where, ty);
 }
 
@@ -447,17 +435,7 @@ static int load_config(rx_tokenizer *t, const char *cfg_path) {
 static int load_template(rx_tokenizer *t, const rx_json *pp, const char *where) {
   const char *ty = type_of(pp);
   if (!ty) return RX_OK;
-  if (!strcmp(ty, "Sequence")) {
-    const rx_json *list = rx_json_get(pp, "processors");
-    int i = 0;
-    char sub[160];
-    for (const rx_json *c = list ? list->child : NULL; c; c = c->next, i++) {
-      snprintf(sub, sizeof sub, "%s.processors[%d]", where, i);
-      int rc = load_template(t, c, sub);
-      if (rc) return rc;
-    }
-    return RX_OK;
-  }
+  if (!strcmp(ty, "Sequence")) return load_members(t, pp, "processors", where, 0, load_template);
   if (strcmp(ty, "TemplateProcessing")) return RX_OK;   /* ByteLevel, RobertaProcessing...: no ids added */
   const rx_json *single = rx_json_get(pp, "single");
   if (!single || single->kind != RX_JSON_ARRAY) return rx_fail(RX_EFORMAT, "%s: %s.single: missing or not an array", t->path, where);

@@ -302,21 +302,6 @@ static void finalize_nccl(void) {
   nccl_device = -1;
 }
 
-static int allreduce_cuda(void *buf, int64_t count, int32_t dtype, int32_t device_index) {
-  ncclDataType_t t;
-  switch (dtype) {
-  case RX_F32: t = ncclFloat32; break;
-  case RX_F64: t = ncclFloat64; break;
-  case RX_BF16: t = ncclBfloat16; break;
-  default: return fail("NCCL: no type for dtype %d", (int)dtype);
-  }
-  if (nccl_setup(device_index)) return 1;
-  CUDA_CHECK(cudaSetDevice(device_index));
-  /* the default stream: the engine's kernels have finished writing buf when this starts */
-  NCCL_CHECK(ncclAllReduce(buf, buf, (size_t)count, t, ncclSum, nccl_comm, 0));
-  CUDA_CHECK(cudaStreamSynchronize(0));
-  return 0;
-}
 static int nccl_type(int32_t dtype, ncclDataType_t *t) {
   switch (dtype) {
   case RX_F32: *t = ncclFloat32; return 0;
@@ -326,6 +311,22 @@ static int nccl_type(int32_t dtype, ncclDataType_t *t) {
   return fail("NCCL: no type for dtype %d", (int)dtype);
 }
 
+/* Before a collective on device_index: dtype's NCCL type in *t, the communicator, the device current. */
+static int nccl_begin(int32_t dtype, int32_t device_index, ncclDataType_t *t) {
+  if (nccl_type(dtype, t) || nccl_setup(device_index)) return 1;
+  CUDA_CHECK(cudaSetDevice(device_index));
+  return 0;
+}
+
+static int allreduce_cuda(void *buf, int64_t count, int32_t dtype, int32_t device_index) {
+  ncclDataType_t t = ncclFloat32;
+  if (nccl_begin(dtype, device_index, &t)) return 1;
+  /* the default stream: the engine's kernels have finished writing buf when this starts */
+  NCCL_CHECK(ncclAllReduce(buf, buf, (size_t)count, t, ncclSum, nccl_comm, 0));
+  CUDA_CHECK(cudaStreamSynchronize(0));
+  return 0;
+}
+
 static int64_t dtype_bytes(int32_t dtype) { return dtype == RX_BF16 ? 2 : dtype == RX_F32 ? 4 : 8; }
 
 /* Equal shards go to ncclReduceScatter / ncclAllGather in place (the shard at rank * shard);
@@ -333,8 +334,7 @@ static int64_t dtype_bytes(int32_t dtype) { return dtype == RX_BF16 ? 2 : dtype 
  * shard's owner. */
 static int reduce_scatter_cuda(void *buf, int64_t count, int64_t shard, int32_t dtype, int32_t device_index) {
   ncclDataType_t t = ncclFloat32;
-  if (nccl_type(dtype, &t) || nccl_setup(device_index)) return 1;
-  CUDA_CHECK(cudaSetDevice(device_index));
+  if (nccl_begin(dtype, device_index, &t)) return 1;
   const int64_t es = dtype_bytes(dtype);
   char *b = buf;
   if (shard * my_size == count) {
@@ -353,8 +353,7 @@ static int reduce_scatter_cuda(void *buf, int64_t count, int64_t shard, int32_t 
 
 static int allgather_cuda(void *buf, int64_t count, int64_t shard, int32_t dtype, int32_t device_index) {
   ncclDataType_t t = ncclFloat32;
-  if (nccl_type(dtype, &t) || nccl_setup(device_index)) return 1;
-  CUDA_CHECK(cudaSetDevice(device_index));
+  if (nccl_begin(dtype, device_index, &t)) return 1;
   const int64_t es = dtype_bytes(dtype);
   char *b = buf;
   if (shard * my_size == count) {
