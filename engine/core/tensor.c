@@ -3,6 +3,7 @@
  * the CUDA backend's caching allocator); element access to it goes through a host copy. */
 #include "internal.h"
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,29 +69,44 @@ int rx_memzero(int32_t device, void *ptr, size_t bytes) {
 
 /* ------------------------------------------------------------------ mirrors (internal.h) */
 
+/* The registry is shared by every thread that calls the engine (each with its own models): one
+ * lock around it; while no mirror exists, rx_note_write is one atomic load. */
 typedef struct mirror { const char *master; size_t bytes; char *copy; int32_t device; int32_t *stale; } mirror;
 static mirror *mirrors;
 static int n_mirrors, cap_mirrors;
+static pthread_mutex_t mirrors_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int rx_mirror_watch(const void *master, size_t bytes, int32_t device, void *copy, int32_t *stale) {
+  int rc = RX_OK;
+  pthread_mutex_lock(&mirrors_lock);
   if (n_mirrors == cap_mirrors) {
     const int cap = cap_mirrors ? 2 * cap_mirrors : 8;
     mirror *grown = realloc(mirrors, (size_t)cap * sizeof *grown);
-    if (!grown) return rx_fail(RX_ENOMEM, "out of memory registering a bf16 working copy");
-    mirrors = grown;
-    cap_mirrors = cap;
+    if (grown) {
+      mirrors = grown;
+      cap_mirrors = cap;
+    } else {
+      rc = rx_fail(RX_ENOMEM, "out of memory registering a bf16 working copy");
+    }
   }
-  mirrors[n_mirrors++] = (mirror){master, bytes, copy, device, stale};
-  *stale = 1;
-  return RX_OK;
+  if (!rc) {
+    mirrors[n_mirrors] = (mirror){master, bytes, copy, device, stale};
+    *stale = 1;
+    __atomic_store_n(&n_mirrors, n_mirrors + 1, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&mirrors_lock);
+  return rc;
 }
 
 void rx_mirror_unwatch(const void *master) {
+  pthread_mutex_lock(&mirrors_lock);
   for (int i = 0; i < n_mirrors; i++)
     if (mirrors[i].master == master) {
-      mirrors[i] = mirrors[--n_mirrors];
-      return;
+      mirrors[i] = mirrors[n_mirrors - 1];
+      __atomic_store_n(&n_mirrors, n_mirrors - 1, __ATOMIC_RELEASE);
+      break;
     }
+  pthread_mutex_unlock(&mirrors_lock);
 }
 
 /* The bytes [*lo, *hi) that t's elements span (strides are never negative). */
@@ -105,22 +121,28 @@ static int byte_span(const rx_tensor *t, const char **lo, const char **hi) {
 
 void rx_note_write(const rx_tensor *t) {
   const char *lo, *hi;
-  if (!n_mirrors || !byte_span(t, &lo, &hi)) return;
+  if (!__atomic_load_n(&n_mirrors, __ATOMIC_ACQUIRE) || !byte_span(t, &lo, &hi)) return;
+  pthread_mutex_lock(&mirrors_lock);
   for (int i = 0; i < n_mirrors; i++) {
     const mirror *w = &mirrors[i];
     if (w->device == t->device && lo < w->master + w->bytes && w->master < hi) *w->stale = 1;
   }
+  pthread_mutex_unlock(&mirrors_lock);
 }
 
 void *rx_mirror_of(const rx_tensor *t) {
   const char *lo, *hi;
-  if (!n_mirrors || t->dtype != RX_F32 || !rx_tensor_is_contiguous(t) || !byte_span(t, &lo, &hi)) return NULL;
-  for (int i = 0; i < n_mirrors; i++) {
+  void *copy = NULL;
+  if (!__atomic_load_n(&n_mirrors, __ATOMIC_ACQUIRE) || t->dtype != RX_F32 || !rx_tensor_is_contiguous(t) ||
+      !byte_span(t, &lo, &hi))
+    return NULL;
+  pthread_mutex_lock(&mirrors_lock);
+  for (int i = 0; i < n_mirrors && !copy; i++) {
     const mirror *w = &mirrors[i];
-    if (w->device == t->device && lo >= w->master && hi <= w->master + w->bytes)
-      return w->copy + (lo - w->master) / 2;
+    if (w->device == t->device && lo >= w->master && hi <= w->master + w->bytes) copy = w->copy + (lo - w->master) / 2;
   }
-  return NULL;
+  pthread_mutex_unlock(&mirrors_lock);
+  return copy;
 }
 
 const char *rx_shape_str(const rx_tensor *t, char *buf, size_t n) {
