@@ -96,6 +96,13 @@ static void bind(res_buf *b) {
   b->res.finish = b->finish;
 }
 
+/* The whole request in one call, into out (bound here). */
+static void generate(rx_model *m, req_buf *q, res_buf *out) {
+  bind(out);
+  rx_generate_request req = request(q);
+  CHECK_OK(rx_model_generate(m, &req, &out->res));
+}
+
 /* Sequences (prompt + generated so far) of every row as an i32 [R, T] batch, padded on the left
  * or the right. */
 static void pack(const req_buf *q, const res_buf *b, int left, int32_t *tok, int32_t *mask, int64_t T) {
@@ -127,6 +134,51 @@ static int64_t argmax_row(const rx_tensor *t, int64_t row, int64_t V) {
   for (int64_t i = 1; i < V; i++)
     if (read(t, row * V + i) > read(t, row * V + best)) best = i;
   return best;
+}
+
+/* Reference of the repetition penalty (CTRL, as Hugging Face and vLLM): a token that occurs in
+ * seen has its logit divided by the penalty when positive, multiplied by it otherwise. */
+static void reference_penalty(float *out, const float *x, int V, float penalty, const int32_t *seen, int n) {
+  for (int i = 0; i < V; i++) {
+    int in_seen = 0;
+    for (int j = 0; j < n; j++) in_seen |= seen[j] == i;
+    out[i] = !in_seen ? x[i] : x[i] > 0 ? x[i] / penalty : x[i] * penalty;
+  }
+}
+
+/* Whether greedy row r of b is the argmax chain of full forwards without cache, computed here
+ * from its prompt alone; with a repetition penalty (0 = none), the argmax of the logits after
+ * reference_penalty over the prompt and the chain so far. */
+static int greedy_is_argmax_chain(rx_model *m, int32_t dtype, const req_buf *q, const res_buf *b, int64_t r, float penalty) {
+  const int64_t p = q->row_prompt[r], a = q->offsets[p], n = q->offsets[p + 1] - a, T = n + q->max_new;
+  int32_t seq[64];
+  memcpy(seq, q->tokens + a, sizeof(int32_t) * (size_t)n);
+  int64_t s1[2] = {1, T}, s1o[2] = {1, VOCAB};
+  rx_tensor *t1 = NULL, *m1 = NULL, *o1 = NULL;
+  rx_tensor_new(&t1, RX_I32, RX_CPU, 2, s1);
+  rx_tensor_new(&m1, RX_I32, RX_CPU, 2, s1);
+  rx_tensor_new(&o1, dtype, RX_CPU, 2, s1o);
+  int same = b->lengths[r] == q->max_new;
+  for (int64_t k = 0; k < q->max_new; k++) {
+    int32_t *tp = t1->data, *mp = m1->data;
+    for (int64_t i = 0; i < T; i++) { tp[i] = i < n + k ? seq[i] : 0; mp[i] = i < n + k; }
+    CHECK_OK(rx_model_next_logits(m, t1, m1, o1));
+    if (penalty == 0) {
+      seq[n + k] = (int32_t)argmax_row(o1, 0, VOCAB);
+    } else {
+      float x[VOCAB], pen[VOCAB];
+      for (int i = 0; i < VOCAB; i++) x[i] = (float)read(o1, i);
+      reference_penalty(pen, x, VOCAB, penalty, seq, (int)(n + k));
+      int32_t best = 0;
+      for (int i = 1; i < VOCAB; i++) best = pen[i] > pen[best] ? i : best;
+      seq[n + k] = best;
+    }
+    if (b->tokens[r * q->max_new + k] != seq[n + k]) same = 0;
+  }
+  rx_tensor_free(t1);
+  rx_tensor_free(m1);
+  rx_tensor_free(o1);
+  return same;
 }
 
 /* ------------------------------------------------------------------ cached = full forward */
@@ -210,28 +262,9 @@ static void check_cached_equals_full(int32_t dtype, int variant) {
   rx_generate_end(g);
 
   /* greedy rows equal the argmax chain of full forwards, computed here from the prompt alone */
-  for (int64_t p = 0; p < 3; p++) {
-    int64_t r = 3 * p + 2, a = q.offsets[p], n = q.offsets[p + 1] - a;
-    int32_t seq[64];
-    memcpy(seq, q.tokens + a, sizeof(int32_t) * (size_t)n);
-    int64_t s1[2] = {1, n + q.max_new}, s1o[2] = {1, V};
-    rx_tensor *t1 = NULL, *m1 = NULL, *o1 = NULL;
-    rx_tensor_new(&t1, RX_I32, RX_CPU, 2, s1);
-    rx_tensor_new(&m1, RX_I32, RX_CPU, 2, s1);
-    rx_tensor_new(&o1, dtype, RX_CPU, 2, s1o);
-    int same = b.lengths[r] == q.max_new;
-    for (int64_t k = 0; k < q.max_new; k++) {
-      int32_t *tp = t1->data, *mp = m1->data;
-      for (int64_t i = 0; i < n + q.max_new; i++) { tp[i] = i < n + k ? seq[i] : 0; mp[i] = i < n + k; }
-      CHECK_OK(rx_model_next_logits(m, t1, m1, o1));
-      seq[n + k] = (int32_t)argmax_row(o1, 0, V);
-      if (b.tokens[r * q.max_new + k] != seq[n + k]) same = 0;
-    }
-    CHECK(same, "%s: greedy row of prompt %lld is not the argmax chain of full forwards", rx_dtype_name(dtype), (long long)p);
-    rx_tensor_free(t1);
-    rx_tensor_free(m1);
-    rx_tensor_free(o1);
-  }
+  for (int64_t p = 0; p < 3; p++)
+    CHECK(greedy_is_argmax_chain(m, dtype, &q, &b, 3 * p + 2, 0), "%s: greedy row of prompt %lld is not the argmax chain of full forwards",
+          rx_dtype_name(dtype), (long long)p);
   /* every row stopped on its own budget (no stop ids), and greedy rows are deterministic */
   for (int64_t r = 0; r < R; r++)
     CHECK(b.finish[r] == RX_FINISH_LENGTH && b.lengths[r] == q.rows[r].max_new_tokens, "row %lld: finish %d length %d",
@@ -256,16 +289,6 @@ static void test_cached_llama31_f64(void) { check_cached_equals_full(RX_F64, 2);
 static double chi2_bound(int df) {
   double a = 2.0 / (9.0 * df), z = 3.72;
   return df * pow(1 - a + z * sqrt(a), 3);
-}
-
-/* Reference of the repetition penalty (CTRL, as Hugging Face and vLLM): a token that occurs in
- * seen has its logit divided by the penalty when positive, multiplied by it otherwise. */
-static void reference_penalty(float *out, const float *x, int V, float penalty, const int32_t *seen, int n) {
-  for (int i = 0; i < V; i++) {
-    int in_seen = 0;
-    for (int j = 0; j < n; j++) in_seen |= seen[j] == i;
-    out[i] = !in_seen ? x[i] : x[i] > 0 ? x[i] / penalty : x[i] * penalty;
-  }
 }
 
 /* Reference distribution: softmax(logits / T) restricted to the top k, then to the smallest
@@ -463,33 +486,9 @@ static void test_generate_min_p_and_penalty(void) {
   printf("  min-p and penalties: %d tokens, %d of them repeat a token seen before\n", checked, repeats_penalised);
 
   /* the greedy row of each prompt against the argmax chain of penalised full forwards */
-  for (int64_t p = 0; p < 3; p++) {
-    const int64_t r = 4 * p + 2, a = q.offsets[p], n = q.offsets[p + 1] - a, T = n + q.max_new;
-    int32_t seq[64];
-    memcpy(seq, q.tokens + a, sizeof(int32_t) * (size_t)n);
-    int64_t s1[2] = {1, T}, s1o[2] = {1, VOCAB};
-    rx_tensor *t1 = NULL, *m1 = NULL, *o1 = NULL;
-    rx_tensor_new(&t1, RX_I32, RX_CPU, 2, s1);
-    rx_tensor_new(&m1, RX_I32, RX_CPU, 2, s1);
-    rx_tensor_new(&o1, RX_F32, RX_CPU, 2, s1o);
-    int same = b.lengths[r] == q.max_new;
-    for (int64_t k = 0; k < q.max_new; k++) {
-      int32_t *tp = t1->data, *mp = m1->data;
-      for (int64_t i = 0; i < T; i++) { tp[i] = i < n + k ? seq[i] : 0; mp[i] = i < n + k; }
-      CHECK_OK(rx_model_next_logits(m, t1, m1, o1));
-      float pen[VOCAB];
-      reference_penalty(pen, o1->data, VOCAB, 1.5f, seq, (int)(n + k));
-      int32_t best = 0;
-      for (int i = 1; i < VOCAB; i++) best = pen[i] > pen[best] ? i : best;
-      seq[n + k] = best;
-      if (b.tokens[r * q.max_new + k] != best) same = 0;
-    }
-    CHECK(same, "greedy row of prompt %lld with repetition_penalty 1.5 is not the argmax chain of penalised full forwards",
-          (long long)p);
-    rx_tensor_free(t1);
-    rx_tensor_free(m1);
-    rx_tensor_free(o1);
-  }
+  for (int64_t p = 0; p < 3; p++)
+    CHECK(greedy_is_argmax_chain(m, RX_F32, &q, &b, 4 * p + 2, 1.5f),
+          "greedy row of prompt %lld with repetition_penalty 1.5 is not the argmax chain of penalised full forwards", (long long)p);
   rx_model_free(m);
 }
 
@@ -544,9 +543,7 @@ static void run_batch(rx_model *m, const int *perm, const int *row_perm, int32_t
     add_row(&q, where[p], slot == 2 ? 0.0 : 1.2, slot == 1 ? 8 : 0, slot == 1 ? 0.9 : 1.0, 12, 1000 + (uint64_t)key);
   }
   res_buf r;
-  bind(&r);
-  rx_generate_request req = request(&q);
-  CHECK_OK(rx_model_generate(m, &req, &r.res));
+  generate(m, &q, &r);
   for (int i = 0; i < 9; i++) {
     int key = row_perm[i];
     out_len[key] = r.lengths[i];
@@ -594,9 +591,7 @@ static void test_finished_rows_leave_the_batch(void) {
   }
   res_buf a, b, c;
   bind(&a);
-  bind(&b);
-  bind(&c);
-  rx_generate_request ra = request(&mixed), rb = request(&longs), rc = request(&shorts);
+  rx_generate_request ra = request(&mixed);
   /* the mixed batch step by step: each step computes exactly the rows that had not finished */
   rx_generator *g = NULL;
   CHECK_OK(rx_generate_begin(&g, m, &ra, &a.res));
@@ -609,8 +604,8 @@ static void test_finished_rows_leave_the_batch(void) {
             (long long)rx_generate_logits(g)->shape[0], (long long)decoding);
   }
   rx_generate_end(g);
-  CHECK_OK(rx_model_generate(m, &rb, &b.res));
-  CHECK_OK(rx_model_generate(m, &rc, &c.res));
+  generate(m, &longs, &b);
+  generate(m, &shorts, &c);
   int nl = 0, ns = 0;
   for (int i = 0; i < 8; i++) {
     res_buf *o = is_long[i] ? &b : &c;
@@ -640,11 +635,8 @@ static void test_prompts_without_rows(void) {
   add_row(&one, 0, 0.0, 0, 1.0, 6, 1);
   add_row(&one, 0, 1.0, 0, 1.0, 6, 2);
   res_buf a, b;
-  bind(&a);
-  bind(&b);
-  rx_generate_request ra = request(&all), rb = request(&one);
-  CHECK_OK(rx_model_generate(m, &ra, &a.res));
-  CHECK_OK(rx_model_generate(m, &rb, &b.res));
+  generate(m, &all, &a);
+  generate(m, &one, &b);
   CHECK(memcmp(a.tokens, b.tokens, sizeof(int32_t) * 12) == 0, "rows changed with unused prompts in the batch");
   for (int i = 0; i < 12; i++)
     CHECK(fabs(a.logprobs[i] - b.logprobs[i]) <= 1e-6 * fmax(1, fabs(b.logprobs[i])), "logprob %d: %g vs %g", i, a.logprobs[i], b.logprobs[i]);
@@ -663,9 +655,7 @@ static void test_stop_tokens(void) {
   const int32_t budget[6] = {16, 5, 16, 9, 16, 12};
   for (int i = 0; i < 6; i++) add_row(&q, i / 2, i == 4 ? 0.0 : 1.5, 0, 1.0, budget[i], 500 + (uint64_t)i);
   res_buf free_run, stopped;
-  bind(&free_run);
-  rx_generate_request req = request(&q);
-  CHECK_OK(rx_model_generate(m, &req, &free_run.res));
+  generate(m, &q, &free_run);
   for (int r = 0; r < 6; r++)
     CHECK(free_run.lengths[r] == budget[r] && free_run.finish[r] == RX_FINISH_LENGTH, "row %d: length %d (budget %d), finish %d", r,
           free_run.lengths[r], budget[r], free_run.finish[r]);
@@ -681,9 +671,7 @@ static void test_stop_tokens(void) {
   q.stop[0] = stop;
   q.stop[1] = VOCAB - 1 == stop ? VOCAB - 2 : VOCAB - 1;   /* a second stop id */
   q.nstop = 2;
-  bind(&stopped);
-  req = request(&q);
-  CHECK_OK(rx_model_generate(m, &req, &stopped.res));
+  generate(m, &q, &stopped);
   int some_ran_to_budget = 0;
   for (int r = 0; r < 6; r++) {
     int first = -1;   /* where the free run first drew a stop id */
@@ -717,10 +705,9 @@ static void test_stop_row(void) {
   prompts_of_three(&q);
   for (int i = 0; i < 6; i++) add_row(&q, i / 2, i == 3 ? 0.0 : 1.2, 0, 1.0, i == 5 ? 4 : 12, 700 + (uint64_t)i);
   res_buf free_run, cut;
-  bind(&free_run);
-  rx_generate_request req = request(&q);
-  CHECK_OK(rx_model_generate(m, &req, &free_run.res));
+  generate(m, &q, &free_run);
   bind(&cut);
+  rx_generate_request req = request(&q);
   rx_generator *g = NULL;
   CHECK_OK(rx_generate_begin(&g, m, &req, &cut.res));
   if (!g) { rx_model_free(m); return; }
