@@ -27,14 +27,9 @@ end
 local write = support.write
 
 local STEPS = 4
-local LOWER = support.LOWER
 
 local function setup()
-  local dir = support.tmpdir()
-  write(dir .. "/lower.lua", LOWER)
-  local lines = {}
-  for i = 1, 8 do lines[i] = ('{"prompt": "say something %d"}'):format(i) end
-  write(dir .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+  local dir = support.train_dir(8, { prompt_format = '{"prompt": "say something %d"}' })
   write(dir .. "/recipe.lua", ([[
 return {
   model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 16, intermediate_size = 32,

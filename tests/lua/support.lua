@@ -85,12 +85,51 @@ end
 
 ---------------------------------------------------------------------------- training fixtures
 
--- A JSON-lines prompt file of n rows {"prompt": "say something i", "answer": "xi"} at path.
-function M.prompts(path, n)
+-- A JSON-lines prompt file of n rows at path: row i is `format` with i for each %d in it, by
+-- default {"prompt": "say something i", "answer": "xi"}.
+function M.prompts(path, n, format)
+  format = format or '{"prompt": "say something %d", "answer": "x%d"}'
   local lines = {}
-  for i = 1, n do lines[i] = ('{"prompt": "say something %d", "answer": "x%d"}'):format(i, i) end
+  for i = 1, n do lines[i] = format:format(i, i) end
   M.write(path, table.concat(lines, "\n") .. "\n")
   return path
+end
+
+-- A fresh folder for a training run: a reward file (opts.reward_file, default "lower.lua",
+-- holding opts.reward, default M.LOWER) and p.jsonl of n prompts (M.prompts with
+-- opts.prompt_format).
+function M.train_dir(n, opts)
+  opts = opts or {}
+  local dir = M.tmpdir()
+  M.write(dir .. "/" .. (opts.reward_file or "lower.lua"), opts.reward or M.LOWER)
+  M.prompts(dir .. "/p.jsonl", n, opts.prompt_format)
+  return dir
+end
+
+-- The settings of a small quiet run in a train_dir folder: its prompts and reward, the plain
+-- chat template, no evaluation, checkpoints or logged completions, runs under dir/runs; then
+-- the spec's own `fields` and the test's `extra` over them.
+function M.run_settings(dir, fields, extra)
+  local s = { data = dir .. "/p.jsonl", rewards = { dir .. "/lower.lua" }, chat_template = "plain", eval_size = 0,
+    output_dir = dir .. "/runs", save_steps = 0, log_completions = 0 }
+  for k, v in pairs(fields or {}) do s[k] = v end
+  for k, v in pairs(extra or {}) do s[k] = v end
+  return s
+end
+
+-- A reward of 0 for every completion that raises SIGINT (as Ctrl-C does) on its third call:
+-- during step 2 of a run, the first call being the trainer's probe of the data.
+function M.interrupting_reward()
+  local ffi = require("ffi")
+  pcall(ffi.cdef, "int raise(int sig);")
+  local calls = 0
+  return { name = "interrupting", fn = function(c)
+    calls = calls + 1
+    if calls == 3 then ffi.C.raise(2) end
+    local r = {}
+    for i = 1, #c do r[i] = 0 end
+    return r
+  end }
 end
 
 -- A tiny Qwen2 model config (a few thousand parameters: a training step in milliseconds), with
