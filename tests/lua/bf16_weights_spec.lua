@@ -7,13 +7,7 @@ local support = require("support")
 local tmpdir = support.tmpdir
 
 local function tiny(extra)
-  local cfg = {
-    architectures = { "Qwen2ForCausalLM" }, vocab_size = 48, hidden_size = 40, intermediate_size = 72,
-    num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, rms_norm_eps = 1e-6,
-    rope_theta = 10000, tie_word_embeddings = false, max_position_embeddings = 256,
-  }
-  for k, v in pairs(extra or {}) do cfg[k] = v end
-  return cfg
+  return support.tiny_model({ vocab_size = 48, hidden_size = 40, intermediate_size = 72, tie_word_embeddings = false }, extra)
 end
 
 -- rows long enough (> 48 tokens in all) that the widened-block GEMM path runs, and short ones

@@ -133,13 +133,15 @@ function M.interrupting_reward()
 end
 
 -- A tiny Qwen2 model config (a few thousand parameters: a training step in milliseconds), with
--- fields of `changes` replacing its own. vocab_size is left out: the trainer takes the byte-level
--- tokenizer's.
-function M.tiny_model(changes)
+-- the fields of each table of changes, in order, replacing its own. vocab_size is left out: the
+-- trainer takes the byte-level tokenizer's.
+function M.tiny_model(...)
   local c = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
     num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
     rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true }
-  for k, v in pairs(changes or {}) do c[k] = v end
+  for i = 1, select("#", ...) do
+    for k, v in pairs(select(i, ...) or {}) do c[k] = v end
+  end
   return c
 end
 
