@@ -183,11 +183,16 @@ static int greedy_is_argmax_chain(rx_model *m, int32_t dtype, const req_buf *q, 
 
 /* ------------------------------------------------------------------ cached = full forward */
 
-static void prompts_of_three(req_buf *q) {
+/* A request over three prompts (5, 2 and 7 tokens) and no rows yet. */
+static req_buf three_prompts(int64_t max_new, uint64_t seed) {
   static const int32_t a[] = {3, 17, 42, 8, 1}, b[] = {29, 4}, c[] = {11, 0, 33, 47, 5, 26, 19};
-  add_prompt(q, a, 5);
-  add_prompt(q, b, 2);
-  add_prompt(q, c, 7);
+  req_buf q = {0};
+  q.max_new = max_new;
+  q.seed = seed;
+  add_prompt(&q, a, 5);
+  add_prompt(&q, b, 2);
+  add_prompt(&q, c, 7);
+  return q;
 }
 
 static void check_cached_equals_full(int32_t dtype, int variant) {
@@ -195,10 +200,7 @@ static void check_cached_equals_full(int32_t dtype, int variant) {
   rx_model *m = tiny_model_variant(dtype, variant);
   CHECK(m != NULL, "model");
   if (!m) return;
-  req_buf q = {0};
-  q.max_new = 10;
-  q.seed = 1234;
-  prompts_of_three(&q);
+  req_buf q = three_prompts(10, 1234);
   for (int64_t p = 0; p < 3; p++) {
     add_row(&q, p, 1.0, 0, 1.0, 10, 10 * p + 1);          /* sampled */
     add_row(&q, p, 1.3, 0, 0.9, 8, 10 * p + 2);           /* sampled, top-p, shorter */
@@ -433,10 +435,7 @@ static void test_generate_min_p_and_penalty(void) {
   rx_model *m = tiny_model(RX_F32);
   CHECK(m != NULL, "model");
   if (!m) return;
-  req_buf q = {0};
-  q.max_new = 12;
-  q.seed = 4321;
-  prompts_of_three(&q);
+  req_buf q = three_prompts(12, 4321);
   static const rx_sampling kinds[4] = {
     {1.0, 1.0, 0, 12, 0, 0.05, 1.3}, {0.8, 0.9, 10, 9, 0, 0.1, 1.6}, {0.0, 1.0, 0, 12, 0, 0.0, 1.5},
     {1.2, 1.0, 0, 12, 0, 0.0, 0.7}};
@@ -577,12 +576,7 @@ static void test_same_seed_same_tokens(void) {
 static void test_finished_rows_leave_the_batch(void) {
   rx_model *m = tiny_model(RX_F32);
   if (!m) return;
-  req_buf mixed = {0}, longs = {0}, shorts = {0};
-  mixed.max_new = longs.max_new = shorts.max_new = 12;
-  mixed.seed = longs.seed = shorts.seed = 99;
-  prompts_of_three(&mixed);
-  prompts_of_three(&longs);
-  prompts_of_three(&shorts);
+  req_buf mixed = three_prompts(12, 99), longs = three_prompts(12, 99), shorts = three_prompts(12, 99);
   /* budgets 1..5 for the short rows, interleaved with the long ones so slots must move */
   int is_long[8] = {0, 1, 0, 0, 1, 0, 1, 0}, budget[8] = {3, 12, 1, 5, 12, 2, 12, 4};
   for (int i = 0; i < 8; i++) {
@@ -626,9 +620,8 @@ static void test_finished_rows_leave_the_batch(void) {
 static void test_prompts_without_rows(void) {
   rx_model *m = tiny_model(RX_F64);
   if (!m) return;
-  req_buf all = {0}, one = {0};
-  all.max_new = one.max_new = 6;
-  prompts_of_three(&all);
+  req_buf all = three_prompts(6, 0), one = {0};
+  one.max_new = 6;
   add_row(&all, 2, 0.0, 0, 1.0, 6, 1);
   add_row(&all, 2, 1.0, 0, 1.0, 6, 2);
   add_prompt(&one, all.tokens + all.offsets[2], all.offsets[3] - all.offsets[2]);
@@ -648,10 +641,7 @@ static void test_prompts_without_rows(void) {
 static void test_stop_tokens(void) {
   rx_model *m = tiny_model(RX_F32);
   if (!m) return;
-  req_buf q = {0};
-  q.max_new = 16;
-  q.seed = 5;
-  prompts_of_three(&q);
+  req_buf q = three_prompts(16, 5);
   const int32_t budget[6] = {16, 5, 16, 9, 16, 12};
   for (int i = 0; i < 6; i++) add_row(&q, i / 2, i == 4 ? 0.0 : 1.5, 0, 1.0, budget[i], 500 + (uint64_t)i);
   res_buf free_run, stopped;
@@ -699,10 +689,7 @@ static void test_stop_tokens(void) {
 static void test_stop_row(void) {
   rx_model *m = tiny_model(RX_F32);
   if (!m) return;
-  req_buf q = {0};
-  q.max_new = 12;
-  q.seed = 8;
-  prompts_of_three(&q);
+  req_buf q = three_prompts(12, 8);
   for (int i = 0; i < 6; i++) add_row(&q, i / 2, i == 3 ? 0.0 : 1.2, 0, 1.0, i == 5 ? 4 : 12, 700 + (uint64_t)i);
   res_buf free_run, cut;
   generate(m, &q, &free_run);
@@ -743,9 +730,7 @@ static void test_bad_requests(void) {
   rx_generator *g = NULL;
   rx_generate_request req;
 #define FRESH(q)                                   \
-  req_buf q = {0};                                 \
-  q.max_new = 8;                                   \
-  prompts_of_three(&q);                            \
+  req_buf q = three_prompts(8, 0);                 \
   for (int i = 0; i < 3; i++) add_row(&q, i, 1.0, 0, 1.0, 8, (uint64_t)i)
 
   { FRESH(q); q.max_new = MAXPOS - 6; for (int i = 0; i < 3; i++) q.rows[i].max_new_tokens = 1;
