@@ -736,40 +736,31 @@ static void test_bad_requests(void) {
   { FRESH(q); q.max_new = MAXPOS - 6; for (int i = 0; i < 3; i++) q.rows[i].max_new_tokens = 1;
     req = request(&q);
     CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "max_position_embeddings"); CHECK(g == NULL, "generator left"); }
-  { FRESH(q); q.tokens[q.offsets[1] + 1] = VOCAB; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "prompt 1, position 1: token 50 is outside"); }
-  { FRESH(q); q.tokens[2] = -3; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "prompt 0, position 2: token -3"); }
-  { FRESH(q); q.offsets[2] = q.offsets[1]; req = request(&q);     /* prompt 1 empty (prompt 2 grows) */
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "prompt 1 is empty"); }
-  { FRESH(q); q.rows[2].temperature = -1; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 2: temperature = -1 must be >= 0"); }
-  { FRESH(q); q.rows[1].top_p = 0; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 1: top_p = 0 outside (0, 1]"); }
-  { FRESH(q); q.rows[1].top_p = 1.5; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "top_p = 1.5"); }
-  { FRESH(q); q.rows[0].top_k = -2; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "top_k = -2"); }
-  { FRESH(q); q.rows[0].temperature = NAN; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 0: temperature = nan"); }
-  { FRESH(q); q.rows[1].min_p = 1.25; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 1: min_p = 1.25 outside [0, 1]"); }
-  { FRESH(q); q.rows[2].repetition_penalty = -0.5; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 2: repetition_penalty = -0.5 must be a finite number > 0"); }
-  { FRESH(q); q.rows[0].repetition_penalty = NAN; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 0: repetition_penalty = nan"); }
-  { FRESH(q); q.rows[2].max_new_tokens = 9; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 2: max_new_tokens 9 outside [1, 8]"); }
-  { FRESH(q); q.rows[2].max_new_tokens = 0; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 2: max_new_tokens 0"); }
-  { FRESH(q); q.row_prompt[1] = 3; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 1 continues prompt 3 of 3"); }
-  { FRESH(q); q.stop[0] = VOCAB + 4; q.nstop = 1; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "stop token 54"); }
-  { FRESH(q); q.max_new = 0; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "max_new_tokens = 0"); }
-  { FRESH(q); q.R = 0; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "0 rows"); }
+  /* each request is the fresh one with one change; beginning it fails naming what is wrong */
+#define REFUSED(change, needle)                                             \
+  do {                                                                      \
+    FRESH(q);                                                               \
+    change;                                                                 \
+    req = request(&q);                                                      \
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), needle);            \
+  } while (0)
+  REFUSED(q.tokens[q.offsets[1] + 1] = VOCAB, "prompt 1, position 1: token 50 is outside");
+  REFUSED(q.tokens[2] = -3, "prompt 0, position 2: token -3");
+  REFUSED(q.offsets[2] = q.offsets[1], "prompt 1 is empty");     /* prompt 1 empty (prompt 2 grows) */
+  REFUSED(q.rows[2].temperature = -1, "row 2: temperature = -1 must be >= 0");
+  REFUSED(q.rows[1].top_p = 0, "row 1: top_p = 0 outside (0, 1]");
+  REFUSED(q.rows[1].top_p = 1.5, "top_p = 1.5");
+  REFUSED(q.rows[0].top_k = -2, "top_k = -2");
+  REFUSED(q.rows[0].temperature = NAN, "row 0: temperature = nan");
+  REFUSED(q.rows[1].min_p = 1.25, "row 1: min_p = 1.25 outside [0, 1]");
+  REFUSED(q.rows[2].repetition_penalty = -0.5, "row 2: repetition_penalty = -0.5 must be a finite number > 0");
+  REFUSED(q.rows[0].repetition_penalty = NAN, "row 0: repetition_penalty = nan");
+  REFUSED(q.rows[2].max_new_tokens = 9, "row 2: max_new_tokens 9 outside [1, 8]");
+  REFUSED(q.rows[2].max_new_tokens = 0, "row 2: max_new_tokens 0");
+  REFUSED(q.row_prompt[1] = 3, "row 1 continues prompt 3 of 3");
+  REFUSED(q.stop[0] = VOCAB + 4; q.nstop = 1, "stop token 54");
+  REFUSED(q.max_new = 0, "max_new_tokens = 0");
+  REFUSED(q.R = 0, "0 rows");
   rx_model_free(m);
 
   /* more than memory: refused before allocating, naming rows, positions and sizes */
