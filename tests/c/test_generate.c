@@ -96,6 +96,16 @@ static void bind(res_buf *b) {
   b->res.finish = b->finish;
 }
 
+/* A generator over the request, writing into out (bound here); NULL (a failed check) when it
+ * does not begin. */
+static rx_generator *begin(rx_model *m, req_buf *q, res_buf *out) {
+  bind(out);
+  rx_generate_request req = request(q);
+  rx_generator *g = NULL;
+  CHECK_OK(rx_generate_begin(&g, m, &req, &out->res));
+  return g;
+}
+
 /* The whole request in one call, into out (bound here). */
 static void generate(rx_model *m, req_buf *q, res_buf *out) {
   bind(out);
@@ -207,10 +217,7 @@ static void check_cached_equals_full(int32_t dtype, int variant) {
     add_row(&q, p, 0.0, 0, 1.0, 10, 10 * p + 3);          /* greedy */
   }
   res_buf b;
-  bind(&b);
-  rx_generate_request req = request(&q);
-  rx_generator *g = NULL;
-  CHECK_OK(rx_generate_begin(&g, m, &req, &b.res));
+  rx_generator *g = begin(m, &q, &b);
   if (!g) { rx_model_free(m); return; }
   const rx_model_config *c = rx_model_get_config(m);
   const int64_t KD = c->num_key_value_heads * c->head_dim, S = 7 + q.max_new;
@@ -447,10 +454,7 @@ static void test_generate_min_p_and_penalty(void) {
       q.R++;
     }
   res_buf b;
-  bind(&b);
-  rx_generate_request req = request(&q);
-  rx_generator *g = NULL;
-  CHECK_OK(rx_generate_begin(&g, m, &req, &b.res));
+  rx_generator *g = begin(m, &q, &b);
   if (!g) { rx_model_free(m); return; }
   int32_t prev_len[32] = {0}, done = 0;
   int checked = 0, repeats_penalised = 0;
@@ -584,11 +588,8 @@ static void test_finished_rows_leave_the_batch(void) {
     add_row(is_long[i] ? &longs : &shorts, i % 3, 1.0, 0, 1.0, budget[i], 100 + (uint64_t)i);
   }
   res_buf a, b, c;
-  bind(&a);
-  rx_generate_request ra = request(&mixed);
   /* the mixed batch step by step: each step computes exactly the rows that had not finished */
-  rx_generator *g = NULL;
-  CHECK_OK(rx_generate_begin(&g, m, &ra, &a.res));
+  rx_generator *g = begin(m, &mixed, &a);
   for (int32_t done = 0; g && !done;) {
     int64_t decoding = 0;
     for (int i = 0; i < 8; i++) decoding += a.lengths[i] < budget[i];
@@ -693,10 +694,7 @@ static void test_stop_row(void) {
   for (int i = 0; i < 6; i++) add_row(&q, i / 2, i == 3 ? 0.0 : 1.2, 0, 1.0, i == 5 ? 4 : 12, 700 + (uint64_t)i);
   res_buf free_run, cut;
   generate(m, &q, &free_run);
-  bind(&cut);
-  rx_generate_request req = request(&q);
-  rx_generator *g = NULL;
-  CHECK_OK(rx_generate_begin(&g, m, &req, &cut.res));
+  rx_generator *g = begin(m, &q, &cut);
   if (!g) { rx_model_free(m); return; }
   int32_t done = 0;
   for (int step = 1; !done; step++) {
