@@ -202,9 +202,7 @@ describe("frozen copies in training", function()
     remax.tokenizer.write_byte_level(dir .. "/m")
     write(dir .. "/r.lua", [[return { name = "len", fn = function(c) local s = {}
       for i, x in ipairs(c) do s[i] = #x / 10 end return s end }]])
-    local lines = {}
-    for i = 1, 8 do lines[i] = ('{"prompt": "p %d"}'):format(i) end
-    write(dir .. "/d.jsonl", table.concat(lines, "\n") .. "\n")
+    support.prompts(dir .. "/d.jsonl", 8, '{"prompt": "p %d"}')
     return dir
   end
 

@@ -10,11 +10,8 @@ local runs = require("remax.train.runs")
 local fs = require("remax.bind.fs")
 local support = require("support")
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-local function binary()
-  local b = require("remax.cli.main").build_dir() .. "/remax"
-  return b:sub(1, 1) == "/" and b or (os.getenv("PWD") .. "/" .. b)   -- the runs cd to their folder
-end
+local q = support.shell_quote
+local binary = support.remax_binary   -- absolute: the runs cd to their folder
 
 -- Runs a shell command; returns its exit status and its output (stdout and stderr).
 local function sh(cmd)

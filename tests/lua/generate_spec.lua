@@ -265,16 +265,9 @@ end)
 
 local tmpdir, write = support.tmpdir, support.write
 
--- The program beside the library in use (REMAX_LIB: the CUDA emulator's build runs the specs named
--- cuda), else the build's.
-local function binary()
-  local dir = (os.getenv("REMAX_LIB") or ""):match("^(.*)/[^/]*$")
-  local f = dir and io.open(dir .. "/remax")
-  if f then f:close(); return dir .. "/remax" end
-  return require("remax.cli.main").build_dir() .. "/remax"
-end
+local binary = support.remax_binary
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local q = support.shell_quote
 
 local err_file = support.tmpfile()
 

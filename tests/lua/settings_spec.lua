@@ -10,21 +10,13 @@ local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 local cjson = require("cjson")
 
-local function err_of(f, ...)
-  local ok, err = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
+local err_of = support.error_of
 
 local function resolve_args(recipe, argv, where)
   return config.resolve(recipe, config.parse_args(argv or {}), { where = where })
 end
 
-local function binary()
-  local b = require("remax.cli.main").build_dir() .. "/remax"
-  if b:sub(1, 1) ~= "/" then b = os.getenv("PWD") .. "/" .. b end
-  return b
-end
+local binary = support.remax_binary
 
 -- Runs the remax program; returns its output (stdout and stderr) and exit status.
 local function remax(args, dir)

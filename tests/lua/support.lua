@@ -68,6 +68,23 @@ end
 
 ---------------------------------------------------------------------------- errors and tools
 
+-- s quoted for the shell.
+M.shell_quote = shell_quote
+
+-- The remax program: the one beside the library in use when REMAX_LIB names one (the CUDA
+-- emulator's build runs the specs named cuda), else the build's; an absolute path, so that a
+-- spec may run it from another folder.
+function M.remax_binary()
+  local dir = (os.getenv("REMAX_LIB") or ""):match("^(.*)/[^/]*$")
+  local f = dir and io.open(dir .. "/remax")
+  if f then
+    f:close()
+    return dir .. "/remax"
+  end
+  local b = require("remax.cli.main").build_dir() .. "/remax"
+  return b:sub(1, 1) == "/" and b or (os.getenv("PWD") .. "/" .. b)
+end
+
 -- The error message f(...) raises, as a string; the test fails when f does not raise.
 function M.error_of(f, ...)
   local ok, err = pcall(f, ...)

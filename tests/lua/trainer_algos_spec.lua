@@ -381,9 +381,7 @@ end }
   it("evaluates the held-out prompts, each completion with its own prompt, before and after", function()
     local dir = setup()
     write(dir .. "/even.lua", EVEN)
-    local lines = {}
-    for i = 1, 5 do lines[i] = ('{"prompt": "e %d", "answer": "%d"}'):format(i, i) end
-    write(dir .. "/eval.jsonl", table.concat(lines, "\n") .. "\n")
+    support.prompts(dir .. "/eval.jsonl", 5, '{"prompt": "e %d", "answer": "%d"}')
     local t = new_trainer(dir, { rewards = { dir .. "/even.lua" }, eval_data = dir .. "/eval.jsonl", eval_size = 5,
       reward_weights = { 2 }, per_device_eval_batch_size = 2, max_steps = 1 })
     local out = t:train()
@@ -399,9 +397,7 @@ end }
   it("remax eval prints held-out accuracy and writes nothing", function()
     local dir = setup()
     write(dir .. "/even.lua", EVEN)
-    local lines = {}
-    for i = 1, 4 do lines[i] = ('{"prompt": "e %d", "answer": "%d"}'):format(i, i) end
-    write(dir .. "/eval.jsonl", table.concat(lines, "\n") .. "\n")
+    support.prompts(dir .. "/eval.jsonl", 4, '{"prompt": "e %d", "answer": "%d"}')
     write(dir .. "/r.lua", ([[return { model_config = { hidden_size = 16, intermediate_size = 32, num_hidden_layers = 1,
       num_attention_heads = 2, max_position_embeddings = 64 }, data = %q, eval_data = %q, eval_size = 4,
       rewards = { %q }, chat_template = "plain", max_completion_length = 4, output_dir = %q }]]):format(
