@@ -58,13 +58,7 @@ function M.read(path)
 end
 
 -- The file's bytes, or nil when it does not exist.
-function M.try_read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+M.try_read = require("remax.bind.fs").read_text
 
 ---------------------------------------------------------------------------- errors and tools
 
