@@ -1,5 +1,6 @@
 -- Fixtures the Lua specs share: temporary folders and files (removed when the spec file ends),
--- reading and writing whole files, the tiny model config, and the LOWER reward.
+-- reading and writing whole files, errors and the remax program, a small training run's folder
+-- and settings, the tiny model config, and the LOWER reward.
 local M = {}
 
 ---------------------------------------------------------------------------- temporary files
