@@ -6,11 +6,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 . bench/blas_core.sh   # builds first
-build=${REMAX_BUILD:-build}
-blas=$(sed -n 's/^OPENBLAS_LIB:FILEPATH=//p' "$build/CMakeCache.txt")
-inc=$(sed -n 's/^CBLAS_INCLUDE_DIR:PATH=//p' "$build/CMakeCache.txt")
-cc -O2 -o "$build/decode_matmul" bench/decode_matmul.c -I"$inc" -Iengine/cpu -Iengine/core -L"$build" -lremax -Wl,-rpath,"$(pwd)/$build" \
-  "$blas" -Wl,-rpath,"$(dirname "$blas")"
+bench_c decode_matmul
 for rows in ${*:-1 8 16 32}; do
   OMP_NUM_THREADS=${THREADS:-2} "$build/decode_matmul" "$rows"
 done

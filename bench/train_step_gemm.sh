@@ -6,11 +6,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 . bench/blas_core.sh   # builds first
-build=${REMAX_BUILD:-build}
-blas=$(sed -n 's/^OPENBLAS_LIB:FILEPATH=//p' "$build/CMakeCache.txt")
-inc=$(sed -n 's/^CBLAS_INCLUDE_DIR:PATH=//p' "$build/CMakeCache.txt")
-cc -O2 -fopenmp -o "$build/train_step_gemm" bench/train_step_gemm.c -I"$inc" -Iengine/cpu -Iengine/core -L"$build" -lremax \
-  -Wl,-rpath,"$(pwd)/$build" "$blas" -Wl,-rpath,"$(dirname "$blas")"
+bench_c train_step_gemm -fopenmp
 for shape in ${*:-small qwen0.5b}; do
   OMP_NUM_THREADS=${THREADS:-2} "$build/train_step_gemm" "$shape"
 done

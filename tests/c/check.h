@@ -1,13 +1,19 @@
 /* check.h: the tiny harness of the C tests. Each test_*.c is one ctest executable:
  *   CHECK(cond, "fmt", ...) records a failure and goes on; RUN(fn) runs one case;
- *   return check_summary("name") from main. */
+ *   return check_summary("name") from main. Valid C++ too, for the emulator's tests in tests/gpu. */
 #ifndef RX_CHECK_H
 #define RX_CHECK_H
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
 #include "remax.h"
+#ifdef __cplusplus
+}
+#endif
 
 static int check_failures, check_cases, check_case_failed;
 
@@ -59,11 +65,12 @@ enum { CHECK_GUARD = 64 };
 typedef struct { rx_tensor *t; unsigned char *block; size_t bytes; } guarded;
 
 static inline guarded guarded_new(int32_t dtype, int32_t ndim, const int64_t *shape) {
-  guarded g = {0};
+  guarded g;
+  memset(&g, 0, sizeof g);
   int64_t n = 1;
   for (int i = 0; i < ndim; i++) n *= shape[i];
   g.bytes = (size_t)(n * rx_dtype_size(dtype));
-  g.block = malloc(g.bytes + 2 * CHECK_GUARD);
+  g.block = (unsigned char *)malloc(g.bytes + 2 * CHECK_GUARD);
   memset(g.block, 0xA5, g.bytes + 2 * CHECK_GUARD);
   memset(g.block + CHECK_GUARD, 0, g.bytes);
   if (rx_tensor_wrap(&g.t, g.block + CHECK_GUARD, dtype, ndim, shape)) fprintf(stderr, "%s\n", rx_last_error());
@@ -84,7 +91,8 @@ static inline int guarded_free(guarded g) {
  * four heads of 4 (kv_heads of them for keys and values), MLP 24. qwen: q/k/v biases (Qwen2),
  * else none (Llama); tied: the head shares the embedding. */
 static inline rx_model_config check_tiny_config(int qwen, int tied, int kv_heads, double rope_theta) {
-  rx_model_config c = {0};
+  rx_model_config c;
+  memset(&c, 0, sizeof c);
   c.vocab_size = 23;
   c.hidden_size = 16;
   c.intermediate_size = 24;

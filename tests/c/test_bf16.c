@@ -51,6 +51,19 @@ static double worst_rel(const rx_tensor *got, const double *want, const double *
   return worst;
 }
 
+/* The same bound for dinp [N, C] against dout [N, OC] @ w [OC, C]. */
+static double worst_rel_dinp(const rx_tensor *got, const double *dout, const double *w, int64_t N, int64_t C, int64_t OC) {
+  double worst = 0;
+  const float *g = got->data;
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t c = 0; c < C; c++) {
+      double want = 0, scale = 0;
+      for (int64_t o = 0; o < OC; o++) { want += dout[n * OC + o] * w[o * C + c]; scale += fabs(dout[n * OC + o] * w[o * C + c]); }
+      worst = fmax(worst, fabs(g[n * C + c] - want) / (scale > 0 ? scale : 1));
+    }
+  return worst;
+}
+
 /* x rounded to bf16 (nearest even) in place: what a bf16-stored weight multiplies. */
 static void round_to_bf16(double *x, int64_t n) {
   for (int64_t i = 0; i < n; i++) x[i] = rx_bf16_to_f32(rx_f32_to_bf16((float)x[i]));
@@ -205,14 +218,9 @@ static void backward_gives_input_and_bias_gradients(void) {
     CHECK_OK(rx_tensor_fill(dx.t, 7.0));    /* overwritten */
     CHECK_OK(rx_tensor_fill(db.t, 0.25));   /* accumulated */
     CHECK_OK(rx_matmul_backward(dx.t, NULL, db.t, dout, x, w));
-    double worst = 0, worst_b = 0;
-    const float *g = dx.t->data, *gb = db.t->data;
-    for (int64_t n = 0; n < N; n++)
-      for (int64_t c = 0; c < C; c++) {
-        double want = 0, scale = 0;
-        for (int64_t o = 0; o < OC; o++) { want += dv[n * OC + o] * wv[o * C + c]; scale += fabs(dv[n * OC + o] * wv[o * C + c]); }
-        worst = fmax(worst, fabs(g[n * C + c] - want) / scale);
-      }
+    const double worst = worst_rel_dinp(dx.t, dv, wv, N, C, OC);
+    double worst_b = 0;
+    const float *gb = db.t->data;
     for (int64_t o = 0; o < OC; o++) {
       double want = 0.25, scale = 0.25;
       for (int64_t n = 0; n < N; n++) { want += dv[n * OC + o]; scale += fabs(dv[n * OC + o]); }
@@ -309,14 +317,9 @@ static void training_gemms_match_reference_on_each_kernel(void) {
       CHECK_OK(rx_tensor_fill(dw.t, 0.25));   /* accumulated */
       CHECK_OK(rx_matmul_backward(dx.t, dw.t, NULL, dout, x, w));
       const double *xd = rounds ? xr : xv;
-      double edx = 0, edw = 0;
-      const float *g = dx.t->data, *gw = dw.t->data;
-      for (int64_t n = 0; n < N; n++)
-        for (int64_t c = 0; c < C; c++) {
-          double v = 0, scale = 0;
-          for (int64_t o = 0; o < OC; o++) { v += dv[n * OC + o] * wv[o * C + c]; scale += fabs(dv[n * OC + o] * wv[o * C + c]); }
-          edx = fmax(edx, fabs(g[n * C + c] - v) / (scale > 0 ? scale : 1));
-        }
+      const double edx = worst_rel_dinp(dx.t, dv, wv, N, C, OC);
+      double edw = 0;
+      const float *gw = dw.t->data;
       for (int64_t o = 0; o < OC; o++)
         for (int64_t c = 0; c < C; c++) {
           double v = 0.25, scale = 0.25;

@@ -96,6 +96,23 @@ static void bind(res_buf *b) {
   b->res.finish = b->finish;
 }
 
+/* A generator over the request, writing into out (bound here); NULL (a failed check) when it
+ * does not begin. */
+static rx_generator *begin(rx_model *m, req_buf *q, res_buf *out) {
+  bind(out);
+  rx_generate_request req = request(q);
+  rx_generator *g = NULL;
+  CHECK_OK(rx_generate_begin(&g, m, &req, &out->res));
+  return g;
+}
+
+/* The whole request in one call, into out (bound here). */
+static void generate(rx_model *m, req_buf *q, res_buf *out) {
+  bind(out);
+  rx_generate_request req = request(q);
+  CHECK_OK(rx_model_generate(m, &req, &out->res));
+}
+
 /* Sequences (prompt + generated so far) of every row as an i32 [R, T] batch, padded on the left
  * or the right. */
 static void pack(const req_buf *q, const res_buf *b, int left, int32_t *tok, int32_t *mask, int64_t T) {
@@ -129,13 +146,63 @@ static int64_t argmax_row(const rx_tensor *t, int64_t row, int64_t V) {
   return best;
 }
 
+/* Reference of the repetition penalty (CTRL, as Hugging Face and vLLM): a token that occurs in
+ * seen has its logit divided by the penalty when positive, multiplied by it otherwise. */
+static void reference_penalty(float *out, const float *x, int V, float penalty, const int32_t *seen, int n) {
+  for (int i = 0; i < V; i++) {
+    int in_seen = 0;
+    for (int j = 0; j < n; j++) in_seen |= seen[j] == i;
+    out[i] = !in_seen ? x[i] : x[i] > 0 ? x[i] / penalty : x[i] * penalty;
+  }
+}
+
+/* Whether greedy row r of b is the argmax chain of full forwards without cache, computed here
+ * from its prompt alone; with a repetition penalty (0 = none), the argmax of the logits after
+ * reference_penalty over the prompt and the chain so far. */
+static int greedy_is_argmax_chain(rx_model *m, int32_t dtype, const req_buf *q, const res_buf *b, int64_t r, float penalty) {
+  const int64_t p = q->row_prompt[r], a = q->offsets[p], n = q->offsets[p + 1] - a, T = n + q->max_new;
+  int32_t seq[64];
+  memcpy(seq, q->tokens + a, sizeof(int32_t) * (size_t)n);
+  int64_t s1[2] = {1, T}, s1o[2] = {1, VOCAB};
+  rx_tensor *t1 = NULL, *m1 = NULL, *o1 = NULL;
+  rx_tensor_new(&t1, RX_I32, RX_CPU, 2, s1);
+  rx_tensor_new(&m1, RX_I32, RX_CPU, 2, s1);
+  rx_tensor_new(&o1, dtype, RX_CPU, 2, s1o);
+  int same = b->lengths[r] == q->max_new;
+  for (int64_t k = 0; k < q->max_new; k++) {
+    int32_t *tp = t1->data, *mp = m1->data;
+    for (int64_t i = 0; i < T; i++) { tp[i] = i < n + k ? seq[i] : 0; mp[i] = i < n + k; }
+    CHECK_OK(rx_model_next_logits(m, t1, m1, o1));
+    if (penalty == 0) {
+      seq[n + k] = (int32_t)argmax_row(o1, 0, VOCAB);
+    } else {
+      float x[VOCAB], pen[VOCAB];
+      for (int i = 0; i < VOCAB; i++) x[i] = (float)read(o1, i);
+      reference_penalty(pen, x, VOCAB, penalty, seq, (int)(n + k));
+      int32_t best = 0;
+      for (int i = 1; i < VOCAB; i++) best = pen[i] > pen[best] ? i : best;
+      seq[n + k] = best;
+    }
+    if (b->tokens[r * q->max_new + k] != seq[n + k]) same = 0;
+  }
+  rx_tensor_free(t1);
+  rx_tensor_free(m1);
+  rx_tensor_free(o1);
+  return same;
+}
+
 /* ------------------------------------------------------------------ cached = full forward */
 
-static void prompts_of_three(req_buf *q) {
+/* A request over three prompts (5, 2 and 7 tokens) and no rows yet. */
+static req_buf three_prompts(int64_t max_new, uint64_t seed) {
   static const int32_t a[] = {3, 17, 42, 8, 1}, b[] = {29, 4}, c[] = {11, 0, 33, 47, 5, 26, 19};
-  add_prompt(q, a, 5);
-  add_prompt(q, b, 2);
-  add_prompt(q, c, 7);
+  req_buf q = {0};
+  q.max_new = max_new;
+  q.seed = seed;
+  add_prompt(&q, a, 5);
+  add_prompt(&q, b, 2);
+  add_prompt(&q, c, 7);
+  return q;
 }
 
 static void check_cached_equals_full(int32_t dtype, int variant) {
@@ -143,20 +210,14 @@ static void check_cached_equals_full(int32_t dtype, int variant) {
   rx_model *m = tiny_model_variant(dtype, variant);
   CHECK(m != NULL, "model");
   if (!m) return;
-  req_buf q = {0};
-  q.max_new = 10;
-  q.seed = 1234;
-  prompts_of_three(&q);
+  req_buf q = three_prompts(10, 1234);
   for (int64_t p = 0; p < 3; p++) {
     add_row(&q, p, 1.0, 0, 1.0, 10, 10 * p + 1);          /* sampled */
     add_row(&q, p, 1.3, 0, 0.9, 8, 10 * p + 2);           /* sampled, top-p, shorter */
     add_row(&q, p, 0.0, 0, 1.0, 10, 10 * p + 3);          /* greedy */
   }
   res_buf b;
-  bind(&b);
-  rx_generate_request req = request(&q);
-  rx_generator *g = NULL;
-  CHECK_OK(rx_generate_begin(&g, m, &req, &b.res));
+  rx_generator *g = begin(m, &q, &b);
   if (!g) { rx_model_free(m); return; }
   const rx_model_config *c = rx_model_get_config(m);
   const int64_t KD = c->num_key_value_heads * c->head_dim, S = 7 + q.max_new;
@@ -210,28 +271,9 @@ static void check_cached_equals_full(int32_t dtype, int variant) {
   rx_generate_end(g);
 
   /* greedy rows equal the argmax chain of full forwards, computed here from the prompt alone */
-  for (int64_t p = 0; p < 3; p++) {
-    int64_t r = 3 * p + 2, a = q.offsets[p], n = q.offsets[p + 1] - a;
-    int32_t seq[64];
-    memcpy(seq, q.tokens + a, sizeof(int32_t) * (size_t)n);
-    int64_t s1[2] = {1, n + q.max_new}, s1o[2] = {1, V};
-    rx_tensor *t1 = NULL, *m1 = NULL, *o1 = NULL;
-    rx_tensor_new(&t1, RX_I32, RX_CPU, 2, s1);
-    rx_tensor_new(&m1, RX_I32, RX_CPU, 2, s1);
-    rx_tensor_new(&o1, dtype, RX_CPU, 2, s1o);
-    int same = b.lengths[r] == q.max_new;
-    for (int64_t k = 0; k < q.max_new; k++) {
-      int32_t *tp = t1->data, *mp = m1->data;
-      for (int64_t i = 0; i < n + q.max_new; i++) { tp[i] = i < n + k ? seq[i] : 0; mp[i] = i < n + k; }
-      CHECK_OK(rx_model_next_logits(m, t1, m1, o1));
-      seq[n + k] = (int32_t)argmax_row(o1, 0, V);
-      if (b.tokens[r * q.max_new + k] != seq[n + k]) same = 0;
-    }
-    CHECK(same, "%s: greedy row of prompt %lld is not the argmax chain of full forwards", rx_dtype_name(dtype), (long long)p);
-    rx_tensor_free(t1);
-    rx_tensor_free(m1);
-    rx_tensor_free(o1);
-  }
+  for (int64_t p = 0; p < 3; p++)
+    CHECK(greedy_is_argmax_chain(m, dtype, &q, &b, 3 * p + 2, 0), "%s: greedy row of prompt %lld is not the argmax chain of full forwards",
+          rx_dtype_name(dtype), (long long)p);
   /* every row stopped on its own budget (no stop ids), and greedy rows are deterministic */
   for (int64_t r = 0; r < R; r++)
     CHECK(b.finish[r] == RX_FINISH_LENGTH && b.lengths[r] == q.rows[r].max_new_tokens, "row %lld: finish %d length %d",
@@ -256,16 +298,6 @@ static void test_cached_llama31_f64(void) { check_cached_equals_full(RX_F64, 2);
 static double chi2_bound(int df) {
   double a = 2.0 / (9.0 * df), z = 3.72;
   return df * pow(1 - a + z * sqrt(a), 3);
-}
-
-/* Reference of the repetition penalty (CTRL, as Hugging Face and vLLM): a token that occurs in
- * seen has its logit divided by the penalty when positive, multiplied by it otherwise. */
-static void reference_penalty(float *out, const float *x, int V, float penalty, const int32_t *seen, int n) {
-  for (int i = 0; i < V; i++) {
-    int in_seen = 0;
-    for (int j = 0; j < n; j++) in_seen |= seen[j] == i;
-    out[i] = !in_seen ? x[i] : x[i] > 0 ? x[i] / penalty : x[i] * penalty;
-  }
 }
 
 /* Reference distribution: softmax(logits / T) restricted to the top k, then to the smallest
@@ -410,10 +442,7 @@ static void test_generate_min_p_and_penalty(void) {
   rx_model *m = tiny_model(RX_F32);
   CHECK(m != NULL, "model");
   if (!m) return;
-  req_buf q = {0};
-  q.max_new = 12;
-  q.seed = 4321;
-  prompts_of_three(&q);
+  req_buf q = three_prompts(12, 4321);
   static const rx_sampling kinds[4] = {
     {1.0, 1.0, 0, 12, 0, 0.05, 1.3}, {0.8, 0.9, 10, 9, 0, 0.1, 1.6}, {0.0, 1.0, 0, 12, 0, 0.0, 1.5},
     {1.2, 1.0, 0, 12, 0, 0.0, 0.7}};
@@ -425,10 +454,7 @@ static void test_generate_min_p_and_penalty(void) {
       q.R++;
     }
   res_buf b;
-  bind(&b);
-  rx_generate_request req = request(&q);
-  rx_generator *g = NULL;
-  CHECK_OK(rx_generate_begin(&g, m, &req, &b.res));
+  rx_generator *g = begin(m, &q, &b);
   if (!g) { rx_model_free(m); return; }
   int32_t prev_len[32] = {0}, done = 0;
   int checked = 0, repeats_penalised = 0;
@@ -463,33 +489,9 @@ static void test_generate_min_p_and_penalty(void) {
   printf("  min-p and penalties: %d tokens, %d of them repeat a token seen before\n", checked, repeats_penalised);
 
   /* the greedy row of each prompt against the argmax chain of penalised full forwards */
-  for (int64_t p = 0; p < 3; p++) {
-    const int64_t r = 4 * p + 2, a = q.offsets[p], n = q.offsets[p + 1] - a, T = n + q.max_new;
-    int32_t seq[64];
-    memcpy(seq, q.tokens + a, sizeof(int32_t) * (size_t)n);
-    int64_t s1[2] = {1, T}, s1o[2] = {1, VOCAB};
-    rx_tensor *t1 = NULL, *m1 = NULL, *o1 = NULL;
-    rx_tensor_new(&t1, RX_I32, RX_CPU, 2, s1);
-    rx_tensor_new(&m1, RX_I32, RX_CPU, 2, s1);
-    rx_tensor_new(&o1, RX_F32, RX_CPU, 2, s1o);
-    int same = b.lengths[r] == q.max_new;
-    for (int64_t k = 0; k < q.max_new; k++) {
-      int32_t *tp = t1->data, *mp = m1->data;
-      for (int64_t i = 0; i < T; i++) { tp[i] = i < n + k ? seq[i] : 0; mp[i] = i < n + k; }
-      CHECK_OK(rx_model_next_logits(m, t1, m1, o1));
-      float pen[VOCAB];
-      reference_penalty(pen, o1->data, VOCAB, 1.5f, seq, (int)(n + k));
-      int32_t best = 0;
-      for (int i = 1; i < VOCAB; i++) best = pen[i] > pen[best] ? i : best;
-      seq[n + k] = best;
-      if (b.tokens[r * q.max_new + k] != best) same = 0;
-    }
-    CHECK(same, "greedy row of prompt %lld with repetition_penalty 1.5 is not the argmax chain of penalised full forwards",
-          (long long)p);
-    rx_tensor_free(t1);
-    rx_tensor_free(m1);
-    rx_tensor_free(o1);
-  }
+  for (int64_t p = 0; p < 3; p++)
+    CHECK(greedy_is_argmax_chain(m, RX_F32, &q, &b, 4 * p + 2, 1.5f),
+          "greedy row of prompt %lld with repetition_penalty 1.5 is not the argmax chain of penalised full forwards", (long long)p);
   rx_model_free(m);
 }
 
@@ -544,9 +546,7 @@ static void run_batch(rx_model *m, const int *perm, const int *row_perm, int32_t
     add_row(&q, where[p], slot == 2 ? 0.0 : 1.2, slot == 1 ? 8 : 0, slot == 1 ? 0.9 : 1.0, 12, 1000 + (uint64_t)key);
   }
   res_buf r;
-  bind(&r);
-  rx_generate_request req = request(&q);
-  CHECK_OK(rx_model_generate(m, &req, &r.res));
+  generate(m, &q, &r);
   for (int i = 0; i < 9; i++) {
     int key = row_perm[i];
     out_len[key] = r.lengths[i];
@@ -580,12 +580,7 @@ static void test_same_seed_same_tokens(void) {
 static void test_finished_rows_leave_the_batch(void) {
   rx_model *m = tiny_model(RX_F32);
   if (!m) return;
-  req_buf mixed = {0}, longs = {0}, shorts = {0};
-  mixed.max_new = longs.max_new = shorts.max_new = 12;
-  mixed.seed = longs.seed = shorts.seed = 99;
-  prompts_of_three(&mixed);
-  prompts_of_three(&longs);
-  prompts_of_three(&shorts);
+  req_buf mixed = three_prompts(12, 99), longs = three_prompts(12, 99), shorts = three_prompts(12, 99);
   /* budgets 1..5 for the short rows, interleaved with the long ones so slots must move */
   int is_long[8] = {0, 1, 0, 0, 1, 0, 1, 0}, budget[8] = {3, 12, 1, 5, 12, 2, 12, 4};
   for (int i = 0; i < 8; i++) {
@@ -593,13 +588,8 @@ static void test_finished_rows_leave_the_batch(void) {
     add_row(is_long[i] ? &longs : &shorts, i % 3, 1.0, 0, 1.0, budget[i], 100 + (uint64_t)i);
   }
   res_buf a, b, c;
-  bind(&a);
-  bind(&b);
-  bind(&c);
-  rx_generate_request ra = request(&mixed), rb = request(&longs), rc = request(&shorts);
   /* the mixed batch step by step: each step computes exactly the rows that had not finished */
-  rx_generator *g = NULL;
-  CHECK_OK(rx_generate_begin(&g, m, &ra, &a.res));
+  rx_generator *g = begin(m, &mixed, &a);
   for (int32_t done = 0; g && !done;) {
     int64_t decoding = 0;
     for (int i = 0; i < 8; i++) decoding += a.lengths[i] < budget[i];
@@ -609,8 +599,8 @@ static void test_finished_rows_leave_the_batch(void) {
             (long long)rx_generate_logits(g)->shape[0], (long long)decoding);
   }
   rx_generate_end(g);
-  CHECK_OK(rx_model_generate(m, &rb, &b.res));
-  CHECK_OK(rx_model_generate(m, &rc, &c.res));
+  generate(m, &longs, &b);
+  generate(m, &shorts, &c);
   int nl = 0, ns = 0;
   for (int i = 0; i < 8; i++) {
     res_buf *o = is_long[i] ? &b : &c;
@@ -631,20 +621,16 @@ static void test_finished_rows_leave_the_batch(void) {
 static void test_prompts_without_rows(void) {
   rx_model *m = tiny_model(RX_F64);
   if (!m) return;
-  req_buf all = {0}, one = {0};
-  all.max_new = one.max_new = 6;
-  prompts_of_three(&all);
+  req_buf all = three_prompts(6, 0), one = {0};
+  one.max_new = 6;
   add_row(&all, 2, 0.0, 0, 1.0, 6, 1);
   add_row(&all, 2, 1.0, 0, 1.0, 6, 2);
   add_prompt(&one, all.tokens + all.offsets[2], all.offsets[3] - all.offsets[2]);
   add_row(&one, 0, 0.0, 0, 1.0, 6, 1);
   add_row(&one, 0, 1.0, 0, 1.0, 6, 2);
   res_buf a, b;
-  bind(&a);
-  bind(&b);
-  rx_generate_request ra = request(&all), rb = request(&one);
-  CHECK_OK(rx_model_generate(m, &ra, &a.res));
-  CHECK_OK(rx_model_generate(m, &rb, &b.res));
+  generate(m, &all, &a);
+  generate(m, &one, &b);
   CHECK(memcmp(a.tokens, b.tokens, sizeof(int32_t) * 12) == 0, "rows changed with unused prompts in the batch");
   for (int i = 0; i < 12; i++)
     CHECK(fabs(a.logprobs[i] - b.logprobs[i]) <= 1e-6 * fmax(1, fabs(b.logprobs[i])), "logprob %d: %g vs %g", i, a.logprobs[i], b.logprobs[i]);
@@ -656,16 +642,11 @@ static void test_prompts_without_rows(void) {
 static void test_stop_tokens(void) {
   rx_model *m = tiny_model(RX_F32);
   if (!m) return;
-  req_buf q = {0};
-  q.max_new = 16;
-  q.seed = 5;
-  prompts_of_three(&q);
+  req_buf q = three_prompts(16, 5);
   const int32_t budget[6] = {16, 5, 16, 9, 16, 12};
   for (int i = 0; i < 6; i++) add_row(&q, i / 2, i == 4 ? 0.0 : 1.5, 0, 1.0, budget[i], 500 + (uint64_t)i);
   res_buf free_run, stopped;
-  bind(&free_run);
-  rx_generate_request req = request(&q);
-  CHECK_OK(rx_model_generate(m, &req, &free_run.res));
+  generate(m, &q, &free_run);
   for (int r = 0; r < 6; r++)
     CHECK(free_run.lengths[r] == budget[r] && free_run.finish[r] == RX_FINISH_LENGTH, "row %d: length %d (budget %d), finish %d", r,
           free_run.lengths[r], budget[r], free_run.finish[r]);
@@ -681,9 +662,7 @@ static void test_stop_tokens(void) {
   q.stop[0] = stop;
   q.stop[1] = VOCAB - 1 == stop ? VOCAB - 2 : VOCAB - 1;   /* a second stop id */
   q.nstop = 2;
-  bind(&stopped);
-  req = request(&q);
-  CHECK_OK(rx_model_generate(m, &req, &stopped.res));
+  generate(m, &q, &stopped);
   int some_ran_to_budget = 0;
   for (int r = 0; r < 6; r++) {
     int first = -1;   /* where the free run first drew a stop id */
@@ -711,18 +690,11 @@ static void test_stop_tokens(void) {
 static void test_stop_row(void) {
   rx_model *m = tiny_model(RX_F32);
   if (!m) return;
-  req_buf q = {0};
-  q.max_new = 12;
-  q.seed = 8;
-  prompts_of_three(&q);
+  req_buf q = three_prompts(12, 8);
   for (int i = 0; i < 6; i++) add_row(&q, i / 2, i == 3 ? 0.0 : 1.2, 0, 1.0, i == 5 ? 4 : 12, 700 + (uint64_t)i);
   res_buf free_run, cut;
-  bind(&free_run);
-  rx_generate_request req = request(&q);
-  CHECK_OK(rx_model_generate(m, &req, &free_run.res));
-  bind(&cut);
-  rx_generator *g = NULL;
-  CHECK_OK(rx_generate_begin(&g, m, &req, &cut.res));
+  generate(m, &q, &free_run);
+  rx_generator *g = begin(m, &q, &cut);
   if (!g) { rx_model_free(m); return; }
   int32_t done = 0;
   for (int step = 1; !done; step++) {
@@ -756,48 +728,37 @@ static void test_bad_requests(void) {
   rx_generator *g = NULL;
   rx_generate_request req;
 #define FRESH(q)                                   \
-  req_buf q = {0};                                 \
-  q.max_new = 8;                                   \
-  prompts_of_three(&q);                            \
+  req_buf q = three_prompts(8, 0);                 \
   for (int i = 0; i < 3; i++) add_row(&q, i, 1.0, 0, 1.0, 8, (uint64_t)i)
 
   { FRESH(q); q.max_new = MAXPOS - 6; for (int i = 0; i < 3; i++) q.rows[i].max_new_tokens = 1;
     req = request(&q);
     CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "max_position_embeddings"); CHECK(g == NULL, "generator left"); }
-  { FRESH(q); q.tokens[q.offsets[1] + 1] = VOCAB; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "prompt 1, position 1: token 50 is outside"); }
-  { FRESH(q); q.tokens[2] = -3; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "prompt 0, position 2: token -3"); }
-  { FRESH(q); q.offsets[2] = q.offsets[1]; req = request(&q);     /* prompt 1 empty (prompt 2 grows) */
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "prompt 1 is empty"); }
-  { FRESH(q); q.rows[2].temperature = -1; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 2: temperature = -1 must be >= 0"); }
-  { FRESH(q); q.rows[1].top_p = 0; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 1: top_p = 0 outside (0, 1]"); }
-  { FRESH(q); q.rows[1].top_p = 1.5; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "top_p = 1.5"); }
-  { FRESH(q); q.rows[0].top_k = -2; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "top_k = -2"); }
-  { FRESH(q); q.rows[0].temperature = NAN; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 0: temperature = nan"); }
-  { FRESH(q); q.rows[1].min_p = 1.25; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 1: min_p = 1.25 outside [0, 1]"); }
-  { FRESH(q); q.rows[2].repetition_penalty = -0.5; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 2: repetition_penalty = -0.5 must be a finite number > 0"); }
-  { FRESH(q); q.rows[0].repetition_penalty = NAN; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 0: repetition_penalty = nan"); }
-  { FRESH(q); q.rows[2].max_new_tokens = 9; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 2: max_new_tokens 9 outside [1, 8]"); }
-  { FRESH(q); q.rows[2].max_new_tokens = 0; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 2: max_new_tokens 0"); }
-  { FRESH(q); q.row_prompt[1] = 3; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "row 1 continues prompt 3 of 3"); }
-  { FRESH(q); q.stop[0] = VOCAB + 4; q.nstop = 1; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "stop token 54"); }
-  { FRESH(q); q.max_new = 0; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "max_new_tokens = 0"); }
-  { FRESH(q); q.R = 0; req = request(&q);
-    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), "0 rows"); }
+  /* each request is the fresh one with one change; beginning it fails naming what is wrong */
+#define REFUSED(change, needle)                                             \
+  do {                                                                      \
+    FRESH(q);                                                               \
+    change;                                                                 \
+    req = request(&q);                                                      \
+    CHECK_FAILS(rx_generate_begin(&g, m, &req, &b.res), needle);            \
+  } while (0)
+  REFUSED(q.tokens[q.offsets[1] + 1] = VOCAB, "prompt 1, position 1: token 50 is outside");
+  REFUSED(q.tokens[2] = -3, "prompt 0, position 2: token -3");
+  REFUSED(q.offsets[2] = q.offsets[1], "prompt 1 is empty");     /* prompt 1 empty (prompt 2 grows) */
+  REFUSED(q.rows[2].temperature = -1, "row 2: temperature = -1 must be >= 0");
+  REFUSED(q.rows[1].top_p = 0, "row 1: top_p = 0 outside (0, 1]");
+  REFUSED(q.rows[1].top_p = 1.5, "top_p = 1.5");
+  REFUSED(q.rows[0].top_k = -2, "top_k = -2");
+  REFUSED(q.rows[0].temperature = NAN, "row 0: temperature = nan");
+  REFUSED(q.rows[1].min_p = 1.25, "row 1: min_p = 1.25 outside [0, 1]");
+  REFUSED(q.rows[2].repetition_penalty = -0.5, "row 2: repetition_penalty = -0.5 must be a finite number > 0");
+  REFUSED(q.rows[0].repetition_penalty = NAN, "row 0: repetition_penalty = nan");
+  REFUSED(q.rows[2].max_new_tokens = 9, "row 2: max_new_tokens 9 outside [1, 8]");
+  REFUSED(q.rows[2].max_new_tokens = 0, "row 2: max_new_tokens 0");
+  REFUSED(q.row_prompt[1] = 3, "row 1 continues prompt 3 of 3");
+  REFUSED(q.stop[0] = VOCAB + 4; q.nstop = 1, "stop token 54");
+  REFUSED(q.max_new = 0, "max_new_tokens = 0");
+  REFUSED(q.R = 0, "0 rows");
   rx_model_free(m);
 
   /* more than memory: refused before allocating, naming rows, positions and sizes */

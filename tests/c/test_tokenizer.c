@@ -250,46 +250,50 @@ static void nfc_matches_unicode_test_file(void) {
 
 /* ---------------------------------------------------------------- errors */
 
+/* "{" + the ByteLevel pre_tokenizer and decoder + ", " + rest, in out (1024 bytes). */
+static const char *with_pre(char *out, const char *rest) {
+  snprintf(out, 1024, "{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"decoder\": {\"type\": \"ByteLevel\"}, %s", rest);
+  return out;
+}
+
+/* Writes tokenizer.json text `json` to the caller's path; loading it into the caller's tok fails
+ * with a message containing needle. */
+#define LOAD_FAILS(json, needle)                         \
+  do {                                                   \
+    write_file(path, json);                              \
+    CHECK_FAILS(rx_tokenizer_load(&tok, path), needle);  \
+  } while (0)
+
 static void malformed_files_name_file_and_key(void) {
   const char *path = "/tmp/rx_test_tok_bad.json";
   rx_tokenizer *tok = NULL;
-  const char *pre = "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"decoder\": {\"type\": \"ByteLevel\"}";
   char text[1024];
 
-  write_file(path, "{\"added_tokens\": [], \"normalizer\": null}");
-  CHECK_FAILS(rx_tokenizer_load(&tok, path), "/tmp/rx_test_tok_bad.json: missing \"model\"");
+  LOAD_FAILS("{\"added_tokens\": [], \"normalizer\": null}", "/tmp/rx_test_tok_bad.json: missing \"model\"");
 
-  snprintf(text, sizeof text, "{%s, \"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0}}}", pre);
-  write_file(path, text);
-  CHECK_FAILS(rx_tokenizer_load(&tok, path), "rx_test_tok_bad.json: model.type \"WordPiece\" is not supported");
-  snprintf(text, sizeof text, "{%s, \"model\": {\"type\": \"Unigram\", \"vocab\": [[\"a\", 0.0]]}}", pre);
-  write_file(path, text);
-  CHECK_FAILS(rx_tokenizer_load(&tok, path), "model.type \"Unigram\"");
+  LOAD_FAILS(with_pre(text, "\"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0}}}"),
+             "rx_test_tok_bad.json: model.type \"WordPiece\" is not supported");
+  LOAD_FAILS(with_pre(text, "\"model\": {\"type\": \"Unigram\", \"vocab\": [[\"a\", 0.0]]}}"),
+             "model.type \"Unigram\"");
 
-  snprintf(text, sizeof text, "{%s, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a b\", \"a c\"]}}", pre);
-  write_file(path, text);
-  CHECK_FAILS(rx_tokenizer_load(&tok, path), "rx_test_tok_bad.json: model.merges[1] (\"a\" + \"c\"): token \"c\" is not in model.vocab");
-  snprintf(text, sizeof text, "{%s, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [[\"a\", \"b\"]]}}", pre);
-  write_file(path, text);
-  CHECK_FAILS(rx_tokenizer_load(&tok, path), "model.merges[0] (\"a\" + \"b\"): token \"ab\" is not in model.vocab");
+  LOAD_FAILS(with_pre(text, "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a b\", \"a c\"]}}"),
+             "rx_test_tok_bad.json: model.merges[1] (\"a\" + \"c\"): token \"c\" is not in model.vocab");
+  LOAD_FAILS(with_pre(text, "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [[\"a\", \"b\"]]}}"),
+             "model.merges[0] (\"a\" + \"b\"): token \"ab\" is not in model.vocab");
 
-  write_file(path, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0,}}}");
-  CHECK_FAILS(rx_tokenizer_load(&tok, path), "rx_test_tok_bad.json: bad JSON: byte");
+  LOAD_FAILS("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0,}}}", "rx_test_tok_bad.json: bad JSON: byte");
 
-  write_file(path, "{\"pre_tokenizer\": {\"type\": \"Metaspace\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}");
-  CHECK_FAILS(rx_tokenizer_load(&tok, path), "pre_tokenizer type \"Metaspace\"");
-  write_file(path, "{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\"}, {\"type\": \"ByteLevel\"}]},"
-                   " \"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}");
-  CHECK_FAILS(rx_tokenizer_load(&tok, path), "pre_tokenizer.pretokenizers[0]: pre-tokenizer type \"Digits\" is not supported");
-  snprintf(text, sizeof text, "{%s, \"normalizer\": {\"type\": \"NFKC\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}", pre);
-  write_file(path, text);
-  CHECK_FAILS(rx_tokenizer_load(&tok, path), "normalizer: normalizer type \"NFKC\" is not supported");
-  write_file(path, "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(unclosed\"}, \"behavior\": \"Isolated\"},"
-                   " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}");
-  CHECK_FAILS(rx_tokenizer_load(&tok, path), "pre_tokenizer");
-  snprintf(text, sizeof text, "{%s, \"added_tokens\": [{\"id\": 5}], \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}", pre);
-  write_file(path, text);
-  CHECK_FAILS(rx_tokenizer_load(&tok, path), "added_tokens[0].content");
+  LOAD_FAILS("{\"pre_tokenizer\": {\"type\": \"Metaspace\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+             "pre_tokenizer type \"Metaspace\"");
+  LOAD_FAILS("{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\"}, {\"type\": \"ByteLevel\"}]},"
+             " \"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+             "pre_tokenizer.pretokenizers[0]: pre-tokenizer type \"Digits\" is not supported");
+  LOAD_FAILS(with_pre(text, "\"normalizer\": {\"type\": \"NFKC\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}"),
+             "normalizer: normalizer type \"NFKC\" is not supported");
+  LOAD_FAILS("{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(unclosed\"}, \"behavior\": \"Isolated\"},"
+             " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}", "pre_tokenizer");
+  LOAD_FAILS(with_pre(text, "\"added_tokens\": [{\"id\": 5}], \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}"),
+             "added_tokens[0].content");
   CHECK_FAILS(rx_tokenizer_load(&tok, "/tmp/rx_no_such_dir_xyz"), "/tmp/rx_no_such_dir_xyz");
   CHECK(tok == NULL, "a failed load leaves the handle NULL");
   remove(path);

@@ -12,7 +12,6 @@
  * fuzz-libs: build/libremax.so -Wl,-rpath,$ORIGIN/../build -I/usr/include/luajit-2.1 -lluajit-5.1 -rdynamic
  * fuzz-dict: config.dict */
 #include <stdint.h>
-#include "fuzz_cpu.h"
 #include "fuzz_lua.h"
 
 static const char CHECK[] =
@@ -55,15 +54,4 @@ static const char CHECK[] =
     "  if got ~= params then return ('the model has %d parameters, the config implies %d'):format(got, params) end\n"
     "end\n";
 
-int LLVMFuzzerInitialize(int *argc, char ***argv) {
-  (void)argc; (void)argv;
-  fuzz_lua_init(CHECK);
-  return 0;
-}
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  FUZZ_CPU_BEGIN;
-  fuzz_lua_check("config.json", data, size);
-  FUZZ_CPU_END(size);
-  return 0;
-}
+FUZZ_LUA_TARGET(CHECK, "config.json")

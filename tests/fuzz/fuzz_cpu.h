@@ -2,9 +2,11 @@
  * (clock()), so that a loaded machine -- the fuzzers run under nice on shared hosts -- cannot
  * turn a fast input into a false timeout, while an input that really costs over 1 s of CPU stops
  * the run as libFuzzer's own timeout would (that one stays on, in wall time, for hangs).
- *   FUZZ_CPU_BEGIN; ... FUZZ_CPU_END(size);      limit: FUZZ_CPU_LIMIT seconds (default 1) */
+ *   FUZZ_CPU_BEGIN; ... FUZZ_CPU_END(size);      limit: FUZZ_CPU_LIMIT seconds (default 1)
+ *   FUZZ_CPU_TARGET(one_input)   defines LLVMFuzzerTestOneInput as one_input(data, size) within it */
 #ifndef FUZZ_CPU_H
 #define FUZZ_CPU_H
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -27,4 +29,12 @@ static double fuzz_cpu_limit(void) {
       __builtin_trap();                                                                          \
     }                                                                                            \
   } while (0)
+
+#define FUZZ_CPU_TARGET(one_input)                                  \
+  int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {    \
+    FUZZ_CPU_BEGIN;                                                 \
+    one_input(data, size);                                          \
+    FUZZ_CPU_END(size);                                             \
+    return 0;                                                       \
+  }
 #endif

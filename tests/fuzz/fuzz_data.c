@@ -10,7 +10,6 @@
  * fuzz-dict: json.dict
  * fuzz-options: -max_len=262144 -len_control=200 */
 #include <stdint.h>
-#include "fuzz_cpu.h"
 #include "fuzz_lua.h"
 
 static const char CHECK[] =
@@ -39,15 +38,4 @@ static const char CHECK[] =
     "  data.collate(s:next_batch())\n"
     "end\n";
 
-int LLVMFuzzerInitialize(int *argc, char ***argv) {
-  (void)argc; (void)argv;
-  fuzz_lua_init(CHECK);
-  return 0;
-}
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  FUZZ_CPU_BEGIN;
-  fuzz_lua_check("data.jsonl", data, size);
-  FUZZ_CPU_END(size);
-  return 0;
-}
+FUZZ_LUA_TARGET(CHECK, "data.jsonl")

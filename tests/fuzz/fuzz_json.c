@@ -96,15 +96,6 @@ static void write_value(buf *b, const rx_json *v, size_t src_len) {
   }
 }
 
-static int one_input(const uint8_t *data, size_t size);
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  FUZZ_CPU_BEGIN;
-  one_input(data, size);
-  FUZZ_CPU_END(size);
-  return 0;
-}
-
 static int one_input(const uint8_t *data, size_t size) {
   char err[256];
   rx_json_doc *doc = rx_json_parse((const char *)data, size, err, sizeof err);
@@ -135,3 +126,5 @@ static int one_input(const uint8_t *data, size_t size) {
   free(twice.p);
   return 0;
 }
+
+FUZZ_CPU_TARGET(one_input)

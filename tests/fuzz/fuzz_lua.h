@@ -12,9 +12,14 @@
  * over the Lua chunks whose name contains pattern ("remax/jinja"): each (previous line, line)
  * pair within such a chunk bumps a counter in libFuzzer's extra-counters section, so an input
  * reaching a new branch of the Lua code is kept as it is for C. The JIT is turned off while it
- * is on (a compiled trace would not call the hook). */
+ * is on (a compiled trace would not call the hook).
+ *
+ * fuzz_lua_input(name, data, size) is the body of a target's LLVMFuzzerTestOneInput: the check on
+ * the input saved as `name`, within the CPU limit of fuzz_cpu.h. FUZZ_LUA_TARGET(chunk, name)
+ * defines both entry points of a target that needs nothing else. */
 #ifndef FUZZ_LUA_H
 #define FUZZ_LUA_H
+#include "fuzz_cpu.h"
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
@@ -117,4 +122,20 @@ static void fuzz_lua_check(const char *name, const uint8_t *data, size_t size) {
   lua_settop(fuzz_L, 0);
   lua_gc(fuzz_L, LUA_GCCOLLECT, 0);   /* memory Lua objects own is freed before the leak check */
 }
+
+static int fuzz_lua_input(const char *name, const uint8_t *data, size_t size) {
+  FUZZ_CPU_BEGIN;
+  fuzz_lua_check(name, data, size);
+  FUZZ_CPU_END(size);
+  return 0;
+}
+
+#define FUZZ_LUA_TARGET(chunk, name)                                                               \
+  int LLVMFuzzerInitialize(int *argc, char ***argv) {                                              \
+    (void)argc;                                                                                    \
+    (void)argv;                                                                                    \
+    fuzz_lua_init(chunk);                                                                          \
+    return 0;                                                                                      \
+  }                                                                                                \
+  int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) { return fuzz_lua_input(name, data, size); }
 #endif

@@ -213,15 +213,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   return 0;
 }
 
-static void one_input(const uint8_t *data, size_t size);
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  FUZZ_CPU_BEGIN;
-  one_input(data, size);
-  FUZZ_CPU_END(size);
-  return 0;
-}
-
 static void one_input(const uint8_t *data, size_t size) {
   const uint8_t *sep = find_sep(data, size);
   if (!sep) {
@@ -254,6 +245,8 @@ static void one_input(const uint8_t *data, size_t size) {
   rx_tokenizer_free(tok);
   return;
 }
+
+FUZZ_CPU_TARGET(one_input)
 
 #else
 /* ---------------------------------------------------------------- seeds */

@@ -13,29 +13,7 @@
 #include <string>
 #include <vector>
 
-// check.h's CHECK, RUN and summary (that header is C only)
-static int check_failures, check_cases, check_case_failed;
-#define CHECK(cond, ...)                                                        \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      check_failures++;                                                         \
-      check_case_failed = 1;                                                    \
-      fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);  \
-      fprintf(stderr, __VA_ARGS__);                                             \
-      fprintf(stderr, "\n");                                                    \
-    }                                                                           \
-  } while (0)
-#define RUN(fn)                                                              \
-  do {                                                                       \
-    check_case_failed = 0;                                                   \
-    check_cases++;                                                           \
-    fn();                                                                    \
-    fprintf(stderr, "%s %s\n", check_case_failed ? "FAIL" : "ok  ", #fn);     \
-  } while (0)
-static int check_summary(const char *name) {
-  fprintf(stderr, "%s: %d cases, %d failed checks\n", name, check_cases, check_failures);
-  return check_failures ? 1 : 0;
-}
+#include "check.h"
 
 static float *dev_upload(const std::vector<float> &h) {
   float *d = nullptr;

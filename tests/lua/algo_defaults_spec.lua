@@ -3,30 +3,23 @@
 local config = require("remax.train.config")
 local trainer = require("remax.train.trainer")
 local support = require("support")
-local tmpdir, write = support.tmpdir, support.write
 
-local function setup()
-  local d = tmpdir()
-  write(d .. "/len.lua", [[
+-- the completion's length in tokens
+local LEN = [[
 return { name = "len", fn = function(completions, batch)
   local s = {}
   for i, c in ipairs(completions) do s[i] = #batch.completion_ids[i] end
   return s
 end }
-]])
-  support.prompts(d .. "/p.jsonl", 8)
-  return d
-end
+]]
+
+local function setup() return support.train_dir(8, { reward_file = "len.lua", reward = LEN }) end
 
 local function recipe(d, extra)
-  local r = {
-    model_config = support.tiny_model(),
-    data = d .. "/p.jsonl", rewards = { d .. "/len.lua" }, chat_template = "plain",
-    num_generations = 3, max_completion_length = 6, per_device_train_batch_size = 2, learning_rate = 1e-3,
-    max_steps = 2, eval_size = 0, output_dir = d .. "/runs", save_steps = 0, log_completions = 0, seed = 3,
-  }
-  for k, v in pairs(extra or {}) do r[k] = v end
-  return r
+  return support.run_settings(d, {
+    model_config = support.tiny_model(), rewards = { d .. "/len.lua" }, num_generations = 3, max_completion_length = 6,
+    per_device_train_batch_size = 2, learning_rate = 1e-3, max_steps = 2, seed = 3,
+  }, extra)
 end
 
 describe("algorithm defaults", function()

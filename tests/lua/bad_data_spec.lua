@@ -8,11 +8,7 @@ local trainer = require("remax.train.trainer")
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 
-local function err_of(f, ...)
-  local ok, err = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
+local err_of = support.error_of
 
 describe("dataset files", function()
   local dir = tmpdir()
@@ -142,9 +138,7 @@ local TINY = support.tiny_model({ num_hidden_layers = 1 })
 local function setup(reward_src)
   local dir = tmpdir()
   write(dir .. "/r.lua", reward_src)
-  local lines = {}
-  for i = 1, 8 do lines[i] = ('{"prompt": "a prompt of some length %d"}'):format(i) end
-  write(dir .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+  support.prompts(dir .. "/p.jsonl", 8, '{"prompt": "a prompt of some length %d"}')
   return dir
 end
 

@@ -5,15 +5,9 @@
 local cjson = require("cjson")
 local support = require("support")
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local q = support.shell_quote
 
--- The program beside the library in use (REMAX_LIB: the emulator's build), else the build's.
-local function binary()
-  local dir = (os.getenv("REMAX_LIB") or ""):match("^(.*)/[^/]*$")
-  local f = dir and io.open(dir .. "/remax")
-  if f then f:close(); return dir .. "/remax" end
-  return require("remax.cli.main").build_dir() .. "/remax"
-end
+local binary = support.remax_binary
 
 describe("bench/gpu_remax_step.sh", function()
   it("cuda (else cpu): --tiny runs one ReMax step and prints its phases and a summary", function()

@@ -7,13 +7,7 @@ local support = require("support")
 local tmpdir = support.tmpdir
 
 local function tiny(extra)
-  local cfg = {
-    architectures = { "Qwen2ForCausalLM" }, vocab_size = 48, hidden_size = 40, intermediate_size = 72,
-    num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, rms_norm_eps = 1e-6,
-    rope_theta = 10000, tie_word_embeddings = false, max_position_embeddings = 256,
-  }
-  for k, v in pairs(extra or {}) do cfg[k] = v end
-  return cfg
+  return support.tiny_model({ vocab_size = 48, hidden_size = 40, intermediate_size = 72, tie_word_embeddings = false }, extra)
 end
 
 -- rows long enough (> 48 tokens in all) that the widened-block GEMM path runs, and short ones
@@ -208,9 +202,7 @@ describe("frozen copies in training", function()
     remax.tokenizer.write_byte_level(dir .. "/m")
     write(dir .. "/r.lua", [[return { name = "len", fn = function(c) local s = {}
       for i, x in ipairs(c) do s[i] = #x / 10 end return s end }]])
-    local lines = {}
-    for i = 1, 8 do lines[i] = ('{"prompt": "p %d"}'):format(i) end
-    write(dir .. "/d.jsonl", table.concat(lines, "\n") .. "\n")
+    support.prompts(dir .. "/d.jsonl", 8, '{"prompt": "p %d"}')
     return dir
   end
 

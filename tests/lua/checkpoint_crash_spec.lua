@@ -10,11 +10,8 @@ local runs = require("remax.train.runs")
 local fs = require("remax.bind.fs")
 local support = require("support")
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-local function binary()
-  local b = require("remax.cli.main").build_dir() .. "/remax"
-  return b:sub(1, 1) == "/" and b or (os.getenv("PWD") .. "/" .. b)   -- the runs cd to their folder
-end
+local q = support.shell_quote
+local binary = support.remax_binary   -- absolute: the runs cd to their folder
 
 -- Runs a shell command; returns its exit status and its output (stdout and stderr).
 local function sh(cmd)
@@ -27,14 +24,9 @@ end
 local write = support.write
 
 local STEPS = 4
-local LOWER = support.LOWER
 
 local function setup()
-  local dir = support.tmpdir()
-  write(dir .. "/lower.lua", LOWER)
-  local lines = {}
-  for i = 1, 8 do lines[i] = ('{"prompt": "say something %d"}'):format(i) end
-  write(dir .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+  local dir = support.train_dir(8, { prompt_format = '{"prompt": "say something %d"}' })
   write(dir .. "/recipe.lua", ([[
 return {
   model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 16, intermediate_size = 32,

@@ -7,7 +7,7 @@ local gguf = require("remax.bind.gguf")
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local q = support.shell_quote
 
 local function remax(args)
   local bin = require("remax.cli.main").build_dir() .. "/remax"
@@ -17,11 +17,7 @@ local function remax(args)
   return out:gsub("rc=%d+%s*$", ""), tonumber(out:match("rc=(%d+)%s*$"))
 end
 
-local function err_of(f, ...)
-  local ok, err = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
+local err_of = support.error_of
 
 describe("command line", function()
   it("takes --max-new-tokens and --max_new_tokens alike, in every command", function()
@@ -83,9 +79,7 @@ describe("command line", function()
     local d = tmpdir()
     finally(function() os.execute("rm -rf " .. q(d)) end)
     write(d .. "/one.lua", "return { name = 'one', fn = function(c) local s = {} for i in ipairs(c) do s[i] = 1 end return s end }")
-    local lines = {}
-    for i = 1, 10 do lines[i] = ('{"prompt": "p %d", "answer": "a"}'):format(i) end
-    write(d .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+    support.prompts(d .. "/p.jsonl", 10, '{"prompt": "p %d", "answer": "a"}')
     local function recipe(extra)
       local r = { model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 16, intermediate_size = 32,
           num_hidden_layers = 1, num_attention_heads = 2, num_key_value_heads = 1, max_position_embeddings = 64,

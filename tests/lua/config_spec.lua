@@ -1,10 +1,5 @@
 local config = require("remax.train.config")
-
-local function err_of(f, ...)
-  local ok, err = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
+local err_of = require("support").error_of
 
 describe("config", function()
   it("declares every key with a type, a meaning and a group", function()

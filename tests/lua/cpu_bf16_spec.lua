@@ -43,11 +43,8 @@ local function restore()
 end
 
 local function tiny(extra)
-  local c = { architectures = { "Qwen2ForCausalLM" }, vocab_size = 64, hidden_size = 64, intermediate_size = 96,
-    num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, rms_norm_eps = 1e-6,
-    rope_theta = 10000, tie_word_embeddings = false, max_position_embeddings = 128 }
-  for k, v in pairs(extra or {}) do c[k] = v end
-  return c
+  return support.tiny_model({ vocab_size = 64, hidden_size = 64, intermediate_size = 96, max_position_embeddings = 128,
+    tie_word_embeddings = false }, extra)
 end
 
 -- n rows of lengths len, len+1, ... (seeded, the vocabulary of tiny())

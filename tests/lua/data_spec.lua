@@ -4,11 +4,7 @@ local data = require("remax").data
 
 local FIX = "tests/fixtures/data/"
 
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
+local errmsg = support.error_of
 
 describe("data.load", function()
   it("reads GSM8K-format JSONL with no mapping", function()

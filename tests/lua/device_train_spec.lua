@@ -15,12 +15,7 @@ if not tensor.has_cuda() then
   return
 end
 
-local function setup()
-  local dir = support.tmpdir()
-  support.write(dir .. "/lower.lua", support.LOWER)
-  support.prompts(dir .. "/p.jsonl", 8)
-  return dir
-end
+local function setup() return support.train_dir(8) end
 
 -- KL to a reference (beta > 0), two micro-batches (accumulation), clipping, weight decay and a
 -- schedule: every part of the update runs. No attention biases: the k_proj bias has an exactly
@@ -31,16 +26,13 @@ end
 -- difference of the step itself: learning_rate 1e-3 keeps three steps' drift near 2e-6 (at
 -- 1e-2, q and k reach 1e-5).
 local function settings(dir, extra)
-  local s = {
-    model_config = support.tiny_model({ num_hidden_layers = 1, attention_bias = false }), data = dir .. "/p.jsonl",
-    rewards = { dir .. "/lower.lua" }, chat_template = "plain", num_generations = 2, max_completion_length = 6,
-    per_device_train_batch_size = 1, gradient_accumulation_steps = 2, learning_rate = 1e-3, max_steps = 3,
-    eval_size = 0, output_dir = dir .. "/runs", save_steps = 0, log_completions = 0, seed = 7, beta = 0.05,
+  return support.run_settings(dir, {
+    model_config = support.tiny_model({ num_hidden_layers = 1, attention_bias = false }), num_generations = 2,
+    max_completion_length = 6, per_device_train_batch_size = 1, gradient_accumulation_steps = 2, learning_rate = 1e-3,
+    max_steps = 3, seed = 7, beta = 0.05,
     dtype = "f32",   -- the cpu side in f32 whatever the CPU (auto may pick bf16): compared with cuda's
     weight_decay = 0.01, max_grad_norm = 0.5, lr_scheduler_type = "cosine", warmup_ratio = 0.34,
-  }
-  for k, v in pairs(extra or {}) do s[k] = v end
-  return s
+  }, extra)
 end
 
 local function new_trainer(dir, extra)
@@ -75,6 +67,21 @@ local function host_params(model)
 end
 
 local function bytes(t) return ffi.string(t.data, tonumber(t.numel) * 4) end
+
+-- Squared L2 norms over tables name -> host f32 tensor of what two runs' steps from `start`
+-- differ by (a - b) and of what run a's steps changed (a - start): sqrt(d2 / n2) is the
+-- relative L2 of the change.
+local function change_norms(start, a, b)
+  local d2, n2 = 0, 0
+  for name, t in pairs(a) do
+    local va, vb, vs = ffi.cast("float*", t.data), ffi.cast("float*", b[name].data), ffi.cast("float*", start[name].data)
+    for i = 0, tonumber(t.numel) - 1 do
+      d2 = d2 + (va[i] - vb[i]) ^ 2
+      n2 = n2 + (va[i] - vs[i]) ^ 2
+    end
+  end
+  return d2, n2
+end
 
 describe("training on cuda", function()
   it("cuda: three f32 steps equal three on the cpu within 1e-5 relative on every weight", function()
@@ -162,15 +169,7 @@ describe("training on cuda", function()
       local mc, mg = cpu:train_step(), gpu:train_step()
       assert.is_true(math.abs(mc.loss - mg.loss) <= 3e-2 * math.abs(mc.loss), ("loss %.6g on cpu, %.6g bf16"):format(mc.loss, mg.loss))
     end
-    local pc, pg = host_params(cpu.model), host_params(gpu.model)
-    local d2, n2 = 0, 0
-    for name, a in pairs(pc) do
-      local va, vb, vs = ffi.cast("float*", a.data), ffi.cast("float*", pg[name].data), ffi.cast("float*", start[name].data)
-      for i = 0, tonumber(a.numel) - 1 do
-        d2 = d2 + (va[i] - vb[i]) ^ 2
-        n2 = n2 + (va[i] - vs[i]) ^ 2
-      end
-    end
+    local d2, n2 = change_norms(start, host_params(cpu.model), host_params(gpu.model))
     assert.is_true(n2 > 0, "the steps changed no weight")
     assert.is_true(math.sqrt(d2 / n2) <= 3e-2, ("relative L2 of the change: %.3g"):format(math.sqrt(d2 / n2)))
   end)
@@ -306,15 +305,9 @@ describe("training on cuda", function()
       local mc, mg = cpu:train_step(), gpu:train_step()
       assert.is_true(math.abs(mc.loss - mg.loss) <= 1e-2 * math.abs(mc.loss), ("loss %.6g on cpu, %.6g bf16"):format(mc.loss, mg.loss))
     end
-    local d2, n2 = 0, 0
-    for name, t in pairs(cpu.model:trainable()) do
-      local a, b, s0 = t:to("cpu"), pg[name]:to("cpu"), start[name]
-      local va, vb, vs = ffi.cast("float*", a.data), ffi.cast("float*", b.data), ffi.cast("float*", s0.data)
-      for i = 0, tonumber(a.numel) - 1 do
-        d2 = d2 + (va[i] - vb[i]) ^ 2
-        n2 = n2 + (va[i] - vs[i]) ^ 2
-      end
-    end
+    local pc, pg_host = {}, {}
+    for name, t in pairs(cpu.model:trainable()) do pc[name], pg_host[name] = t:to("cpu"), pg[name]:to("cpu") end
+    local d2, n2 = change_norms(start, pc, pg_host)
     assert.is_true(n2 > 0, "the steps changed no adapter")
     -- seen 6e-2 (f32 LoRA on cuda: 2e-6): AdamW divides each element by its own gradient scale,
     -- so bf16's rounding in small gradient elements (A's, which grow from B = 0) becomes a

@@ -94,9 +94,8 @@ describe("ZeRO in a world of one", function()
   local optim = require("remax.bind.optim")
   local tensor = require("remax.bind.tensor")
   local function tiny()
-    return { architectures = { "Qwen2ForCausalLM" }, hidden_size = 16, intermediate_size = 40, num_hidden_layers = 2,
-      num_attention_heads = 2, num_key_value_heads = 1, max_position_embeddings = 64, rope_theta = 10000,
-      rms_norm_eps = 1e-6, vocab_size = 50, tie_word_embeddings = false }
+    return support.tiny_model({ vocab_size = 50, hidden_size = 16, intermediate_size = 40, num_attention_heads = 2,
+      num_key_value_heads = 1, max_position_embeddings = 64, tie_word_embeddings = false })
   end
 
   it("cuts a flat buffer into equal aligned shards that cover it once", function()

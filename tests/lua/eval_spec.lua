@@ -105,13 +105,7 @@ describe("evaluation", function()
 
   -- The program beside the library in use (REMAX_LIB: the CUDA emulator's build runs the specs
   -- named cuda), else the build's.
-  local function binary()
-    local d = (os.getenv("REMAX_LIB") or ""):match("^(.*)/[^/]*$")
-    local f = d and io.open(d .. "/remax")
-    if f then f:close(); return d .. "/remax" end
-    return cli.build_dir() .. "/remax"
-  end
-  local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+  local binary, q = support.remax_binary, support.shell_quote
 
   it("remax eval --device cuda: the CPU's report (greedy and sampled rows, f32), else a clear refusal", function()
     local remax = require("remax")
@@ -123,9 +117,7 @@ describe("evaluation", function()
     for _, name in ipairs({ "tokenizer.json", "tokenizer_config.json" }) do
       support.write(dir .. "/model/" .. name, support.read("tests/fixtures/byte_tokenizer/" .. name))
     end
-    local lines = {}
-    for i = 1, 6 do lines[i] = ('{"prompt": "say %d things", "answer": "x"}'):format(i) end
-    support.write(dir .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+    support.prompts(dir .. "/p.jsonl", 6, '{"prompt": "say %d things", "answer": "x"}')
     support.write(dir .. "/lower.lua", support.LOWER)
     -- min-p and the repetition penalty on: the sampled rows go through every rule of the sampler
     support.write(dir .. "/r.lua", ("return { data = %q, eval_data = %q, rewards = { %q }, chat_template = 'plain', "

@@ -3,11 +3,7 @@
 local model = require("remax.bind.model")
 local cjson = require("cjson")
 
-local function err_of(f, ...)
-  local ok, err = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
+local err_of = require("support").error_of
 
 local BASE = '{"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 16%s}'
 

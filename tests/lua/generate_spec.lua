@@ -2,13 +2,11 @@
 -- errors) and the `remax generate` command on a tiny model with the byte-level tokenizer.
 local remax = require("remax")
 local cjson = require("cjson")
+local support = require("support")
 
 local function tiny(vocab)
-  return {
-    architectures = { "Qwen2ForCausalLM" }, vocab_size = vocab or 40, hidden_size = 16, intermediate_size = 24,
-    num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, rms_norm_eps = 1e-6,
-    rope_theta = 10000, tie_word_embeddings = false, max_position_embeddings = 128,
-  }
+  return support.tiny_model({ vocab_size = vocab or 40, hidden_size = 16, intermediate_size = 24, max_position_embeddings = 128,
+    tie_word_embeddings = false })
 end
 
 local function model(seed, vocab) return remax.model.new(tiny(vocab), { seed = seed, init_std = 0.3 }) end
@@ -265,19 +263,11 @@ end)
 
 -- ---------------------------------------------------------------- remax generate
 
-local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 
--- The program beside the library in use (REMAX_LIB: the CUDA emulator's build runs the specs named
--- cuda), else the build's.
-local function binary()
-  local dir = (os.getenv("REMAX_LIB") or ""):match("^(.*)/[^/]*$")
-  local f = dir and io.open(dir .. "/remax")
-  if f then f:close(); return dir .. "/remax" end
-  return require("remax.cli.main").build_dir() .. "/remax"
-end
+local binary = support.remax_binary
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local q = support.shell_quote
 
 local err_file = support.tmpfile()
 

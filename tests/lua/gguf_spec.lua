@@ -34,11 +34,8 @@ local function real_tokenizer(name)
 end
 
 local function tiny(arch, extra)
-  local cfg = { architectures = { arch }, vocab_size = 300, hidden_size = 64, intermediate_size = 96,
-    num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, rms_norm_eps = 1e-6,
-    rope_theta = 10000, tie_word_embeddings = false, max_position_embeddings = 128 }
-  for k, v in pairs(extra or {}) do cfg[k] = v end
-  return cfg
+  return support.tiny_model({ architectures = { arch }, vocab_size = 300, hidden_size = 64, intermediate_size = 96,
+    max_position_embeddings = 128, tie_word_embeddings = false }, extra)
 end
 
 -- Llama 3.1's rope_scaling with a short original context, so that 40 tokens reach past it

@@ -5,7 +5,7 @@ local remax = require("remax")
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local q = support.shell_quote
 
 -- Runs f with os.getenv answering from env (and nothing else).
 local function with_env(env, f)

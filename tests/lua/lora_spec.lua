@@ -9,14 +9,13 @@ local config = require("remax.train.config")
 local trainer = require("remax.train.trainer")
 
 local support = require("support")
-local tmpdir, write = support.tmpdir, support.write
+local tmpdir = support.tmpdir
 
 local read = support.read
 
 -- the tiny Qwen2 of tests/fixtures/peft/README.md
-local TINY = { architectures = { "Qwen2ForCausalLM" }, vocab_size = 40, hidden_size = 16, intermediate_size = 24,
-  num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, rms_norm_eps = 1e-6,
-  rope_theta = 10000, tie_word_embeddings = false, max_position_embeddings = 128 }
+local TINY = support.tiny_model({ vocab_size = 40, hidden_size = 16, intermediate_size = 24, max_position_embeddings = 128,
+  tie_word_embeddings = false })
 
 local rows = { { 1, 5, 9, 13, 2 }, { 7, 3 }, { 30, 31, 32, 33, 34, 35 } }
 
@@ -137,21 +136,13 @@ describe("lora", function()
   end)
 
   describe("in the trainer", function()
-    local LOWER = support.LOWER
     local MODEL = support.tiny_model()
-    local function setup()
-      local dir = tmpdir()
-      write(dir .. "/lower.lua", LOWER)
-      support.prompts(dir .. "/p.jsonl", 24)
-      return dir
-    end
+    local function setup() return support.train_dir(24) end
     local function new_trainer(dir, extra)
-      local s = { model_config = MODEL, data = dir .. "/p.jsonl", rewards = { dir .. "/lower.lua" }, chat_template = "plain",
-        num_generations = 4, max_completion_length = 10, per_device_train_batch_size = 4, gradient_accumulation_steps = 1,
-        learning_rate = 2e-2, max_steps = 4, eval_size = 0, output_dir = dir .. "/runs", save_steps = 0,
-        log_completions = 0, seed = 7, use_lora = true, lora_r = 4, lora_alpha = 8, lora_dropout = 0.1,
-        lora_target_modules = { "all-linear" }, beta = 0.05 }
-      for k, v in pairs(extra or {}) do s[k] = v end
+      local s = support.run_settings(dir, { model_config = MODEL, num_generations = 4, max_completion_length = 10,
+        per_device_train_batch_size = 4, gradient_accumulation_steps = 1, learning_rate = 2e-2, max_steps = 4, seed = 7,
+        use_lora = true, lora_r = 4, lora_alpha = 8, lora_dropout = 0.1, lora_target_modules = { "all-linear" },
+        beta = 0.05 }, extra)
       return trainer.new(config.resolve(s), { quiet = true, signals = false })
     end
 

@@ -6,13 +6,8 @@ local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 
 local function tiny(extra)
-  local cfg = {
-    architectures = { "Qwen2ForCausalLM" }, vocab_size = 40, hidden_size = 16, intermediate_size = 24,
-    num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, rms_norm_eps = 1e-6,
-    rope_theta = 10000, tie_word_embeddings = false, max_position_embeddings = 128,
-  }
-  for k, v in pairs(extra or {}) do cfg[k] = v end
-  return cfg
+  return support.tiny_model({ vocab_size = 40, hidden_size = 16, intermediate_size = 24, max_position_embeddings = 128,
+    tie_word_embeddings = false }, extra)
 end
 
 local rows = { { 1, 5, 9, 13, 2 }, { 7, 3 }, { 30, 31, 32, 33, 34, 35 } }

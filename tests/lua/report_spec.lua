@@ -6,7 +6,7 @@ local runs = require("remax.train.runs")
 local tensorboard = require("remax.train.tensorboard")
 local cjson = require("cjson")
 local support = require("support")
-local tmpdir, write, has_python = support.tmpdir, support.write, support.has_python
+local tmpdir, has_python = support.tmpdir, support.has_python
 
 local function capture(cmd)
   local p = io.popen(cmd)
@@ -75,16 +75,11 @@ describe("report_to", function()
 
   it("writes every step's metrics as TensorBoard scalars and metrics.csv rows", function()
     local trainer = require("remax.train.trainer")
-    local d = dir()
-    write(d .. "/lower.lua", support.LOWER)
-    support.prompts(d .. "/p.jsonl", 16)
-    local cfg = config.resolve({
-      model_config = support.tiny_model(),
-      data = d .. "/p.jsonl", rewards = { d .. "/lower.lua" }, chat_template = "plain",
-      num_generations = 4, max_completion_length = 8, per_device_train_batch_size = 4, learning_rate = 1e-2,
-      max_steps = 3, eval_size = 0, output_dir = d .. "/runs", run_name = "tb", save_steps = 0,
-      log_completions = 0, seed = 7, report_to = "all",
-    })
+    local d = support.train_dir(16)
+    local cfg = config.resolve(support.run_settings(d, {
+      model_config = support.tiny_model(), num_generations = 4, max_completion_length = 8,
+      per_device_train_batch_size = 4, learning_rate = 1e-2, max_steps = 3, run_name = "tb", seed = 7, report_to = "all",
+    }))
     local t = trainer.new(cfg, { quiet = true, signals = false })
     for _ = 1, 3 do t:train_step() end
     local rows = t.run:metrics()

@@ -5,26 +5,17 @@ local trainer = require("remax.train.trainer")
 local resume = require("remax.train.resume")
 local fs = require("remax.bind.fs")
 local support = require("support")
-local tmpdir, write, error_of = support.tmpdir, support.write, support.error_of
+local write, error_of = support.write, support.error_of
 
 -- A folder with the LOWER reward and 16 prompts (removed when the spec file ends).
-local function setup()
-  local d = tmpdir()
-  write(d .. "/lower.lua", support.LOWER)
-  support.prompts(d .. "/p.jsonl", 16)
-  return d
-end
+local function setup() return support.train_dir(16) end
 
 local function recipe(d, extra)
-  local r = {
-    model_config = support.tiny_model(),
-    data = d .. "/p.jsonl", rewards = { d .. "/lower.lua" }, chat_template = "plain",
-    num_generations = 4, max_completion_length = 8, per_device_train_batch_size = 4, learning_rate = 1e-2,
-    max_steps = 2, eval_size = 0, output_dir = d .. "/runs", run_name = "r", save_steps = 1,
-    log_completions = 0, seed = 7, dtype = "f32",   -- bit-exact comparisons: the same on every CPU
-  }
-  for k, v in pairs(extra or {}) do r[k] = v end
-  return r
+  return support.run_settings(d, {
+    model_config = support.tiny_model(), num_generations = 4, max_completion_length = 8,
+    per_device_train_batch_size = 4, learning_rate = 1e-2, max_steps = 2, run_name = "r", save_steps = 1,
+    seed = 7, dtype = "f32",   -- bit-exact comparisons: the same on every CPU
+  }, extra)
 end
 
 describe("resume", function()

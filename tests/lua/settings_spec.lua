@@ -10,21 +10,13 @@ local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 local cjson = require("cjson")
 
-local function err_of(f, ...)
-  local ok, err = pcall(f, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
+local err_of = support.error_of
 
 local function resolve_args(recipe, argv, where)
   return config.resolve(recipe, config.parse_args(argv or {}), { where = where })
 end
 
-local function binary()
-  local b = require("remax.cli.main").build_dir() .. "/remax"
-  if b:sub(1, 1) ~= "/" then b = os.getenv("PWD") .. "/" .. b end
-  return b
-end
+local binary = support.remax_binary
 
 -- Runs the remax program; returns its output (stdout and stderr) and exit status.
 local function remax(args, dir)
@@ -276,6 +268,17 @@ describe("the messages the command line prints", function()
 end)
 
 describe("user code that calls os.exit", function()
+  -- Writes dir/p.jsonl (8 prompts) and dir/r.lua: a recipe of a one-layer model (its lines 1 to
+  -- 3, which the line numbers in the messages below count) and then `fields`, recipe text.
+  local function write_run(dir, fields)
+    support.prompts(dir .. "/p.jsonl", 8, '{"prompt": "a prompt %d"}')
+    write(dir .. "/r.lua", [[
+return { model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
+  num_hidden_layers = 1, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
+  rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true },
+]] .. fields)
+  end
+
   it("stops a run through the reward's failure path, naming the reward and keeping the last checkpoint", function()
     local dir = tmpdir()
     write(dir .. "/quit.lua", [[
@@ -288,13 +291,7 @@ return { name = "quitter", fn = function(c)
   return s
 end }
 ]])
-    local lines = {}
-    for i = 1, 8 do lines[i] = ('{"prompt": "a prompt %d"}'):format(i) end
-    write(dir .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
-    write(dir .. "/r.lua", ([[
-return { model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
-  num_hidden_layers = 1, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
-  rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true },
+    write_run(dir, ([[
   data = "%s/p.jsonl", rewards = { "%s/quit.lua" }, chat_template = "plain", num_generations = 2,
   max_completion_length = 4, per_device_train_batch_size = 2, learning_rate = 1e-3, max_steps = 3, eval_size = 0,
   output_dir = "%s/runs", run_name = "q", save_steps = 10, log_completions = 0, seed = 3 }
@@ -311,13 +308,7 @@ return { model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 
 
   it("stops a run whose recipe function calls it, keeping the checkpoint of the last finished step", function()
     local dir = tmpdir()
-    local lines = {}
-    for i = 1, 8 do lines[i] = ('{"prompt": "a prompt %d"}'):format(i) end
-    write(dir .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
-    write(dir .. "/r.lua", ([[
-return { model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
-  num_hidden_layers = 1, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
-  rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true },
+    write_run(dir, ([[
   data = "%s/p.jsonl", rewards = { { name = "half", fn = function(c) local s = {} for i = 1, #c do s[i] = 0.5 end return s end } },
   chat_template = "plain", num_generations = 2, max_completion_length = 4, per_device_train_batch_size = 2,
   max_steps = 3, eval_size = 0, output_dir = "%s/runs", run_name = "q", save_steps = 10, log_completions = 0,

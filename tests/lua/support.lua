@@ -1,5 +1,6 @@
 -- Fixtures the Lua specs share: temporary folders and files (removed when the spec file ends),
--- reading and writing whole files, the tiny model config, and the LOWER reward.
+-- reading and writing whole files, errors and the remax program, a small training run's folder
+-- and settings, the tiny model config, and the LOWER reward.
 local M = {}
 
 ---------------------------------------------------------------------------- temporary files
@@ -58,15 +59,26 @@ function M.read(path)
 end
 
 -- The file's bytes, or nil when it does not exist.
-function M.try_read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+M.try_read = require("remax.bind.fs").read_text
 
 ---------------------------------------------------------------------------- errors and tools
+
+-- s quoted for the shell.
+M.shell_quote = shell_quote
+
+-- The remax program: the one beside the library in use when REMAX_LIB names one (the CUDA
+-- emulator's build runs the specs named cuda), else the build's; an absolute path, so that a
+-- spec may run it from another folder.
+function M.remax_binary()
+  local dir = (os.getenv("REMAX_LIB") or ""):match("^(.*)/[^/]*$")
+  local f = dir and io.open(dir .. "/remax")
+  if f then
+    f:close()
+    return dir .. "/remax"
+  end
+  local b = require("remax.cli.main").build_dir() .. "/remax"
+  return b:sub(1, 1) == "/" and b or (os.getenv("PWD") .. "/" .. b)
+end
 
 -- The error message f(...) raises, as a string; the test fails when f does not raise.
 function M.error_of(f, ...)
@@ -85,22 +97,63 @@ end
 
 ---------------------------------------------------------------------------- training fixtures
 
--- A JSON-lines prompt file of n rows {"prompt": "say something i", "answer": "xi"} at path.
-function M.prompts(path, n)
+-- A JSON-lines prompt file of n rows at path: row i is `format` with i for each %d in it, by
+-- default {"prompt": "say something i", "answer": "xi"}.
+function M.prompts(path, n, format)
+  format = format or '{"prompt": "say something %d", "answer": "x%d"}'
   local lines = {}
-  for i = 1, n do lines[i] = ('{"prompt": "say something %d", "answer": "x%d"}'):format(i, i) end
+  for i = 1, n do lines[i] = format:format(i, i) end
   M.write(path, table.concat(lines, "\n") .. "\n")
   return path
 end
 
+-- A fresh folder for a training run: a reward file (opts.reward_file, default "lower.lua",
+-- holding opts.reward, default M.LOWER) and p.jsonl of n prompts (M.prompts with
+-- opts.prompt_format).
+function M.train_dir(n, opts)
+  opts = opts or {}
+  local dir = M.tmpdir()
+  M.write(dir .. "/" .. (opts.reward_file or "lower.lua"), opts.reward or M.LOWER)
+  M.prompts(dir .. "/p.jsonl", n, opts.prompt_format)
+  return dir
+end
+
+-- The settings of a small quiet run in a train_dir folder: its prompts and reward, the plain
+-- chat template, no evaluation, checkpoints or logged completions, runs under dir/runs; then
+-- the spec's own `fields` and the test's `extra` over them.
+function M.run_settings(dir, fields, extra)
+  local s = { data = dir .. "/p.jsonl", rewards = { dir .. "/lower.lua" }, chat_template = "plain", eval_size = 0,
+    output_dir = dir .. "/runs", save_steps = 0, log_completions = 0 }
+  for k, v in pairs(fields or {}) do s[k] = v end
+  for k, v in pairs(extra or {}) do s[k] = v end
+  return s
+end
+
+-- A reward of 0 for every completion that raises SIGINT (as Ctrl-C does) on its third call:
+-- during step 2 of a run, the first call being the trainer's probe of the data.
+function M.interrupting_reward()
+  local ffi = require("ffi")
+  pcall(ffi.cdef, "int raise(int sig);")
+  local calls = 0
+  return { name = "interrupting", fn = function(c)
+    calls = calls + 1
+    if calls == 3 then ffi.C.raise(2) end
+    local r = {}
+    for i = 1, #c do r[i] = 0 end
+    return r
+  end }
+end
+
 -- A tiny Qwen2 model config (a few thousand parameters: a training step in milliseconds), with
--- fields of `changes` replacing its own. vocab_size is left out: the trainer takes the byte-level
--- tokenizer's.
-function M.tiny_model(changes)
+-- the fields of each table of changes, in order, replacing its own. vocab_size is left out: the
+-- trainer takes the byte-level tokenizer's.
+function M.tiny_model(...)
   local c = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
     num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
     rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true }
-  for k, v in pairs(changes or {}) do c[k] = v end
+  for i = 1, select("#", ...) do
+    for k, v in pairs(select(i, ...) or {}) do c[k] = v end
+  end
   return c
 end
 

@@ -8,7 +8,7 @@ local cli = require("remax.cli.main")
 local ffi = require("ffi")
 
 local support = require("support")
-local tmpdir, write = support.tmpdir, support.write
+local write = support.write
 
 local function exists(path)
   local f = io.open(path, "rb")
@@ -16,30 +16,16 @@ local function exists(path)
   return f ~= nil
 end
 
--- the fraction of lowercase ASCII letters among the completion's tokens
-local LOWER = support.LOWER
-
 local TINY = support.tiny_model({ hidden_size = 16, intermediate_size = 32, num_hidden_layers = 1, num_attention_heads = 2,
   num_key_value_heads = 2, max_position_embeddings = 64 })
 
-local function setup()
-  local dir = tmpdir()
-  write(dir .. "/lower.lua", LOWER)
-  local lines = {}
-  for i = 1, 16 do lines[i] = ('{"prompt": "q %d", "answer": "%d"}'):format(i, i) end
-  write(dir .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
-  return dir
-end
+local function setup() return support.train_dir(16, { prompt_format = '{"prompt": "q %d", "answer": "%d"}' }) end
 
 local function settings(dir, extra)
-  local s = {
-    model_config = TINY, data = dir .. "/p.jsonl", rewards = { dir .. "/lower.lua" }, chat_template = "plain",
-    num_generations = 3, max_completion_length = 5, per_device_train_batch_size = 2,
-    gradient_accumulation_steps = 2, learning_rate = 1e-2, max_steps = 2, eval_size = 0,
-    output_dir = dir .. "/runs", save_steps = 0, log_completions = 0, seed = 11, hot_reload = false,
-  }
-  for k, v in pairs(extra or {}) do s[k] = v end
-  return s
+  return support.run_settings(dir, {
+    model_config = TINY, num_generations = 3, max_completion_length = 5, per_device_train_batch_size = 2,
+    gradient_accumulation_steps = 2, learning_rate = 1e-2, max_steps = 2, seed = 11, hot_reload = false,
+  }, extra)
 end
 
 local function new_trainer(dir, extra)
@@ -395,9 +381,7 @@ end }
   it("evaluates the held-out prompts, each completion with its own prompt, before and after", function()
     local dir = setup()
     write(dir .. "/even.lua", EVEN)
-    local lines = {}
-    for i = 1, 5 do lines[i] = ('{"prompt": "e %d", "answer": "%d"}'):format(i, i) end
-    write(dir .. "/eval.jsonl", table.concat(lines, "\n") .. "\n")
+    support.prompts(dir .. "/eval.jsonl", 5, '{"prompt": "e %d", "answer": "%d"}')
     local t = new_trainer(dir, { rewards = { dir .. "/even.lua" }, eval_data = dir .. "/eval.jsonl", eval_size = 5,
       reward_weights = { 2 }, per_device_eval_batch_size = 2, max_steps = 1 })
     local out = t:train()
@@ -413,9 +397,7 @@ end }
   it("remax eval prints held-out accuracy and writes nothing", function()
     local dir = setup()
     write(dir .. "/even.lua", EVEN)
-    local lines = {}
-    for i = 1, 4 do lines[i] = ('{"prompt": "e %d", "answer": "%d"}'):format(i, i) end
-    write(dir .. "/eval.jsonl", table.concat(lines, "\n") .. "\n")
+    support.prompts(dir .. "/eval.jsonl", 4, '{"prompt": "e %d", "answer": "%d"}')
     write(dir .. "/r.lua", ([[return { model_config = { hidden_size = 16, intermediate_size = 32, num_hidden_layers = 1,
       num_attention_heads = 2, max_position_embeddings = 64 }, data = %q, eval_data = %q, eval_size = 4,
       rewards = { %q }, chat_template = "plain", max_completion_length = 4, output_dir = %q }]]):format(
@@ -489,15 +471,7 @@ end }
     assert.matches("disk full", out.plot_error, 1, true)
     assert.matches("drawing the plots of .* failed: .*disk full", table.concat(said))
 
-    pcall(ffi.cdef, "int raise(int sig);")
-    local calls = 0
-    local u = new_trainer(dir, { max_steps = 50, run_name = "interrupted", rewards = { { name = "interrupting", fn = function(c)
-      calls = calls + 1
-      if calls == 3 then ffi.C.raise(2) end   -- SIGINT during step 2 (call 1 is the data probe)
-      local r = {}
-      for i = 1, #c do r[i] = 0 end
-      return r
-    end } } })
+    local u = new_trainer(dir, { max_steps = 50, run_name = "interrupted", rewards = { support.interrupting_reward() } })
     u.opts.signals = true
     local res = u:train()
     assert.is_true(res.interrupted)

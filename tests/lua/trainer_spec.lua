@@ -5,29 +5,19 @@ local cli = require("remax.cli.main")
 local ffi = require("ffi")
 
 local support = require("support")
-local tmpdir, write = support.tmpdir, support.write
+local write = support.write
 
--- reward: the fraction of completion tokens that are lowercase ASCII letters (about 10% for a
--- random byte-level model; easy to learn)
-local LOWER = support.LOWER
+-- setup() writes the reward LOWER: the fraction of completion tokens that are lowercase ASCII
+-- letters (about 10% for a random byte-level model; easy to learn)
 local TINY = support.tiny_model()
 
-local function setup()
-  local dir = tmpdir()
-  write(dir .. "/lower.lua", LOWER)
-  support.prompts(dir .. "/p.jsonl", 24)
-  return dir
-end
+local function setup() return support.train_dir(24) end
 
 local function settings(dir, extra)
-  local s = {
-    model_config = TINY, data = dir .. "/p.jsonl", rewards = { dir .. "/lower.lua" }, chat_template = "plain",
-    num_generations = 4, max_completion_length = 10, per_device_train_batch_size = 4,
-    gradient_accumulation_steps = 2, learning_rate = 1e-2, max_steps = 30, eval_size = 0,
-    output_dir = dir .. "/runs", save_steps = 0, log_completions = 0, seed = 7, dtype = "f32",
-  }
-  for k, v in pairs(extra or {}) do s[k] = v end
-  return s
+  return support.run_settings(dir, {
+    model_config = TINY, num_generations = 4, max_completion_length = 10, per_device_train_batch_size = 4,
+    gradient_accumulation_steps = 2, learning_rate = 1e-2, max_steps = 30, seed = 7, dtype = "f32",
+  }, extra)
 end
 
 local function new_trainer(dir, extra, overrides)
@@ -273,16 +263,8 @@ return s
   end)
 
   it("saves a checkpoint and stops cleanly on Ctrl-C", function()
-    pcall(ffi.cdef, "int raise(int sig);")
     local dir = setup()
-    local calls = 0
-    local t = new_trainer(dir, { max_steps = 50, rewards = { { name = "interrupting", fn = function(c)
-      calls = calls + 1
-      if calls == 3 then ffi.C.raise(2) end   -- SIGINT during step 2 (call 1 is the data probe)
-      local r = {}
-      for i = 1, #c do r[i] = 0 end
-      return r
-    end } } })
+    local t = new_trainer(dir, { max_steps = 50, rewards = { support.interrupting_reward() } })
     t.opts.signals = true
     local out = t:train()
     assert.is_true(out.interrupted)
