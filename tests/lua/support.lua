@@ -144,6 +144,17 @@ function M.interrupting_reward()
   end }
 end
 
+-- A gradient for log-probabilities lp (a [B, T] tensor): sin(7b + 3t) where lp is not 0 (a real
+-- target), 0 on padding; its backward moves every weight of a model (sum(d * logp) as the loss).
+function M.wavy_dlogp(lp)
+  local d = {}
+  for b, row in ipairs(lp:totable()) do
+    d[b] = {}
+    for t, v in ipairs(row) do d[b][t] = v ~= 0 and math.sin(b * 7 + t * 3) or 0 end
+  end
+  return d
+end
+
 -- A tiny Qwen2 model config (a few thousand parameters: a training step in milliseconds), with
 -- the fields of each table of changes, in order, replacing its own. vocab_size is left out: the
 -- trainer takes the byte-level tokenizer's.
