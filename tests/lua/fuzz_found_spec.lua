@@ -108,6 +108,17 @@ describe("chat templates (fuzz_jinja)", function()
     assert.matches("range: expected integers, got a str", render_err("{{ range('a') }}"), 1, true)
   end)
 
+  it("refuses an empty subscript at compile time, naming the template and line", function()
+    -- was: "c.jinja: internal error: lua/remax/text/jinja.lua:1280: attempt to index local 'e' (a nil value)"
+    -- at render time: `x[]` parsed as a subscript without a key (a CI run of fuzz_jinja, 45 s)
+    for _, src in ipairs({ "{{ a[] }}", "\n{{ W[]|sort(reverse=true)|list }}" }) do
+      local ok, err = pcall(jinja.compile, src, "t.jinja")
+      assert.is_false(ok)
+      assert.matches("^t%.jinja line %d: expected an expression inside '%[%]'", err)
+    end
+    assert.are.equal("[2, 3]", jinja.compile("{{ a[1:] }}"):render({ a = { 1, 2, 3 } }))   -- slices still parse
+  end)
+
   it("names the template without a Lua position when the error comes through remax.chat", function()
     -- was: "lua/remax/text/chat.lua:175: chat_template.jinja line 1: subscript of an undefined value"
     local tok = { chat_template = "{{ nope[0] }}", chat_template_path = "dir/chat_template.jinja" }

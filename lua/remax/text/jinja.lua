@@ -869,6 +869,7 @@ function Parser:postfix(e)
       end
       self:expect("op", "]")
       if is_slice then e = { k = "slice", a = e, start = parts[1], stop = parts[2], step = parts[3] }
+      elseif parts[1] == nil then fail(self.line, "expected an expression inside '[]' (a key, an index or a slice)")
       else e = { k = "item", a = e, key = parts[1] } end
     elseif self:is("op", "(") then
       local args, kwargs = self:args()
