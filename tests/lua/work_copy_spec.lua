@@ -163,3 +163,35 @@ if tensor.has_cuda() then
     end)
   end)
 end
+
+-- The training loop as users run it: rollouts, the KL reference, accumulation, AdamW. After the
+-- first forward converts the new policy's copy, no step converts it again: nothing in the loop
+-- writes the masters but AdamW.
+local function loop_conversions(device, extra)
+  local config = require("remax.train.config")
+  local trainer = require("remax.train.trainer")
+  local dir = support.train_dir(8)
+  local s = support.run_settings(dir, { model_config = support.tiny_model(), num_generations = 2,
+    max_completion_length = 6, per_device_train_batch_size = 2, gradient_accumulation_steps = 2, max_steps = 3,
+    seed = 7, beta = 0.05, dtype = "bf16", device = device, learning_rate = 1e-2 }, extra)
+  profile_on()
+  local ok, err = pcall(function() trainer.new(config.resolve(s), { quiet = true, signals = false }):train() end)
+  local n = conversions()
+  profile_off()
+  assert(ok, err)
+  return n
+end
+
+describe("a bf16 training run", function()
+  it("converts the policy's working copy once, not once a step (cpu)", function()
+    assert.are.equal(1, loop_conversions("cpu"))
+  end)
+  if tensor.has_cuda() then
+    it("converts the policy's working copy once, not once a step (cuda)", function()
+      assert.are.equal(1, loop_conversions("cuda"))
+    end)
+    it("converts LoRA adapters' working copy once, not once a step (cuda)", function()
+      assert.are.equal(1, loop_conversions("cuda", { use_lora = true, lora_r = 2 }))
+    end)
+  end
+end)
