@@ -63,19 +63,23 @@ int rx_memzero(int32_t device, void *ptr, size_t bytes);
 
 /* Mirrors: a bf16 working copy the engine keeps equal to f32 master weights (a bf16 model's, its
  * LoRA adapters'), so that it is converted again only when the masters changed. The owner
- * registers the masters' bytes, the copy (element i of the masters at element i of the copy) and
- * a flag. Every engine entry that writes a tensor (copy, fill, random fills, set, write_f64, file
- * reads, the collectives, every op's outputs, and AdamW where it cannot write the copy too) calls
- * rx_note_write, which raises the flag of every mirror the tensor's bytes overlap; the owner
- * converts the masters again before it next reads the copy, and clears the flag. AdamW over
- * masters that lie wholly inside a mirror writes their copy in the same pass (rx_mirror_of) and
- * leaves the flag alone: the copy stays equal element by element. */
-int rx_mirror_watch(const void *master, size_t bytes, int32_t device, void *copy, int32_t *stale);
+ * registers the masters' bytes and the copy (element i of the masters at element i of the copy);
+ * the mirror starts stale. Every engine entry that writes a tensor (copy, fill, random fills,
+ * set, write_f64, file reads, the collectives, every op's outputs, and AdamW where it cannot
+ * write the copy too) calls rx_note_write, which marks stale every mirror whose masters the
+ * tensor's bytes overlap; rx_mirror_sync converts a stale mirror's masters before the owner reads
+ * the copy. AdamW over masters that lie wholly inside a mirror writes their copy in the same pass
+ * (rx_mirror_of) and leaves the mark alone: the copy stays equal element by element. Readers
+ * take no lock (rx_note_write runs at every op); a model is used by one thread at a time. */
+int rx_mirror_watch(const void *master, size_t bytes, int32_t device, void *copy);
 void rx_mirror_unwatch(const void *master);
 void rx_note_write(const rx_tensor *t);
 /* The bf16 copy of t's first element when t is f32, contiguous and wholly inside one mirror's
  * masters; NULL otherwise. */
 void *rx_mirror_of(const rx_tensor *t);
+/* The copy of the mirror registered at master converted from the masters when stale (one pass,
+ * padding included; profiled as "bf16 working copy from the masters"); RX_OK when current. */
+int rx_mirror_sync(const void *master);
 
 #include "profile.h"
 

@@ -69,30 +69,31 @@ int rx_memzero(int32_t device, void *ptr, size_t bytes) {
 
 /* ------------------------------------------------------------------ mirrors (internal.h) */
 
-/* The registry is shared by every thread that calls the engine (each with its own models): one
- * lock around it; while no mirror exists, rx_note_write is one atomic load. */
-typedef struct mirror { const char *master; size_t bytes; char *copy; int32_t device; int32_t *stale; } mirror;
-static mirror *mirrors;
-static int n_mirrors, cap_mirrors;
+/* A fixed table: watch and unwatch (a model's creation and end) take the lock; readers, at every
+ * op, take none. A slot is published by storing its master last and retired by clearing it. */
+enum { MIRRORS = 64 };
+typedef struct mirror { const char *master; size_t bytes; char *copy; int32_t device, stale; } mirror;
+static mirror mirrors[MIRRORS];
+static int mirrors_used;   /* slots [0, mirrors_used) have been used */
 static pthread_mutex_t mirrors_lock = PTHREAD_MUTEX_INITIALIZER;
 
-int rx_mirror_watch(const void *master, size_t bytes, int32_t device, void *copy, int32_t *stale) {
-  int rc = RX_OK;
+static const char *slot_master(const mirror *w) { return __atomic_load_n(&w->master, __ATOMIC_ACQUIRE); }
+static int slots(void) { return __atomic_load_n(&mirrors_used, __ATOMIC_ACQUIRE); }
+
+int rx_mirror_watch(const void *master, size_t bytes, int32_t device, void *copy) {
+  int rc = RX_OK, i = 0;
   pthread_mutex_lock(&mirrors_lock);
-  if (n_mirrors == cap_mirrors) {
-    const int cap = cap_mirrors ? 2 * cap_mirrors : 8;
-    mirror *grown = realloc(mirrors, (size_t)cap * sizeof *grown);
-    if (grown) {
-      mirrors = grown;
-      cap_mirrors = cap;
-    } else {
-      rc = rx_fail(RX_ENOMEM, "out of memory registering a bf16 working copy");
-    }
-  }
-  if (!rc) {
-    mirrors[n_mirrors] = (mirror){master, bytes, copy, device, stale};
-    *stale = 1;
-    __atomic_store_n(&n_mirrors, n_mirrors + 1, __ATOMIC_RELEASE);
+  while (i < MIRRORS && mirrors[i].master) i++;
+  if (i == MIRRORS) {
+    rc = rx_fail(RX_ENOMEM, "more than %d bf16 working copies at once (bf16 models and LoRA adapters alive): free some",
+                 MIRRORS);
+  } else {
+    mirrors[i].bytes = bytes;
+    mirrors[i].copy = copy;
+    mirrors[i].device = device;
+    mirrors[i].stale = 1;
+    __atomic_store_n(&mirrors[i].master, (const char *)master, __ATOMIC_RELEASE);
+    if (i >= mirrors_used) __atomic_store_n(&mirrors_used, i + 1, __ATOMIC_RELEASE);
   }
   pthread_mutex_unlock(&mirrors_lock);
   return rc;
@@ -100,12 +101,8 @@ int rx_mirror_watch(const void *master, size_t bytes, int32_t device, void *copy
 
 void rx_mirror_unwatch(const void *master) {
   pthread_mutex_lock(&mirrors_lock);
-  for (int i = 0; i < n_mirrors; i++)
-    if (mirrors[i].master == master) {
-      mirrors[i] = mirrors[n_mirrors - 1];
-      __atomic_store_n(&n_mirrors, n_mirrors - 1, __ATOMIC_RELEASE);
-      break;
-    }
+  for (int i = 0; i < mirrors_used; i++)
+    if (mirrors[i].master == master) __atomic_store_n(&mirrors[i].master, NULL, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&mirrors_lock);
 }
 
@@ -121,28 +118,44 @@ static int byte_span(const rx_tensor *t, const char **lo, const char **hi) {
 
 void rx_note_write(const rx_tensor *t) {
   const char *lo, *hi;
-  if (!__atomic_load_n(&n_mirrors, __ATOMIC_ACQUIRE) || !byte_span(t, &lo, &hi)) return;
-  pthread_mutex_lock(&mirrors_lock);
-  for (int i = 0; i < n_mirrors; i++) {
-    const mirror *w = &mirrors[i];
-    if (w->device == t->device && lo < w->master + w->bytes && w->master < hi) *w->stale = 1;
+  const int n = slots();
+  if (!n || !byte_span(t, &lo, &hi)) return;
+  for (int i = 0; i < n; i++) {
+    mirror *w = &mirrors[i];
+    const char *m = slot_master(w);
+    if (m && w->device == t->device && lo < m + w->bytes && m < hi) __atomic_store_n(&w->stale, 1, __ATOMIC_RELAXED);
   }
-  pthread_mutex_unlock(&mirrors_lock);
 }
 
 void *rx_mirror_of(const rx_tensor *t) {
   const char *lo, *hi;
-  void *copy = NULL;
-  if (!__atomic_load_n(&n_mirrors, __ATOMIC_ACQUIRE) || t->dtype != RX_F32 || !rx_tensor_is_contiguous(t) ||
-      !byte_span(t, &lo, &hi))
-    return NULL;
-  pthread_mutex_lock(&mirrors_lock);
-  for (int i = 0; i < n_mirrors && !copy; i++) {
+  const int n = slots();
+  if (!n || t->dtype != RX_F32 || !rx_tensor_is_contiguous(t) || !byte_span(t, &lo, &hi)) return NULL;
+  for (int i = 0; i < n; i++) {
     const mirror *w = &mirrors[i];
-    if (w->device == t->device && lo >= w->master && hi <= w->master + w->bytes) copy = w->copy + (lo - w->master) / 2;
+    const char *m = slot_master(w);
+    if (m && w->device == t->device && lo >= m && hi <= m + w->bytes) return w->copy + (lo - m) / 2;
   }
-  pthread_mutex_unlock(&mirrors_lock);
-  return copy;
+  return NULL;
+}
+
+int rx_mirror_sync(const void *master) {
+  const int n = slots();
+  for (int i = 0; i < n; i++) {
+    mirror *w = &mirrors[i];
+    if (slot_master(w) != master) continue;
+    if (!__atomic_load_n(&w->stale, __ATOMIC_RELAXED)) return RX_OK;
+    const int64_t count[1] = {(int64_t)(w->bytes / 4)};
+    rx_tensor from, to;
+    rx_view_init(&from, (void *)master, RX_F32, w->device, 1, count);
+    rx_view_init(&to, w->copy, RX_BF16, w->device, 1, count);
+    const int prof = rx_prof_begin(RX_PROF_WORK_COPY);
+    const int rc = rx_tensor_copy(&to, &from);
+    rx_prof_end(prof);
+    if (!rc) __atomic_store_n(&w->stale, 0, __ATOMIC_RELAXED);
+    return rc;
+  }
+  return rx_fail(RX_EINVAL, "mirror_sync: no bf16 working copy is registered for these master weights");
 }
 
 const char *rx_shape_str(const rx_tensor *t, char *buf, size_t n) {

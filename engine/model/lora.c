@@ -11,8 +11,9 @@
  * forward's mask instead of storing it.
  *
  * Under bf16 compute (cuda) the adapters keep f32 master weights and f32 gradients (what the
- * optimizer sees: rx_model_flat) and a bf16 working copy that the matmuls read, refreshed from
- * the masters before each forward with the model's own (rx_model_refresh_work); the base is
+ * optimizer sees: rx_model_flat) and a bf16 working copy that the matmuls read, a mirror of the
+ * masters (core/internal.h) as the model's own: AdamW rounds it, other writes make the next
+ * forward convert it (rx_model_refresh_work); the base is
  * then usually a frozen bf16 model (weight_dtype bf16: its weights in bf16 alone). */
 #include "internal.h"
 #include <math.h>
@@ -35,7 +36,6 @@ struct rx_lora {
   int64_t *base;               /* base parameter of each adapter tensor */
   rx_tensor *params, *grads;
   rx_tensor *work;             /* bf16 compute: the adapters in bf16 (master offsets / 2); else NULL */
-  int32_t work_stale;          /* a mirror of the masters (core/internal.h), as the model's own */
   void *param_arena, *grad_arena, *work_arena;
   int64_t bytes;
   int64_t (*index)[RX_PROJ_COUNT];   /* [layer][proj]: index of A (B follows), or -1 */
@@ -166,7 +166,7 @@ int rx_model_lora_init(rx_model *m, const rx_lora_config *cfg) {
   }
   if (!lo->param_arena || !lo->scratch || (c->device != RX_CPU && cfg->dropout > 0 && !lo->draws) ||
       (c->dtype == RX_BF16 && (!lo->work_arena ||
-                               rx_mirror_watch(lo->param_arena, (size_t)total, c->device, lo->work_arena, &lo->work_stale)))) {
+                               rx_mirror_watch(lo->param_arena, (size_t)total, c->device, lo->work_arena)))) {
     free(offsets);
     rx_lora_free(lo);
     return RX_ENOMEM;
@@ -227,17 +227,7 @@ int rx_lora_flat(rx_model *m, rx_tensor *fp, rx_tensor *fg, rx_tensor **params, 
 int64_t rx_lora_param_bytes(const rx_model *m) { return m->lora ? m->lora->bytes + (m->lora->work ? m->lora->bytes / 2 : 0) : 0; }
 
 int rx_lora_refresh_work(rx_model *m) {
-  rx_lora *lo = m->lora;
-  if (!lo || !lo->work || !lo->work_stale) return RX_OK;
-  const int64_t n[1] = {lo->bytes / 4};   /* the f32 masters, padding included, in one conversion */
-  rx_tensor master, work;
-  rx_view_init(&master, lo->param_arena, RX_F32, lo->device, 1, n);
-  rx_view_init(&work, lo->work_arena, RX_BF16, lo->device, 1, n);
-  const int prof = rx_prof_begin(RX_PROF_WORK_COPY);
-  int rc = rx_tensor_copy(&work, &master);
-  rx_prof_end(prof);
-  if (!rc) lo->work_stale = 0;
-  return rc;
+  return m->lora && m->lora->work ? rx_mirror_sync(m->lora->param_arena) : RX_OK;
 }
 
 /* Adapter tensor k as the matmuls read it: the bf16 working copy under bf16 compute. */

@@ -181,7 +181,7 @@ int rx_model_new(rx_model **out, const rx_model_config *asked) {
     for (int64_t i = 0; i < n; i++)
       rx_view_init(&m->work[i], (char *)m->work_arena + offsets[i] / 2, RX_BF16, cfg->device, specs[i].ndim,
                    specs[i].shape);
-    if (rx_mirror_watch(m->param_arena, (size_t)total, cfg->device, m->work_arena, &m->work_stale)) {
+    if (rx_mirror_watch(m->param_arena, (size_t)total, cfg->device, m->work_arena)) {
       free(offsets);
       free(specs);
       rx_model_free(m);
@@ -265,16 +265,7 @@ int rx_model_flat(rx_model *m, rx_tensor **params, rx_tensor **grads, int64_t *m
 
 int rx_model_refresh_work(rx_model *m) {
   int rc = rx_lora_refresh_work(m);   /* bf16 adapters from their f32 masters */
-  if (rc || !m->work || !m->work_stale) return rc;
-  const int64_t n[1] = {m->param_bytes / 4};   /* the f32 master, padding included, in one conversion */
-  rx_tensor master, work;
-  rx_view_init(&master, m->param_arena, RX_F32, m->cfg.device, 1, n);
-  rx_view_init(&work, m->work_arena, RX_BF16, m->cfg.device, 1, n);
-  const int prof = rx_prof_begin(RX_PROF_WORK_COPY);
-  rc = rx_tensor_copy(&work, &master);
-  rx_prof_end(prof);
-  if (!rc) m->work_stale = 0;
-  return rc;
+  return rc || !m->work ? rc : rx_mirror_sync(m->param_arena);
 }
 
 int32_t rx_model_gemm_dtype(const rx_model *m) { return m->work ? RX_BF16 : rx_model_weight_dtype(&m->cfg); }

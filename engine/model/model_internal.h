@@ -52,10 +52,9 @@ struct rx_model {
    * backward read (same element offsets); NULL otherwise. On the CPU cfg.dtype is then f32 (the
    * activations' dtype) and only the weight matrices' GEMMs read work (rx_model_w). The masters are
    * a mirror (core/internal.h): AdamW rounds work in the same pass; any other write to the masters
-   * raises work_stale, and the next forward converts them all again (rx_model_refresh_work). */
+   * marks it stale, and the next forward converts them all again (rx_model_refresh_work). */
   rx_tensor *work;
   void *work_arena, *work_handle;
-  int32_t work_stale;
   layer_params *layers;
   int64_t embed, final_norm, lm_head;
   double *inv_freq;          /* RoPE frequencies [head_dim/2], rope_scaling applied */
@@ -83,7 +82,7 @@ static inline int32_t rx_model_vector_dtype(const rx_model_config *c) {
   return rx_model_frozen_bf16(c) ? RX_BF16 : rx_model_master_dtype(c);
 }
 /* A bf16 model's working weights (and its LoRA adapters') converted from the master weights when
- * something other than AdamW wrote the masters since the last conversion (work_stale); a no-op
+ * something other than AdamW wrote the masters since the last conversion (rx_mirror_sync); a no-op
  * when AdamW kept the copy current, and for a model without a working copy. */
 int rx_model_refresh_work(rx_model *m);
 
