@@ -123,23 +123,12 @@ int rx_bf16_train_pays(void) { return rx_cpu_bf16_gemm_pays(); }
 
 /* ------------------------------------------------------------------ oneDNN path */
 
-typedef struct { uint16_t *p; size_t n; } buffer;
-static _Thread_local buffer round_a, round_b;   /* the calling thread's, grown to the largest shape and kept */
-
-static uint16_t *buffer_get(buffer *b, size_t n) {
-  if (n <= b->n) return b->p;
-  uint16_t *p = NULL;
-  if (posix_memalign((void **)&p, 64, n * sizeof(uint16_t))) return NULL;
-  free(b->p);
-  b->p = p;
-  b->n = n;
-  return p;
-}
+static _Thread_local rx_cpu_scratch round_a, round_b;   /* the calling thread's, grown to the largest shape and kept */
 
 /* x [rows, cols] rounded to bf16 (nearest even) into the buffer; NULL when out of memory. */
-static const uint16_t *rounded(buffer *b, const float *x, int64_t rows, int64_t cols) {
+static const uint16_t *rounded(rx_cpu_scratch *b, const float *x, int64_t rows, int64_t cols) {
   const int64_t n = rows * cols;
-  uint16_t *d = buffer_get(b, (size_t)n);
+  uint16_t *d = rx_cpu_scratch_get(b, (size_t)n * sizeof(uint16_t));
   if (!d) return NULL;
   #pragma omp parallel for simd schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; i++) d[i] = rx_cpu_f32_to_bf16(x[i]);

@@ -29,6 +29,12 @@ static inline float rx_cpu_bf16_to_f32(uint16_t h) {
   return v.f;
 }
 
+/* A kernel's scratch buffer (declare it _Thread_local: the calling thread's), grown to the largest
+ * size asked and kept, never one allocation per call: rx_cpu_scratch_get gives at least `bytes`,
+ * 64-byte aligned (the old contents not kept), or NULL when out of memory (matmul_bf16.c). */
+typedef struct { void *p; size_t bytes; } rx_cpu_scratch;
+void *rx_cpu_scratch_get(rx_cpu_scratch *s, size_t bytes);
+
 /* f32 -> bf16, nearest even, NaN kept (quiet): rx_f32_to_bf16 of core/dtype.c, inline here so
  * that the kernels' loops vectorise. */
 static inline uint16_t rx_cpu_f32_to_bf16(float f) {

@@ -73,20 +73,18 @@ static inline float vsum(vf v) { return v; }
 
 /* ------------------------------------------------------------------ scratch */
 
-/* A calling thread's buffer, grown to the largest size asked and kept. */
-typedef struct { float *p; size_t n; } scratch;
-static _Thread_local scratch widened, rounded;   /* blocks of W for sgemm; the inputs rounded to bf16 */
-
-/* s's buffer of at least n floats (NULL when out of memory). */
-static float *scratch_get(scratch *s, size_t n) {
-  if (n <= s->n) return s->p;
-  float *p = NULL;
-  if (posix_memalign((void **)&p, 64, n * sizeof(float))) return NULL;
+void *rx_cpu_scratch_get(rx_cpu_scratch *s, size_t bytes) {
+  if (bytes <= s->bytes) return s->p;
+  void *p = NULL;
+  if (posix_memalign(&p, 64, bytes)) return NULL;
   free(s->p);
   s->p = p;
-  s->n = n;
+  s->bytes = bytes;
   return p;
 }
+
+static _Thread_local rx_cpu_scratch widened, rounded;   /* blocks of W for sgemm; the inputs rounded to bf16 */
+static float *scratch_get(rx_cpu_scratch *s, size_t n) { return rx_cpu_scratch_get(s, n * sizeof(float)); }
 
 /* The inputs as the bf16 dot product sees them: inp [N, C] rounded to bf16 (nearest even), in the
  * thread's buffer; NULL when out of memory. */

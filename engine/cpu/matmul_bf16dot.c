@@ -56,27 +56,20 @@ static void round_rows(uint16_t *dst, int64_t ldx, const float *inp, int64_t N, 
 
 #pragma GCC pop_options
 
-static _Thread_local uint16_t *xbuf;
-static _Thread_local size_t xbuf_len;
+static _Thread_local rx_cpu_scratch xbuf;   /* the inputs rounded to bf16, rows ldx apart */
 
 int rx_cpu_matmul_rows_bf16dot(float *out, const float *inp, const uint16_t *weight, const float *bias, int64_t N,
                                int64_t C, int64_t OC) {
   if (N == 0 || C == 0 || !rx_cpu_bf16_dot()) return 0;
   const int64_t ldx = (C + 31) / 32 * 32;
-  const size_t need = (size_t)(N * ldx);
-  if (need > xbuf_len) {   /* the calling thread's, grown to the largest shape seen and kept */
-    uint16_t *p = NULL;
-    if (posix_memalign((void **)&p, 64, need * sizeof(uint16_t))) return -1;
-    free(xbuf);
-    xbuf = p;
-    xbuf_len = need;
-  }
-  round_rows(xbuf, ldx, inp, N, C);
+  uint16_t *x = rx_cpu_scratch_get(&xbuf, (size_t)(N * ldx) * sizeof(uint16_t));
+  if (!x) return -1;
+  round_rows(x, ldx, inp, N, C);
   /* more rows (a prefill) in blocks of ROWS_MAX_ROWS, each a pass over W: 96 flops per weight
    * read keep the pass bound by the dot products, not by reading W from the caches or memory */
   for (int64_t n0 = 0; n0 < N; n0 += ROWS_MAX_ROWS) {
     const int64_t n = N - n0 < ROWS_MAX_ROWS ? N - n0 : ROWS_MAX_ROWS;
-    rows_matmul(out + n0 * OC, xbuf + n0 * ldx, ldx, weight, bias, n, C, OC);
+    rows_matmul(out + n0 * OC, x + n0 * ldx, ldx, weight, bias, n, C, OC);
   }
   return 1;
 }
