@@ -85,7 +85,7 @@ static int choose(void) {
     return RX_BF16_GEMM_ONEDNN;
   }
   if (cpu_avx512_bf16() && cpu_amd()) {
-    snprintf(why, sizeof why, "AMD with AVX-512 BF16: vdpbf16ps at twice the f32 rate");
+    snprintf(why, sizeof why, "AMD with AVX-512 BF16 (not measured here: bench/isa_rate.sh tells whether its vdpbf16ps outruns f32 FMAs)");
     return RX_BF16_GEMM_ONEDNN;
   }
   snprintf(why, sizeof why, "%s", cpu_avx512_bf16() ? "AVX-512 BF16 without AMX: bf16 GEMMs measured slower than sgemm"
