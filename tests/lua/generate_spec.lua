@@ -300,6 +300,15 @@ describe("remax generate", function()
   end)
   teardown(function() os.execute("rm -rf " .. q(dir)) end)
 
+  -- `remax generate` printed every row of model:generate's result `want` under its header
+  local function assert_prints(out, want)
+    for i, row in ipairs(want.rows) do
+      local header = ("--- completion %d (%d tokens, %s)\n"):format(i, #row.tokens, row.finish)
+      assert.is_truthy(out:find(header .. tok:decode(row.tokens, { skip_special_tokens = true }) .. "\n", 1, true), out)
+    end
+    return #want.rows
+  end
+
   it("streams one completion: the text of the tokens model:generate gives", function()
     local out, err, rc = run(("--model %s --prompt %s --max-new-tokens 12 --seed 4 --temperature 0.9"):format(q(dir), q("héllo")))
     assert.are.equal(0, rc, err)
@@ -313,13 +322,7 @@ describe("remax generate", function()
     assert.are.equal(0, rc, err)
     local want = m:generate({ { 104, 105 } }, { temperature = { 1, 1, 1 }, top_k = 5, top_p = 0.9, max_new_tokens = 5,
       seed = 0, stop = { 256, 258 } })
-    local n = 0
-    for i, row in ipairs(want.rows) do
-      local header = ("--- completion %d (%d tokens, %s)\n"):format(i, #row.tokens, row.finish)
-      local text = tok:decode(row.tokens, { skip_special_tokens = true })
-      assert.is_truthy(out:find(header .. text .. "\n", 1, true), out)
-      n = n + 1
-    end
+    local n = assert_prints(out, want)
     assert.are.equal(3, n)
     local chat_out, chat_err, chat_rc = run(("--model %s --prompt hi --chat --temperature 0 --max-new-tokens 6"):format(q(dir)))
     assert.are.equal(0, chat_rc, chat_err)
@@ -351,10 +354,7 @@ describe("remax generate", function()
       max_new_tokens = 6, seed = 2, stop = { 256, 258 } })
     local plain = m:generate({ { 104, 105, 104 } }, { temperature = { 1, 1, 1 }, max_new_tokens = 6, seed = 2, stop = { 256, 258 } })
     assert.are_not.same(plain.rows[1].tokens, want.rows[1].tokens)   -- the settings reached the sampler
-    for i, row in ipairs(want.rows) do
-      local header = ("--- completion %d (%d tokens, %s)\n"):format(i, #row.tokens, row.finish)
-      assert.is_truthy(out:find(header .. tok:decode(row.tokens, { skip_special_tokens = true }) .. "\n", 1, true), out)
-    end
+    assert_prints(out, want)
     _, err, rc = run(("--model %s --prompt hi --min-p 2"):format(q(dir)))
     assert.are_not.equal(0, rc)
     assert.is_truthy(err:find("--min-p 2: expected a number in [0, 1]", 1, true), err)
@@ -385,10 +385,7 @@ describe("remax generate", function()
     local want = m:generate({ { 104, 105 } }, gen)
     assert.are.equal("stop", want.rows[row_with].finish)
     assert.are.equal(stop, want.rows[row_with].stop_string)
-    for i, row in ipairs(want.rows) do
-      local header = ("--- completion %d (%d tokens, %s)\n"):format(i, #row.tokens, row.finish)
-      assert.is_truthy(out:find(header .. tok:decode(row.tokens, { skip_special_tokens = true }) .. "\n", 1, true), out)
-    end
+    assert_prints(out, want)
     _, err, rc = run(("--model %s --prompt hi --stop-string ''"):format(q(dir)))
     assert.are_not.equal(0, rc)
     assert.is_truthy(err:find("--stop-string: expected a non-empty text", 1, true), err)
