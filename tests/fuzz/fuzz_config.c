@@ -8,7 +8,7 @@
  * Built by tests/fuzz/run.sh from the sanitized engine core and model (the code under test) over
  * the rest of libremax from ./remax's build (kernels, generation: not reached here), which the
  * symbols of this program interpose:
- * fuzz-sources: engine/core/error.c engine/cuda/none.c engine/core/dtype.c engine/core/tensor.c engine/core/philox.c engine/core/signal.c engine/model/model.c
+ * fuzz-sources: engine/core/error.c engine/cuda/none.c engine/core/dtype.c engine/core/tensor.c engine/core/profile.c engine/core/philox.c engine/core/signal.c engine/model/model.c
  * fuzz-libs: build/libremax.so -Wl,-rpath,$ORIGIN/../build -I/usr/include/luajit-2.1 -lluajit-5.1 -rdynamic
  * fuzz-dict: config.dict */
 #include <stdint.h>

@@ -5,7 +5,7 @@
  * batches; or fails with one message that names the file (and line, where there is one) --
  * never a Lua error from inside remax, never a crash.
  * Built by tests/fuzz/run.sh from these engine sources:
- * fuzz-sources: engine/core/error.c engine/cuda/none.c engine/core/tensor.c engine/core/dtype.c engine/core/philox.c engine/core/json.c engine/text/tokenizer.c engine/text/nfc.c engine/text/unicode_tables.c
+ * fuzz-sources: engine/core/error.c engine/cuda/none.c engine/core/tensor.c engine/core/profile.c engine/core/dtype.c engine/core/philox.c engine/core/json.c engine/text/tokenizer.c engine/text/nfc.c engine/text/unicode_tables.c
  * fuzz-libs: -DRX_HAVE_PCRE2 -lpcre2-8 -I/usr/include/luajit-2.1 -lluajit-5.1 -rdynamic
  * fuzz-dict: json.dict
  * fuzz-options: -max_len=262144 -len_control=200 */

@@ -10,7 +10,7 @@
  * valid for remax.chat also renders through remax.chat with the template as the tokenizer's
  * chat_template, to the same text.
  * Built by tests/fuzz/run.sh:
- * fuzz-sources: engine/core/error.c engine/cuda/none.c engine/core/tensor.c engine/core/dtype.c engine/core/philox.c
+ * fuzz-sources: engine/core/error.c engine/cuda/none.c engine/core/tensor.c engine/core/profile.c engine/core/dtype.c engine/core/philox.c
  * fuzz-libs: -I/usr/include/luajit-2.1 -lluajit-5.1 -rdynamic
  * fuzz-dict: jinja.dict
  * fuzz-options: -max_len=65536 -len_control=100 */

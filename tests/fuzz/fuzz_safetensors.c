@@ -2,7 +2,7 @@
  * file image in memory. Any input must either open, and then every tensor it lists reads without
  * touching bytes outside the image, or fail with a message that names the file.
  * Built by tests/fuzz/run.sh from these engine sources:
- * fuzz-sources: engine/core/error.c engine/cuda/none.c engine/core/dtype.c engine/core/json.c engine/core/tensor.c engine/core/philox.c engine/core/signal.c engine/io/safetensors.c
+ * fuzz-sources: engine/core/error.c engine/cuda/none.c engine/core/dtype.c engine/core/json.c engine/core/tensor.c engine/core/profile.c engine/core/philox.c engine/core/signal.c engine/io/safetensors.c
  * With -DFUZZ_SEEDS it is instead a program that writes a seed corpus into the folder argv[1]. */
 #include "io/safetensors.h"
 #include "internal.h"

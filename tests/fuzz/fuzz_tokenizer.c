@@ -13,7 +13,7 @@
  *     that removes text, no added token overriding a vocab token's id with other text),
  *     decode(encode(text)) == text, byte for byte.
  * Built by tests/fuzz/run.sh from these engine sources:
- * fuzz-sources: engine/core/error.c engine/cuda/none.c engine/core/tensor.c engine/core/dtype.c engine/core/philox.c engine/core/json.c engine/text/tokenizer.c engine/text/nfc.c engine/text/unicode_tables.c
+ * fuzz-sources: engine/core/error.c engine/cuda/none.c engine/core/tensor.c engine/core/profile.c engine/core/dtype.c engine/core/philox.c engine/core/json.c engine/text/tokenizer.c engine/text/nfc.c engine/text/unicode_tables.c
  * fuzz-libs: -DRX_HAVE_PCRE2 -lpcre2-8
  * fuzz-dict: tokenizer.dict
  * fuzz-options: -max_len=16384
