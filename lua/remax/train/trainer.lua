@@ -54,6 +54,9 @@ function M.new(cfg, opts)
   opts = opts or {}
   require("remax.train.setup").check_base_model(cfg)   -- before a run folder is made
   local world = dist.world()   -- a world of one unless an MPI launcher started this process
+  -- issue 35: collectives time out after dist_timeout; the ranks agree on their settings first
+  world:set_timeout(cfg.dist_timeout or 1800)
+  require("remax.run.agree").settings(world, cfg)
   local self = setmetatable({ cfg = cfg, opts = opts, quiet = opts.quiet or not world.is_root, step = 0,
     bad_steps = 0, reloads = 0, baseline_state = nil, history = {}, watch = {}, dist = world }, Trainer)
   self.recipe_path = opts.recipe_path
@@ -62,6 +65,7 @@ function M.new(cfg, opts)
   for _, note in ipairs(cfg.inert_notes or {}) do self:say(note) end   -- settings that do nothing here
   local ok, err = pcall(function()
     self:setup_model()
+    require("remax.run.agree").model(world, self.model)   -- issue 35: the same model on every rank
     self:setup_data()
     self:setup_rewards()
     self:setup_optimizer()
@@ -516,6 +520,7 @@ end
 function Trainer:train_step()
   local cfg = self.cfg
   local t0 = now()
+  self.dist:set_step(self.step + 1)   -- named by a collective that times out (issue 35)
   local batch = self:next_batch()
   local m, ro
   if cfg.algo == "sft" then
