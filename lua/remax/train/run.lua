@@ -115,10 +115,12 @@ function methods.open_run(self)
       error(("%s already holds a run: continue it with --resume %s, replace it with --overwrite_output_dir, or choose another --run_name")
         :format(dir, dir), 0)
     end
-    if self.fresh_run_dir then pcall(fs.remove_tree, self.fresh_run_dir) end
+    -- a folder another process holds is never removed, even if it looked new a moment ago
+    if self.fresh_run_dir and not tostring(run):find(runs.IN_USE, 1, true) then pcall(fs.remove_tree, self.fresh_run_dir) end
     error(run, 0)
   end
   self.run = run
+  if run.lock_note then self:say(run.lock_note) end
   if cfg.resume then
     local ckpt = self.run:latest_checkpoint()
     if not ckpt then error(("--resume %s: the run has no checkpoint yet"):format(cfg.resume), 0) end

@@ -239,6 +239,11 @@ end
 --   save_total_limit  newest checkpoints to keep (default config.save_total_limit; nil = all)
 -- Without resume or overwrite, a folder that already holds metrics or checkpoints is an error,
 -- so two runs never mix in one file.
+-- The lock file in a run folder (remax.bind.lock: pid, host, since), and the words that start
+-- the refusal when another process holds it (a caller must not remove that folder).
+M.LOCK = "run.lock"
+M.IN_USE = "is in use by"
+
 function M.open(dir, opts)
   if type(dir) ~= "string" or dir == "" then error("runs.open: expected a folder path, got " .. tostring(dir), 2) end
   opts = opts or {}
@@ -258,6 +263,17 @@ function M.open(dir, opts)
     files = {},
   }, Run)
   mkdir_p(dir)
+  -- one owner per run folder, for the whole run (issue 35): before anything in it is touched
+  local lock = require("remax.bind.lock")
+  self.lock_path = dir .. "/" .. M.LOCK
+  local got, info = lock.take(self.lock_path)
+  if not got then
+    error(("%s %s %s: another remax is training in it (%s); wait for it to end or stop it, or choose another "
+      .. "--run_name"):format(dir, M.IN_USE, lock.describe(info), self.lock_path), 0)
+  end
+  if info then
+    self.lock_note = ("%s: took over the lock left by %s, which has ended"):format(dir, lock.describe(info))
+  end
   self:clean_leftovers()
   local earlier = (read_text(self.metrics_path) or ""):find("%S") or #self:checkpoints() > 0
   if opts.overwrite then
@@ -311,6 +327,12 @@ local function append(self, path, line)
   local ok, err = f:write(line, "\n")
   if ok then ok, err = f:flush() end
   if not ok then error(("runs: cannot append to %s (%s)"):format(path, tostring(err)), 3) end
+end
+
+-- Lets go of the run folder's lock (the run has ended cleanly; a process that ends otherwise
+-- drops it too, and the next owner says whose it was).
+function Run:release()
+  if self.lock_path then require("remax.bind.lock").release(self.lock_path) end
 end
 
 -- Closes the append handles (they reopen on the next write).
