@@ -130,14 +130,38 @@ function M.settings(world, cfg)
   M.check(world, items, "their settings")
 end
 
--- The model each rank loaded: its config, parameter count, dtype and device.
+-- The engine's view of the model (rx_model_config, after defaults): a resumed run's rank 0 reads
+-- the checkpoint's config.json (derived keys such as head_dim added) while the others may build
+-- the same model from model_config, so the JSON tables would differ where the models do not.
+M.MODEL_FIELDS = { "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+  "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "rope_theta", "tie_word_embeddings",
+  "attention_bias", "dtype", "device", "qk_norm", "rope_scaling", "rope_factor", "rope_low_freq_factor",
+  "rope_high_freq_factor", "rope_original_max_position_embeddings", "weight_dtype" }
+
+-- A short text for every tensor's name and shape: "N tensors, hash H".
+local function shapes(model)
+  local C = require("remax.bind.ffi").C
+  local parts = {}
+  for i, name in ipairs(model.names) do
+    local t = C.rx_model_param(model.handle, i - 1)
+    local dims = {}
+    for d = 0, t.ndim - 1 do dims[#dims + 1] = tostring(t.shape[d]):gsub("LL$", "") end
+    parts[i] = name .. "[" .. table.concat(dims, ",") .. "]"
+  end
+  local text, h = table.concat(parts, ";"), 5381
+  for i = 1, #text do h = (h * 33 + text:byte(i)) % 4294967296 end
+  return ("%d tensors, hash %08x"):format(#parts, h)
+end
+
+-- The model each rank loaded: what its config says it computes, its tensors, its size.
 function M.model(world, model)
   if world.size == 1 then return end
-  local items = {
-    { "model config", M.show(model.config) },
-    { "model parameters", tostring(model:num_parameters()) },
-    { "trained parameters", tostring(model:num_trainable()) },
-  }
+  local items = {}
+  local c = require("remax.bind.ffi").C.rx_model_get_config(model.handle)
+  for _, k in ipairs(M.MODEL_FIELDS) do items[#items + 1] = { "model " .. k, M.show(tonumber(c[k])) } end
+  items[#items + 1] = { "model tensors", shapes(model) }
+  items[#items + 1] = { "model parameters", tostring(model:num_parameters()) }
+  items[#items + 1] = { "trained parameters", tostring(model:num_trainable()) }
   M.check(world, items, "their model")
 end
 

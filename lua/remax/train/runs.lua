@@ -335,6 +335,14 @@ function Run:release()
   if self.lock_path then require("remax.bind.lock").release(self.lock_path) end
 end
 
+-- Removes the run folder (a new run that failed before its first step ended: nothing in it is
+-- worth keeping), after closing its files and letting go of its lock.
+function Run:discard()
+  self:close()
+  self:release()
+  remove_tree(self.dir)
+end
+
 -- Closes the append handles (they reopen on the next write).
 function Run:close()
   for path, f in pairs(self.files) do
