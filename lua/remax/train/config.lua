@@ -522,6 +522,15 @@ function M.validate(cfg)
     local why = require("remax.train.report").refusal(r)
     if why then bad(why, "report_to") end
   end
+  -- issue 35: "none" (or "all") beside other entries says two things at once
+  if cfg.report_to and #cfg.report_to > 1 then
+    for _, r in ipairs(cfg.report_to) do
+      if r == "none" or r == "all" then
+        bad(("report_to = %s: %s cannot be combined with other entries (give none, all, or a list of tensorboard and csv)")
+          :format(table.concat(cfg.report_to, ","), r), "report_to")
+      end
+    end
+  end
   if cfg.num_train_epochs and not (cfg.num_train_epochs > 0) then bad("num_train_epochs must be > 0", "num_train_epochs") end
   if cfg.use_lora then
     require("remax.bind.lora").targets(cfg.lora_target_modules, "config: lora_target_modules")
