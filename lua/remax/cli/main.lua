@@ -62,7 +62,6 @@ function M.train_recipe(file, recipe, argv)
   local trainer = require("remax.train.trainer")
   local t = trainer.new(cfg, { recipe_path = file, overrides = overrides })
   local out = t:train(cfg.loop)
-  if t.run and t.run.release then t.run:release() end   -- the run folder's lock (remax.train.runs)
   return out.interrupted and 130 or 0
 end
 

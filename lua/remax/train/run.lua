@@ -244,14 +244,16 @@ end
 -- The whole run: evaluation before, steps (or the recipe's loop), evaluation after, checkpoint.
 function methods.train(self, loop)
   -- issue 35: a new run that fails before its first step ends (a chat template that fails, a
-  -- prompt longer than the model's positions) removes the folder it made, as a failed setup does
-  if self.fresh_run_dir and not self.in_first_train then
-    self.in_first_train = true
+  -- prompt longer than the model's positions) removes the folder it made, as a failed setup
+  -- does; and the run folder's lock goes when the run ends (remax.train.runs)
+  if not self.in_train then
+    self.in_train = true
     local ok, out = pcall(methods.train, self, loop)
-    self.in_first_train = nil
-    if not ok and self.step == 0 and not self.last_saved and self.run and self.run.discard then
+    self.in_train = nil
+    if not ok and self.fresh_run_dir and self.step == 0 and not self.last_saved and self.run and self.run.discard then
       pcall(self.run.discard, self.run)
     end
+    if self.run and self.run.release then pcall(self.run.release, self.run) end
     if not ok then error(out, 0) end
     return out
   end

@@ -351,16 +351,17 @@ end
 -- worth keeping), after closing its files and letting go of its lock.
 function Run:discard()
   self:close()
-  self:release()
   remove_tree(self.dir)
 end
 
--- Closes the append handles (they reopen on the next write).
+-- Closes the append handles (they reopen on the next write) and lets go of the folder's lock
+-- (another process may then open the run).
 function Run:close()
   for path, f in pairs(self.files) do
     f:close()
     self.files[path] = nil
   end
+  self:release()
   require("remax.train.report").close(self.reporters)
 end
 
