@@ -160,6 +160,28 @@ w:sum(2)
     assert.is_truthy(read(run .. "/checkpoints/step-2/trainer_state.json"), out2)
   end)
 
+  it("has rank 0 hold the run folder's lock: another process on it is refused, naming rank 0", function()
+    local log, pidfile = dir .. "/held.log", dir .. "/held.pid"
+    local b = cli.build_dir()
+    assert.is_true(os.execute(("(exec env %s %s -np 2 %s/remax run %s --run_name held --max_steps 100000 >%s 2>&1) & echo $! >%s")
+      :format(ENV, MPIRUN, b, rfile, log, pidfile)) == 0)
+    local mpirun = tonumber(read(pidfile))
+    local run = dir .. "/runs/held"
+    local t0 = os.time()
+    while not (read(run .. "/metrics.jsonl") or ""):find("step") and os.time() - t0 < 120 do os.execute("sleep 0.2") end
+    local owner = tonumber((read(run .. "/run.lock") or ""):match("pid=(%d+)"))
+    local out, rc = sh(("%s/remax run %s --run_name held --max_steps 1"):format(b, rfile), 60)
+    local environ = owner and read("/proc/" .. owner .. "/environ") or ""
+    os.execute("kill -TERM " .. mpirun)
+    t0 = os.time()
+    while read("/proc/" .. mpirun .. "/status") and not read("/proc/" .. mpirun .. "/status"):find("State:%s*Z")
+      and os.time() - t0 < 60 do os.execute("sleep 0.2") end
+    assert.is_truthy(owner, "no lock owner: " .. (read(log) or ""))
+    assert.is_truthy(environ:find("OMPI_COMM_WORLD_RANK=0\0", 1, true), "the lock's owner is not rank 0")
+    assert.are_not.equal(0, rc, out)
+    assert.is_truthy(out:find(("is in use by pid %d on host "):format(owner), 1, true), out)
+  end)
+
   it("refuses a dist_timeout that is not a positive number of seconds", function()
     local out, rc = sh(("%s/remax run %s --dist_timeout 0 --max_steps 1"):format(cli.build_dir(), rfile), 60)
     assert.are_not.equal(0, rc)
