@@ -76,9 +76,9 @@ function M.new(cfg, opts)
     -- a failed start leaves no half-made run folder behind (a resumed or replaced run's folder stays)
     if self.fresh_run_dir then
       if self.run and self.run.close then pcall(self.run.close, self.run) end
-      if self.run and self.run.release then pcall(self.run.release, self.run) end
       pcall(require("remax.bind.fs").remove_tree, self.fresh_run_dir)
     end
+    if self.run and self.run.release then pcall(self.run.release, self.run) end   -- the folder's lock (issue 35)
     error(err, 0)
   end
   return self
