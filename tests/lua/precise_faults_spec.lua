@@ -20,8 +20,8 @@ local function sh(cmd)
 end
 
 describe("a resumed run's files", function()
-  local resume = require("remax.train.resume")
-  local runs = require("remax.train.runs")
+  local resume = require("remax.run.resume")
+  local runs = require("remax.run.folder")
 
   local function run_dir(config_text)
     local d = tmpdir() .. "/run"
@@ -83,7 +83,7 @@ describe("a resumed run's files", function()
 end)
 
 describe("settings", function()
-  local config = require("remax.train.config")
+  local config = require("remax.settings.config")
 
   it("refuses report_to none or all beside other entries", function()
     for _, list in ipairs({ { "none", "csv" }, { "csv", "all" } }) do
@@ -131,7 +131,7 @@ end)
 
 describe("a Hugging Face snapshot with broken links", function()
   it("names the links and says they are broken", function()
-    local hf = require("remax.bind.hf_cache")
+    local hf = require("remax.formats.hf_cache")
     local cache = tmpdir()
     local commit = "0123456789abcdef0123456789abcdef01234567"
     local repo = cache .. "/models--org--gone"

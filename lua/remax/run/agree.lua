@@ -89,7 +89,7 @@ end
 -- The library this process runs: its version, the kernels it picked and a hash of its file.
 local library_hash
 local function library_items()
-  local remax = require("remax")
+  local build = require("remax.bind.build")
   if not library_hash then
     local path
     for line in (io.open("/proc/self/maps") or { lines = function() return function() end end, close = function() end }):lines() do
@@ -112,15 +112,15 @@ local function library_items()
     end
   end
   return {
-    { "remax version", remax.version() }, { "libremax.so", library_hash },
-    { "OpenBLAS kernels", remax.blas_core() }, { "CUDA", remax.cuda_backend() },
+    { "remax version", build.version() }, { "libremax.so", library_hash },
+    { "OpenBLAS kernels", build.blas_core() }, { "CUDA", build.cuda_backend() },
   }
 end
 
 -- The resolved settings (every declared key) and the library build.
 function M.settings(world, cfg)
   if world.size == 1 then return end
-  local config = require("remax.train.config")
+  local config = require("remax.settings.config")
   local names = {}
   for name in pairs(config.keys) do names[#names + 1] = name end
   table.sort(names)
