@@ -114,6 +114,8 @@ describe("a run folder's lock", function()
     assert.is_true(got)
     assert.are.equal("pid 999999 on host elsewhere since 2026-01-01 00:00:00 UTC", lock.describe(prev))
     assert.is_truthy(read(path):find("pid=" .. require("remax.bind.ipc").pid(), 1, true))
+    -- the same process through another spelling of the path holds it already
+    assert.is_true((lock.take(dir .. "/./stale.lock")))
     lock.release(path)
     assert.are.equal("", read(path))
   end)
