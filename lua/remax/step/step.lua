@@ -106,7 +106,7 @@ function Step:rollout(prompt_rows, opts)
   end
   local t0 = now()
   local out = self.model:generate(prompt_ids, {
-    max_new_tokens = cfg.max_completion_length, temperature = plan.temperatures, top_p = cfg.top_p, top_k = cfg.top_k,
+    max_new_tokens = cfg.max_completion_length, rows_per_prompt = plan.slots, temperature = plan.temperatures, top_p = cfg.top_p, top_k = cfg.top_k,
     min_p = cfg.min_p, repetition_penalty = cfg.repetition_penalty, stop_strings = cfg.stop_strings,
     detokenize = cfg.stop_strings and function(ids) return self.tok:decode(ids, { skip_special_tokens = true }) end,
     stop = self.stop, seed = self:seed_for(step), on_token = self:progress() and self:progress():ticker("generating: token %d/%d"),
