@@ -221,7 +221,7 @@ for line in sys.stdin:
     if req["completions"][0] == "garbage":
         print("this is not json", flush=True)
         continue
-    print(json.dumps({"scores": [len(c) for c in req["completions"]]}), flush=True)
+    print(json.dumps({"id": req["id"], "scores": [len(c) for c in req["completions"]]}), flush=True)
 ]==])
     local r = rewards.normalize("cmd:python3 " .. d .. "/echo_len.py", 1, {})
     assert.are.equal("echo_len", r.name)
@@ -247,7 +247,7 @@ class H(BaseHTTPRequestHandler):
             body, code = b"model not loaded", 503
         else:
             scores = [len(c) + (10 if a == "#### 72" else 0) for c, a in zip(req["completions"], req["batch"]["answer"])]
-            body, code = json.dumps({"scores": scores}).encode(), 200
+            body, code = json.dumps({"id": req["id"], "scores": scores}).encode(), 200
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))

@@ -129,7 +129,7 @@ function methods.trial(self, r)
       for i = 1, n do batch[k][i] = col[i] end
     end
   end
-  rewards.run_one(r, comps, batch, { timeout = rewards.limit(self.cfg.reward_timeout) })
+  rewards.run_one(r, comps, batch, { timeout = rewards.limit(self.cfg.reward_timeout), state = rewards.trainer_state(self, self.step) })
 end
 
 -- Re-run the recipe with the same command-line overrides; take its rewards, advantage and the
@@ -138,7 +138,7 @@ function methods.reload_recipe(self)
   local rtab = recipe_mod.load(self.recipe_path)
   local cfg = config.resolve(rtab, self.opts.overrides, { where = self.recipe_path, running = true })
   local list = rewards.load_all(cfg.rewards, { base = self.recipe_dir, device = self.cfg.device,
-    dtype = self.cfg.device ~= "cpu" and self.cfg.dtype or nil })
+    dtype = self.cfg.device ~= "cpu" and self.cfg.dtype or nil, max_line_bytes = self.cfg.reward_max_line_bytes })
   for _, r in ipairs(list) do self:trial(r) end
   if cfg.reward_weights and #cfg.reward_weights ~= #list then
     error("reward_weights does not match the rewards", 0)

@@ -218,9 +218,13 @@ end
 function methods.setup_rewards(self)
   -- reward models run on the policy's device (on cuda under bf16: frozen bf16 models)
   self.rewards = rewards.load_all(self.cfg.rewards, { base = self.recipe_dir, device = self.cfg.device,
-    dtype = self.cfg.device ~= "cpu" and self.cfg.dtype or nil })
-  rewards.probe(self.rewards, self.train_ds.rows, self.train_ds.source, data.collate, rewards.limit(self.cfg.reward_timeout))
-  if self.eval_ds then rewards.probe(self.rewards, self.eval_ds.rows, self.eval_ds.source, data.collate, rewards.limit(self.cfg.reward_timeout)) end
+    dtype = self.cfg.device ~= "cpu" and self.cfg.dtype or nil, max_line_bytes = self.cfg.reward_max_line_bytes })
+  -- the first-rows check passes what a step passes (issue 36: TRL-signature py: rewards)
+  local probe_opts = { state = rewards.trainer_state(self, 0),
+    encode_prompt = function(p) return self:encode_prompt(p) end,
+    encode = function(text) return self.tok:encode(text, { add_special_tokens = false }) end }
+  rewards.probe(self.rewards, self.train_ds.rows, self.train_ds.source, data.collate, rewards.limit(self.cfg.reward_timeout), probe_opts)
+  if self.eval_ds then rewards.probe(self.rewards, self.eval_ds.rows, self.eval_ds.source, data.collate, rewards.limit(self.cfg.reward_timeout), probe_opts) end
   -- evaluation's accuracy: the first reward marked accuracy = true (right or wrong per
   -- completion, as gsm8k_accuracy), else the first reward
   self.accuracy_name = self.rewards[1] and self.rewards[1].name

@@ -124,11 +124,11 @@ function Trainer:score(ro, opts)
   local per, total, unscored, none
   if self.dist.size == 1 or (opts and opts.alone) then
     per, total, unscored, none = rewards.score(self.rewards, self.cfg.reward_weights, completions, batch, {
-      step = ro.step, timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate), on_failure = function() self:save_on_failure() end,
+      step = ro.step, state = rewards.trainer_state(self, ro.step), timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate), on_failure = function() self:save_on_failure() end,
     })
   else
     local ok, a, b, c, d = pcall(rewards.score, self.rewards, self.cfg.reward_weights, completions, batch,
-      { step = ro.step, timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate) })
+      { step = ro.step, state = rewards.trainer_state(self, ro.step), timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate) })
     local all_ok, msg, rank = self.dist:agree(ok, a)
     if not all_ok then
       self:save_on_failure()
@@ -163,7 +163,7 @@ end
 -- else runs (evaluation generates its next chunk); score(ro) then collects their answers.
 function Trainer:score_ahead(ro)
   local completions, batch = self:reward_inputs(ro)
-  rewards.send(self.rewards, completions, batch, { step = ro.step, timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate) })
+  rewards.send(self.rewards, completions, batch, { step = ro.step, state = rewards.trainer_state(self, ro.step), timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate) })
 end
 
 -- Policy (and reference) log-probabilities of the completion tokens of rows, without gradients.
