@@ -24,6 +24,15 @@ local function alive(pid)
   return os.execute("kill -0 " .. pid .. " 2>/dev/null") == 0
 end
 
+-- Processes a test started (servers, helpers), killed after each test (busted keeps one
+-- `finally` per test, so they are listed here).
+local started = {}
+local function kill_later(pid) started[#started + 1] = pid end
+local function kill_started()
+  for _, pid in ipairs(started) do os.execute("kill -9 " .. pid .. " 2>/dev/null") end
+  started = {}
+end
+
 local function batch3()
   return { "a", "bb", "ccc" }, { prompt = { "p1", "p2", "p3" }, answer = { "1", "2", "3" } }
 end
@@ -55,7 +64,7 @@ while True:
     if t then port, pid = t:match("(%d+) (%d+)") end
     return port ~= nil
   end), "the test server did not start")
-  finally(function() os.execute("kill " .. pid .. " 2>/dev/null") end)
+  kill_later(pid)
   return port
 end
 
@@ -64,6 +73,7 @@ describe("reward channels", function()
     pending("python3 is not installed")
     return
   end
+  after_each(kill_started)
 
   it("reads a 30 MB answer line in linear time, and stops a 100 MB one at reward_max_line_bytes naming the reward", function()
     local d = support.tmpdir()
@@ -215,7 +225,7 @@ local D = ]] .. ("%q"):format(d) .. "\n" .. body)
     q(d .. "/main.pid"), q(d .. "/main.pid"), q(d .. "/main.pid"), q(d .. "/main.lua"), q(d .. "/main.log")))
   local pid
   assert.is_true(eventually(10, function() pid = (read(d .. "/main.pid") or ""):match("%d+") return pid ~= nil end))
-  finally(function() os.execute("kill -9 " .. pid .. " 2>/dev/null") end)
+  kill_later(pid)
   return pid
 end
 
@@ -224,7 +234,7 @@ local function helper_pid(d, name)
   local pid
   assert.is_true(eventually(20, function() pid = (read(d .. "/" .. name .. ".pid") or ""):match("%d+") return pid ~= nil end),
     "the reward's process did not start: " .. tostring(read(d .. "/main.log")))
-  finally(function() os.execute("kill -9 " .. pid .. " 2>/dev/null") end)
+  kill_later(pid)
   return pid
 end
 
@@ -245,6 +255,7 @@ describe("processes remax starts", function()
     pending("python3 is not installed")
     return
   end
+  after_each(kill_started)
 
   it("a cmd: program's background child ends when a run that succeeded ends", function()
     local d = support.tmpdir()
