@@ -2,7 +2,8 @@
 -- reward server, spoken to in JSON. See docs/rewards.md ("Rewards in Python, or any program").
 --
 --   "py:rewards/verify.py"        the function `reward` of a Python file, called as TRL calls a
---                                 reward function: reward(completions=[...], prompts=[...], **columns)
+--                                 reward function: reward(completions=[...], prompts=[...],
+--                                 trainer_state=..., **columns)
 --   "py:rewards/verify.py:name"   another function of that file
 --   "cmd:PROGRAM ARGS..."         any program (run by /bin/sh) speaking the JSON-lines protocol
 --   "http://HOST:PORT/PATH"       a reward server: one POST of the same JSON per batch
