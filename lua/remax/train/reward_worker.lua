@@ -217,11 +217,17 @@ end
 -- The scores of the batch sent with these completions (answers to batches sent before it, which
 -- nobody asked for after an earlier failure, are read and dropped).
 function Worker:receive(key)
-  local p
+  local p, earlier
   repeat
     p = table.remove(self.queue, 1)
-    if not p then error("internal: no batch was sent to this worker", 0) end
-    if p.key ~= key then pcall(self.answer, self, p) end
+    if not p then
+      -- an earlier batch's failure stopped the worker, and this batch went with it
+      error(earlier or "internal: no batch was sent to this worker", 0)
+    end
+    if p.key ~= key then
+      local ok, err = pcall(self.answer, self, p)
+      if not ok then earlier = tostring(err) end
+    end
   until p.key == key
   return self:answer(p)
 end
