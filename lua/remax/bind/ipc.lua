@@ -256,7 +256,9 @@ end
 function Proc:running()
   if self.exit then return false, self.exit end
   local info = ffi.new("int[32]")   -- siginfo_t: si_pid at byte 16
-  local r = C.waitid(P_PID, self.pid, info, bit.bor(WEXITED, WNOHANG, WNOWAIT))
+  local r
+  repeat r = C.waitid(P_PID, self.pid, info, bit.bor(WEXITED, WNOHANG, WNOWAIT))
+  until r == 0 or ffi.errno() ~= EINTR
   if r == 0 and info[4] == 0 then return true end
   local engine = engine_lib()
   if r ~= 0 then   -- not our child any more (reaped elsewhere): nothing to kill or reap
