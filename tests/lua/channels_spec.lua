@@ -2,8 +2,8 @@
 -- out of step with their requests, URLs, keep-alive and empty HTTP answers, cmd: names, and the
 -- processes remax starts ending when remax ends (success, error, Ctrl-C twice, SIGTERM before
 -- the trainer catches signals). Every wait here has its own bound.
-local rewards = require("remax.train.rewards")
-local rw = require("remax.train.reward_worker")
+local rewards = require("remax.step.rewards")
+local rw = require("remax.step.reward_worker")
 local ipc = require("remax.bind.ipc")
 local support = require("support")
 local write, has_python, error_of = support.write, support.has_python, support.error_of
@@ -218,7 +218,7 @@ end)
 local function background_lua(d, body)
   write(d .. "/main.lua", [[
 package.path = "lua/?.lua;lua/?/init.lua;tests/lua/?.lua;" .. package.path
-local rewards = require("remax.train.rewards")
+local rewards = require("remax.step.rewards")
 local signals = require("remax.bind.signals")
 local D = ]] .. ("%q"):format(d) .. "\n" .. body)
   os.execute(("sh -c 'echo $$ > %s.tmp; mv %s.tmp %s; exec luajit %s' </dev/null >%s 2>&1 &"):format(
@@ -293,7 +293,7 @@ rewards.run_one(r, { "a" }, { prompt = { "1" } }, { timeout = 600 })
 ]]
       elseif case == "sigterm-probe" then
         body = [[
-local data = require("remax.train.data")
+local data = require("remax.step.data")
 local r = rewards.normalize("py:" .. D .. "/busy.py", 1, {})
 rewards.probe({ r }, { { prompt = "p", answer = "1" } }, "rows", data.collate, 600)
 ]]
