@@ -62,6 +62,12 @@ const char *rx_engine_overrides(void);
 int rx_signal_install(void);
 int rx_signal_pending(void);
 void rx_signal_clear(void);
+/* Child processes (reward workers, cmd: programs) end when this process ends: each one's process
+ * group is registered here, and is sent SIGKILL at exit (atexit), on a second SIGINT/SIGTERM
+ * after rx_signal_install, and on a first one before it (which then ends the process as the
+ * default action would). rx_child_add fails when the table (256 groups) is full. */
+int rx_child_add(int pgid);
+void rx_child_remove(int pgid);
 /* Test hook of the crash-safety test (tests/lua/checkpoint_crash_spec.lua): the checkpoint
  * writers (engine/io/safetensors.c, lua/remax/fs.lua, runs.lua) call it at each write event.
  * With REMAX_CRASH_AT=N in the environment the Nth call raises SIGKILL; with REMAX_CRASH_LIST=1

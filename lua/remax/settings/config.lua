@@ -73,6 +73,7 @@ M.groups = {
     { "reward_weights", nil, "numbers", "weight of each reward function (default: all 1)", hot = true },
     { "hot_reload", true, "boolean", "between steps, reload a changed reward file or recipe" },
     { "reward_timeout", nil, "number", "seconds one reward function may take on one batch before the run stops, naming it (the last checkpoint is kept; 0: no limit; a blocking C call is only caught when it returns); default: 60, or 4 times the step's generation time when longer", hot = true },
+    { "reward_max_line_bytes", 4194304, "integer", "most bytes of one answer of a py:, cmd: or http:// reward (a line, or a body); a longer one stops the run naming the reward and this limit" },
   } },
   { "Generation", {
     { "max_prompt_length", 512, "integer", "prompts longer than this keep their last tokens" },
@@ -289,9 +290,13 @@ local function check(decl, v, where)
   elseif t == "data" then
     if type(v) ~= "string" and type(v) ~= "function" then bad("a file path, or (in a recipe) a function(split, n, cfg) -> rows") end
   elseif t == "template" then
-    if type(v) ~= "string" and type(v) ~= "function" then bad("a template name or a function") end
+    local names = "auto, tokenizer, qa, chatml, llama3, plain"
+    if type(v) ~= "string" and type(v) ~= "function" then
+      bad(("a template name (%s: a string) or (in a recipe) a function(messages, opts) -> string; got a %s"):format(names, type(v)))
+    end
     if type(v) == "string" and not ({ auto = 1, tokenizer = 1, qa = 1, chatml = 1, llama3 = 1, plain = 1 })[v] then
-      bad("auto, tokenizer, qa, chatml, llama3, plain or a function(messages, opts)")
+      bad(("%s or a function(messages, opts)%s"):format(names, v:find("{[{%%]") and
+        "; a Jinja template is the tokenizer's: put it in chat_template.jinja beside tokenizer.json and use chat_template = tokenizer" or ""))
     end
   elseif t == "advantage" then
     if type(v) ~= "function" then bad("a function(groups, opts, state) -> advantages (use algo for a name)") end

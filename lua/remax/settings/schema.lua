@@ -31,6 +31,7 @@ M.limits = {
   lora_target_modules = { min_items = 1 }, save_merged = { path = true },
   -- rewards
   reward_weights = { each = "(-inf, inf)", min_items = 1 }, reward_timeout = "[0, inf)",
+  reward_max_line_bytes = "[1, 2^40]",
   -- generation
   max_prompt_length = "[1, 2^20]", max_completion_length = "[1, 2^20]",
   temperature = "[0, inf)", top_p = "(0, 1]", top_k = I31, min_p = "[0, 1]", repetition_penalty = "(0, inf)",
