@@ -91,11 +91,10 @@ local library_hash
 local function library_items()
   local build = require("remax.bind.build")
   if not library_hash then
-    local path
-    for line in (io.open("/proc/self/maps") or { lines = function() return function() end end, close = function() end }):lines() do
-      local p = line:match("(/%S*libremax%.so)$")
-      if p then path = p break end
-    end
+    local maps = io.open("/proc/self/maps")
+    local text = maps and maps:read("*a") or ""
+    if maps then maps:close() end
+    local path = text:match("(/%S*libremax%.so)\n")
     local f = path and io.open(path, "rb")
     if f then
       local data = f:read("*a")
