@@ -469,6 +469,13 @@ end
 -- opts.stop_strings (with opts.detokenize = function(ids) -> text): a row also ends when one of
 -- these strings appears in the text of its completion (vLLM's `stop`): its tokens are kept up to
 -- and including the one that completed the string, row.finish = "stop", row.stop_string = it.
+-- Multi-turn (remax.step.episodes): opts.on_turn_end(events) makes rows pause instead of ending.
+-- After a step, each row that stopped (a stop id or a stop string) is an event
+-- { row = r (1-based, prompt-major), tokens = {this turn's tokens}, stop_string = s or nil }; the
+-- callback returns { [r] = {token ids to append} } for the rows that go on (their observation:
+-- appended to the row's KV cache by one batched prefill, rx_generate_continue) and nothing for the
+-- rows whose episode ends. opts.append_capacity (default 256) is the cache room for observations.
+-- Each row then has row.turn_ends = { length after each turn }, its tokens the model's alone.
 local function slot_list(v, name)
   if type(v) == "table" then return v end
   return nil
@@ -629,6 +636,17 @@ function Model:generate(prompts, opts)
   req.stop_ids, req.num_stop_ids = stop_ids, #stop
   req.seed = opts.seed or 0
   req.max_new_tokens = max_new
+  local on_turn_end = opts.on_turn_end
+  if on_turn_end ~= nil and type(on_turn_end) ~= "function" then
+    error("generate: on_turn_end must be a function(events) -> { [row] = token ids }", 2)
+  end
+  if on_turn_end then
+    local cap = opts.append_capacity or 256
+    if type(cap) ~= "number" or cap < 1 or cap ~= math.floor(cap) then
+      error(("generate: append_capacity = %s must be an integer >= 1"):format(tostring(cap)), 2)
+    end
+    req.append_capacity = cap
+  end
   local res = ffi.new("rx_generate_result")
   local out_tok = ffi.new("int32_t[?]", R * max_new)
   local out_lp = ffi.new("float[?]", R * max_new)
@@ -647,6 +665,7 @@ function Model:generate(prompts, opts)
   -- longest string, whatever special tokens decode to nothing) is searched; an occurrence there
   -- ends in the newest token, since one that ended earlier would have ended the row then
   local matched, checked = {}, {}
+  local turn_start, turn_ends, ended = {}, {}, {}   -- multi-turn: where each row's current turn began
   local function check_stop_strings()
     local stopped = 0
     for r = 0, R - 1 do
@@ -654,12 +673,13 @@ function Model:generate(prompts, opts)
       if n > (checked[r] or 0) and finish[r] ~= C.RX_FINISH_STOP then
         checked[r] = n
         local w, text = longest + 1, ""
+        local first = turn_start[r] or 0
         repeat
-          local ids, lo = {}, math.max(0, n - w)
+          local ids, lo = {}, math.max(first, n - w)
           for t = lo, n - 1 do ids[#ids + 1] = out_tok[r * max_new + t] end
           text = opts.detokenize(ids)
           w = w * 2
-        until #text >= longest + 4 or lo == 0
+        until #text >= longest + 4 or lo == first
         for _, s in ipairs(stop_strings) do
           if text:find(s, 1, true) then
             matched[r] = s
@@ -672,13 +692,64 @@ function Model:generate(prompts, opts)
     end
     return stopped
   end
+  -- rows that stopped become turn ends: the callback's observations continue them, all at once
+  local function end_turns()
+    while true do
+      local events = {}
+      for r = 0, R - 1 do
+        if finish[r] == C.RX_FINISH_STOP and not ended[r] then
+          local e = { row = r + 1, tokens = {}, stop_string = matched[r] }
+          for t = turn_start[r] or 0, lengths[r] - 1 do e.tokens[#e.tokens + 1] = out_tok[r * max_new + t] end
+          events[#events + 1] = e
+        end
+      end
+      if #events == 0 then return end
+      local appends = on_turn_end(events) or {}
+      local list, n_tok = {}, 0
+      for _, e in ipairs(events) do
+        local r = e.row - 1
+        turn_ends[r] = turn_ends[r] or {}
+        table.insert(turn_ends[r], lengths[r])
+        local add = appends[e.row]
+        if add and lengths[r] < rows[r].max_new_tokens then
+          if type(add) ~= "table" then error(("generate: on_turn_end gave row %d a %s, expected a list of token ids"):format(e.row, type(add)), 3) end
+          for i, id in ipairs(add) do
+            if type(id) ~= "number" or id ~= math.floor(id) or id < 0 or id >= V then
+              error(("generate: on_turn_end: row %d, token %d: %s is not a token id in [0, %d)"):format(e.row, i, tostring(id), V), 3)
+            end
+          end
+          list[#list + 1] = { r = r, ids = add }
+          n_tok = n_tok + #add
+        else
+          ended[r] = true
+        end
+      end
+      if #list == 0 then return end
+      local crow = ffi.new("int64_t[?]", #list)
+      local ctok = ffi.new("int32_t[?]", math.max(n_tok, 1))
+      local coff = ffi.new("int64_t[?]", #list + 1)
+      local k = 0
+      for i, c in ipairs(list) do
+        crow[i - 1], coff[i - 1] = c.r, k
+        for _, id in ipairs(c.ids) do ctok[k] = id; k = k + 1 end
+        turn_start[c.r] = lengths[c.r]
+        matched[c.r], checked[c.r] = nil, nil
+      end
+      coff[#list] = k
+      if C.rx_generate_continue(gen, #list, crow, ctok, coff) ~= 0 then error(rx.last_error(), 3) end
+      done[0] = 0
+      if #stop_strings > 0 then check_stop_strings() end
+    end
+  end
   if #stop_strings > 0 then check_stop_strings() end
+  if on_turn_end then end_turns() end
   if opts.on_token then opts.on_token(step, out_tok, lengths, max_new) end
   while done[0] == 0 do
     local rc = C.rx_generate_step(gen, done)
     if rc ~= 0 then error(rx.last_error(), 2) end
     step = step + 1
     if #stop_strings > 0 then check_stop_strings() end
+    if on_turn_end then end_turns() end
     if opts.on_token then opts.on_token(step, out_tok, lengths, max_new) end
   end
   C.rx_generate_end(ffi.gc(gen, nil))
@@ -687,7 +758,8 @@ function Model:generate(prompts, opts)
   for r = 0, R - 1 do
     local n = lengths[r]
     local row = { prompt = math.floor(r / slots) + 1, slot = r % slots + 1, tokens = {}, logprobs = {},
-      finish = (finish[r] == C.RX_FINISH_STOP or matched[r]) and "stop" or "length", stop_string = matched[r] }
+      finish = (finish[r] == C.RX_FINISH_STOP or matched[r]) and "stop" or "length", stop_string = matched[r],
+      turn_ends = on_turn_end and (turn_ends[r] or {}) or nil }
     for t = 0, n - 1 do
       row.tokens[t + 1] = out_tok[r * max_new + t]
       row.logprobs[t + 1] = out_lp[r * max_new + t]
