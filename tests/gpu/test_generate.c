@@ -450,7 +450,10 @@ static void episodes(rx_model *m, const request_buf *q0, int64_t capacity, resul
     for (int64_t r = 0; r < q.req.num_rows; r++) {
       if (turns[r] >= 3 || b->lengths[r] >= q.rows[r].max_new_tokens) continue;
       int ends = b->finish[r] == RX_FINISH_STOP;   /* paused on the stop token */
-      if (!ends && b->lengths[r] >= 3 * (turns[r] + 1)) CHECK_OK(rx_generate_stop_row(g, r)), ends = 1;
+      if (!ends && b->lengths[r] >= 3 * (turns[r] + 1)) {
+        CHECK_OK(rx_generate_stop_row(g, r));
+        ends = 1;
+      }
       if (!ends) continue;
       const int k = 1 + (int)((r + turns[r]) % 4);
       for (int i = 0; i < k; i++) obs[offs[n] + i] = (int32_t)((5 + 7 * r + 3 * turns[r] + i) % VOCAB);

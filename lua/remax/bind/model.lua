@@ -616,7 +616,11 @@ function Model:generate(prompts, opts)
     error("generate: on_turn_end must be a function(events) -> { [row] = token ids }", 2)
   end
   if on_turn_end then
-    local cap = opts.append_capacity or 256
+    local longest = 0
+    for _, p in ipairs(prompts) do longest = math.max(longest, #p) end
+    local room = tonumber(self:cfg().max_position_embeddings) - longest - max_new
+    local cap = opts.append_capacity or math.min(256, room)
+    if cap > room then cap = room end   -- positions beyond the model's are never reached
     if type(cap) ~= "number" or cap < 1 or cap ~= math.floor(cap) then
       error(("generate: append_capacity = %s must be an integer >= 1"):format(tostring(cap)), 2)
     end
