@@ -171,3 +171,162 @@ describe("tool calls", function()
       "tools.calc.parameters.required[1] = 'q' is not one of its properties")
   end)
 end)
+
+---------------------------------------------------------------------------- episodes through a Step
+
+local tokenizer = require("remax.bind.tokenizer")
+
+-- A guessing game: the secret is 7; each reply that holds a digit is a guess; feedback each turn,
+-- done on a right guess (reward 1) or after three turns; every turn that guesses earns 0.1.
+local game = {
+  reset = function(sample, state) state.turn = 0 return { { role = "user", content = sample.prompt } } end,
+  step = function(state, text)
+    state.turn = state.turn + 1
+    local d = tonumber(text:match("%d"))
+    if d == 7 then return "right", true, 1 end
+    return d and (d < 7 and "higher" or "lower") or ("say a digit (" .. state.turn .. ")"), false, d and 0.1 or 0
+  end,
+}
+
+local STOP = { 258 }
+for id = 100, 129 do STOP[#STOP + 1] = id end   -- turns end within a few tokens on a random model
+
+local function fake_step(m, tok, cfg_extra)
+  local cfg = { max_completion_length = 20, max_prompt_length = 64, max_turns = 3, max_episode_length = 400,
+    tool_timeout = 1, sampling = rollout.plan(2, true, 1.0), environment = game }
+  for k, v in pairs(cfg_extra or {}) do cfg[k] = v end
+  return { cfg = cfg, model = m, tok = tok, stop = STOP, template = { template = "chatml" }, template_name = "chatml",
+    seed_for = function(_, s) return 1000 + s end, progress = function() end }
+end
+
+describe("episodes.rollout", function()
+  local tok = tokenizer.load("tests/fixtures/byte_tokenizer")
+  local m = tiny(260, 11)
+  local prompts = { { prompt = "guess my digit" }, { prompt = "a digit, please" } }
+  local step = fake_step(m, tok)
+  local ro = episodes.rollout(step, prompts, { step = 1 })
+
+  it("gives one sequence per episode with the model's tokens in its loss mask", function()
+    assert.are.equal(6, #ro.rows)
+    local multi = 0
+    for _, r in ipairs(ro.rows) do
+      local model = 0
+      for _, x in ipairs(r.loss_mask) do model = model + x end
+      assert.are.equal(#r.model_ids, model)
+      assert.are.equal(#r.tokens, #r.loss_mask)
+      assert.are.equal(r.episode.model_tokens, model)
+      assert.are.equal(r.episode.obs_tokens, #r.tokens - model)
+      assert.is_true(r.episode.turns >= 1 and r.episode.turns <= 3)
+      assert.is_true(#r.model_ids <= 20)
+      if r.episode.turns > 1 then multi = multi + 1 end
+      -- the messages alternate the model's turns and the game's replies
+      for i, msg in ipairs(r.completion_messages) do assert.are.equal(i % 2 == 1 and "assistant" or "user", msg.role) end
+    end
+    assert.is_true(multi >= 3, multi .. " episodes had more than one turn")
+    local mt = episodes.metrics(ro)
+    assert.is_true(mt["episodes/observation_tokens"] > 0 and mt["episodes/turns_mean"] > 1)
+  end)
+
+  it("makes the greedy row the episode a greedy policy plays against the same game (the ReMax baseline)", function()
+    local stop = {}
+    for _, id in ipairs(STOP) do stop[id] = true end
+    for i, p in ipairs(prompts) do
+      local row = ro.rows[ro:index(i, ro.slots)]
+      assert.is_true(row.greedy)
+      local state, msgs = {}, nil
+      msgs = game.reset(p, state)
+      local seq = chat.encode(tok, msgs, { template = "chatml" })
+      local n0, want, made, reward = #seq, {}, 0, 0
+      for turn = 1, 3 do
+        local ids = {}
+        repeat   -- greedy: the argmax of a full forward, every token
+          local logits = m:next_logits({ seq }):totable()[1]
+          local best = 1
+          for v = 2, #logits do if logits[v] > logits[best] then best = v end end
+          ids[#ids + 1] = best - 1
+          seq[#seq + 1] = best - 1
+          made = made + 1
+        until stop[best - 1] or made == 20
+        local text = tok:decode(ids, { skip_special_tokens = true })
+        local obs, done, r = game.step(state, text)
+        reward = reward + (r or 0)
+        local before = msgs
+        msgs = concat(msgs, { { role = "assistant", content = text } })
+        if done or turn == 3 or made == 20 then break end
+        local new = { { role = "user", content = obs } }
+        local render = function(ms, gen) return chat.render(ms, { template = "chatml", add_generation_prompt = gen }) end
+        local otext = episodes.observation_text(render, before, { role = "assistant", content = text }, new,
+          tok:decode({ ids[#ids] }, { skip_special_tokens = false }))
+        for _, id in ipairs(tok:encode(otext, { add_special_tokens = false })) do seq[#seq + 1] = id end
+        msgs = concat(msgs, new)
+      end
+      for t = n0 + 1, #seq do want[#want + 1] = seq[t] end
+      assert.are.same(want, row.tokens)
+      assert.is_true(math.abs(reward - (row.episode.env_reward or 0)) < 1e-12)
+    end
+  end)
+
+  it("sums the game's per-turn rewards into the reward 'environment'", function()
+    local total = { 0 / 0, 0 / 0, 0 / 0, 0 / 0, 0 / 0, 0 / 0 }
+    local none = { true, true, true, true, true, true }
+    local per, tot, unscored = episodes.add_environment_reward(ro, {}, total, 6, none)
+    for k, r in ipairs(ro.rows) do
+      local s = 0
+      for _, v in ipairs(r.episode.turn_rewards) do s = s + v end
+      assert.are.equal(s, per.environment[k])
+      assert.are.equal(s, tot[k])
+    end
+    assert.are.equal(0, unscored)
+  end)
+
+  it("trains only the model's tokens: observation tokens get exactly zero gradient (finite differences)", function()
+    local fm = remax.model.new(support.tiny_model({ vocab_size = 260, hidden_size = 16, intermediate_size = 24,
+      tie_word_embeddings = false }), { seed = 11, init_std = 0.3, dtype = "f64" })
+    local r = ro.rows[1]
+    local seq = concat(ro.prompt_ids[1], r.tokens)
+    local start = #ro.prompt_ids[1]
+    local function completion_lp(train)
+      local lp = fm:logprobs({ seq }, nil, { train = train }):totable()[1]
+      local v = {}
+      for t = 1, #r.tokens do v[t] = lp[start + t] end
+      return v
+    end
+    local lp = completion_lp(true)
+    local w = algos.token_weights({ { adv = 0.7, logp = episodes.model_only(lp, r.loss_mask) } }, { beta = 0 })
+    local full = episodes.spread(w[1], r.loss_mask)
+    local obs = 0
+    for t, mk in ipairs(r.loss_mask) do if mk == 0 then obs = obs + 1; assert.are.equal(0, full[t]) end end
+    assert.is_true(obs > 0)
+    fm:zero_grad()
+    fm:backward(tensor.from_row_spans({ full }, { start }, 1, #seq, "f64"))
+    -- the loss the weights are the gradient of: the model tokens' weighted logprobs alone
+    local function loss()
+      local v, s = completion_lp(false), 0
+      for t, mk in ipairs(r.loss_mask) do if mk == 1 then s = s + full[t] * v[t] end end
+      return s
+    end
+    local name = "model.layers.0.self_attn.q_proj.weight"
+    local p, g = fm:param(name), fm:grad(name)
+    local h = 1e-6
+    for _, i in ipairs({ 0, 17, 101 }) do
+      local x = p:get(math.floor(i / 16) + 1, i % 16 + 1)
+      p:set(math.floor(i / 16) + 1, i % 16 + 1, x + h)
+      local up = loss()
+      p:set(math.floor(i / 16) + 1, i % 16 + 1, x - h)
+      local down = loss()
+      p:set(math.floor(i / 16) + 1, i % 16 + 1, x)
+      local fd, an = (up - down) / (2 * h), g:get(math.floor(i / 16) + 1, i % 16 + 1)
+      assert.is_true(math.abs(fd - an) <= 1e-6 * math.max(1, math.abs(fd)), ("%s[%d]: backward %g, finite differences %g"):format(name, i, an, fd))
+    end
+  end)
+
+  it("ends an episode on an environment that fails, counting it", function()
+    local bad = fake_step(m, tok, { environment = { step = function() error("the game broke", 0) end } })
+    local r2 = episodes.rollout(bad, { { prompt = "x" } }, { step = 2 })
+    for _, r in ipairs(r2.rows) do
+      assert.are.equal(1, r.episode.turns)
+      assert.are.equal(1, r.episode.env_errors)
+      assert.are.equal("environment step failed: the game broke", r.episode.env_error)
+    end
+  end)
+end)

@@ -213,6 +213,12 @@ function M.rollout(step, prompt_rows, opts)
       ep.messages = concat(ep.messages, { { role = "assistant", content = text } })
       ep.turns = ep.turns + 1
       ep.model_tokens = ep.model_tokens + #tail
+      -- the environment still judges the turn the budget cut (its reward counts; no observation follows)
+      if ep.env and not ep.env_error then
+        local _, _, reward, err = environment.step(ep.env, ep.state, text)
+        if err then ep.env_errors, ep.env_error = ep.env_errors + 1, err end
+        if reward then ep.reward, ep.turn_rewards[#ep.turn_rewards + 1] = (ep.reward or 0) + reward, reward end
+      end
     end
     local last = ep.messages[#ep.messages]
     r.text = (last and last.role == "assistant") and last.content or ""

@@ -118,10 +118,13 @@ local function call_limited(fn, args, timeout)
   local jit_ok = pcall(function() jit.off(fn, true) end)
   local timed_out = false
   local co = coroutine.create(function() return fn(args) end)
-  debug.sethook(co, function()
-    if now() > deadline then timed_out = true; error("__remax_tool_timeout__", 2) end
+  -- LuaJIT's hooks are global (not per coroutine): set for the call, then the earlier one back
+  local old_hook, old_mask, old_count = debug.gethook()
+  debug.sethook(function()
+    if coroutine.running() == co and now() > deadline then timed_out = true; error("__remax_tool_timeout__", 2) end
   end, "", 1000)
   local res = { coroutine.resume(co) }
+  if old_hook then debug.sethook(old_hook, old_mask, old_count) else debug.sethook() end
   if jit_ok then pcall(function() jit.on(fn, true) end) end
   if timed_out then return false, "__remax_tool_timeout__" end
   if coroutine.status(co) ~= "dead" then return false, "the tool yielded (tools must return their result)" end
