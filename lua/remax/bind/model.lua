@@ -612,19 +612,8 @@ function Model:generate(prompts, opts)
   req.seed = opts.seed or 0
   req.max_new_tokens = max_new
   local on_turn_end = opts.on_turn_end
-  if on_turn_end ~= nil and type(on_turn_end) ~= "function" then
-    error("generate: on_turn_end must be a function(events) -> { [row] = token ids }", 2)
-  end
-  if on_turn_end then
-    local longest = 0
-    for _, p in ipairs(prompts) do longest = math.max(longest, #p) end
-    local room = tonumber(self:cfg().max_position_embeddings) - longest - max_new
-    local cap = opts.append_capacity or math.min(256, room)
-    if cap > room then cap = room end   -- positions beyond the model's are never reached
-    if type(cap) ~= "number" or cap < 1 or cap ~= math.floor(cap) then
-      error(("generate: append_capacity = %s must be an integer >= 1"):format(tostring(cap)), 2)
-    end
-    req.append_capacity = cap
+  if on_turn_end ~= nil then   -- multi-turn: cache room for the observations
+    req.append_capacity = require("remax.bind.turns").capacity(opts, prompts, max_new, tonumber(self:cfg().max_position_embeddings))
   end
   local res = ffi.new("rx_generate_result")
   local out_tok = ffi.new("int32_t[?]", R * max_new)
@@ -643,7 +632,7 @@ function Model:generate(prompts, opts)
   -- longest string, whatever special tokens decode to nothing) is searched; an occurrence there
   -- ends in the newest token, since one that ended earlier would have ended the row then
   local matched, checked = {}, {}
-  local turn_start, turn_ends, ended = {}, {}, {}   -- multi-turn: where each row's current turn began
+  local turn_start = {}   -- multi-turn: where each row's current turn began
   local function check_stop_strings()
     local stopped = 0
     for r = 0, R - 1 do
@@ -670,55 +659,13 @@ function Model:generate(prompts, opts)
     end
     return stopped
   end
-  -- rows that stopped become turn ends: the callback's observations continue them, all at once
-  local function end_turns()
-    while true do
-      local events = {}
-      for r = 0, R - 1 do
-        if finish[r] == C.RX_FINISH_STOP and not ended[r] then
-          local e = { row = r + 1, tokens = {}, stop_string = matched[r] }
-          for t = turn_start[r] or 0, lengths[r] - 1 do e.tokens[#e.tokens + 1] = out_tok[r * max_new + t] end
-          events[#events + 1] = e
-        end
-      end
-      if #events == 0 then return end
-      local appends = on_turn_end(events) or {}
-      local list, n_tok = {}, 0
-      for _, e in ipairs(events) do
-        local r = e.row - 1
-        turn_ends[r] = turn_ends[r] or {}
-        table.insert(turn_ends[r], lengths[r])
-        local add = appends[e.row]
-        if add and lengths[r] < rows[r].max_new_tokens then
-          if type(add) ~= "table" then error(("generate: on_turn_end gave row %d a %s, expected a list of token ids"):format(e.row, type(add)), 3) end
-          for i, id in ipairs(add) do
-            if type(id) ~= "number" or id ~= math.floor(id) or id < 0 or id >= V then
-              error(("generate: on_turn_end: row %d, token %d: %s is not a token id in [0, %d)"):format(e.row, i, tostring(id), V), 3)
-            end
-          end
-          list[#list + 1] = { r = r, ids = add }
-          n_tok = n_tok + #add
-        else
-          ended[r] = true
-        end
-      end
-      if #list == 0 then return end
-      local crow = ffi.new("int64_t[?]", #list)
-      local ctok = ffi.new("int32_t[?]", math.max(n_tok, 1))
-      local coff = ffi.new("int64_t[?]", #list + 1)
-      local k = 0
-      for i, c in ipairs(list) do
-        crow[i - 1], coff[i - 1] = c.r, k
-        for _, id in ipairs(c.ids) do ctok[k] = id; k = k + 1 end
-        turn_start[c.r] = lengths[c.r]
-        matched[c.r], checked[c.r] = nil, nil
-      end
-      coff[#list] = k
-      if C.rx_generate_continue(gen, #list, crow, ctok, coff) ~= 0 then error(rx.last_error(), 3) end
-      done[0] = 0
-      if #stop_strings > 0 then check_stop_strings() end
-    end
-  end
+  -- rows that stopped become turn ends: the callback's observations continue them (remax.bind.turns)
+  local turns = on_turn_end and require("remax.bind.turns").new(gen, { tokens = out_tok, lengths = lengths, finish = finish,
+    max_new = max_new, rows = rows, R = R, V = V, done = done }, on_turn_end, turn_start, function(r)
+      matched[r], checked[r] = nil, nil
+    end, function() if #stop_strings > 0 then check_stop_strings() end end)
+  if turns then turns.stop_string = function(r) return matched[r] end end
+  local function end_turns() turns:run() end
   if #stop_strings > 0 then check_stop_strings() end
   if on_turn_end then end_turns() end
   if opts.on_token then opts.on_token(step, out_tok, lengths, max_new) end
@@ -737,7 +684,7 @@ function Model:generate(prompts, opts)
     local n = lengths[r]
     local row = { prompt = math.floor(r / slots) + 1, slot = r % slots + 1, tokens = {}, logprobs = {},
       finish = (finish[r] == C.RX_FINISH_STOP or matched[r]) and "stop" or "length", stop_string = matched[r],
-      turn_ends = on_turn_end and (turn_ends[r] or {}) or nil }
+      turn_ends = turns and (turns.turn_ends[r] or {}) or nil }
     for t = 0, n - 1 do
       row.tokens[t + 1] = out_tok[r * max_new + t]
       row.logprobs[t + 1] = out_lp[r * max_new + t]

@@ -271,6 +271,31 @@ function M.spread(list, mask, zero)
   return out
 end
 
+-- Per-row lists of the whole completion -> of the model tokens (rows with a loss_mask).
+function M.model_rows(lists, rows)
+  for n, row in ipairs(rows) do if row.loss_mask then lists[n] = M.model_only(lists[n], row.loss_mask) end end
+  return lists
+end
+
+-- Per-row weights (and entropy weights) over the model tokens -> over the whole completion.
+function M.spread_rows(rows, weights, dent)
+  for n, row in ipairs(rows) do
+    if row.loss_mask then
+      weights[n] = M.spread(weights[n], row.loss_mask)
+      if dent then dent[n] = M.spread(dent[n], row.loss_mask) end
+    end
+  end
+end
+
+-- A completions.jsonl record of a row, with its episode's messages and counters when it has one.
+function M.record(r, rec)
+  rec.messages, rec.episode = r.completion_messages, r.episode
+  return rec
+end
+
+-- Model tokens of a rollout row.
+function M.row_tokens(r) return M.loss_tokens({ completion = r.tokens, loss_mask = r.loss_mask }) end
+
 -- Loss tokens of a training row (all of its completion unless it is an episode).
 function M.loss_tokens(row)
   if not row.loss_mask then return #row.completion end

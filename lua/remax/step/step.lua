@@ -98,8 +98,7 @@ function Step:rollout(prompt_rows, opts)
   opts = opts or {}
   local cfg = self.cfg
   local step = assert(opts.step, "Step:rollout: opts.step (the step number) is required")
-  -- multi-turn (tools or an environment): episodes, one KV cache across turns, same rollout shape
-  if episodes.wanted(cfg) then return episodes.rollout(self, prompt_rows, opts) end
+  if episodes.wanted(cfg) then return episodes.rollout(self, prompt_rows, opts) end   -- multi-turn: tools, environments
   local plan = opts.plan or cfg.sampling
   local prompt_ids, prompts_truncated = {}, 0
   for i, row in ipairs(prompt_rows) do
@@ -243,10 +242,7 @@ end
 local function completion_values(x, rows, starts)
   local lens = {}
   for n, row in ipairs(rows) do lens[n] = #row.completion end
-  local v = x:row_spans(starts, lens)
-  -- an episode's observation tokens are context: the loss sees its model tokens only
-  for n, row in ipairs(rows) do if row.loss_mask then v[n] = episodes.model_only(v[n], row.loss_mask) end end
-  return v
+  return episodes.model_rows(x:row_spans(starts, lens), rows)   -- an episode: its model tokens only
 end
 
 -- The log-probabilities of rows under the current weights, from a forward that computes what
@@ -317,12 +313,7 @@ function Step:micro_step(rows, totals, chunk)
       agg = cfg.aggregation, num_tokens = totals.tokens, chunks = totals.chunks })
     stats.loss = stats.loss + bonus
   end
-  for n, row in ipairs(rows) do   -- an episode's weights back over its whole sequence: 0 on observations
-    if row.loss_mask then
-      weights[n] = episodes.spread(weights[n], row.loss_mask)
-      if dent then dent[n] = episodes.spread(dent[n], row.loss_mask) end
-    end
-  end
+  episodes.spread_rows(rows, weights, dent)   -- an episode's weights over its whole sequence: 0 on observations
   self.model:backward(tensor.from_row_spans(weights, starts, B, T, logp:dtype_name()),
     dent and tensor.from_row_spans(dent, starts, B, T, logp:dtype_name()) or nil)
   return stats
@@ -500,9 +491,7 @@ function Step:rl_metrics(ro, up)
   m.frac_prompts_nonzero_adv = #ro.adv > 0 and prompts_nz / #ro.adv or 0
   if ro.kl_k1 then
     local s, n = 0, 0
-    for k, r in ipairs(ro.rows) do
-      if not r.greedy then s = s + ro.kl_k1[k]; n = n + episodes.loss_tokens({ completion = r.tokens, loss_mask = r.loss_mask }) end
-    end
+    for k, r in ipairs(ro.rows) do if not r.greedy then s = s + ro.kl_k1[k]; n = n + episodes.row_tokens(r) end end
     m.kl = n > 0 and s / n or 0
   else
     m.kl = up.kl
@@ -565,9 +554,8 @@ function Step:completion_records(ro)
   for k, r in ipairs(ro.rows) do
     local per = {}
     for _, rw in ipairs(self.rewards) do per[rw.name] = ro.per[rw.name][k] end
-    list[#list + 1] = { prompt = ro.prompts[r.prompt].prompt, completion = r.text,
-      reward = ro.total[k], rewards = per, advantage = ro:advantage(k), greedy = r.greedy and true or false,
-      messages = r.completion_messages, episode = r.episode }   -- episodes: the whole conversation
+    list[#list + 1] = episodes.record(r, { prompt = ro.prompts[r.prompt].prompt, completion = r.text,   -- + an episode's messages
+      reward = ro.total[k], rewards = per, advantage = ro:advantage(k), greedy = r.greedy and true or false })
   end
   return list
 end
