@@ -227,7 +227,7 @@ local function gib(b) return ("%.1f GiB"):format(b / 2 ^ 30) end
 function M.cross_check(cfg, source, opts)
   local function bad(key, msg) error(("%s: %s = %s: %s"):format(source(key), key, show(cfg[key]), msg), 0) end
   local rl = cfg.algo ~= "sft"
-  if rl and type(cfg.rewards) == "table" and #cfg.rewards == 0 then
+  if rl and type(cfg.rewards) == "table" and #cfg.rewards == 0 and cfg.environment == nil then   -- an environment rewards
     bad("rewards", ("an RL run needs at least one reward function (algo = %s learns from nothing without one); " ..
       "give a name from rewards/, a file, or a function"):format(cfg.algo))
   end
