@@ -843,7 +843,7 @@ static int compact(rx_generator *g) {
   while (s < g->active) {
     if (!g->done[s]) { s++; continue; }
     const int64_t last = --g->active;
-    if (s == last) break;
+    if (s == last || g->done[last]) continue;   /* the last place's row has finished too: it stays */
     if (paused(g, s)) {   /* a paused row keeps its cache: it trades places with the last active row */
       TRY(swap_places(g, s, last));
       continue;
@@ -862,7 +862,7 @@ static int compact(rx_generator *g) {
     g->prompt_len[s] = g->prompt_len[last];
     g->npos[s] = g->npos[last];
     g->current[s] = g->current[last];
-    g->done[s] = g->done[last];   /* when it had finished too, the loop looks at s again */
+    g->done[s] = 0;               /* the row moved in is decoding (finished ones stay at the end) */
     g->done[last] = 1;
   }
   return RX_OK;
