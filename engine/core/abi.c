@@ -37,7 +37,7 @@ static const struct { const char *name; size_t value; } layout[] = {
   FIELD(rx_generate_request, prompt_offsets), FIELD(rx_generate_request, num_rows),
   FIELD(rx_generate_request, row_prompt), FIELD(rx_generate_request, rows), FIELD(rx_generate_request, stop_ids),
   FIELD(rx_generate_request, num_stop_ids), FIELD(rx_generate_request, seed),
-  FIELD(rx_generate_request, max_new_tokens),
+  FIELD(rx_generate_request, max_new_tokens), FIELD(rx_generate_request, append_capacity),
   SIZE(rx_generate_result), FIELD(rx_generate_result, tokens), FIELD(rx_generate_result, logprobs),
   FIELD(rx_generate_result, lengths), FIELD(rx_generate_result, finish), FIELD(rx_generate_result, cache_bytes),
   FIELD(rx_generate_result, decode_steps),

@@ -74,6 +74,14 @@ struct rx_generator {
   float *d_pen;
   void *d_seen_handle, *d_pen_handle;
   int nthreads;
+  /* continuing rows (request append_capacity > 0): slot is the next cache slot a step writes (the
+   * cache grows in lockstep); npos[place] counts the row's tokens in the cache (the RoPE position
+   * of its next one); a row that stops stays paused (finish RX_FINISH_STOP, cache kept) until
+   * rx_generate_continue; move_k / move_v: one row of one layer's cache, for swaps and repacking */
+  int continuable;
+  int64_t slot;
+  int32_t *npos;
+  void *move_buf, *move_handle;
 };
 
 /* ------------------------------------------------------------------ sampling */
@@ -525,6 +533,8 @@ void rx_generate_end(rx_generator *g) {
   free(g->cache_mask);
   free(g->step_mask);
   free(g->prompt_len);
+  free(g->npos);
+  if (g->move_buf) rx_arena_free(dev, g->move_buf, g->move_handle);
   free(g->positions);
   free(g->current);
   free(g->done);
@@ -586,10 +596,16 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
     int64_t n = req->prompt_offsets[p + 1] - req->prompt_offsets[p];
     if (n > Pmax) Pmax = n;
   }
-  const int64_t S = Pmax + req->max_new_tokens;
-  if (S > c->max_position_embeddings)
+  if (req->append_capacity < 0)
+    return rx_fail(RX_EINVAL, "generate: append_capacity = %lld must be >= 0", (long long)req->append_capacity);
+  const int64_t S = Pmax + req->max_new_tokens + req->append_capacity;
+  if (S > c->max_position_embeddings && req->append_capacity == 0)
     return rx_fail(RX_EINVAL, "generate: prompt of %lld tokens + %lld new tokens exceeds max_position_embeddings = %lld",
                    (long long)Pmax, (long long)req->max_new_tokens, (long long)c->max_position_embeddings);
+  if (S > c->max_position_embeddings)
+    return rx_fail(RX_EINVAL, "generate: prompt of %lld tokens + %lld new tokens + append_capacity %lld exceeds "
+                   "max_position_embeddings = %lld", (long long)Pmax, (long long)req->max_new_tokens,
+                   (long long)req->append_capacity, (long long)c->max_position_embeddings);
   /* size everything first, refuse before allocating */
   const int64_t nthreads = omp_get_max_threads();
   int any_penalty = 0;   /* the device sampler then keeps each row's tokens and a penalised copy of its logits */
@@ -625,6 +641,11 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   g->cache_mask = calloc((size_t)(R * S), sizeof(int32_t));
   g->step_mask = calloc((size_t)(R * S), sizeof(int32_t));
   g->prompt_len = calloc((size_t)R, sizeof(int32_t));
+  g->npos = calloc((size_t)R, sizeof(int32_t));
+  g->continuable = req->append_capacity > 0;
+  if (g->continuable) {
+    g->move_buf = rx_arena_alloc(c->device, (size_t)(S * KD * es), "KV cache (moving rows)", 0, &g->move_handle);
+  }
   g->positions = calloc((size_t)R, sizeof(int32_t));
   g->current = calloc((size_t)R, sizeof(int32_t));
   g->done = calloc((size_t)R, sizeof(int32_t));
@@ -676,7 +697,8 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
     alloc_ok = g->d_part && g->graph_of && g->h_lens;
   }
   alloc_ok = alloc_ok && g->scratch && (!on_device || g->ids);
-  if (!alloc_ok || !g->cache_mask || !g->step_mask || !g->prompt_len || !g->positions || !g->current ||
+  if (g->continuable && !g->move_buf) alloc_ok = 0;
+  if (!alloc_ok || !g->cache_mask || !g->step_mask || !g->prompt_len || !g->npos || !g->positions || !g->current ||
       !g->done || !g->place_row || !g->row_place || (!g->logits_f32 && (c->dtype != RX_F32 || on_device)) || !g->sample_buf ||
       !g->index_buf || !g->cand_buf || !g->pen_buf) {
     rx_generate_end(g);
@@ -712,7 +734,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
     res->lengths[r] = 0;
     res->finish[r] = RX_FINISH_LENGTH;
     int64_t p = req->row_prompt[r], n = req->prompt_offsets[p + 1] - req->prompt_offsets[p];
-    g->prompt_len[r] = (int32_t)n;
+    g->prompt_len[r] = g->npos[r] = (int32_t)n;
     for (int64_t t = Pmax - n; t < Pmax; t++) g->cache_mask[r * S + t] = 1;
   }
 
@@ -747,6 +769,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   if (!rc) rc = pick_tokens(g);
   if (rc) { rx_generate_end(g); return rc; }
   g->generated = 1;
+  g->slot = Pmax;
   *out = g;
   return RX_OK;
 }
@@ -762,6 +785,78 @@ static void cache_view(rx_generator *g, rx_tensor *t, void *base, int64_t l, int
   t->stride[0] = g->S * KV * D;
 }
 
+/* A place whose row stopped and may continue (rx_generate_continue). */
+static int paused(const rx_generator *g, int64_t place) {
+  return g->continuable && g->done[place] && g->res->finish[g->place_row[place]] == RX_FINISH_STOP;
+}
+
+/* Two places trade their rows: caches (the filled slots), masks and state. */
+static int swap_places(rx_generator *g, int64_t a, int64_t b) {
+  if (a == b) return RX_OK;
+  const rx_model_config *c = &g->m->cfg;
+  const int64_t L = c->num_hidden_layers, KD = c->num_key_value_heads * c->head_dim, es = rx_dtype_size(c->dtype);
+  const int64_t S = g->S, n = g->slot * KD, row = S * KD * es;
+  for (int64_t l = 0; l < L; l++)
+    for (int kv = 0; kv < 2; kv++) {
+      char *base = (char *)(kv ? g->vcache : g->kcache) + l * g->R * row;
+      TRY(dev_copy(g, g->move_buf, base + a * row, n));
+      TRY(dev_copy(g, base + a * row, base + b * row, n));
+      TRY(dev_copy(g, base + b * row, g->move_buf, n));
+    }
+  for (int64_t t = 0; t < S; t++) {
+    int32_t x = g->cache_mask[a * S + t];
+    g->cache_mask[a * S + t] = g->cache_mask[b * S + t];
+    g->cache_mask[b * S + t] = x;
+  }
+  int32_t *per_place[] = {g->place_row, g->prompt_len, g->npos, g->current, g->done};
+  for (size_t i = 0; i < sizeof per_place / sizeof per_place[0]; i++) {
+    int32_t x = per_place[i][a];
+    per_place[i][a] = per_place[i][b];
+    per_place[i][b] = x;
+  }
+  g->row_place[g->place_row[a]] = (int32_t)a;
+  g->row_place[g->place_row[b]] = (int32_t)b;
+  return RX_OK;
+}
+
+/* The cache without its holes: every live place (active or paused) has its tokens moved, in order,
+ * to the slots [F - npos, F) with F the most tokens any of them holds, and the next step writes slot
+ * F. Keys and values are roped already and positions are kept per place, so nothing is recomputed;
+ * attention sees the same keys in the same order. */
+static int repack(rx_generator *g) {
+  const rx_model_config *c = &g->m->cfg;
+  const int64_t L = c->num_hidden_layers, KD = c->num_key_value_heads * c->head_dim, es = rx_dtype_size(c->dtype);
+  const int64_t S = g->S, row = S * KD * es;
+  int64_t F = 0;
+  for (int64_t p = 0; p < g->R; p++)
+    if (p < g->active || paused(g, p)) F = g->npos[p] > F ? g->npos[p] : F;
+  for (int64_t p = 0; p < g->R; p++) {
+    int32_t *mk = g->cache_mask + p * S;
+    if (!(p < g->active || paused(g, p))) { memset(mk, 0, sizeof(int32_t) * (size_t)S); continue; }
+    const int64_t n = g->npos[p], at = F - n;
+    for (int64_t l = 0; l < L; l++)
+      for (int kv = 0; kv < 2; kv++) {
+        char *base = (char *)(kv ? g->vcache : g->kcache) + l * g->R * row + p * row;
+        int64_t got = 0;
+        for (int64_t t = 0; t < g->slot;) {   /* gather each run of real slots */
+          if (!mk[t]) { t++; continue; }
+          int64_t e = t;
+          while (e < g->slot && mk[e]) e++;
+          TRY(dev_copy(g, (char *)g->move_buf + got * KD * es, base + t * KD * es, (e - t) * KD));
+          got += e - t;
+          t = e;
+        }
+        if (got != n) return rx_fail(RX_EINVAL, "generate: repack: place %lld holds %lld tokens, expected %lld",
+                                     (long long)p, (long long)got, (long long)n);
+        if (n) TRY(dev_copy(g, base + at * KD * es, g->move_buf, n * KD));
+      }
+    memset(mk, 0, sizeof(int32_t) * (size_t)S);
+    for (int64_t t = at; t < F; t++) mk[t] = 1;
+  }
+  g->slot = F;
+  return RX_OK;
+}
+
 /* Places of rows that finished go past the active ones: the last active place moves into each
  * (its cache rows [0, filled), mask and state), so a step computes only the rows still decoding.
  * A row's numbers do not depend on its place, or on the rows beside it (up to 48 rows, see
@@ -769,13 +864,17 @@ static void cache_view(rx_generator *g, rx_tensor *t, void *base, int64_t l, int
 static int compact(rx_generator *g) {
   const rx_model_config *c = &g->m->cfg;
   const int64_t L = c->num_hidden_layers, KD = c->num_key_value_heads * c->head_dim, es = rx_dtype_size(c->dtype);
-  const int64_t S = g->S, filled = g->Pmax + g->generated - 1;
+  const int64_t S = g->S, filled = g->slot;
   const int64_t row = S * KD * es;
   int64_t s = 0;
   while (s < g->active) {
     if (!g->done[s]) { s++; continue; }
     const int64_t last = --g->active;
-    if (s == last) break;
+    if (s == last || g->done[last]) continue;   /* the last place's row has finished too: it stays */
+    if (paused(g, s)) {   /* a paused row keeps its cache: it trades places with the last active row */
+      TRY(swap_places(g, s, last));
+      continue;
+    }
     for (int64_t l = 0; l < L; l++) {
       char *K = (char *)g->kcache + l * g->R * row, *Vc = (char *)g->vcache + l * g->R * row;
       TRY(dev_copy(g, K + s * row, K + last * row, filled * KD));
@@ -788,8 +887,9 @@ static int compact(rx_generator *g) {
     g->place_row[last] = finished;
     g->row_place[finished] = (int32_t)last;
     g->prompt_len[s] = g->prompt_len[last];
+    g->npos[s] = g->npos[last];
     g->current[s] = g->current[last];
-    g->done[s] = g->done[last];   /* when it had finished too, the loop looks at s again */
+    g->done[s] = 0;               /* the row moved in is decoding (finished ones stay at the end) */
     g->done[last] = 1;
   }
   return RX_OK;
@@ -924,15 +1024,21 @@ static int graph_step(rx_generator *g, layer_acts *acts, const rx_tensor *pos) {
 
 int rx_generate_step(rx_generator *g, int32_t *done) {
   TRY(compact(g));
-  if (g->active == 0 || g->generated >= g->req.max_new_tokens) { *done = 1; return RX_OK; }
+  if (g->active == 0 || (!g->continuable && g->generated >= g->req.max_new_tokens)) { *done = 1; return RX_OK; }
+  if (g->slot >= g->S) TRY(repack(g));
+  if (g->slot >= g->S) {   /* the cache is full even without holes: the rows decoding end at their length */
+    for (int64_t r = 0; r < g->active; r++) g->done[r] = 1, g->res->finish[g->place_row[r]] = RX_FINISH_LENGTH;
+    *done = 1;
+    return RX_OK;
+  }
   set_rows(g, g->active);
   rx_model *m = g->m;
   const rx_model_config *c = &m->cfg;
   const int64_t R = g->active, S = g->S;
-  const int64_t idx = g->Pmax + g->generated - 1, Tk = idx + 1;   /* cache slot of the newest token */
+  const int64_t idx = g->slot, Tk = idx + 1;   /* cache slot of the newest token */
   for (int64_t r = 0; r < R; r++) {
     g->cache_mask[r * S + idx] = 1;
-    g->positions[r] = g->prompt_len[r] + (int32_t)g->generated - 1;
+    g->positions[r] = g->npos[r];
   }
   g->step_slot = idx;
   int64_t s2m[2] = {R, Tk}, s1[1] = {R};
@@ -958,12 +1064,14 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
     TRY(rx_embedding_forward(&g->x, &g->tok, rx_model_w(m, m->embed)));
     TRY(decode_body(g, &acts, &io));
   }
+  for (int64_t r = 0; r < R; r++) g->npos[r]++;
+  g->slot++;
   TRY(pick_tokens(g));
   g->generated++;
   g->res->decode_steps++;
   int all = 1;
   for (int64_t r = 0; r < R; r++) all &= g->done[r];
-  *done = all || g->generated >= g->req.max_new_tokens;
+  *done = all || (!g->continuable && g->generated >= g->req.max_new_tokens);
   return RX_OK;
 }
 
@@ -976,6 +1084,145 @@ int rx_generate_stop_row(rx_generator *g, int64_t row) {
     g->res->finish[row] = RX_FINISH_STOP;
   }
   return RX_OK;
+}
+
+/* The continuation's KV-cache hook: the keys and values of the Kmax new slots of each continuing
+ * row (places base + b) go to cache slots [slot, slot + Kmax); the attention reads those rows'
+ * caches up to slot + Kmax, with their cache masks (padding and the holes of other turns off). */
+typedef struct { rx_generator *g; int64_t base, B, K; rx_tensor mask; } cont_ctx;
+
+static int continue_kv(void *ctx, int64_t l, const layer_acts *a, rx_tensor *keys, rx_tensor *values,
+                       const rx_tensor **mask) {
+  cont_ctx *cc = ctx;
+  rx_generator *g = cc->g;
+  const rx_model_config *c = &g->m->cfg;
+  const int64_t KV = c->num_key_value_heads, D = c->head_dim, KD = KV * D, es = rx_dtype_size(c->dtype), S = g->S;
+  const int64_t row = S * KD * es, layer = l * g->R * row;
+  for (int64_t b = 0; b < cc->B; b++) {
+    const int64_t to = (cc->base + b) * row + g->slot * KD * es, from = b * cc->K * KD * es;
+    TRY(dev_copy(g, (char *)g->kcache + layer + to, (const char *)a->k.data + from, cc->K * KD));
+    TRY(dev_copy(g, (char *)g->vcache + layer + to, (const char *)a->v.data + from, cc->K * KD));
+  }
+  int64_t shape[4] = {cc->B, g->slot + cc->K, KV, D};
+  rx_view_init(keys, (char *)g->kcache + layer + cc->base * row, c->dtype, c->device, 4, shape);
+  rx_view_init(values, (char *)g->vcache + layer + cc->base * row, c->dtype, c->device, 4, shape);
+  keys->stride[0] = values->stride[0] = S * KD;
+  *mask = &cc->mask;
+  return RX_OK;
+}
+
+int rx_generate_continue(rx_generator *g, int64_t n, const int64_t *rows, const int32_t *tokens, const int64_t *offsets) {
+  if (!g) return rx_fail(RX_EINVAL, "generate: continue: no generator");
+  if (!g->continuable)
+    return rx_fail(RX_EINVAL, "generate: continue: the request has append_capacity = 0, so its rows cannot continue "
+                   "(give it room for the tokens to append)");
+  if (n < 1) return RX_OK;
+  rx_model *m = g->m;
+  const rx_model_config *c = &m->cfg;
+  const int64_t V = c->vocab_size, C = c->hidden_size, es = rx_dtype_size(c->dtype), S = g->S;
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t r = rows[i];
+    if (r < 0 || r >= g->R)
+      return rx_fail(RX_EINVAL, "generate: continue: row %lld outside [0, %lld)", (long long)r, (long long)g->R);
+    for (int64_t j = 0; j < i; j++)
+      if (rows[j] == r) return rx_fail(RX_EINVAL, "generate: continue: row %lld is listed twice", (long long)r);
+    if (!paused(g, g->row_place[r]))
+      return rx_fail(RX_EINVAL, "generate: continue: row %lld is not paused (only a row that stopped, on a stop token "
+                     "or rx_generate_stop_row, continues; finish %d)", (long long)r, g->res->finish[r]);
+    if (g->res->lengths[r] >= g->req.rows[r].max_new_tokens)
+      return rx_fail(RX_EINVAL, "generate: continue: row %lld has used its budget of %d new tokens", (long long)r,
+                     g->req.rows[r].max_new_tokens);
+    if (offsets[i + 1] < offsets[i])
+      return rx_fail(RX_EINVAL, "generate: continue: offsets[%lld] = %lld is below offsets[%lld] = %lld", (long long)(i + 1),
+                     (long long)offsets[i + 1], (long long)i, (long long)offsets[i]);
+    for (int64_t t = offsets[i]; t < offsets[i + 1]; t++)
+      if (tokens[t] < 0 || tokens[t] >= V)
+        return rx_fail(RX_EINVAL, "generate: continue: row %lld: token %d is outside the vocabulary [0, %lld)",
+                       (long long)r, tokens[t], (long long)V);
+  }
+  TRY(compact(g));   /* the paused rows go past the active ones, caches kept */
+  const int64_t base = g->active;
+  int64_t B = 0, K = 0;
+  int64_t *order = calloc((size_t)n, sizeof(int64_t));   /* the rows that fit, in the order given */
+  if (!order) return rx_fail(RX_ENOMEM, "generate: continue: out of memory");
+  for (int pass = 0; pass < 2; pass++) {   /* a second pass after repacking, when the cache is short */
+    K = 0;
+    for (int64_t i = 0; i < n; i++) {
+      const int64_t k = 1 + offsets[i + 1] - offsets[i];
+      if (g->slot + k <= S && k > K) K = k;
+    }
+    int64_t full = 0;
+    for (int64_t i = 0; i < n; i++) full |= g->slot + 1 + offsets[i + 1] - offsets[i] > S;
+    if (!full || pass == 1) break;
+    int rc = repack(g);
+    if (rc) { free(order); return rc; }
+  }
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t r = rows[i], k = 1 + offsets[i + 1] - offsets[i];
+    if (g->slot + k > S) {   /* no room even without holes: the episode ends at its length */
+      g->res->finish[r] = RX_FINISH_LENGTH;
+      continue;
+    }
+    int rc = swap_places(g, g->row_place[r], base + B);
+    if (rc) { free(order); return rc; }
+    order[B++] = i;
+  }
+  if (B == 0) { free(order); return RX_OK; }
+  /* the batch: row b's last token and appended tokens, right-aligned in K columns */
+  int32_t *ptok = calloc((size_t)(B * K), sizeof(int32_t)), *pmask = calloc((size_t)(B * K), sizeof(int32_t));
+  int32_t *shift = calloc((size_t)B, sizeof(int32_t));
+  int rc = ptok && pmask && shift ? RX_OK : rx_fail(RX_ENOMEM, "generate: continue: out of memory");
+  for (int64_t b = 0; !rc && b < B; b++) {
+    const int64_t i = order[b], place = base + b, k = 1 + offsets[i + 1] - offsets[i], at = K - k;
+    ptok[b * K + at] = g->current[place];
+    for (int64_t t = 1; t < k; t++) ptok[b * K + at + t] = tokens[offsets[i] + t - 1];
+    for (int64_t t = at; t < K; t++) pmask[b * K + t] = 1, g->cache_mask[place * S + g->slot + t] = 1;
+    shift[b] = g->npos[place];
+  }
+  const int64_t Tk = g->slot + K;
+  cont_ctx cc = {g, base, B, K, {0}};
+  rx_forward_opts fo = {0, 0, 0, 0};
+  if (!rc) {
+    for (int64_t b = 0; b < B; b++)
+      memcpy(g->step_mask + b * Tk, g->cache_mask + (base + b) * S, sizeof(int32_t) * (size_t)Tk);
+    rc = stage_ids(g, g->d_mask, g->step_mask, B * Tk);
+    int64_t s2[2] = {B, Tk};
+    rx_view_init(&cc.mask, g->d_mask, RX_I32, c->device, 2, s2);
+  }
+  if (!rc) rc = rx_model_plan(m, B, K, &fo);
+  if (!rc) rc = rx_model_set_inputs(m, ptok, pmask);
+  if (!rc) rc = rx_model_shift_positions(m, shift);
+  const layer_kv kv = {continue_kv, &cc, NULL};
+  if (!rc) rc = rx_model_forward_hidden(m, &kv);
+  free(ptok);
+  free(pmask);
+  free(shift);
+  if (rc) { free(order); return rc; }
+  for (int64_t b = 0; b < B; b++) {
+    const int64_t i = order[b], place = base + b;
+    g->npos[place] += (int32_t)(1 + offsets[i + 1] - offsets[i]);
+    g->done[place] = 0;
+    g->res->finish[g->place_row[place]] = RX_FINISH_LENGTH;
+  }
+  free(order);
+  g->slot += K;
+  g->active = base + B;
+  set_rows(g, g->active);
+  /* logits after each row's last appended token, into the rows of its place */
+  for (int64_t b = 0; b < B; b++)
+    TRY(dev_copy(g, (char *)g->xn.data + (base + b) * C * es, (char *)m->plan.xf.data + (b * K + K - 1) * C * es, C));
+  rx_tensor xs, ls;
+  view2(&xs, (char *)g->xn.data + base * C * es, c->dtype, c->device, B, C);
+  view2(&ls, (char *)g->logits.data + base * V * es, c->dtype, c->device, B, V);
+  TRY(rx_matmul_forward(&ls, &xs, rx_model_w(m, m->lm_head), NULL));
+  /* only the continuing rows pick a token: the others sit out as if finished */
+  int32_t *was = malloc(sizeof(int32_t) * (size_t)(base > 0 ? base : 1));
+  if (!was) return rx_fail(RX_ENOMEM, "generate: continue: out of memory");
+  for (int64_t p = 0; p < base; p++) was[p] = g->done[p], g->done[p] = 1;
+  rc = pick_tokens(g);
+  for (int64_t p = 0; p < base; p++) g->done[p] = was[p];
+  free(was);
+  return rc;
 }
 
 const rx_tensor *rx_generate_logits(const rx_generator *g) { return &g->logits; }

@@ -415,6 +415,8 @@ typedef struct rx_generate_request {
   int64_t num_stop_ids;
   uint64_t seed;
   int64_t max_new_tokens;          /* capacity of each output row */
+  int64_t append_capacity;         /* cache positions for what rx_generate_continue appends (observations, and
+                                    * the padding of a batch of rows continuing together); 0: rows cannot continue */
 } rx_generate_request;
 
 enum { RX_FINISH_LENGTH = 0, RX_FINISH_STOP = 1 };
@@ -450,6 +452,19 @@ int rx_generate_step(rx_generator *g, int32_t *done);
  * caller's own stop rule, such as a stop string matched on the decoded text. A row that has
  * finished already stays as it is. The row leaves the batch at the next step. */
 int rx_generate_stop_row(rx_generator *g, int64_t row);
+/* Multi-turn episodes (a request with append_capacity > 0): a row that stopped (a stop token, or
+ * rx_generate_stop_row) is paused, its KV cache kept. rx_generate_continue resumes n such rows:
+ * row rows[i] gets its last token and then tokens[offsets[i], offsets[i+1]) (an observation: a tool
+ * result, an environment's reply) appended to its cache by one prefill of only those tokens, batched
+ * over the n rows (right-aligned, padding masked), attending to everything the row has cached; the
+ * prompt and earlier turns are never recomputed. Each row's next token is then picked from the
+ * logits after its last appended token and recorded as its next generated token (the result's rows
+ * hold the model's own tokens only; the caller keeps the observations), and the row decodes again
+ * at the next step. A row's max_new_tokens budget counts its tokens over every turn. The cache
+ * grows in lockstep (a position per step for every row, paused or not); when it is full it is
+ * repacked (each row's tokens moved together, no recomputation), and a row that still does not fit
+ * ends with RX_FINISH_LENGTH. Failure: a row that is not paused, or that used its budget. */
+int rx_generate_continue(rx_generator *g, int64_t n, const int64_t *rows, const int32_t *tokens, const int64_t *offsets);
 void rx_generate_end(rx_generator *g);
 /* The logits (compute dtype) that chose each row's latest token, in decoding-batch order: after
  * begin, those after the prompt ([num_rows, vocab], batch index = row); after a step, those of

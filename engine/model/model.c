@@ -523,6 +523,16 @@ int rx_model_set_inputs(rx_model *m, const int32_t *in_tok, const int32_t *in_ma
   return send(&p->targets, tgt);
 }
 
+int rx_model_shift_positions(rx_model *m, const int32_t *offset) {
+  plan *p = &m->plan;
+  const int64_t B = p->B, T = p->T;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++)
+      if (p->h_mask[b * T + t]) p->h_positions[b * T + t] += offset[b];
+  if (m->cfg.device == RX_CPU) return RX_OK;
+  return send(&p->positions, p->h_positions);
+}
+
 int rx_model_forward_hidden(rx_model *m, const layer_kv *kv) {
   plan *p = &m->plan;
   const int64_t L = m->cfg.num_hidden_layers;

@@ -123,6 +123,9 @@ int rx_model_layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_outp
 
 /* Copies a batch of host tokens and mask (NULL: all real) into the plan. */
 int rx_model_set_inputs(rx_model *m, const int32_t *tokens, const int32_t *mask);
+/* After rx_model_set_inputs: row b's RoPE positions start at offset[b] instead of 0 (a batch that
+ * continues rows whose earlier tokens sit in a KV cache, generate.c's rx_generate_continue). */
+int rx_model_shift_positions(rx_model *m, const int32_t *offset);
 /* Embedding, every layer (with the KV-cache hook kv when given), final norm into xf. */
 int rx_model_forward_hidden(rx_model *m, const layer_kv *kv);
 /* The linear layers of layer l (proj = RX_PROJ_*), with their adapter when there is one:

@@ -84,7 +84,7 @@ static void add_row(req_buf *q, int64_t prompt, double temperature, int32_t top_
 }
 
 static rx_generate_request request(req_buf *q) {
-  rx_generate_request r = {q->P, q->tokens, q->offsets, q->R, q->row_prompt, q->rows, q->stop, q->nstop, q->seed, q->max_new};
+  rx_generate_request r = {q->P, q->tokens, q->offsets, q->R, q->row_prompt, q->rows, q->stop, q->nstop, q->seed, q->max_new, 0};
   return r;
 }
 
@@ -718,6 +718,171 @@ static void test_stop_row(void) {
   rx_model_free(m);
 }
 
+
+/* ------------------------------------------------------------------ continued rows (multi-turn) */
+
+/* Episodes of several turns: rows end turns at their own steps (rx_generate_stop_row), get
+ * observations of different lengths appended (rows ending a turn together continue in one
+ * batch), and decode on. Every model token's log-probability must equal a full forward over the
+ * whole episode (prompt, turns, observations), and greedy rows must be the argmax of it. A small
+ * append_capacity forces repacks (holes dropped) and may cut episodes at their length. */
+static int64_t continued_episodes(rx_model *m, int64_t capacity, req_buf *q, res_buf *b, int32_t seq[32][64],
+                                  int32_t is_model[32][64], int64_t seq_len[32]) {
+  bind(b);
+  rx_generate_request req = request(q);
+  req.append_capacity = capacity;
+  rx_generator *g = NULL;
+  CHECK_OK(rx_generate_begin(&g, m, &req, &b->res));
+  if (!g) return 0;
+  int32_t seen[32] = {0}, turns[32] = {0};
+  int64_t continued = 0;
+  for (int64_t r = 0; r < q->R; r++) {   /* each episode starts with its prompt */
+    const int64_t p = q->row_prompt[r], a = q->offsets[p], n = q->offsets[p + 1] - a;
+    for (int64_t t = 0; t < n; t++) seq[r][t] = q->tokens[a + t], is_model[r][t] = 0;
+    seq_len[r] = n;
+  }
+  int32_t done = 0;
+  for (int step = 0; step < 200; step++) {
+    int64_t rows[32], offs[33] = {0}, n = 0;
+    int32_t obs[32 * 8];
+    for (int64_t r = 0; r < q->R; r++) {
+      for (; seen[r] < b->lengths[r]; seen[r]++) {   /* the model's new tokens */
+        seq[r][seq_len[r]] = b->tokens[r * q->max_new + seen[r]];
+        is_model[r][seq_len[r]++] = 1;
+      }
+      const int turn_len = 2 + (int)(r % 3);
+      const int ends = turns[r] < 3 && b->lengths[r] < q->rows[r].max_new_tokens && b->finish[r] != RX_FINISH_STOP &&
+                       b->lengths[r] >= turn_len * (turns[r] + 1);
+      if (ends) CHECK_OK(rx_generate_stop_row(g, r));
+      if (ends) {   /* an observation of 1 to 4 tokens */
+        const int k = 1 + (int)((r + turns[r]) % 4);
+        for (int i = 0; i < k; i++) {
+          obs[offs[n] + i] = (int32_t)((5 + 7 * r + 3 * turns[r] + i) % VOCAB);
+          seq[r][seq_len[r]++] = obs[offs[n] + i];
+          is_model[r][seq_len[r] - 1] = 0;
+        }
+        offs[n + 1] = offs[n] + k;
+        rows[n++] = r;
+        turns[r]++;
+      }
+    }
+    if (n) {
+      CHECK_OK(rx_generate_continue(g, n, rows, obs, offs));
+      continued += n;
+      done = 0;
+      continue;   /* record the token each continued row picked before stepping */
+    }
+    if (done) break;
+    CHECK_OK(rx_generate_step(g, &done));
+  }
+  CHECK_FAILS(rx_generate_continue(g, 1, (int64_t[]){0}, (int32_t[]){1}, (int64_t[]){0, 1}), "row 0 is not paused");
+  rx_generate_end(g);
+  return continued;
+}
+
+static void check_continued_equals_full(int32_t dtype, int variant, int64_t capacity) {
+  rx_model *m = tiny_model_variant(dtype, variant);
+  CHECK(m != NULL, "model");
+  if (!m) return;
+  req_buf q = three_prompts(12, 4321);
+  for (int64_t p = 0; p < 3; p++) {
+    add_row(&q, p, 1.0, 0, 1.0, 12, 10 * p + 1);
+    add_row(&q, p, 0.0, 0, 1.0, 12, 10 * p + 2);   /* greedy */
+  }
+  res_buf b;
+  static int32_t seq[32][64], is_model[32][64];
+  int64_t seq_len[32] = {0};
+  const int64_t continued = continued_episodes(m, capacity, &q, &b, seq, is_model, seq_len);
+  CHECK(continued >= 12, "only %lld continuations", (long long)continued);
+  const int64_t R = q.R, T = 64, V = VOCAB;
+  int64_t s2[2] = {R, T}, sl[2] = {1, V};
+  rx_tensor *tok = NULL, *mask = NULL, *lp = NULL, *one = NULL, *one_mask = NULL, *logits = NULL;
+  rx_tensor_new(&tok, RX_I32, RX_CPU, 2, s2);
+  rx_tensor_new(&mask, RX_I32, RX_CPU, 2, s2);
+  rx_tensor_new(&lp, dtype, RX_CPU, 2, s2);
+  int32_t *tk = tok->data, *mk = mask->data;
+  memset(tk, 0, sizeof(int32_t) * (size_t)(R * T));
+  memset(mk, 0, sizeof(int32_t) * (size_t)(R * T));
+  for (int64_t r = 0; r < R; r++)
+    for (int64_t t = 0; t < seq_len[r]; t++) tk[r * T + t] = seq[r][t], mk[r * T + t] = 1;
+  rx_forward_opts fo = {0, 0, 0, 0};
+  CHECK_OK(rx_model_logprobs(m, tok, mask, lp, NULL, &fo));
+  double worst = 0;
+  int64_t checked = 0;
+  for (int64_t r = 0; r < R; r++) {
+    int64_t k = 0;
+    for (int64_t t = 0; t < seq_len[r]; t++) {
+      if (!is_model[r][t]) continue;
+      const double want = read(lp, r * T + t), got = b.logprobs[r * q.max_new + k];
+      CHECK(b.tokens[r * q.max_new + k] == seq[r][t], "row %lld token %lld", (long long)r, (long long)k);
+      const double tol = (dtype == RX_F64 ? 1e-9 : 1e-4) + fabs(want) * 6e-8;
+      CHECK(fabs(got - want) <= tol, "%s capacity %lld: row %lld model token %lld (episode position %lld): continued logprob "
+            "%.10g, full forward %.10g", rx_dtype_name(dtype), (long long)capacity, (long long)r, (long long)k, (long long)t,
+            got, want);
+      worst = fmax(worst, fabs(got - want));
+      k++;
+      checked++;
+    }
+    CHECK(k == b.lengths[r], "row %lld: %lld model tokens in the episode, %d generated", (long long)r, (long long)k, b.lengths[r]);
+  }
+  CHECK(checked > 30, "checked %lld tokens", (long long)checked);
+  /* greedy rows: every model token is the argmax after the episode so far */
+  rx_tensor_new(&one, RX_I32, RX_CPU, 2, (int64_t[]){1, T});
+  rx_tensor_new(&one_mask, RX_I32, RX_CPU, 2, (int64_t[]){1, T});
+  rx_tensor_new(&logits, dtype, RX_CPU, 2, sl);
+  for (int64_t r = 1; r < R; r += 2)
+    for (int64_t t = 1; t < seq_len[r]; t++) {
+      if (!is_model[r][t]) continue;
+      memset(one->data, 0, sizeof(int32_t) * (size_t)T);
+      memset(one_mask->data, 0, sizeof(int32_t) * (size_t)T);
+      for (int64_t i = 0; i < t; i++) ((int32_t *)one->data)[i] = seq[r][i], ((int32_t *)one_mask->data)[i] = 1;
+      CHECK_OK(rx_model_next_logits(m, one, one_mask, logits));
+      CHECK(argmax_row(logits, 0, V) == seq[r][t], "greedy row %lld position %lld: token %d is not the argmax", (long long)r,
+            (long long)t, seq[r][t]);
+    }
+  rx_tensor_free(tok);
+  rx_tensor_free(mask);
+  rx_tensor_free(lp);
+  rx_tensor_free(one);
+  rx_tensor_free(one_mask);
+  rx_tensor_free(logits);
+  rx_model_free(m);
+}
+
+static void test_continued_f64(void) { check_continued_equals_full(RX_F64, 0, 40); }
+static void test_continued_f32(void) { check_continued_equals_full(RX_F32, 0, 40); }
+static void test_continued_qwen3_f64(void) { check_continued_equals_full(RX_F64, 1, 40); }
+static void test_continued_repacked_f64(void) { check_continued_equals_full(RX_F64, 0, 14); }
+
+static void test_continue_refusals(void) {
+  rx_model *m = tiny_model(RX_F32);
+  if (!m) return;
+  req_buf q = three_prompts(6, 3);
+  add_row(&q, 0, 1.0, 0, 1.0, 6, 1);
+  res_buf b;
+  rx_generator *g = begin(m, &q, &b);   /* append_capacity 0 */
+  if (g) {
+    CHECK_OK(rx_generate_stop_row(g, 0));
+    CHECK_FAILS(rx_generate_continue(g, 1, (int64_t[]){0}, (int32_t[]){1}, (int64_t[]){0, 1}), "append_capacity = 0");
+    rx_generate_end(g);
+  }
+  bind(&b);
+  rx_generate_request req = request(&q);
+  req.append_capacity = 8;
+  g = NULL;
+  CHECK_OK(rx_generate_begin(&g, m, &req, &b.res));
+  if (g) {
+    CHECK_OK(rx_generate_stop_row(g, 0));
+    CHECK_FAILS(rx_generate_continue(g, 1, (int64_t[]){1}, (int32_t[]){1}, (int64_t[]){0, 1}), "row 1 outside [0, 1)");
+    CHECK_FAILS(rx_generate_continue(g, 1, (int64_t[]){0}, (int32_t[]){VOCAB}, (int64_t[]){0, 1}), "outside the vocabulary");
+    CHECK_FAILS(rx_generate_continue(g, 2, (int64_t[]){0, 0}, (int32_t[]){1}, (int64_t[]){0, 1, 1}), "listed twice");
+    CHECK_OK(rx_generate_continue(g, 1, (int64_t[]){0}, (int32_t[]){1, 2}, (int64_t[]){0, 2}));
+    CHECK(b.lengths[0] == 2 && b.finish[0] == RX_FINISH_LENGTH, "continued row: length %d finish %d", b.lengths[0], b.finish[0]);
+    rx_generate_end(g);
+  }
+  rx_model_free(m);
+}
+
 /* ------------------------------------------------------------------ request checks */
 
 static void test_bad_requests(void) {
@@ -796,5 +961,10 @@ int main(void) {
   RUN(test_stop_tokens);
   RUN(test_stop_row);
   RUN(test_bad_requests);
+  RUN(test_continued_f64);
+  RUN(test_continued_f32);
+  RUN(test_continued_qwen3_f64);
+  RUN(test_continued_repacked_f64);
+  RUN(test_continue_refusals);
   return check_summary("test_generate");
 }

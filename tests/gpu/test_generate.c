@@ -67,7 +67,7 @@ static void request(request_buf *q, uint64_t seed) {
     q->row_prompt[R] = p; q->rows[R++] = (rx_sampling){0.0, 1.0, 0, MAX_NEW, 10 * p + 5, 0, 1.5};
   }
   q->stop[0] = 13;
-  q->req = (rx_generate_request){3, q->tokens, q->offsets, R, q->row_prompt, q->rows, q->stop, 1, seed, MAX_NEW};
+  q->req = (rx_generate_request){3, q->tokens, q->offsets, R, q->row_prompt, q->rows, q->stop, 1, seed, MAX_NEW, 0};
 }
 
 typedef struct {
@@ -429,6 +429,87 @@ static void bf16_cached_equals_full(void) {
   for (int v = 0; v < 4; v++) cached_equals_full(v, RX_BF16);
 }
 
+
+/* Multi-turn episodes (rx_generate_continue) on the device give the CPU's tokens: rows pause on
+ * the stop token or at a turn length (rx_generate_stop_row), get observations of 1 to 4 tokens
+ * appended (rows pausing together continue in one batch), and decode on; a small capacity forces
+ * repacks. Log-probabilities within 1e-4. */
+static void episodes(rx_model *m, const request_buf *q0, int64_t capacity, result_buf *b, int *continued) {
+  request_buf q = *q0;
+  q.req.append_capacity = capacity;
+  bind(b);
+  rx_generator *g = NULL;
+  CHECK_OK(rx_generate_begin(&g, m, &q.req, &b->res));
+  if (!g) return;
+  int turns[MAXR] = {0};
+  int32_t done = 0;
+  *continued = 0;
+  for (int step = 0; step < 200; step++) {
+    int64_t rows[MAXR], offs[MAXR + 1] = {0}, n = 0;
+    int32_t obs[MAXR * 4];
+    for (int64_t r = 0; r < q.req.num_rows; r++) {
+      if (turns[r] >= 3 || b->lengths[r] >= q.rows[r].max_new_tokens) continue;
+      int ends = b->finish[r] == RX_FINISH_STOP;   /* paused on the stop token */
+      if (!ends && b->lengths[r] >= 3 * (turns[r] + 1)) {
+        CHECK_OK(rx_generate_stop_row(g, r));
+        ends = 1;
+      }
+      if (!ends) continue;
+      const int k = 1 + (int)((r + turns[r]) % 4);
+      for (int i = 0; i < k; i++) obs[offs[n] + i] = (int32_t)((5 + 7 * r + 3 * turns[r] + i) % VOCAB);
+      offs[n + 1] = offs[n] + k;
+      rows[n++] = r;
+      turns[r]++;
+    }
+    if (n) {
+      CHECK_OK(rx_generate_continue(g, n, rows, obs, offs));
+      *continued += (int)n;
+      done = 0;
+      continue;
+    }
+    if (done) break;
+    CHECK_OK(rx_generate_step(g, &done));
+  }
+  rx_generate_end(g);
+}
+
+static void continued_same_tokens(int variant) {
+  rx_model *mc, *mg;
+  models(variant, RX_F32, &mc, &mg);
+  for (int64_t capacity = 12; capacity <= 40; capacity += 28) {
+    request_buf q;
+    request(&q, 5);
+    for (int64_t r = 0; r < q.req.num_rows; r++) q.rows[r].max_new_tokens = MAX_NEW;
+    result_buf c, g;
+    int nc = 0, ng = 0;
+    episodes(mc, &q, capacity, &c, &nc);
+    episodes(mg, &q, capacity, &g, &ng);
+    CHECK(nc == ng && nc >= 10, "%s: %d continuations on the device, %d on the cpu", variant_name[variant], ng, nc);
+    double worst_lp = 0;
+    for (int64_t r = 0; r < q.req.num_rows; r++) {
+      CHECK(g.lengths[r] == c.lengths[r] && g.finish[r] == c.finish[r],
+            "%s capacity %lld row %lld: length %d finish %d on the device, %d %d on the cpu", variant_name[variant],
+            (long long)capacity, (long long)r, g.lengths[r], g.finish[r], c.lengths[r], c.finish[r]);
+      for (int32_t t = 0; t < c.lengths[r] && t < g.lengths[r]; t++) {
+        const int64_t i = r * MAX_NEW + t;
+        CHECK(g.tokens[i] == c.tokens[i], "%s capacity %lld row %lld token %d: %d on the device, %d on the cpu",
+              variant_name[variant], (long long)capacity, (long long)r, t, g.tokens[i], c.tokens[i]);
+        worst_lp = fmax(worst_lp, fabs((double)g.logprobs[i] - c.logprobs[i]));
+      }
+    }
+    CHECK(worst_lp <= 1e-4, "%s: continued log-probabilities differ from the cpu by %g", variant_name[variant], worst_lp);
+    printf("  %s: continued episodes (capacity %lld): %d continuations, log p within %.2g\n", variant_name[variant],
+           (long long)capacity, nc, worst_lp);
+  }
+  rx_model_free(mc);
+  rx_model_free(mg);
+}
+
+static void continued_episodes(void) {
+  continued_same_tokens(0);
+  continued_same_tokens(2);
+}
+
 int main(void) {
   if (gpu_skip_unless_present("gpu_test_generate")) return GPU_SKIP;
   RUN(sampler_equals_cpu);
@@ -440,5 +521,6 @@ int main(void) {
   RUN(cuda_graphs);
   RUN(too_large_is_refused);
   RUN(bf16_cached_equals_full);
+  RUN(continued_episodes);
   return check_summary("gpu_test_generate");
 }

@@ -3,7 +3,7 @@
 --   luajit tests/lua/settings_doc.lua docs/trainer.md      (rewrites the section in place)
 local M = {}
 
-local notes = { LoRA = "See [lora.md](lora.md)." }
+local notes = { LoRA = "See [lora.md](lora.md).", Episodes = "See [environments.md](environments.md)." }
 
 local function cell(s) return (tostring(s):gsub("|", "\\|")) end
 

@@ -468,6 +468,13 @@ end
 -- opts.stop_strings (with opts.detokenize = function(ids) -> text): a row also ends when one of
 -- these strings appears in the text of its completion (vLLM's `stop`): its tokens are kept up to
 -- and including the one that completed the string, row.finish = "stop", row.stop_string = it.
+-- Multi-turn (remax.step.episodes): opts.on_turn_end(events) makes rows pause instead of ending.
+-- After a step, each row that stopped (a stop id or a stop string) is an event
+-- { row = r (1-based, prompt-major), tokens = {this turn's tokens}, stop_string = s or nil }; the
+-- callback returns { [r] = {token ids to append} } for the rows that go on (their observation:
+-- appended to the row's KV cache by one batched prefill, rx_generate_continue) and nothing for the
+-- rows whose episode ends. opts.append_capacity (default 256) is the cache room for observations.
+-- Each row then has row.turn_ends = { length after each turn }, its tokens the model's alone.
 local function slot_list(v, name)
   if type(v) == "table" then return v end
   return nil
@@ -607,6 +614,10 @@ function Model:generate(prompts, opts)
   req.stop_ids, req.num_stop_ids = stop_ids, #stop
   req.seed = opts.seed or 0
   req.max_new_tokens = max_new
+  local on_turn_end = opts.on_turn_end
+  if on_turn_end ~= nil then   -- multi-turn: cache room for the observations
+    req.append_capacity = require("remax.bind.turns").capacity(opts, prompts, max_new, tonumber(self:cfg().max_position_embeddings))
+  end
   local res = ffi.new("rx_generate_result")
   local out_tok = ffi.new("int32_t[?]", R * max_new)
   local out_lp = ffi.new("float[?]", R * max_new)
@@ -624,6 +635,7 @@ function Model:generate(prompts, opts)
   -- longest string, whatever special tokens decode to nothing) is searched; an occurrence there
   -- ends in the newest token, since one that ended earlier would have ended the row then
   local matched, checked = {}, {}
+  local turn_start = {}   -- multi-turn: where each row's current turn began
   local function check_stop_strings()
     local stopped = 0
     for r = 0, R - 1 do
@@ -631,12 +643,13 @@ function Model:generate(prompts, opts)
       if n > (checked[r] or 0) and finish[r] ~= C.RX_FINISH_STOP then
         checked[r] = n
         local w, text = longest + 1, ""
+        local first = turn_start[r] or 0
         repeat
-          local ids, lo = {}, math.max(0, n - w)
+          local ids, lo = {}, math.max(first, n - w)
           for t = lo, n - 1 do ids[#ids + 1] = out_tok[r * max_new + t] end
           text = opts.detokenize(ids)
           w = w * 2
-        until #text >= longest + 4 or lo == 0
+        until #text >= longest + 4 or lo == first
         for _, s in ipairs(stop_strings) do
           if text:find(s, 1, true) then
             matched[r] = s
@@ -649,13 +662,22 @@ function Model:generate(prompts, opts)
     end
     return stopped
   end
+  -- rows that stopped become turn ends: the callback's observations continue them (remax.bind.turns)
+  local turns = on_turn_end and require("remax.bind.turns").new(gen, { tokens = out_tok, lengths = lengths, finish = finish,
+    max_new = max_new, rows = rows, R = R, V = V, done = done }, on_turn_end, turn_start, function(r)
+      matched[r], checked[r] = nil, nil
+    end, function() if #stop_strings > 0 then check_stop_strings() end end)
+  if turns then turns.stop_string = function(r) return matched[r] end end
+  local function end_turns() turns:run() end
   if #stop_strings > 0 then check_stop_strings() end
+  if on_turn_end then end_turns() end
   if opts.on_token then opts.on_token(step, out_tok, lengths, max_new) end
   while done[0] == 0 do
     local rc = C.rx_generate_step(gen, done)
     if rc ~= 0 then error(rx.last_error(), 2) end
     step = step + 1
     if #stop_strings > 0 then check_stop_strings() end
+    if on_turn_end then end_turns() end
     if opts.on_token then opts.on_token(step, out_tok, lengths, max_new) end
   end
   C.rx_generate_end(ffi.gc(gen, nil))
@@ -664,7 +686,8 @@ function Model:generate(prompts, opts)
   for r = 0, R - 1 do
     local n = lengths[r]
     local row = { prompt = math.floor(r / slots) + 1, slot = r % slots + 1, tokens = {}, logprobs = {},
-      finish = (finish[r] == C.RX_FINISH_STOP or matched[r]) and "stop" or "length", stop_string = matched[r] }
+      finish = (finish[r] == C.RX_FINISH_STOP or matched[r]) and "stop" or "length", stop_string = matched[r],
+      turn_ends = turns and (turns.turn_ends[r] or {}) or nil }
     for t = 0, n - 1 do
       row.tokens[t + 1] = out_tok[r * max_new + t]
       row.logprobs[t + 1] = out_lp[r * max_new + t]

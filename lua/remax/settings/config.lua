@@ -36,6 +36,14 @@ M.groups = {
     { "stop", nil, "strings", "extra stop tokens (as written in tokenizer.json) besides EOS, <|im_end|>, <|endoftext|>, <|eot_id|>" },
     { "stop_strings", nil, "strings", "text that ends a completion where it appears in the completion's decoded text (vLLM's stop; any number of tokens): the tokens up to the one that completes it are kept, and the reward sees their text, as TRL with vLLM" },
   } },
+  { "Episodes", {   -- multi-turn rollouts: tools and environments (docs/environments.md)
+    { "tools", nil, "table", "recipe only: tools the model may call, name -> { description =, parameters = JSON schema, fn = function(args) -> result }; listed through the chat template's tools variable; a turn with tool calls gets their results and the episode goes on" },
+    { "environment", nil, "environment", "recipe only: { reset = function(sample, state) -> messages, step = function(state, assistant_text) -> messages, done, reward }, or a function(sample) -> one (a factory); per-turn rewards are summed into the reward \"environment\"" },
+    { "max_turns", 4, "integer", "an episode ends after this many assistant turns" },
+    { "max_episode_length", nil, "integer", "an episode ends when the prompt, its turns and observations reach this many tokens (default: max_prompt_length + max_completion_length + 256); max_completion_length bounds the model's tokens over all turns" },
+    { "tool_timeout", 10, "number", "seconds one tool call may take before the episode gets a timeout error as its result (0: no limit)" },
+    { "tool_call_format", nil, "call_format", "how tool calls are written: qwen (<tool_call>{json}</tool_call>), llama3 (JSON or <|python_tag|>), or in a recipe a function(text) -> calls; default: from the chat template" },
+  } },
   { "Algorithm", {
     { "algo", "remax", "enum:remax|grpo|rloo|reinforce|sft", "remax, grpo, rloo, reinforce (RL with that advantage estimator), or sft (cross-entropy on prompt -> answer)" },
     { "advantage", nil, "advantage", "recipe only: function(groups, opts, state) -> advantages, overriding algo's estimator", hot = true },
@@ -299,6 +307,10 @@ local function check(decl, v, where)
       bad(("%s or a function(messages, opts)%s"):format(names, v:find("{[{%%]") and
         "; a Jinja template is the tokenizer's: put it in chat_template.jinja beside tokenizer.json and use chat_template = tokenizer" or ""))
     end
+  elseif t == "environment" then
+    if type(v) ~= "table" and type(v) ~= "function" then bad("a table {reset=, step=} or a function(sample) -> one") end
+  elseif t == "call_format" then
+    if type(v) ~= "function" and v ~= "qwen" and v ~= "llama3" then bad("qwen, llama3 or a function(text) -> calls") end
   elseif t == "advantage" then
     if type(v) ~= "function" then bad("a function(groups, opts, state) -> advantages (use algo for a name)") end
   elseif t == "table" then
@@ -309,7 +321,7 @@ local function check(decl, v, where)
   return v
 end
 
-local RECIPE_ONLY = { table = true, ["function"] = true, advantage = true }
+local RECIPE_ONLY = { table = true, ["function"] = true, advantage = true, environment = true }
 
 -- Parse a command-line string into the key's type.
 function M.parse(decl, s)

@@ -35,6 +35,8 @@ M.limits = {
   -- generation
   max_prompt_length = "[1, 2^20]", max_completion_length = "[1, 2^20]",
   temperature = "[0, inf)", top_p = "(0, 1]", top_k = I31, min_p = "[0, 1]", repetition_penalty = "(0, inf)",
+  -- episodes (multi-turn)
+  max_turns = "[1, 1024]", max_episode_length = "[2, 2^20]", tool_timeout = "[0, inf)",
   -- optimisation
   learning_rate = "[0, 1]", warmup_ratio = "[0, 1]", weight_decay = "[0, inf)",
   adam_beta1 = "[0, 1)", adam_beta2 = "[0, 1)", adam_epsilon = "(0, 1]", max_grad_norm = "[0, inf)",
@@ -230,7 +232,7 @@ local function gib(b) return ("%.1f GiB"):format(b / 2 ^ 30) end
 function M.cross_check(cfg, source, opts)
   local function bad(key, msg) error(("%s: %s = %s: %s"):format(source(key), key, show(cfg[key]), msg), 0) end
   local rl = cfg.algo ~= "sft"
-  if rl and type(cfg.rewards) == "table" and #cfg.rewards == 0 then
+  if rl and type(cfg.rewards) == "table" and #cfg.rewards == 0 and cfg.environment == nil then   -- an environment rewards
     bad("rewards", ("an RL run needs at least one reward function (algo = %s learns from nothing without one); " ..
       "give a name from rewards/, a file, or a function"):format(cfg.algo))
   end

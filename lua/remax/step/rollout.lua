@@ -87,7 +87,10 @@ function Rollout:reward_inputs(collate)
     batch.completion_ids[k] = r.tokens
     batch.greedy[k] = r.greedy
     batch.finish[k] = r.finish
-    if type(expanded[k].prompt) == "table" then   -- conversational data: the reply as messages too
+    if r.completion_messages then   -- an episode: its turns, tool results and observations as messages
+      batch.completion_messages = batch.completion_messages or {}
+      batch.completion_messages[k] = r.completion_messages
+    elseif type(expanded[k].prompt) == "table" then   -- conversational data: the reply as messages too
       batch.completion_messages = batch.completion_messages or {}
       batch.completion_messages[k] = { { role = "assistant", content = r.text } }
     end
@@ -117,7 +120,7 @@ function Rollout:training_rows(mask_truncated)
   for k, r in ipairs(self.rows) do
     if not r.greedy then
       list[#list + 1] = { prompt = r.prompt, prompt_ids = self.prompt_ids[r.prompt], completion = r.tokens,
-        adv = self.adv and self.adv[r.prompt][r.slot] or 1, key = k,
+        adv = self.adv and self.adv[r.prompt][r.slot] or 1, key = k, loss_mask = r.loss_mask,
         masked = (mask_truncated and r.finish == "length") or nil }
     end
   end
@@ -132,12 +135,13 @@ function Rollout:pack()
   local rows = {}
   for k, r in ipairs(self.rows) do
     rows[k] = { prompt = r.prompt, slot = r.slot, greedy = r.greedy, text = r.text, tokens = r.tokens,
-      finish = r.finish }
+      finish = r.finish, loss_mask = r.loss_mask, completion_messages = r.completion_messages, episode = r.episode }
   end
   return { prompts = self.prompts, rows = rows, total = self.total, per = self.per, adv = self.adv, kl_k1 = self.kl_k1,
     groups = self.groups, none = self.none,
     tokens_generated = self.tokens_generated, time_generate = self.time_generate, time_score = self.time_score,
-    unscored = self.unscored, slots = self.slots, G = self.G, greedy = self.greedy, step = self.step }
+    unscored = self.unscored, slots = self.slots, G = self.G, greedy = self.greedy, step = self.step,
+    episodes = self.episodes }
 end
 
 -- Packed rollouts of ranks 0, 1, ... -> one rollout over all their prompts, as one rank running
@@ -145,6 +149,7 @@ end
 function M.merge(parts)
   local first = parts[1]
   local whole = setmetatable({ slots = first.slots, G = first.G, greedy = first.greedy, step = first.step,
+    episodes = first.episodes,
     prompts = {}, rows = {}, total = {}, adv = first.adv and {} or nil, groups = first.groups and {} or nil,
     none = first.none and {} or nil,
     tokens_generated = 0, unscored = 0, time_generate = 0, time_score = 0 }, Rollout)

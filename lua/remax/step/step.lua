@@ -30,6 +30,7 @@ local chat = require("remax.text.chat")
 local fit = require("remax.step.fit")
 local rollout = require("remax.step.rollout")
 local evaluate = require("remax.step.evaluate")
+local episodes = require("remax.step.episodes")   -- multi-turn: tools and environments (issue 37)
 local now = require("remax.bind.clock").now
 
 local M = {}
@@ -100,6 +101,7 @@ function Step:rollout(prompt_rows, opts)
   opts = opts or {}
   local cfg = self.cfg
   local step = assert(opts.step, "Step:rollout: opts.step (the step number) is required")
+  if episodes.wanted(cfg) then return episodes.rollout(self, prompt_rows, opts) end   -- multi-turn: tools, environments
   local plan = opts.plan or cfg.sampling
   local prompt_ids, prompts_truncated = {}, 0
   for i, row in ipairs(prompt_rows) do
@@ -143,6 +145,7 @@ function Step:score(ro, opts)
     end
     per, total, unscored, none = a, b, c, d
   end
+  if ro.episodes then per, total, unscored, none = episodes.add_environment_reward(ro, per, total, unscored, none) end
   ro.completions, ro.batch, ro.per, ro.total, ro.unscored, ro.none = completions, batch, per, total, unscored, none
   if unscored > 0 and ro.G > 0 and (ro.step or 0) > 0 then
     for k = 1, #rows do
@@ -180,7 +183,7 @@ function Step:row_logprobs(model, ro, which)
   for n = 1, #which do
     local v = {}
     for t = 1, lens[n] do v[t] = lp[n][starts[n] + t] end
-    out[n] = v
+    out[n] = episodes.model_only(v, ro.rows[which[n]].loss_mask)   -- an episode: its model tokens only
   end
   return out
 end
@@ -242,7 +245,7 @@ end
 local function completion_values(x, rows, starts)
   local lens = {}
   for n, row in ipairs(rows) do lens[n] = #row.completion end
-  return x:row_spans(starts, lens)
+  return episodes.model_rows(x:row_spans(starts, lens), rows)   -- an episode: its model tokens only
 end
 
 -- The log-probabilities of rows under the current weights, from a forward that computes what
@@ -313,6 +316,7 @@ function Step:micro_step(rows, totals, chunk)
       agg = cfg.aggregation, num_tokens = totals.tokens, chunks = totals.chunks })
     stats.loss = stats.loss + bonus
   end
+  episodes.spread_rows(rows, weights, dent)   -- an episode's weights over its whole sequence: 0 on observations
   self.model:backward(tensor.from_row_spans(weights, starts, B, T, logp:dtype_name()),
     dent and tensor.from_row_spans(dent, starts, B, T, logp:dtype_name()) or nil)
   return stats
@@ -336,7 +340,7 @@ function Step:micro_batches(rows)
     local c = math.floor((i - 1) / per) + 1
     chunks[c] = chunks[c] or { rows = {}, tokens = 0 }
     for _, r in ipairs(by_prompt[p]) do
-      if not r.masked then chunks[c].tokens = chunks[c].tokens + #r.completion end
+      if not r.masked then chunks[c].tokens = chunks[c].tokens + episodes.loss_tokens(r) end
       if not (r.masked or (skip and r.adv == 0)) then table.insert(chunks[c].rows, r) end
     end
   end
@@ -352,7 +356,7 @@ function Step:update(ro)
   local rows = ro.train_rows or ro:training_rows(cfg.mask_truncated_completions)
   local chunks = self:micro_batches(rows)
   local totals = { rows = #rows, tokens = 0, chunks = #chunks }
-  for _, r in ipairs(rows) do if not r.masked then totals.tokens = totals.tokens + #r.completion end end
+  for _, r in ipairs(rows) do if not r.masked then totals.tokens = totals.tokens + episodes.loss_tokens(r) end end
   -- the loss is over the global batch
   totals.rows, totals.tokens, totals.chunks = self.dist:sum(totals.rows, totals.tokens, totals.chunks)
   local mu = (ro.train_rows or cfg.algo == "sft") and 1 or cfg.num_iterations
@@ -490,7 +494,7 @@ function Step:rl_metrics(ro, up)
   m.frac_prompts_nonzero_adv = #ro.adv > 0 and prompts_nz / #ro.adv or 0
   if ro.kl_k1 then
     local s, n = 0, 0
-    for k, r in ipairs(ro.rows) do if not r.greedy then s = s + ro.kl_k1[k]; n = n + #r.tokens end end
+    for k, r in ipairs(ro.rows) do if not r.greedy then s = s + ro.kl_k1[k]; n = n + episodes.row_tokens(r) end end
     m.kl = n > 0 and s / n or 0
   else
     m.kl = up.kl
@@ -512,6 +516,7 @@ function Step:rl_metrics(ro, up)
   m.tokens_per_s = ro.time_generate > 0 and ro.tokens_generated / ro.time_generate or 0
   m.time_generate, m.time_score = ro.time_generate, ro.time_score
   if ro.unscored > 0 then m.unscored = ro.unscored end
+  if ro.episodes then for k, v in pairs(episodes.metrics(ro)) do m[k] = v end end
   return m
 end
 
@@ -552,8 +557,8 @@ function Step:completion_records(ro)
   for k, r in ipairs(ro.rows) do
     local per = {}
     for _, rw in ipairs(self.rewards) do per[rw.name] = ro.per[rw.name][k] end
-    list[#list + 1] = { prompt = ro.prompts[r.prompt].prompt, completion = r.text,
-      reward = ro.total[k], rewards = per, advantage = ro:advantage(k), greedy = r.greedy and true or false }
+    list[#list + 1] = episodes.record(r, { prompt = ro.prompts[r.prompt].prompt, completion = r.text,   -- + an episode's messages
+      reward = ro.total[k], rewards = per, advantage = ro:advantage(k), greedy = r.greedy and true or false })
   end
   return list
 end
