@@ -32,8 +32,8 @@ if command -v mpirun >/dev/null 2>&1; then
   run mpi2 "--per_device_train_batch_size 2" mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS ./remax run recipes/gsm8k.lua
   run mpi2_zero2 "--per_device_train_batch_size 2 --zero_stage 2" mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS ./remax run recipes/gsm8k.lua
 fi
-if [ -e build-emu/libremax.so ]; then
-  run cuda_emulated "--device cuda --eval_size 0 --max_completion_length 16" env REMAX_LIB="$root/build-emu/libremax.so" ./remax run recipes/gsm8k.lua
+if [ -x build-emu/remax ]; then   # the emulator build's own program (its libremax runs device "cuda")
+  run cuda_emulated "--device cuda --eval_size 0 --max_completion_length 16" env REMAX_BUILD_DIR="$root/build-emu" build-emu/remax run recipes/gsm8k.lua
 fi
 luajit - "$tmp" >"$out" <<'LUA'
 local cjson = require("cjson")

@@ -181,8 +181,8 @@ describe("training on cuda", function()
     extra.run_name, extra.frozen_dtype = "masters", "f32"
     local b = new_trainer(dir, extra)
     assert.are.equal("bf16", a.stepper.ref:weight_dtype())   -- every weight in bf16 alone
-    assert.are.equal("f32", b.ref:weight_dtype())    -- f32 masters and a bf16 working copy
-    local ma, mb, mp = a.stepper.ref:memory(), b.ref:memory(), a.model:memory()
+    assert.are.equal("f32", b.stepper.ref:weight_dtype())    -- f32 masters and a bf16 working copy
+    local ma, mb, mp = a.stepper.ref:memory(), b.stepper.ref:memory(), a.model:memory()
     assert.are.equal(0, ma.grads)
     assert.is_true(3 * ma.params <= mb.params + 64 * 3 * #a.model.names, ("frozen %d bytes, with masters %d"):format(ma.params, mb.params))
     assert.is_true(3 * ma.params <= mp.params + 64 * 3 * #a.model.names)
