@@ -37,7 +37,7 @@ M.groups = {
     { "stop_strings", nil, "strings", "text that ends a completion where it appears in the completion's decoded text (vLLM's stop; any number of tokens): the tokens up to the one that completes it are kept, and the reward sees their text, as TRL with vLLM" },
   } },
   { "Algorithm", {
-    { "algo", "remax", "enum:remax|grpo|rloo|reinforce|sft", "remax, grpo, rloo, reinforce (RL with that advantage estimator), or sft (cross-entropy on prompt -> answer)" },
+    { "algo", "remax", "enum:remax|grpo|rloo|reinforce|sft|reward", "remax, grpo, rloo, reinforce (RL with that advantage estimator), sft (cross-entropy on prompt -> answer), or reward (a reward model from preference pairs: Bradley-Terry, as TRL's RewardTrainer)" },
     { "advantage", nil, "advantage", "recipe only: function(groups, opts, state) -> advantages, overriding algo's estimator", hot = true },
     { "num_generations", 4, "integer", "sampled completions per prompt (the greedy baseline row comes on top)" },
     { "generate_greedy", nil, "boolean", "also generate one greedy completion per prompt: the baseline of remax (default true there and with a recipe advantage function); under grpo, rloo and reinforce it only adds reward_greedy and costs a row per prompt (default false)" },
@@ -59,6 +59,12 @@ M.groups = {
     { "top_entropy_quantile", 1.0, "number", "train only the tokens whose entropy is in this top fraction of each micro-batch (1: all)", hot = true },
     { "entropy_coef", 0.0, "number", "entropy bonus: the loss subtracts entropy_coef * the mean per-token entropy (TRL's normalisation)", hot = true },
     { "skip_zero_advantage", true, "boolean", "with beta = 0, rows whose advantage is 0 skip the forward/backward (no gradient anyway)" },
+  } },
+  { "Reward model", {
+    { "chosen_column", "chosen", "string", "algo = reward: the preferred side of a pair (text or messages)" },
+    { "rejected_column", "rejected", "string", "algo = reward: the other side" },
+    { "margin_column", "margin", "string", "algo = reward: the optional per-pair margin (a number) of the loss -log sigmoid(r_chosen - r_rejected - margin)" },
+    { "center_rewards_coefficient", nil, "number", "algo = reward: adds coefficient * mean((r_chosen + r_rejected)^2) to the loss, keeping scores centred at 0 (TRL's; nil: off)" },
   } },
   { "LoRA", {
     { "use_lora", false, "boolean", "train low-rank adapters (PEFT's LoRA) on a frozen base; the reference model (beta > 0) is the base with adapters off" },
@@ -446,7 +452,7 @@ end
 --                    skip_zero_advantage is on
 -- They are fields of cfg outside M.order: config.json and --help show the settings, not these.
 function M.derive(cfg)
-  local rl = cfg.algo ~= "sft"
+  local rl = cfg.algo ~= "sft" and cfg.algo ~= "reward"
   cfg.kl_mode = (rl and cfg.beta > 0) and cfg.kl_estimator or "none"
   cfg.needs_reference = cfg.kl_mode ~= "none"
   cfg.sampling = require("remax.train.rollout").plan(cfg.num_generations, cfg.generate_greedy, cfg.temperature)
@@ -527,7 +533,7 @@ function M.validate(cfg)
   elseif cfg.save_merged then
     bad("save_merged needs use_lora = true (without adapters, save_final_model writes the whole model)", "save_merged")
   end
-  if cfg.reward_weights and cfg.algo ~= "sft" and #cfg.reward_weights ~= #cfg.rewards then
+  if cfg.reward_weights and cfg.algo ~= "sft" and cfg.algo ~= "reward" and #cfg.reward_weights ~= #cfg.rewards then
     bad(("reward_weights has %d weights for %d reward functions (%s)"):format(#cfg.reward_weights, #cfg.rewards,
       show(cfg.rewards)), "reward_weights")
   end

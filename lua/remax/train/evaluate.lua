@@ -24,6 +24,7 @@ end
 -- some sample is right (the headroom a reward can use).
 function methods.evaluate(self, opts)
   if not self.eval_ds then return {} end
+  if self.reward_step then return self:evaluate_pairs() end   -- [reward model]
   opts = opts or {}
   local cfg = self.cfg
   local K = opts.samples or 0
@@ -104,5 +105,21 @@ function methods.evaluate(self, opts)
   return e
 end
 M.pass_at_k = pass_at_k
+
+-- [reward model] Held-out pairs: accuracy = the share ranked right, reward = the mean margin
+-- r_chosen - r_rejected (also as margin).
+function methods.evaluate_pairs(self)
+  local rows = {}
+  for i = 1, math.min(#self.eval_ds.rows, self.cfg.eval_size) do rows[i] = self.eval_ds.rows[i] end
+  local e = self.reward_step:evaluate(rows)
+  e.reward, e.step = e.margin, self.step
+  self.eval_seconds = (self.eval_seconds or 0) + e.seconds
+  self.last_eval = e
+  self.eval_history = self.eval_history or {}
+  table.insert(self.eval_history, { step = self.step, accuracy = e.accuracy, reward = e.reward })
+  self:say(("eval at step %d: pair accuracy %.1f%%, mean margin %.4f (%d held-out pairs, %.1fs)"):format(self.step,
+    100 * e.accuracy, e.margin, e.n, e.seconds))
+  return e
+end
 
 return M

@@ -163,7 +163,8 @@ end
 function methods.save_checkpoint(self, why)
   self.dist:check_same_weights(self.model, ("step %d"):format(self.step))
   local s = self:state()
-  self.run:save_checkpoint(self.step, self.model, s)
+  -- [reward model] its checkpoint is a sequence-classifier folder (with LoRA: the adapters)
+  self.run:save_checkpoint(self.step, self.reward_step and self.reward_step:checkpoint_model() or self.model, s)
   self.last_saved = self.step
   if why then self:say(("checkpoint step-%d saved (%s)"):format(self.step, why)) end
 end
@@ -203,7 +204,7 @@ function methods.finish_step(self, m, ro)
   if self.pending_reloads then m.reloaded = self.pending_reloads; self.pending_reloads = nil end
   if self.eval_ds and ((cfg.eval_steps > 0 and self.step % cfg.eval_steps == 0) or self.step == cfg.max_steps) then
     local e = self:evaluate()
-    m.eval_accuracy, m.eval_reward = e.accuracy, e.reward
+    m.eval_accuracy, m.eval_reward, m.eval_margin = e.accuracy, e.reward, e.margin
   end
   self.run:log_metrics(self.step, m)
   self.history[#self.history + 1] = m
@@ -299,18 +300,21 @@ function methods.train(self, loop)
   end
   if self.last_saved ~= self.step then self:save_checkpoint() end
   if cfg.save_final_model and self.dist.is_root then
-    self.model:save(cfg.save_final_model)
+    if self.reward_step then self.reward_step:save(cfg.save_final_model)   -- [reward model] merged, whole
+    else self.model:save(cfg.save_final_model) end
     self:say("final model saved to " .. cfg.save_final_model)
   end
   if cfg.save_merged then
-    require("remax.bind.lora").save_merged(self.model, cfg.save_merged)
+    if self.reward_step then self.reward_step:save(cfg.save_merged)   -- [reward model]
+    else require("remax.bind.lora").save_merged(self.model, cfg.save_merged) end
     self:say("merged model saved to " .. cfg.save_merged)
   end
   if self.progress then self.progress:finish() end
   self:draw_plots()
   if after and not self.quiet then
     local first = self.eval_history and self.eval_history[1]
-    print(("held-out greedy accuracy: %.1f%% at step %d -> %.1f%% at step %d (%d prompts)"):format(
+    print(((self.reward_step and "held-out pair accuracy" or "held-out greedy accuracy") ..
+      ": %.1f%% at step %d -> %.1f%% at step %d (%d prompts)"):format(
       100 * (first and first.accuracy or after.accuracy), first and first.step or self.step,
       100 * after.accuracy, self.step, after.n))
   end

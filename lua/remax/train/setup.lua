@@ -50,6 +50,13 @@ function methods.setup_model(self)
     end
   end
   self.model_source = source
+  if cfg.algo == "reward" then   -- [reward model] its own decoder and score head (remax.step.reward_model)
+    self.reward_step = require("remax.step.reward_model").new({ cfg = cfg, source = source, dist = self.dist,
+      resume_dir = self.resume_model_dir, model_opts = mopts })
+    self.model, self.tok, self.model_opts, self.stop = self.reward_step.model, self.reward_step.tok, mopts, {}
+    self:resolve_template()
+    return
+  end
   -- with LoRA a checkpoint holds the adapters only: the base comes from where it always does
   local resume_dir = not cfg.use_lora and self.resume_model_dir or nil
   if source then
@@ -174,6 +181,15 @@ function methods.setup_data(self)
     error("no training data: set data to a JSONL or JSON file (--data FILE), or in the recipe to a function(split, n, cfg) -> rows "
       .. "(remax.tasks.gsm8k.synthetic() makes GSM8K-style problems, as recipes/gsm8k.lua does)", 0)
   end
+  if cfg.algo == "reward" then   -- [reward model] preference pairs instead of prompts
+    local pairs_map = { prompt = cfg.prompt_column, chosen = cfg.chosen_column, rejected = cfg.rejected_column,
+      margin = cfg.margin_column }
+    self.train_ds = M.load_pairs(cfg.data, "train", cfg.train_size, cfg, pairs_map)
+    if cfg.eval_size > 0 then
+      local source = cfg.eval_data or (type(cfg.data) == "function" and cfg.data or nil)
+      if source then self.eval_ds = M.load_pairs(source, "test", cfg.eval_size, cfg, pairs_map) end
+    end
+  else
   self.train_ds = load_data(cfg.data, "train", cfg.train_size, cfg, map)
   if cfg.eval_size > 0 then
     local source = cfg.eval_data or (type(cfg.data) == "function" and cfg.data or nil)
@@ -195,6 +211,7 @@ function methods.setup_data(self)
       end
     end
   end
+  end   -- [reward model]
   if cfg.algo == "sft" then
     for _, ds in ipairs({ self.train_ds, self.eval_ds }) do
       local col = cfg.answer_column or "answer"
@@ -216,6 +233,7 @@ function methods.setup_data(self)
 end
 
 function methods.setup_rewards(self)
+  if self.cfg.algo == "reward" then self.rewards = {}; return end   -- [reward model] it is the reward
   -- reward models run on the policy's device (on cuda under bf16: frozen bf16 models)
   self.rewards = rewards.load_all(self.cfg.rewards, { base = self.recipe_dir, device = self.cfg.device,
     dtype = self.cfg.device ~= "cpu" and self.cfg.dtype or nil })
@@ -236,6 +254,8 @@ function methods.setup_optimizer(self)
     weight_decay = cfg.weight_decay, stage = cfg.zero_stage }
   if self.opts.eval_only then   -- remax eval trains nothing (its model may be frozen): no moments
     self.opt = optim.adamw({}, {}, opts)
+  elseif self.reward_step then   -- [reward model] the model's AdamW and the score head's
+    self.opt = self.reward_step:optimizer(opts)
   elseif cfg.zero_stage > 0 then   -- ZeRO-1/2: this rank's shard of the moments (docs/distributed.md)
     self.opt = optim.zero_adamw(self.dist, self.model, opts)
   else
@@ -244,6 +264,16 @@ function methods.setup_optimizer(self)
   -- the schedule counts optimizer updates: num_iterations of them per step
   self.total_updates = cfg.max_steps * cfg.num_iterations
   self.warmup_steps = math.ceil(cfg.warmup_ratio * self.total_updates)
+end
+
+-- [reward model] Preference pairs (remax.step.preferences) from a file, or a recipe's
+-- function(split, n, cfg) -> rows.
+function M.load_pairs(source, split, n, cfg, map)
+  local prefs = require("remax.step.preferences")
+  if type(source) == "string" then return prefs.load(source, map) end
+  local ok, out = pcall(source, split, n, cfg)
+  if not ok then error(("data (%s), split %s: %s"):format(config.show(source), split, tostring(out)), 0) end
+  return prefs.from_rows(out, map, ("%s(%s)"):format(config.show(source), split))
 end
 
 -- The weight_dtype of a frozen policy (remax eval, the base under LoRA adapters): frozen_dtype

@@ -518,7 +518,14 @@ function Trainer:train_step()
   local t0 = now()
   local batch = self:next_batch()
   local m, ro
-  if cfg.algo == "sft" then
+  if self.reward_step then   -- [reward model] one Bradley-Terry update (remax.step.reward_model)
+    m = self.reward_step:run(batch, { step = self.step + 1, total = self.total_updates, warmup = self.warmup_steps })
+    if m.skipped then
+      self.bad_steps = self.bad_steps + 1
+      self:say(("step %d: non-finite loss or gradient norm: update skipped (%d of max_bad_steps = %d)"):format(
+        self.step + 1, self.bad_steps, cfg.max_bad_steps))
+    end
+  elseif cfg.algo == "sft" then
     local rows = self:sft_rows(batch)
     local up = self:update({ train_rows = rows, step = self.step + 1 })
     m = { loss = up.loss, grad_norm = up.grad_norm, lr = up.lr, time_train = up.time_train,
