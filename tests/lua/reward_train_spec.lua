@@ -216,6 +216,7 @@ describe("reward model training", function()
     assert.is_number(lines_out[2].margin)
     assert.is_true(res.after.accuracy >= 0.9, ("held-out pair accuracy %.2f"):format(res.after.accuracy))
     assert.is_true(res.after.margin > 0)
+    assert.is_true(require("remax.bind.fs").exists(res.run_dir .. "/pairs.svg"))
     -- the final folder is a "model:" reward that prefers the chosen side
     local r = require("remax.train.rewards").load_all({ "model:" .. out }, {})[1]
     local sc = r.fn({ "good 3", "bad 3" }, { prompt = { "item 3:", "item 3:" } })
@@ -235,4 +236,34 @@ describe("reward model training", function()
   it("learns in bf16", function()
     run_learns({ dtype = "bf16" })
   end)
+
+  -- REMAX_LIB=build-emu/libremax.so busted --lua=luajit --filter=cuda tests/lua/reward_train_spec.lua
+  if tensor.has_cuda() then
+    it("on cuda computes the scores and gradients of the cpu (f32), and a bf16 run learns", function()
+      local dir = causal_lm("f32")
+      local rows = pair_rows(3, { margin = true })
+      rows[1].chosen = "a longer chosen answer"
+      local function grads(device)
+        local step = new_step(dir, { device = device, center_rewards_coefficient = 0.1 })
+        step.model:zero_grad()
+        step.dhead:fill_(0)
+        local st = step:micro_step(rows, #rows)
+        local out = { loss = st.loss, head = step.dhead:totable()[1] }
+        for _, name in ipairs({ "model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.norm.weight" }) do
+          out[name] = step.model:grad(name):to("cpu"):values()
+        end
+        return out
+      end
+      local cpu, gpu = grads("cpu"), grads("cuda")
+      assert.is_true(math.abs(cpu.loss - gpu.loss) < 1e-5)
+      for k, v in pairs(cpu) do
+        if type(v) == "table" then
+          local scale, diff = 1e-8, 0
+          for i = 1, #v do scale, diff = math.max(scale, math.abs(v[i])), math.max(diff, math.abs(v[i] - gpu[k][i])) end
+          assert(diff <= 1e-4 * scale, ("%s: cuda differs from cpu by %g (scale %g)"):format(k, diff, scale))
+        end
+      end
+      run_learns({ device = "cuda", dtype = "bf16" })
+    end)
+  end
 end)
