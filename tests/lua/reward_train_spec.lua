@@ -237,6 +237,33 @@ describe("reward model training", function()
     run_learns({ dtype = "bf16" })
   end)
 
+  it("resumes from a checkpoint to the same weights and head as a run straight through (full and LoRA)", function()
+    for _, lora in ipairs({ false, true }) do
+      local dir = causal_lm("f32")
+      local data = tmpdir() .. "/pairs.jsonl"
+      local lines = {}
+      for i, r in ipairs(pair_rows(24)) do lines[i] = cjson.encode(r) end
+      write(data, table.concat(lines, "\n") .. "\n")
+      local out = tmpdir()
+      local function s(name, steps)
+        return settings({ model = dir, data = data, max_steps = steps, learning_rate = 3e-3, output_dir = out,
+          run_name = name, per_device_train_batch_size = 2, gradient_accumulation_steps = 2, use_lora = lora,
+          lora_r = 2, lora_alpha = 4, lora_dropout = 0, lora_target_modules = { "q_proj" } })
+      end
+      local a = trainer.new(config.resolve(s("a", 4), {}), { quiet = true, signals = false })
+      a:train()
+      local b = trainer.new(config.resolve(s("b", 2), {}), { quiet = true, signals = false })
+      b:train()   -- saves its checkpoint at the end
+      local cfg = require("remax.train.resume").resolve(s("b", 2), { resume = out .. "/b", max_steps = 4 })
+      local r = trainer.new(cfg, { quiet = true, signals = false })
+      assert.are.equal(2, r.step)
+      r:train()
+      assert.are.same(a.reward_step.head:values(), r.reward_step.head:values())
+      local pa, pr = a.model:trainable(), r.model:trainable()
+      for name, t in pairs(pa) do assert.are.same(t:values(), pr[name]:values(), name) end
+    end
+  end)
+
   -- REMAX_LIB=build-emu/libremax.so busted --lua=luajit --filter=cuda tests/lua/reward_train_spec.lua
   if tensor.has_cuda() then
     it("on cuda computes the scores and gradients of the cpu (f32), and a bf16 run learns", function()
