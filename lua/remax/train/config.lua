@@ -42,6 +42,7 @@ M.groups = {
     { "num_generations", 4, "integer", "sampled completions per prompt (the greedy baseline row comes on top)" },
     { "generate_greedy", nil, "boolean", "also generate one greedy completion per prompt: the baseline of remax (default true there and with a recipe advantage function); under grpo, rloo and reinforce it only adds reward_greedy and costs a row per prompt (default false)" },
     { "advantage_clip", 0, "number", "clip advantages to [-c, c] (0: no clipping)", hot = true },
+    { "gamma", nil, "number", "the original ReMax's return: the KL becomes a per-token penalty and token t of a T-token completion gets return_t = -beta * kl_t + gamma^(T-t) * (r - r_greedy) (nil: off, the sequence-level advantage of remax; see docs/trainer.md)" },
     { "scale_rewards", "group", "enum:group|batch|none", "grpo: divide by the group's standard deviation, the whole batch's, or not at all (true = group, false = none, as in TRL)", hot = true, aliases = { [true] = "group", [false] = "none", ["true"] = "group", ["false"] = "none" } },
     { "multi_objective_aggregation", "sum_then_normalize", "enum:sum_then_normalize|normalize_then_sum", "grpo with several rewards: weighted sum then the group normalisation, or each reward normalised in its group, summed, then normalised over the batch (TRL's GDPO)", hot = true },
     { "reinforce_baseline", "mean", "enum:none|mean", "reinforce: no baseline, or a running mean of rewards" },
@@ -439,8 +440,9 @@ end
 
 -- Settings derived from the others, decided here once (and again by M.derive when a hot reload
 -- changes a setting they depend on). The trainer reads these and never re-tests their inputs:
---   kl_mode          "none" (beta = 0, or sft), "k3" (a per-token KL estimate in the loss) or "k1"
---                    (the log-ratio folded into the reward)
+--   kl_mode          "none" (beta = 0, or sft), "k3" (a per-token KL estimate in the loss), "k1"
+--                    (the log-ratio folded into the reward) or "return" (gamma set: the per-token
+--                    log-ratio in each token's return)
 --   needs_reference  whether the frozen reference model is loaded (kl_mode ~= "none")
 --   sampling         the generation plan of a step (remax.train.rollout.plan): num_generations
 --                    sampled rows at temperature, plus the greedy row with generate_greedy
@@ -453,7 +455,8 @@ end
 -- They are fields of cfg outside M.order: config.json and --help show the settings, not these.
 function M.derive(cfg)
   local rl = cfg.algo ~= "sft" and cfg.algo ~= "reward"
-  cfg.kl_mode = (rl and cfg.beta > 0) and cfg.kl_estimator or "none"
+  -- gamma (the original ReMax's return): the KL is a per-token term of the return (algos.gamma_returns)
+  cfg.kl_mode = (rl and cfg.beta > 0) and (cfg.gamma ~= nil and "return" or cfg.kl_estimator) or "none"
   cfg.needs_reference = cfg.kl_mode ~= "none"
   cfg.sampling = require("remax.train.rollout").plan(cfg.num_generations, cfg.generate_greedy, cfg.temperature)
   cfg.aggregation = cfg.loss_type and require("remax.train.algos").loss_types[cfg.loss_type] or cfg.loss_agg_mode
@@ -498,6 +501,12 @@ function M.validate(cfg)
   local function bad(msg, key) error(("%s: %s"):format(M.source(cfg, key), msg), 0) end
   if cfg.algo == "remax" and not cfg.generate_greedy and not cfg.advantage then
     bad("algo = remax needs generate_greedy = true (the greedy row is its baseline)", "generate_greedy")
+  end
+  if cfg.gamma ~= nil and cfg.importance_sampling_level == "sequence" then
+    bad("gamma gives every token its own return; importance_sampling_level = sequence has one ratio per row (use token)", "gamma")
+  end
+  if cfg.gamma ~= nil and cfg.multi_objective_aggregation == "normalize_then_sum" then
+    bad("gamma discounts the estimator's advantage; multi_objective_aggregation = normalize_then_sum replaces it (use one of them)", "gamma")
   end
   if cfg.algo == "rloo" and cfg.num_generations < 2 and not cfg.advantage then
     bad("algo = rloo needs num_generations >= 2", "num_generations")

@@ -117,7 +117,7 @@ function Rollout:training_rows(mask_truncated)
   for k, r in ipairs(self.rows) do
     if not r.greedy then
       list[#list + 1] = { prompt = r.prompt, prompt_ids = self.prompt_ids[r.prompt], completion = r.tokens,
-        adv = self.adv and self.adv[r.prompt][r.slot] or 1, key = k,
+        adv = self.adv and self.adv[r.prompt][r.slot] or 1, key = k, returns = self.returns and self.returns[k],
         masked = (mask_truncated and r.finish == "length") or nil }
     end
   end

@@ -217,7 +217,31 @@ function Trainer:advantage(ro)
     adv, state = algos.advantages(kind, groups, aopts, self.baseline_state)
   end
   ro.groups, ro.adv, ro.new_baseline_state = groups, adv, state
+  if cfg.gamma ~= nil then self:gamma_returns(ro) end
   return ro
+end
+
+-- gamma (the original ReMax's return, algos.gamma_returns): each sampled row's per-token returns
+-- from its advantage and, with beta > 0, its per-token log-ratio to the reference (ro.returns[k],
+-- ro.kl_k1[k] = the row's summed log-ratio, for the kl metric).
+function Trainer:gamma_returns(ro)
+  local cfg = self.cfg
+  local which = {}
+  for k, r in ipairs(ro.rows) do if not r.greedy then which[#which + 1] = k end end
+  local lp, ref
+  if cfg.kl_mode == "return" then
+    lp = self:row_logprobs(self.model, ro, which)
+    ref = self:row_logprobs(self:load_reference(), ro, which)
+  end
+  ro.returns, ro.kl_k1 = {}, lp and {} or nil
+  for n, k in ipairs(which) do
+    local r = ro.rows[k]
+    local logp = lp and lp[n] or {}
+    if not lp then for t = 1, #r.tokens do logp[t] = 0 end end
+    local s
+    ro.returns[k], s = algos.gamma_returns(ro.adv[r.prompt][r.slot], logp, ref and ref[n], lp and cfg.beta or 0, cfg.gamma)
+    if ro.kl_k1 then ro.kl_k1[k] = s end
+  end
 end
 
 -- prompt .. completion token lists of rows, and where each completion starts.
@@ -292,7 +316,7 @@ function Trainer:micro_step(rows, totals, chunk)
     end
   end
   local weights, stats = algos.token_weights(parts, {
-    beta = cfg.kl_mode == "none" and 0 or cfg.beta, kl = cfg.kl_estimator, agg = cfg.aggregation,
+    beta = (cfg.kl_mode == "none" or cfg.kl_mode == "return") and 0 or cfg.beta, kl = cfg.kl_estimator, agg = cfg.aggregation,
     num_rows = totals.rows, num_tokens = totals.tokens, max_length = cfg.max_completion_length,
     chunk_tokens = chunk.tokens, chunks = totals.chunks,
     epsilon = cfg.epsilon, epsilon_high = cfg.epsilon_high, delta = cfg.delta, level = cfg.importance_sampling_level,
