@@ -10,10 +10,10 @@
 -- Options: --problems N (pairs' problems, 256), --steps N (ReMax steps per run, 24), --beta B
 -- (the run with a KL, 0.05), --eval_size N (held-out prompts of the ReMax runs, 200),
 -- --skip_pairs, --skip_rm (reuse runs/rlhf/pairs_*.jsonl, runs/rlhf/rm).
-local config = require("remax.train.config")
-local recipe = require("remax.train.recipe")
-local trainer = require("remax.train.trainer")
-local plot = require("remax.train.plot")
+local config = require("remax.settings.config")
+local recipe = require("remax.settings.recipe")
+local trainer = require("remax.run.run")
+local plot = require("remax.run.plot")
 local fs = require("remax.bind.fs")
 local now = require("remax.bind.clock").now
 

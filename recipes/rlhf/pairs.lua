@@ -13,8 +13,8 @@
 local remax = require("remax")
 local synth = require("remax.tasks.gsm8k_synth")
 local chat = require("remax.text.chat")
-local rewards = require("remax.train.rewards")
-local data = require("remax.train.data")
+local rewards = require("remax.step.rewards")
+local data = require("remax.step.data")
 local cjson = require("cjson")
 local fs = require("remax.bind.fs")
 

@@ -1,9 +1,9 @@
 -- The original ReMax's options (docs/trainer.md, "The original ReMax"): gamma's per-token return
 -- and advantage_clip as its clamp of r - r_greedy, against returns computed by hand on a small
 -- rollout, and through the trainer on a tiny model (its own reference log-probabilities).
-local algos = require("remax.train.algos")
-local config = require("remax.train.config")
-local trainer = require("remax.train.trainer")
+local algos = require("remax.step.algos")
+local config = require("remax.settings.config")
+local trainer = require("remax.run.run")
 local support = require("support")
 
 local function near(a, b, tol) return math.abs(a - b) <= (tol or 1e-12) end
@@ -52,7 +52,7 @@ describe("gamma (the original ReMax's return)", function()
         for _, id in ipairs(ro.prompt_ids[r.prompt]) do seq[#seq + 1] = id end
         local start = #seq
         for _, id in ipairs(r.tokens) do seq[#seq + 1] = id end
-        local lp, ref = t.model:logprobs({ seq }):totable()[1], t.ref:logprobs({ seq }):totable()[1]
+        local lp, ref = t.model:logprobs({ seq }):totable()[1], t.stepper:load_reference():logprobs({ seq }):totable()[1]
         local T = #r.tokens
         for i = 1, T do
           local kl = lp[start + i] - ref[start + i]

@@ -1,4 +1,4 @@
--- gguf_spec.lua: remax export --gguf (lua/remax/bind/gguf.lua). The file is read back with remax's
+-- gguf_spec.lua: remax export --gguf (lua/remax/formats/gguf.lua). The file is read back with remax's
 -- reader and checked against the model it came from (keys, tensor names and order of rows, q8_0
 -- blocks, tokenizer metadata, crash safety); then, when node-llama-cpp is installed
 -- (bench/llamacpp_install.sh), llama.cpp itself loads the files: its next-token log-probs,
@@ -7,7 +7,7 @@ local remax = require("remax")
 local cjson = require("cjson")
 local ffi = require("ffi")
 local bit = require("bit")
-local gguf = require("remax.bind.gguf")
+local gguf = require("remax.formats.gguf")
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 

@@ -5,8 +5,8 @@
 -- preference data, and short runs (full, LoRA, bf16) that learn an easy preference.
 local remax = require("remax")
 local cjson = require("cjson")
-local config = require("remax.train.config")
-local trainer = require("remax.train.trainer")
+local config = require("remax.settings.config")
+local trainer = require("remax.run.run")
 local rm_step = require("remax.step.reward_model")
 local prefs = require("remax.step.preferences")
 local reward_model = require("remax.bind.reward_model")
@@ -36,9 +36,10 @@ end
 local function new_step(dir, extra, dtype)
   local cfg = config.resolve(settings(extra), {})
   cfg.dtype = dtype or cfg.dtype   -- f64 is the gradient checks' alone: set past the settings' checks
-  local step = rm_step.new({ cfg = cfg, source = dir, model_opts = { dtype = cfg.dtype, device = cfg.device, seed = 5 } })
-  step:optimizer({ lr = 0 })
-  return step, cfg
+  local p = rm_step.load(cfg, dir, { model_opts = { dtype = cfg.dtype, device = cfg.device, seed = 5 } })
+  p.opt = rm_step.optimizer(p.model, p.head, p.dhead, { lr = 0 })
+  p.model_source = dir
+  return rm_step.new(p, cfg), cfg
 end
 
 -- Pairs whose hidden preference is a word: "good" over "bad", with prompts.
@@ -218,7 +219,7 @@ describe("reward model training", function()
     assert.is_true(res.after.margin > 0)
     assert.is_true(require("remax.bind.fs").exists(res.run_dir .. "/pairs.svg"))
     -- the final folder is a "model:" reward that prefers the chosen side
-    local r = require("remax.train.rewards").load_all({ "model:" .. out }, {})[1]
+    local r = require("remax.step.rewards").load_all({ "model:" .. out }, {})[1]
     local sc = r.fn({ "good 3", "bad 3" }, { prompt = { "item 3:", "item 3:" } })
     assert.is_true(sc[1] > sc[2])
     return res
@@ -254,11 +255,11 @@ describe("reward model training", function()
       a:train()
       local b = trainer.new(config.resolve(s("b", 2), {}), { quiet = true, signals = false })
       b:train()   -- saves its checkpoint at the end
-      local cfg = require("remax.train.resume").resolve(s("b", 2), { resume = out .. "/b", max_steps = 4 })
+      local cfg = require("remax.run.resume").resolve(s("b", 2), { resume = out .. "/b", max_steps = 4 })
       local r = trainer.new(cfg, { quiet = true, signals = false })
       assert.are.equal(2, r.step)
       r:train()
-      assert.are.same(a.reward_step.head:values(), r.reward_step.head:values())
+      assert.are.same(a.stepper.head:values(), r.stepper.head:values())
       local pa, pr = a.model:trainable(), r.model:trainable()
       for name, t in pairs(pa) do assert.are.same(t:values(), pr[name]:values(), name) end
     end

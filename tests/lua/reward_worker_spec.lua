@@ -1,8 +1,8 @@
 -- Rewards outside Lua: "py:" files in a python3 worker, "cmd:" programs speaking the JSON-lines
 -- protocol, and "http://" reward servers (a python3 http.server this spec starts on 127.0.0.1).
 -- Needs only the system's python3 and its standard library.
-local rewards = require("remax.train.rewards")
-local rw = require("remax.train.reward_worker")
+local rewards = require("remax.step.rewards")
+local rw = require("remax.step.reward_worker")
 local support = require("support")
 local tmpdir, write, has_python = support.tmpdir, support.write, support.has_python
 local capture_error = support.error_of
@@ -181,8 +181,8 @@ def other(completions, **kw):
   end)
 
   it("scores an evaluation chunk while the next one generates, with the results of a Lua reward", function()
-    local config = require("remax.train.config")
-    local trainer = require("remax.train.trainer")
+    local config = require("remax.settings.config")
+    local trainer = require("remax.run.run")
     local d = dir()
     write(d .. "/len.py", "def reward(completions, completion_ids, **kw):\n    return [len(ids) % 3 for ids in completion_ids]\n")
     write(d .. "/len.lua", "return { name = 'len', fn = function(c, b) local s = {} for i in ipairs(c) do s[i] = #b.completion_ids[i] % 3 end return s end }")
@@ -197,7 +197,7 @@ def other(completions, **kw):
     end
     local t = new("py:" .. d .. "/len.py")
     -- watch how many batches are on their way to the worker at once
-    local impl, most = t.rewards[1].impl, 0
+    local impl, most = t.stepper.rewards[1].impl, 0
     local send = impl.send
     impl.send = function(self, ...)
       send(self, ...)
@@ -209,7 +209,7 @@ def other(completions, **kw):
     assert.are.equal(7, e.n)
     assert.are.equal(want.reward, e.reward)
     assert.are.equal(want.accuracy, e.accuracy)
-    t.rewards[1].close()
+    t.stepper.rewards[1].close()
   end)
 
   it("runs a cmd: program speaking the JSON-lines protocol, and names a malformed answer", function()
@@ -286,8 +286,8 @@ srv.serve_forever()
   end)
 
   it("trains with a Python reward, and stops the run after a checkpoint when the worker fails", function()
-    local config = require("remax.train.config")
-    local trainer = require("remax.train.trainer")
+    local config = require("remax.settings.config")
+    local trainer = require("remax.run.run")
     local d = dir()
     -- the fraction of lowercase letters, as the trainer spec's Lua reward
     write(d .. "/lower.py", ([[
@@ -309,8 +309,8 @@ def reward(completions, completion_ids, **kw):
     assert.is_number(m["reward/lower"])
     assert.is_true(m["reward/lower"] >= 0 and m["reward/lower"] <= 1)
     -- hot reload: an edited file starts a new worker with the new code
-    t:snapshot_watch()
-    local old_worker = t.rewards[1]
+    require("remax.run.reload").snapshot(t)
+    local old_worker = t.stepper.rewards[1]
     write(d .. "/lower.py", ([[
 import os
 def reward(completions, **kw):
@@ -328,6 +328,6 @@ def reward(completions, **kw):
     assert.matches("RuntimeError: judge unavailable", err, 1, true)
     local _, step = t.run:latest_checkpoint()
     assert.are.equal(2, step)
-    t.rewards[1].close()
+    t.stepper.rewards[1].close()
   end)
 end)

@@ -1,5 +1,5 @@
 -- remax.bind.ipc: child processes joined by pipes to their stdin and stdout, and TCP client
--- connections, each with deadlines: what the reward workers (remax.train.reward_worker) talk
+-- connections, each with deadlines: what the reward workers (remax.step.reward_worker) talk
 -- through. libc through the FFI (Linux x86_64/aarch64 layouts), as remax.bind.fs does.
 --
 --   local p = ipc.spawn({ "python3", "-u", "worker.py" })       -- stdin/stdout piped, stderr inherited

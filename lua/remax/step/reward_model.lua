@@ -12,9 +12,11 @@
 -- (rx_model_hidden_train); the gradient of the score reaches the model through the hidden state
 -- of each row's pooled position only (rx_model_hidden_backward): no [B, T, vocab] logits exist.
 --
---   local step = require("remax.step.reward_model").new({ cfg = cfg, source = dir, dist = world })
---   local metrics = step:run(pairs)        -- rows of remax.step.preferences
---   step:evaluate(rows) -> { accuracy =, margin =, n = }
+--   local rm = require("remax.step.reward_model")
+--   local parts = rm.load(cfg, dir, {model_opts =, resume_dir =})   -- model, head, tok, ... (remax.run.setup)
+--   local step = rm.new(pieces, cfg, hooks)    -- the Step interface of remax.step.step:
+--   local m = step:run(pairs, {step = n})      -- rows of remax.step.preferences -> metrics
+--   step:evaluate(rows) -> { accuracy =, margin =, reward = margin, n = }
 --   step:state() / step:restore(state); step:save(dir) (a Hugging Face sequence classifier)
 --
 -- The score head is an f32 tensor on the cpu (as remax.bind.reward_model keeps it), trained by
@@ -101,19 +103,22 @@ local function decoder_of(cfg, dir)
     .. "train (%s)"):format(dir, tostring(arch), table.concat(known, ", ")), 0)
 end
 
--- pieces: cfg (resolved settings), source (the model folder: a causal LM, whose head is
--- replaced by a new score head, or a sequence classifier, whose head is kept), resume_dir (a
--- checkpoint of this run: the classifier folder, or with LoRA the adapters), dist (the world),
--- model_opts (remax.bind.model load options: dtype, device, weight_dtype, seed).
-function M.new(pieces)
-  local cfg, dir = pieces.cfg, pieces.source
+-- The reward model to train: dir (the model folder: a causal LM, whose head is replaced by a
+-- new score head, or a sequence classifier, whose head is kept); opts.resume_dir (a checkpoint
+-- of this run: the classifier folder, or with LoRA the adapters), opts.model_opts
+-- (remax.bind.model load options: dtype, device, weight_dtype, seed), opts.world. Returns
+-- { model, head, dhead, tok, rm (the "model:" scorer over the same model and head), pad_id,
+-- file_config, classifier_arch, from_classifier }.
+function M.load(cfg, dir, opts)
+  opts = opts or {}
   if type(dir) ~= "string" then
     error("algo = reward needs a model folder (model = DIR: a causal LM or a sequence classifier); a model_config "
       .. "random init has no tokenizer to save with it", 0)
   end
-  if pieces.dist and pieces.dist.size > 1 then
-    error(("algo = reward runs on one process for now (this run has %d ranks)"):format(pieces.dist.size), 0)
+  if opts.world and opts.world.size > 1 then
+    error(("algo = reward runs on one process for now (this run has %d ranks)"):format(opts.world.size), 0)
   end
+  local pieces = opts
   local file_cfg = model_mod.read_config(dir)
   local decoder, classifier, cls_arch = decoder_of(file_cfg, dir)
   local load_dir = (not cfg.use_lora and pieces.resume_dir) or dir
@@ -167,19 +172,29 @@ function M.new(pieces)
   local rm = setmetatable({ dir = dir, model = model, tok = tok, head = head, pad_id = pad_id,
     max_length = json_value(file_cfg.max_position_embeddings) }, reward_model.RewardModel)
   rm.template = tok.chat_template and chat.detect(tok.chat_template) and { tokenizer = tok } or { template = "plain" }
-  local self = setmetatable({ cfg = cfg, model = model, tok = tok, head = head, rm = rm, pad_id = pad_id,
-    source = dir, file_config = file_cfg, classifier_arch = cls_arch, from_classifier = classifier,
-    dhead = tensor.new({ 1, hidden }, head_dtype), dist = pieces.dist }, Step)
+  return { model = model, tok = tok, head = head, rm = rm, pad_id = pad_id, file_config = file_cfg,
+    classifier_arch = cls_arch, from_classifier = classifier, dhead = tensor.new({ 1, hidden }, head_dtype) }
+end
+
+-- pieces: remax.run.setup's table for algo = reward (M.load's fields, opt, world,
+-- model_source); hooks: say (optional). The Step interface of remax.step.step.
+function M.new(pieces, cfg, hooks)
+  local self = setmetatable({ cfg = cfg, model = pieces.model, tok = pieces.tok, head = pieces.head,
+    dhead = pieces.dhead, rm = pieces.rm, pad_id = pieces.pad_id, source = pieces.model_source,
+    file_config = pieces.file_config, classifier_arch = pieces.classifier_arch, opt = pieces.opt,
+    dist = pieces.world, hooks = hooks or {}, rewards = {} }, Step)   -- no reward functions: it is the reward
+  self.total_updates = cfg.max_steps
+  self.warmup_steps = math.ceil(cfg.warmup_ratio * self.total_updates)
   return self
 end
 
 -- AdamW over the model's trained tensors and, beside it, the head's (same settings). opts as
 -- remax.bind.optim.adamw's. Returns an optimizer with step, clip, state, load_state,
--- state_bytes and step_count (kept equal in both halves).
-function Step:optimizer(opts)
-  local body = optim.adamw(self.model, opts)
-  local head = optim.adamw({ [HEAD] = self.head }, { [HEAD] = self.dhead }, opts)
-  local step = self
+-- state_bytes and step_count (kept equal in both halves); the head's weight is in its state.
+function M.optimizer(model, head_w, dhead, opts)
+  local body = optim.adamw(model, opts)
+  local head = optim.adamw({ [HEAD] = head_w }, { [HEAD] = dhead }, opts)
+  local step = { head = head_w }
   local o = { body = body, head = head, step_count = 0, zero = nil }
   function o.step(me, lr)
     body:step(lr)
@@ -213,7 +228,6 @@ function Step:optimizer(opts)
     me.step_count = body.step_count
   end
   function o.state_bytes() return body:state_bytes() + head:state_bytes() end
-  self.opt = o
   return o
 end
 
@@ -309,7 +323,7 @@ function Step:micro_step(pairs_, n)
   end
   local T = 0
   for _, ids in ipairs(rows) do if #ids > T then T = #ids end end
-  require("remax.train.fit").check_train(self.model, #rows, T, { checkpoint = self.cfg.gradient_checkpointing,
+  require("remax.step.fit").check_train(self.model, #rows, T, { checkpoint = self.cfg.gradient_checkpointing,
     what = "reward model pairs" })
   local scores, h, index = self:forward(rows, true)
   local chosen, rejected = {}, {}
@@ -328,6 +342,7 @@ end
 -- Returns the step's metrics. opts.step: the update's number (the schedule's position).
 function Step:run(batch, opts)
   opts = opts or {}
+  opts.total, opts.warmup = opts.total or self.total_updates, opts.warmup or self.warmup_steps
   local cfg = self.cfg
   local t0 = now()
   local n = #batch
@@ -353,7 +368,8 @@ function Step:run(batch, opts)
   local m = { loss = loss, grad_norm = norm, lr = lr, accuracy = right / n, margin = diff_sum / n,
     rewards_chosen = sum_c / n, rewards_rejected = sum_r / n, pairs = n }
   local finite = loss == loss and math.abs(loss) ~= math.huge and norm == norm and norm ~= math.huge
-  if finite then self.opt:step(lr) else m.skipped = true; self.model:zero_grad() end
+  if finite then self.opt:step(lr)
+  else m.skipped, m.bad_loss, m.bad_norm = true, loss, norm; self.model:zero_grad() end
   m.time_train = now() - t0
   m.tokens_per_s = tokens / math.max(m.time_train, 1e-9)
   m.time_generate, m.time_score = 0, 0
@@ -362,9 +378,11 @@ end
 
 -- Held-out pairs: the share ranked right (r_chosen > r_rejected) and the mean of
 -- r_chosen - r_rejected, scored by the inference forward that a "model:" reward runs.
-function Step:evaluate(rows, opts)
+function Step:evaluate(all, opts)
   opts = opts or {}
   local t0 = now()
+  local rows = {}
+  for i = 1, math.min(#all, self.cfg.eval_size or #all) do rows[i] = all[i] end
   local bs = opts.batch_size or self.cfg.per_device_eval_batch_size or reward_model.DEFAULT_BATCH_SIZE
   local right, diff, n = 0, 0, 0
   for first = 1, #rows, bs do
@@ -381,11 +399,27 @@ function Step:evaluate(rows, opts)
       diff, n = diff + d, n + 1
     end
   end
-  return { accuracy = n > 0 and right / n or 0, margin = n > 0 and diff / n or 0, n = n, seconds = now() - t0 }
+  local margin = n > 0 and diff / n or 0
+  return { accuracy = n > 0 and right / n or 0, margin = margin, reward = margin, n = n, seconds = now() - t0,
+    what = "pair accuracy" }
 end
 
-function Step:state() return self.opt:state() end
-function Step:restore(state) self.opt:load_state(state) end
+-- The rest of the Step interface (remax.step.step's): resume state, ranks (one), memory.
+function Step:state(without_moments)
+  local os_ = without_moments and { step = self.opt.step_count } or self.opt:state()
+  return { optimizer_step = os_.step, tensors = os_.tensors }
+end
+function Step:restore(state) self.opt:load_state({ step = state.optimizer_step, tensors = state.tensors }) end
+function Step:optimizer_tensors() return self.opt:state().tensors end
+function Step:share_from_root(tensors) self.dist:broadcast_model(self.model, tensors) end
+function Step:completion_records() return {} end
+function Step:set_rewards() end
+function Step:set_reward() end
+function Step:trial() end
+function Step:memory_mib()
+  local m = self.model:memory()
+  return (m.params + m.grads + m.activations + m.head + self.opt:state_bytes()) / 1048576
+end
 
 ---------------------------------------------------------------------------- saving
 
