@@ -221,7 +221,7 @@ for line in sys.stdin:
     if req["completions"][0] == "garbage":
         print("this is not json", flush=True)
         continue
-    print(json.dumps({"scores": [len(c) for c in req["completions"]]}), flush=True)
+    print(json.dumps({"id": req["id"], "scores": [len(c) for c in req["completions"]]}), flush=True)
 ]==])
     local r = rewards.normalize("cmd:python3 " .. d .. "/echo_len.py", 1, {})
     assert.are.equal("echo_len", r.name)
@@ -247,7 +247,7 @@ class H(BaseHTTPRequestHandler):
             body, code = b"model not loaded", 503
         else:
             scores = [len(c) + (10 if a == "#### 72" else 0) for c, a in zip(req["completions"], req["batch"]["answer"])]
-            body, code = json.dumps({"scores": scores}).encode(), 200
+            body, code = json.dumps({"id": req["id"], "scores": scores}).encode(), 200
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -283,6 +283,49 @@ srv.serve_forever()
     assert.matches("(tried twice)", err, 1, true)
     err = capture_error(rewards.normalize, "https://example.com/score", 1, {})
     assert.matches("https is not supported", err, 1, true)
+  end)
+
+  it("passes a TRL-signature reward the step's arguments at start and trainer_state in every step", function()
+    local config = require("remax.settings.config")
+    local trainer = require("remax.run.run")
+    local d = dir()
+    -- completion_messages exists only for conversational prompts, so the first-rows check must
+    -- pass it as a step does; trainer_state carries TRL's names
+    write(d .. "/trl.py", ([[
+import json
+def reward(completions, completion_messages, ground_truth, trainer_state, **kwargs):
+    assert len(completion_messages) == len(completions) == len(ground_truth)
+    assert completion_messages[0][0]["role"] == "assistant"
+    assert "prompt_ids" in kwargs and "completion_ids" in kwargs and "greedy" in kwargs and "finish" in kwargs
+    with open(%q, "a") as f:
+        f.write(json.dumps({"global_step": trainer_state.global_step, "max_steps": trainer_state.max_steps,
+                            "epoch": trainer_state.epoch, "n": len(completions)}) + "\n")
+    return [float(trainer_state.global_step)] * len(completions)
+]]):format(d .. "/calls.jsonl"))
+    local lines = {}
+    for i = 1, 8 do
+      lines[i] = ('{"prompt": [{"role": "user", "content": "say %d"}], "ground_truth": "%d"}'):format(i, i)
+    end
+    write(d .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+    local cfg = config.resolve({
+      model_config = support.tiny_model(),
+      data = d .. "/p.jsonl", rewards = { "py:" .. d .. "/trl.py" }, chat_template = "plain",
+      num_generations = 2, max_completion_length = 4, per_device_train_batch_size = 2, learning_rate = 1e-3,
+      max_steps = 2, eval_size = 0, output_dir = d .. "/runs", save_steps = 0, log_completions = 0, seed = 3,
+    })
+    local t = trainer.new(cfg, { quiet = true, signals = false })   -- runs the first-rows check
+    local m1 = t:train_step()
+    local m2 = t:train_step()
+    t.stepper.rewards[1].close()
+    local calls = {}
+    for l in read(d .. "/calls.jsonl"):gmatch("[^\n]+") do calls[#calls + 1] = require("cjson").decode(l) end
+    assert.are.equal(3, #calls)   -- the check, then steps 1 and 2
+    assert.are.same({ 0, 2, 0 }, { calls[1].global_step, calls[1].max_steps, calls[1].epoch })
+    assert.are.same({ 1, 2 }, { calls[2].global_step, calls[3].global_step })
+    assert.are.equal(2, calls[3].max_steps)
+    assert.are.equal(2 * 2 / 8, calls[3].epoch)   -- 2 steps of 2 prompts over 8 rows
+    assert.are.equal(1, m1["reward/trl"])
+    assert.are.equal(2, m2["reward/trl"])
   end)
 
   it("trains with a Python reward, and stops the run after a checkpoint when the worker fails", function()

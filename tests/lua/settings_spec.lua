@@ -70,7 +70,7 @@ describe("the settings schema", function()
     schema.available_bytes = real
     assert.is_false(ok)
     assert.matches("^recipe: num_generations = 100000: one step's generation needs at least [%d.]+ GiB %(the KV cache " ..
-      "of every row%), but 1.0 GiB of memory is available: per_device_train_batch_size = 8 %(recipe%) prompts x " ..
+      "of every row and the activations%), but 1.0 GiB of memory is available: per_device_train_batch_size = 8 %(recipe%) prompts x " ..
       "%(num_generations = 100000 %(recipe%) %+ 1 greedy%) rows x %(max_prompt_length = 512 %(default%) %+ " ..
       "max_completion_length = 256 %(default%)%) tokens", msg)
     -- the defaults fit
@@ -78,6 +78,18 @@ describe("the settings schema", function()
     ok = pcall(config.resolve, {})
     schema.available_bytes = real
     assert.is_true(ok)
+  end)
+
+  it("asks the engine for generation's memory: its KV cache is 2 x layers x rows x positions x kv width x 4 bytes", function()
+    local cfg = config.resolve({ model_config = { hidden_size = 64, intermediate_size = 128, num_hidden_layers = 3,
+      num_attention_heads = 4, num_key_value_heads = 2, vocab_size = 300, max_position_embeddings = 2048 } }, nil,
+      { memory = false })
+    local total, cache = schema.generation_bytes(cfg, 10, 2)
+    local positions = cfg.max_prompt_length + cfg.max_completion_length
+    assert.are.equal(2 * 3 * 10 * positions * (2 * 16) * 4, cache)
+    assert.is_true(total > cache, "activations and the sampler come on top")
+    local more = schema.generation_bytes(cfg, 20, 2)
+    assert.is_true(more - total >= cache, "twice the rows: at least the KV cache again")
   end)
 
   it("names the source of a cross-setting refusal", function()

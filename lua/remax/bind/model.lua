@@ -153,9 +153,9 @@ local function create(cfg_table, opts, where)
     end
     cfg.weight_dtype = wdt
   end
-  local device = ({ cpu = C.RX_CPU, cuda = C.RX_CUDA })[opts.device or "cpu"]
+  local device = tensor.device_id(opts.device or "cpu")
   if not device then
-    error(("%s: device '%s' is not a device remax knows (cpu, cuda)"):format(where, tostring(opts.device)), 3)
+    error(("%s: device '%s' is not a device remax knows (%s)"):format(where, tostring(opts.device), tensor.device_list), 3)
   end
   cfg.device = device
   local out = ffi.new("rx_model*[1]")
@@ -272,9 +272,8 @@ end
 function Model:tied() return C.rx_model_get_config(self.handle).tie_word_embeddings ~= 0 end
 function Model:cfg() return C.rx_model_get_config(self.handle) end
 
-local device_names = { [tonumber(C.RX_CPU)] = "cpu", [tonumber(C.RX_CUDA)] = "cuda" }
 -- Where the parameters, gradients and activations live: "cpu" or "cuda".
-function Model:device_name() return device_names[tonumber(self:cfg().device)] end
+function Model:device_name() return tensor.device_name(self:cfg().device) end
 
 -- The dtype of statistics (log-probs, entropies and their gradients): f32 for a bf16 model.
 local function stats_dtype(self)
@@ -511,8 +510,12 @@ end
 function Model:generate(prompts, opts)
   opts = opts or {}
   if type(prompts) ~= "table" or #prompts == 0 then error("generate: expected a non-empty list of prompts (token-id lists)", 2) end
-  -- every per-slot list must have the same length; that length is the number of rows per prompt
-  local slots, slots_from = 1, nil
+  -- opts.rows_per_prompt (the caller's layout: remax.step.rollout's plan.slots) or, without it,
+  -- the length of the per-slot lists, which must all agree with it
+  local slots, slots_from = opts.rows_per_prompt or 1, opts.rows_per_prompt and "rows_per_prompt" or nil
+  if type(slots) ~= "number" or slots < 1 or slots ~= math.floor(slots) then
+    error(("generate: rows_per_prompt = %s: expected a whole number >= 1"):format(tostring(opts.rows_per_prompt)), 2)
+  end
   for _, key in ipairs({ "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_new_tokens" }) do
     local l = slot_list(opts[key], key)
     if l then

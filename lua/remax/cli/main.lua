@@ -272,6 +272,8 @@ function M.main(cmd, ...)
     print(("remax %s (OpenBLAS kernels: %s; CUDA: %s; bf16 kernels: %s; bf16 training: %s, dtype auto = %s)"):format(
       remax.version(), remax.blas_core(), remax.cuda_backend(), remax.bf16_kernels(), remax.bf16_train_kernels(),
       remax.bf16_train_pays() and "bf16" or "f32"))
+    local overrides = require("remax.bind.options").overrides()
+    if overrides then print("engine options set by the environment (developer overrides): " .. overrides) end
     return 0
   end
   io.stderr:write(("remax: unknown command '%s'\n\n"):format(cmd), usage)

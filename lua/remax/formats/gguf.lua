@@ -513,6 +513,7 @@ function M.write(path, plan, extra_kv, opts)
   local header = table.concat(head)
   header = header .. string.rep("\0", pad_to(#header))
 
+  fs.check_output(path, "gguf")   -- a device, fifo or folder is refused, never renamed over
   local tmp = ("%s.tmp.%d"):format(path, libc.getpid())
   -- O_WRONLY | O_CREAT | O_TRUNC; the mode goes through the varargs as an int (a Lua number would be a double)
   local fd = libc.open(tmp, 0x241, ffi.new("int", 420))   -- 0644, less the umask
@@ -760,6 +761,7 @@ end
 function M.main(...)
   local o = M.parse_args({ ... })
   if o.help then io.write(M.usage) return 0 end
+  fs.check_output(o.gguf, "export --gguf", { parent = true })   -- before minutes of loading
   o.model = require("remax.formats.hf_cache").model_dir(o.model, "export: --model")   -- a folder or a cached name
   require("remax.bind.lora").register()   -- --model may be a LoRA checkpoint (adapters over their base)
   local now = require("remax.bind.clock").now

@@ -57,6 +57,8 @@ end
 function M.new(cfg, opts)
   opts = opts or {}
   setup.check_base_model(cfg)   -- before a run folder is made
+  local options = require("remax.bind.options")
+  options.apply(cfg)   -- the Engine settings, before anything loads
   local world = dist.world()   -- a world of one unless an MPI launcher started this process
   local self = setmetatable({ cfg = cfg, opts = opts, quiet = opts.quiet or not world.is_root, step = 0,
     bad_steps = 0, reloads = 0, history = {}, watch = {}, dist = world }, Run)
@@ -64,6 +66,7 @@ function M.new(cfg, opts)
   self.recipe_dir = self.recipe_path and require("remax.step.rewards").dirname(self.recipe_path) or nil
   self:setup_run()
   for _, note in ipairs(cfg.inert_notes or {}) do self:say(note) end   -- settings that do nothing here
+  if options.overrides() then self:say("engine options set by the environment (developer overrides): " .. options.overrides()) end
   local ok, err = pcall(function()
     -- prompts_per_step: this rank's; the sampler draws the global batch and each rank takes its share
     self.prompts_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps

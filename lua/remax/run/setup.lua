@@ -197,9 +197,13 @@ end
 local function setup_rewards(p, cfg, ctx)
   -- reward models run on the policy's device (on cuda under bf16: frozen bf16 models)
   p.rewards = rewards.load_all(cfg.rewards, { base = ctx.recipe_dir, device = cfg.device,
-    dtype = cfg.device ~= "cpu" and cfg.dtype or nil })
-  rewards.probe(p.rewards, p.train_ds.rows, p.train_ds.source, data.collate, rewards.limit(cfg.reward_timeout))
-  if p.eval_ds then rewards.probe(p.rewards, p.eval_ds.rows, p.eval_ds.source, data.collate, rewards.limit(cfg.reward_timeout)) end
+    dtype = cfg.device ~= "cpu" and cfg.dtype or nil, max_line_bytes = cfg.reward_max_line_bytes })
+  -- the first-rows check passes what a step passes (TRL-signature py: rewards, trainer_state)
+  local probe_opts = { state = rewards.trainer_state(cfg, 0, rewards.state_info(cfg, p.train_ds, ctx.world)),
+    encode_prompt = function(prompt) return (chat.encode(p.tok, prompt, p.template)) end,
+    encode = function(text) return p.tok:encode(text, { add_special_tokens = false }) end }
+  rewards.probe(p.rewards, p.train_ds.rows, p.train_ds.source, data.collate, rewards.limit(cfg.reward_timeout), probe_opts)
+  if p.eval_ds then rewards.probe(p.rewards, p.eval_ds.rows, p.eval_ds.source, data.collate, rewards.limit(cfg.reward_timeout), probe_opts) end
   -- evaluation's accuracy: the first reward marked accuracy = true (right or wrong per
   -- completion, as gsm8k_accuracy), else the first reward
   p.accuracy_name = p.rewards[1] and p.rewards[1].name

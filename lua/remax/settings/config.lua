@@ -80,6 +80,7 @@ M.groups = {
     { "reward_weights", nil, "numbers", "weight of each reward function (default: all 1)", hot = true },
     { "hot_reload", true, "boolean", "between steps, reload a changed reward file or recipe" },
     { "reward_timeout", nil, "number", "seconds one reward function may take on one batch before the run stops, naming it (the last checkpoint is kept; 0: no limit; a blocking C call is only caught when it returns); default: 60, or 4 times the step's generation time when longer", hot = true },
+    { "reward_max_line_bytes", 4194304, "integer", "most bytes of one answer of a py:, cmd: or http:// reward (a line, or a body); a longer one stops the run naming the reward and this limit" },
   } },
   { "Generation", {
     { "max_prompt_length", 512, "integer", "prompts longer than this keep their last tokens" },
@@ -124,6 +125,14 @@ M.groups = {
     { "save_total_limit", 2, "integer", "keep this many newest checkpoints" },
     { "save_final_model", nil, "string", "also write the final model (Hugging Face layout) to this folder" },
     { "loop", nil, "function", "recipe only: function(trainer) that drives the steps itself (rollout, score, advantage, update)" },
+  } },
+  { "Engine", {
+    { "bf16_gemm", "auto", "enum:auto|onednn|sgemm", "the cpu's bf16 training GEMMs: auto (oneDNN where it outruns sgemm: AMX, or AMD with AVX-512 BF16), onednn, or sgemm on widened bf16 weights (REMAX_BF16_GEMM overrides; `remax version` says what runs)" },
+    { "bf16_dot", true, "boolean", "the AVX-512 BF16 decode kernel for bf16 weights where the cpu has it (false widens them to f32; REMAX_NO_BF16_DOT=1 overrides)" },
+    { "cuda_graphs", true, "boolean", "cuda: decode steps replayed as CUDA graphs (REMAX_CUDA_GRAPHS=0 overrides)" },
+    { "host_sampler", false, "boolean", "cuda: sample each row's next token on the host instead of the device (REMAX_HOST_SAMPLER=1 overrides)" },
+    { "cuda_alloc", "caching", "enum:caching|plain", "cuda: the caching device allocator, or one cudaMalloc per tensor (plain: for memory checkers); fixed at the first device allocation (REMAX_CUDA_ALLOC overrides)" },
+    { "cuda_sync", false, "boolean", "cuda: synchronise after every kernel so a fault is reported by the op that made it (slow; REMAX_CUDA_SYNC=1 overrides)" },
   } },
 }
 
@@ -288,9 +297,13 @@ local function check(decl, v, where)
   elseif t == "data" then
     if type(v) ~= "string" and type(v) ~= "function" then bad("a file path, or (in a recipe) a function(split, n, cfg) -> rows") end
   elseif t == "template" then
-    if type(v) ~= "string" and type(v) ~= "function" then bad("a template name or a function") end
+    local names = "auto, tokenizer, qa, chatml, llama3, plain"
+    if type(v) ~= "string" and type(v) ~= "function" then
+      bad(("a template name (%s: a string) or (in a recipe) a function(messages, opts) -> string; got a %s"):format(names, type(v)))
+    end
     if type(v) == "string" and not ({ auto = 1, tokenizer = 1, qa = 1, chatml = 1, llama3 = 1, plain = 1 })[v] then
-      bad("auto, tokenizer, qa, chatml, llama3, plain or a function(messages, opts)")
+      bad(("%s or a function(messages, opts)%s"):format(names, v:find("{[{%%]") and
+        "; a Jinja template is the tokenizer's: put it in chat_template.jinja beside tokenizer.json and use chat_template = tokenizer" or ""))
     end
   elseif t == "advantage" then
     if type(v) ~= "function" then bad("a function(groups, opts, state) -> advantages (use algo for a name)") end
@@ -462,7 +475,7 @@ function M.derive(cfg)
   cfg.aggregation = cfg.loss_type and require("remax.step.algos").loss_types[cfg.loss_type] or cfg.loss_agg_mode
   cfg.skip_zero_rows = rl and cfg.beta == 0 and cfg.skip_zero_advantage and cfg.top_entropy_quantile >= 1
     and cfg.entropy_coef == 0
-  if cfg.dtype == "auto" then cfg.dtype, cfg.dtype_reason = M.auto_dtype(cfg.device) end
+  if cfg.dtype == "auto" then cfg.dtype, cfg.dtype_reason = M.auto_dtype(cfg.device, cfg.bf16_gemm) end
   M.check_device(cfg.device, M.source(cfg, "device"), cfg)
   return cfg
 end
@@ -470,8 +483,9 @@ end
 -- dtype = auto: bf16 on a cpu whose bf16 GEMMs are expected to outrun f32 ones (the engine's
 -- rx_bf16_train_pays: AMX, or AMD's AVX-512 BF16, through oneDNN), else f32; on cuda f32 (bf16
 -- there is asked for by name). Returns the dtype and the reason, in words.
-function M.auto_dtype(device)
+function M.auto_dtype(device, bf16_gemm)
   if device == "cuda" then return "f32", "auto: f32 on cuda unless --dtype bf16" end
+  if bf16_gemm == "sgemm" then return "f32", "auto: f32, as bf16_gemm = sgemm (bf16 would not be faster)" end
   local build = require("remax.bind.build")
   if build.bf16_train_pays() then return "bf16", "auto: " .. build.bf16_train_kernels() end
   return "f32", "auto: f32, as bf16 would not be faster here; its GEMMs would be " .. build.bf16_train_kernels()

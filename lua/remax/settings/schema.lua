@@ -31,6 +31,7 @@ M.limits = {
   lora_target_modules = { min_items = 1 }, save_merged = { path = true },
   -- rewards
   reward_weights = { each = "(-inf, inf)", min_items = 1 }, reward_timeout = "[0, inf)",
+  reward_max_line_bytes = "[1, 2^40]",
   -- generation
   max_prompt_length = "[1, 2^20]", max_completion_length = "[1, 2^20]",
   temperature = "[0, inf)", top_p = "(0, 1]", top_k = I31, min_p = "[0, 1]", repetition_penalty = "(0, inf)",
@@ -186,9 +187,10 @@ end
 
 ---------------------------------------------------------------------------- across settings
 
--- The model's shape without loading it: config.json of the model folder, or the recipe's
--- model_config; nil when neither can be read.
-local function model_shape(cfg)
+-- The model's config without loading it: config.json of the model folder, or the recipe's
+-- model_config, as the engine's rx_model_config (f32 on the cpu: the host memory the check is
+-- against); nil when neither can be read or resolved (loading the model then says why).
+local function model_config(cfg)
   local c = cfg.model_config
   if not c then
     local dir = cfg.model
@@ -201,21 +203,24 @@ local function model_shape(cfg)
     if not ok or type(t) ~= "table" then return nil end
     c = t
   end
-  local function num(k) local v = c[k] return type(v) == "number" and v > 0 and v < 2 ^ 31 and v or nil end
-  local hidden, heads = num("hidden_size"), num("num_attention_heads")
-  local layers = num("num_hidden_layers")
-  local head_dim = num("head_dim") or (hidden and heads and math.floor(hidden / heads))
-  local kv = num("num_key_value_heads") or heads
-  return { vocab = num("vocab_size") or 0,
-    kv_bytes_per_token = (layers and head_dim and kv) and layers * 2 * kv * head_dim * 4 or 0 }
+  local full = {}
+  for k, v in pairs(c) do full[k] = v end
+  if full.vocab_size == nil then full.vocab_size = 260 end   -- a fresh model takes the byte-level tokenizer's
+  local ok, rc = pcall(require("remax.bind.model").resolve_config, full, "model_config")
+  return ok and rc or nil
 end
 
--- The least memory the generation of one micro-batch needs: every row keeps its KV cache over
--- the prompt and the completion, its token ids, log-probabilities and a row of logits.
-function M.generation_bytes(cfg, rows)
-  local shape = model_shape(cfg) or { vocab = 0, kv_bytes_per_token = 0 }
-  local T = cfg.max_prompt_length + cfg.max_completion_length
-  return rows * (T * (shape.kv_bytes_per_token + 12) + shape.vocab * 4)
+-- The memory the generation of one micro-batch needs (rows rows of prompts prompts): the
+-- engine's own count (rx_generate_memory_bytes, what rx_generate_begin checks), and the KV
+-- cache's share; 0, 0 when the model's config cannot be read.
+function M.generation_bytes(cfg, rows, prompts)
+  local c = model_config(cfg)
+  if not c then return 0, 0 end
+  local C = require("remax.bind.ffi").C
+  local cache = require("ffi").new("int64_t[1]")
+  local total = C.rx_generate_memory_bytes(c, rows, prompts or rows, cfg.max_prompt_length, cfg.max_completion_length,
+    cfg.repetition_penalty ~= 1 and 1 or 0, cache)
+  return tonumber(total), tonumber(cache[0])
 end
 
 local function gib(b) return ("%.1f GiB"):format(b / 2 ^ 30) end
@@ -244,10 +249,10 @@ function M.cross_check(cfg, source, opts)
   if available and available > 0 and not (opts and opts.memory == false) then
     local greedy = (rl and cfg.generate_greedy) and 1 or 0
     local per_prompt = (rl and cfg.num_generations or 0) + greedy
-    local need = M.generation_bytes(cfg, cfg.per_device_train_batch_size * per_prompt)
+    local need = M.generation_bytes(cfg, cfg.per_device_train_batch_size * per_prompt, cfg.per_device_train_batch_size)
     if need > available then
       local keys = { "num_generations", "per_device_train_batch_size", "max_completion_length", "max_prompt_length" }
-      bad(first_set(keys), ("one step's generation needs at least %s (the KV cache of every row), but %s of memory is " ..
+      bad(first_set(keys), ("one step's generation needs at least %s (the KV cache of every row and the activations), but %s of memory is " ..
         "available: %s prompts x (%s%s) rows x (%s + %s) tokens; lower one of them"):format(gib(need), gib(available),
         setting("per_device_train_batch_size"), setting("num_generations"), greedy == 1 and " + 1 greedy" or "",
         setting("max_prompt_length"), setting("max_completion_length")))

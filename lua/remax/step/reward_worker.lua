@@ -2,18 +2,21 @@
 -- reward server, spoken to in JSON. See docs/rewards.md ("Rewards in Python, or any program").
 --
 --   "py:rewards/verify.py"        the function `reward` of a Python file, called as TRL calls a
---                                 reward function: reward(completions=[...], prompts=[...], **columns)
+--                                 reward function: reward(completions=[...], prompts=[...],
+--                                 trainer_state=..., **columns)
 --   "py:rewards/verify.py:name"   another function of that file
 --   "cmd:PROGRAM ARGS..."         any program (run by /bin/sh) speaking the JSON-lines protocol
 --   "http://HOST:PORT/PATH"       a reward server: one POST of the same JSON per batch
 --   { worker = "<one of those>", name = "verify", weight = 0.5, accuracy = true }   (accuracy: evaluation's accuracy)
 --
--- The protocol: per batch one line {"step": N, "completions": [...], "batch": {"prompt": [...],
--- ...every column the Lua rewards get...}} to the worker's stdin; it answers one line on stdout:
--- {"scores": [number|null, ...]} (a bare list is accepted), or {"error": "message"}. A worker that
--- dies is started again once per run; a second death, a timeout (reward_timeout), an answer that
--- is not that JSON or has the wrong count stops the run with the reward's name (after a
--- checkpoint, as a failing Lua reward does).
+-- The protocol: per batch one line {"id": N, "step": N, "trainer_state": {...}, "completions":
+-- [...], "batch": {"prompt": [...], ...every column the Lua rewards get...}} to the worker's
+-- stdin; it answers one line on stdout: {"id": N, "scores": [number|null, ...]}, or {"id": N,
+-- "error": "message"}. The id (a count per reward, from 1) must come back: an answer without it,
+-- or to another request (a program that answers twice, or out of order), stops the run. A worker
+-- that dies is started again once per run; a second death, a timeout (reward_timeout), a line
+-- longer than reward_max_line_bytes, an answer that is not that JSON or has the wrong count
+-- stops the run with the reward's name (after a checkpoint, as a failing Lua reward does).
 local ipc = require("remax.bind.ipc")
 local cjson = require("cjson").new()
 local json = require("remax.formats.json")
@@ -45,12 +48,21 @@ except BaseException:
     answer({"error": "loading " + path + ": " + traceback.format_exc(limit=-3)})
     sys.exit(0)
 answer({"ready": True})
+class TrainerState:
+    """The run's state under transformers' TrainerState names (what TRL passes as trainer_state)."""
+    def __init__(self, d):
+        self.__dict__.update(d or {})
+    def __repr__(self):
+        return "TrainerState(%s)" % ", ".join("%s=%r" % kv for kv in sorted(self.__dict__.items()))
 for line in sys.stdin:
+    rid = None
     try:
         req = json.loads(line)
+        rid = req.get("id")
         kw = dict(req.get("batch") or {})
         if "prompt" in kw:
             kw["prompts"] = kw.pop("prompt")
+        kw["trainer_state"] = TrainerState(req.get("trainer_state"))
         scores = fn(completions=req["completions"], **kw)
         out = []
         for i, s in enumerate(list(scores)):
@@ -60,9 +72,9 @@ for line in sys.stdin:
                 out.append(float(s) if math.isfinite(s) else str(s))
             else:
                 raise TypeError("score %d is %r (a %s); expected a number or None" % (i + 1, s, type(s).__name__))
-        answer({"scores": out})
+        answer({"id": rid, "scores": out})
     except BaseException:
-        answer({"error": traceback.format_exc(limit=-4)})
+        answer({"id": rid, "error": traceback.format_exc(limit=-4)})
 ]]
 
 function M.is_spec(spec)
@@ -84,24 +96,49 @@ local function clip(s, n)
   return #s > n and (s:sub(1, n) .. "...") or s
 end
 
--- The JSON of one request (the same for workers and servers).
-local function request_json(completions, batch, step)
+-- The JSON of one request (the same for workers and servers). state: the run's state under
+-- TRL's trainer_state names (rewards.trainer_state), nil when there is none.
+local function request_json(completions, batch, step, id, state)
   local cols = {}
   for k, v in pairs(batch or {}) do
     if type(k) == "string" and type(v) == "table" then cols[k] = v end
   end
-  return json.encode({ step = step or cjson.null, completions = completions, batch = cols })
+  local st = {}
+  for k, v in pairs(state or {}) do st[k] = v end
+  if st.global_step == nil then st.global_step = step or 0 end
+  return json.encode({ id = id or cjson.null, step = step or cjson.null, trainer_state = st,
+    completions = completions, batch = cols })
 end
 M.request_json = request_json
 
--- One answer line/body -> scores (a Lua list with nil for null), or raises what is wrong.
-local function parse_answer(text, n)
+-- One answer line/body -> scores (a Lua list with nil for null), or raises what is wrong. id:
+-- the request's id, which the answer must carry (nil: not checked).
+local function parse_answer(text, n, id)
+  if text:match("^%s*$") then
+    error(("answered %s; expected {\"id\": %s, \"scores\": [number|null, ...]}")
+      :format(text == "" and "nothing (an empty answer)" or "only white space", tostring(id or "N")), 0)
+  end
   local ok, v = pcall(cjson.decode, text)
   if not ok then error(("answered something that is not JSON: %s"):format(clip(text, 200)), 0) end
-  if type(v) == "table" and v.error ~= nil then error(("reported an error: %s"):format(tostring(v.error)), 0) end
-  local scores = type(v) == "table" and (v.scores or (v[1] ~= nil and v) or (next(v) == nil and v)) or nil
+  if type(v) ~= "table" then
+    error(("answered %s; expected {\"id\": %s, \"scores\": [number|null, ...]}"):format(clip(text, 200), tostring(id or "N")), 0)
+  end
+  if id ~= nil then
+    local got = v.id
+    if got == nil or got == cjson.null then
+      if v.error ~= nil then error(("reported an error: %s"):format(tostring(v.error)), 0) end
+      error(("answered without the request's id (%s): each answer must echo the \"id\" of its request, as {\"id\": %s, \"scores\": [...]}; got %s")
+        :format(tostring(id), tostring(id), clip(text, 200)), 0)
+    end
+    if got ~= id then
+      error(("answered id %s to request id %s: the answers are out of step with the requests (an answer sent twice, or one missing); the scores would belong to another batch")
+        :format(clip(cjson.encode(got), 40), tostring(id)), 0)
+    end
+  end
+  if v.error ~= nil then error(("reported an error: %s"):format(tostring(v.error)), 0) end
+  local scores = v.scores or (id == nil and (v[1] ~= nil and v or (next(v) == nil and v))) or nil
   if type(scores) ~= "table" then
-    error(("answered %s; expected {\"scores\": [number|null, ...]}"):format(clip(text, 200)), 0)
+    error(("answered %s; expected {\"id\": %s, \"scores\": [number|null, ...]}"):format(clip(text, 200), tostring(id or "N")), 0)
   end
   local count = 0
   for k in pairs(scores) do if type(k) == "number" and k > count then count = k end end
@@ -161,10 +198,11 @@ end
 -- receive. A batch already sent (the same completions table) is not sent again.
 function Worker:send(completions, batch, opts)
   for _, q in ipairs(self.queue) do if q.key == completions then return end end
-  local p = { key = completions, n = #completions, timeout = opts and opts.timeout }
+  self.next_id = (self.next_id or 0) + 1
+  local p = { key = completions, n = #completions, timeout = opts and opts.timeout, id = self.next_id }
   self.queue[#self.queue + 1] = p
   local ok, err = pcall(function()
-    p.req = request_json(completions, batch, opts and opts.step) .. "\n"
+    p.req = request_json(completions, batch, opts and opts.step, p.id, opts and opts.state) .. "\n"
     self:transmit(p)
   end)
   if not ok then p.error = err end
@@ -179,11 +217,17 @@ end
 -- The scores of the batch sent with these completions (answers to batches sent before it, which
 -- nobody asked for after an earlier failure, are read and dropped).
 function Worker:receive(key)
-  local p
+  local p, earlier
   repeat
     p = table.remove(self.queue, 1)
-    if not p then error("internal: no batch was sent to this worker", 0) end
-    if p.key ~= key then pcall(self.answer, self, p) end
+    if not p then
+      -- an earlier batch's failure stopped the worker, and this batch went with it
+      error(earlier or "internal: no batch was sent to this worker", 0)
+    end
+    if p.key ~= key then
+      local ok, err = pcall(self.answer, self, p)
+      if not ok then earlier = tostring(err) end
+    end
   until p.key == key
   return self:answer(p)
 end
@@ -193,8 +237,25 @@ function Worker:answer(p)
   if p.error then error(p.error, 0) end
   while true do
     local line, why = nil, p.why
-    if p.sent then line, why = self.proc:read_line(p.deadline) end
-    if line then return parse_answer(line, p.n) end
+    if p.sent then line, why = self.proc:read_line(p.deadline, self.max_line) end
+    if line then
+      local ok, scores = pcall(parse_answer, line, p.n, p.id)
+      if ok then return scores end
+      if tostring(scores):match("^answered id ") or tostring(scores):match("^answered without the request's id") then
+        -- out of step: every later answer would be another batch's; start afresh
+        self.proc:kill()
+        self:stop()
+        self.queue = {}
+      end
+      error(scores, 0)
+    end
+    if why == "too long" then
+      self.proc:kill()
+      self:stop()
+      self.queue = {}
+      error(("answered a line longer than reward_max_line_bytes = %d bytes without ending it (the worker is stopped; raise reward_max_line_bytes if the answers are meant to be that long)")
+        :format(self.max_line), 0)
+    end
     if why == "timeout" then
       self.proc:kill()
       self:stop()
@@ -234,80 +295,9 @@ end
 ---------------------------------------------------------------------------------------------
 -- Reward servers ("http://").
 
--- "http://host:port/path" -> host, port, path.
-local function parse_url(url)
-  if url:match("^https://") then
-    error(("%s: https is not supported (the engine has no TLS); serve the reward on http:// (localhost, or through a local proxy)")
-      :format(url), 0)
-  end
-  local host, port, path = url:match("^http://([^/:]+):?(%d*)(/?.*)$")
-  if host and host:sub(1, 1) == "[" then host = nil end
-  if not host then error(("%s: expected http://HOST[:PORT]/PATH"):format(url), 0) end
-  return host, tonumber(port) or 80, path ~= "" and path or "/"
-end
-M.parse_url = parse_url
-
--- A chunked HTTP body, decoded.
-local function dechunk(body)
-  local out, pos = {}, 1
-  while true do
-    local size_hex, after = body:match("^(%x+)[^\r\n]*\r\n()", pos)
-    if not size_hex then error("a chunked answer is cut short", 0) end
-    local size = tonumber(size_hex, 16)
-    if size == 0 then break end
-    out[#out + 1] = body:sub(after, after + size - 1)
-    pos = after + size + 2
-  end
-  return table.concat(out)
-end
-
--- Connects and sends the POST: the connection, or nil, why, kind ("connect" | "timeout").
-function M.http_send(url, body, deadline)
-  local host, port, path = parse_url(url)
-  local conn, why = ipc.connect(host, port, deadline)
-  if not conn then
-    return nil, ("cannot connect to %s:%d (%s)"):format(host, port, why), why == "connection timed out" and "timeout" or "connect"
-  end
-  local head = ("POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" ..
-    "Accept: application/json\r\nConnection: close\r\nUser-Agent: remax\r\n\r\n"):format(path, host, port, #body)
-  local ok, werr = conn:write(head .. body, deadline)
-  if not ok then
-    conn:close()
-    return nil, werr, werr == "timeout" and "timeout" or "connect"
-  end
-  return conn
-end
-
--- Reads the answer on a connection: the body when the status is 2xx, or nil, why, kind
--- ("connect" | "timeout" | "answer").
-function M.http_receive(conn, deadline)
-  local resp, rerr = conn:read_all(deadline)
-  conn:close()
-  if not resp then return nil, rerr, rerr == "timeout" and "timeout" or "connect" end
-  if resp == "" then return nil, "the server closed the connection without answering", "connect" end
-  local status_line, headers, payload = resp:match("^([^\r\n]*)\r\n(.-)\r\n\r\n(.*)$")
-  local code = status_line and tonumber(status_line:match("^HTTP/%d[%.%d]* (%d%d%d)"))
-  if not code then return nil, ("answered something that is not HTTP: %s"):format(clip(resp, 200)), "answer" end
-  if headers:lower():match("transfer%-encoding:%s*chunked") then
-    local dok, decoded = pcall(dechunk, payload)
-    if not dok then return nil, decoded, "answer" end
-    payload = decoded
-  else
-    local len = tonumber(headers:lower():match("content%-length:%s*(%d+)"))
-    if len and #payload < len then return nil, ("the answer is cut short (%d of %d bytes)"):format(#payload, len), "answer" end
-    if len then payload = payload:sub(1, len) end
-  end
-  if code < 200 or code > 299 then
-    return nil, ("answered %s: %s"):format(status_line, clip(payload, 300)), "answer"
-  end
-  return payload
-end
-
-function M.http_post(url, body, deadline)
-  local conn, why, kind = M.http_send(url, body, deadline)
-  if not conn then return nil, why, kind end
-  return M.http_receive(conn, deadline)
-end
+local http = require("remax.step.reward_http")
+local parse_url = http.parse_url
+M.parse_url, M.http_send, M.http_receive, M.http_post = http.parse_url, http.http_send, http.http_receive, http.http_post
 
 local Server = {}
 Server.__index = Server
@@ -317,11 +307,12 @@ Server.__index = Server
 function Server:send(completions, batch, opts)
   for _, q in ipairs(self.queue) do if q.key == completions then return end end
   local timeout = opts and opts.timeout
-  local p = { key = completions, n = #completions, timeout = timeout,
+  self.next_id = (self.next_id or 0) + 1
+  local p = { key = completions, n = #completions, timeout = timeout, id = self.next_id,
     deadline = timeout and timeout > 0 and (ipc.now() + timeout) or nil }
   self.queue[#self.queue + 1] = p
   local ok, err = pcall(function()
-    p.body = request_json(completions, batch, opts and opts.step)
+    p.body = request_json(completions, batch, opts and opts.step, p.id, opts and opts.state)
     p.conn, p.why, p.kind = M.http_send(self.url, p.body, p.deadline)
   end)
   if not ok then p.error = err end
@@ -340,8 +331,8 @@ function Server:receive(key)
   if p.error then error(p.error, 0) end
   for attempt = 1, 2 do
     local payload, why, kind = nil, p.why, p.kind
-    if p.conn then payload, why, kind = M.http_receive(p.conn, p.deadline) end
-    if payload then return parse_answer(payload, p.n) end
+    if p.conn then payload, why, kind = M.http_receive(p.conn, p.deadline, self.max_line) end
+    if payload then return parse_answer(payload, p.n, p.id) end
     if kind == "timeout" then
       error(("took over reward_timeout = %g s scoring %d completions (make the server faster, or raise reward_timeout, 0: no limit)")
         :format(p.timeout, p.n), 0)
@@ -361,6 +352,41 @@ end
 
 ---------------------------------------------------------------------------------------------
 -- The reward entry.
+
+-- The most bytes of one answer line (a cmd: or py: worker) or body (a server): the setting
+-- reward_max_line_bytes, this when unset.
+M.MAX_LINE_BYTES = http.MAX_LINE_BYTES   -- 4 MiB
+
+-- Interpreters whose first file argument names a cmd: reward ("python3 score.py" is "score").
+local INTERPRETERS = { sh = true, bash = true, dash = true, zsh = true, ksh = true, env = true, exec = true,
+  python = true, python2 = true, python3 = true, pypy = true, pypy3 = true, node = true, deno = true, bun = true,
+  ruby = true, perl = true, php = true, lua = true, luajit = true, Rscript = true, julia = true, java = true,
+  nice = true, nohup = true, uv = true, run = true }
+
+-- The name of a cmd: reward: its program's file name without the extension (the script's,
+-- when the program is an interpreter), never an argument after it.
+function M.program_name(command)
+  local words = {}
+  for w in command:gmatch("%S+") do words[#words + 1] = (w:gsub("^[\"']", ""):gsub("[\"']$", "")) end
+  local i = 1
+  while words[i] and words[i]:match("^[%a_][%w_]*=") do i = i + 1 end   -- VAR=value before the program
+  local program = words[i]
+  if not program then return "cmd" end
+  local function stem(w) return (basename(w):gsub("%.[%w]+$", "")) end
+  local b = basename(program)
+  if INTERPRETERS[b] or b:match("^python%d[%.%d]*$") then
+    local j = i + 1
+    while words[j] do
+      local w = words[j]
+      if w == "-m" and words[j + 1] then return (words[j + 1]:gsub("^.*%.", "")) end
+      if w == "-c" or w == "-e" then return stem(program) end   -- inline code: the interpreter
+      if not w:match("^%-") and not w:match("^[%a_][%w_]*=") and not INTERPRETERS[basename(w)] then return stem(w) end
+      j = j + 1
+    end
+  end
+  local n = stem(program)
+  return n ~= "" and n or "cmd"
+end
 
 -- A "py:" file given relative to the recipe is found there too.
 local function find_py(path, base)
@@ -382,6 +408,7 @@ function M.reward(spec, opts)
   local s, name, weight, accuracy = spec, nil, nil, nil
   if type(spec) == "table" then s, name, weight, accuracy = spec.worker, spec.name, spec.weight, spec.accuracy end
   local r = { where = s, weight = weight, external = true, accuracy = accuracy }
+  local max_line = opts.max_line_bytes or M.MAX_LINE_BYTES
   local impl
   if s:match("^py:") then
     local rest = s:sub(4)
@@ -393,18 +420,17 @@ function M.reward(spec, opts)
     r.path = file
     local python = os.getenv("REMAX_PYTHON") or "python3"
     impl = setmetatable({ argv = { python, "-u", "-c", M.PY_HARNESS, file, fname or "reward" }, hello = true,
-      restarts = 0, name = r.name, queue = {} }, Worker)
+      restarts = 0, name = r.name, queue = {}, max_line = max_line }, Worker)
   elseif s:match("^cmd:") then
     local command = s:sub(5):match("^%s*(.-)%s*$")
     if command == "" then error(("reward %s: expected cmd:PROGRAM [ARGS...]"):format(s), 0) end
-    local last
-    for word in command:gmatch("%S+") do if not word:match("^%-") then last = word end end
-    r.name = name or (basename(last or "cmd"):gsub("%.%w+$", ""))
-    impl = setmetatable({ argv = { "/bin/sh", "-c", command }, restarts = 0, name = r.name, queue = {} }, Worker)
+    r.name = name or M.program_name(command)
+    impl = setmetatable({ argv = { "/bin/sh", "-c", command }, restarts = 0, name = r.name, queue = {},
+      max_line = max_line }, Worker)
   else
     local host, port, path = parse_url(s)
     r.name = name or ((path:match("([^/]+)/*$") or host):gsub("[^%w_%-%.]", "_"))
-    impl = setmetatable({ url = s, name = r.name, queue = {} }, Server)
+    impl = setmetatable({ url = s, name = r.name, queue = {}, max_line = max_line }, Server)
     r.url = s
   end
   if type(r.name) ~= "string" or r.name == "" then error(("reward %s: name must be a non-empty string"):format(s), 0) end

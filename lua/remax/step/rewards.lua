@@ -98,7 +98,7 @@ function M.normalize(spec, index, opts)
   if reward_model.is_spec(spec) then
     return reward_model.reward(spec, { dtype = opts.dtype, device = opts.device })
   elseif reward_worker.is_spec(spec) then   -- "py:", "cmd:", "http://": outside Lua
-    return reward_worker.reward(spec, { base = opts.base })
+    return reward_worker.reward(spec, { base = opts.base, max_line_bytes = opts.max_line_bytes })
   elseif type(spec) == "string" then
     return M.load_file(M.find(spec, opts.base))
   elseif type(spec) == "function" then
@@ -265,7 +265,8 @@ function M.run_one(r, completions, batch, opts)
   local ok, scores, seconds
   if r.external then   -- a worker or server keeps its own deadline; its errors are whole messages
     -- (no limit given, as in a hot reload's trial: the default reward_timeout, so a hung worker cannot hang the run)
-    ok, scores = pcall(r.fn, completions, batch, { timeout = limit or M.limit(nil), step = opts and opts.step })
+    ok, scores = pcall(r.fn, completions, batch, { timeout = limit or M.limit(nil), step = opts and opts.step,
+      state = opts and opts.state })
     if not ok then fail(r, ("reward '%s' (%s)%s: %s"):format(r.name, r.where, step_text(opts), tostring(scores)), opts) end
   else
     ok, scores, seconds = M.call_with_timeout(limit, r.fn, completions, batch)
@@ -314,7 +315,7 @@ end
 -- score (or run_one) collects the answers later. A batch already sent is not sent again.
 function M.send(list, completions, batch, opts)
   for _, r in ipairs(list) do
-    if r.send then r.send(completions, batch, { timeout = opts and opts.timeout, step = opts and opts.step }) end
+    if r.send then r.send(completions, batch, { timeout = opts and opts.timeout, step = opts and opts.step, state = opts and opts.state }) end
   end
 end
 
@@ -345,28 +346,77 @@ function M.score(list, weights, completions, batch, opts)
   return per, total, unscored, none
 end
 
+-- The run's state as TRL hands it to reward functions (transformers' TrainerState names):
+-- global_step (the step being scored; 0 before the first), max_steps, epoch (a float: steps
+-- done times prompts per step over the dataset's rows), num_train_epochs, logging_steps,
+-- save_steps, eval_steps, train_batch_size (prompts per step and rank) and whether this is rank
+-- 0. info: rows (of the training data), prompts_per_step (global), rank, local_rank,
+-- train_batch_size.
+function M.trainer_state(cfg, step, info)
+  cfg, info, step = cfg or {}, info or {}, step or 0
+  local rows, per_step = info.rows or 0, info.prompts_per_step or 0
+  local known = rows > 0 and per_step > 0
+  local rank = info.rank or 0
+  return { global_step = step, max_steps = cfg.max_steps, epoch = known and (step * per_step / rows) or 0,
+    num_train_epochs = cfg.num_train_epochs or ((known and cfg.max_steps) and math.ceil(cfg.max_steps * per_step / rows)) or nil,
+    logging_steps = cfg.logging_steps, save_steps = cfg.save_steps, eval_steps = cfg.eval_steps,
+    train_batch_size = info.train_batch_size, is_world_process_zero = rank == 0,
+    is_local_process_zero = (info.local_rank or rank) == 0 }
+end
+
+-- What trainer_state needs of a run beside its settings: the training rows (of train_ds),
+-- prompts per step (global) and per rank, the rank (world: remax.bind.dist's).
+function M.state_info(cfg, train_ds, world)
+  local per_rank = (cfg.per_device_train_batch_size or 1) * (cfg.gradient_accumulation_steps or 1)
+  return { rows = train_ds and train_ds.rows and #train_ds.rows or 0, prompts_per_step = per_rank * ((world and world.size) or 1),
+    train_batch_size = per_rank, rank = world and world.rank or 0, local_rank = world and world.local_rank }
+end
+
+-- The completions and batch a training step gives the rewards for `rows` (dataset rows) and
+-- their stand-in completions: every column, prompt_ids, completion_ids, greedy, finish, and
+-- completion_messages for conversational prompts -- the same names as Rollout:reward_inputs.
+-- opts.encode_prompt(prompt) / opts.encode(text): token ids (empty lists without them).
+function M.step_inputs(rows, completions, collate, opts)
+  opts = opts or {}
+  local batch = collate(rows)
+  batch.prompt_ids, batch.completion_ids, batch.greedy, batch.finish = {}, {}, {}, {}
+  for i = 1, #rows do
+    local okp, pids = pcall(function() return opts.encode_prompt and opts.encode_prompt(rows[i].prompt) end)
+    local okc, cids = pcall(function() return opts.encode and opts.encode(completions[i]) end)
+    batch.prompt_ids[i] = okp and type(pids) == "table" and pids or {}
+    batch.completion_ids[i] = okc and type(cids) == "table" and cids or {}
+    batch.greedy[i], batch.finish[i] = false, "stop"
+    if type(rows[i].prompt) == "table" then
+      batch.completion_messages = batch.completion_messages or {}
+      batch.completion_messages[i] = { { role = "assistant", content = completions[i] } }
+    end
+  end
+  return completions, batch
+end
+
 -- Check that each reward runs on the first rows of a dataset (catches missing columns before
--- any generation). completion: a stand-in text (the row's answer when it has one).
-function M.probe(list, rows, source, collate, timeout)
+-- any generation), given what a training step gives it (step_inputs; opts: its encoders, and
+-- opts.state, the trainer_state of py: rewards). completion: a stand-in text (the row's answer
+-- when it has one).
+function M.probe(list, rows, source, collate, timeout, opts)
   local n = math.min(#rows, 2)
   if n == 0 then return end
   local sample = {}
   for i = 1, n do sample[i] = rows[i] end
-  local batch = collate(sample)
   local completions = {}
   for i = 1, n do
     local a = rows[i].answer
     completions[i] = type(a) == "string" and a or "0"
   end
-  batch.completion_ids = {}
-  for i = 1, n do batch.completion_ids[i] = {} end
+  local batch
+  completions, batch = M.step_inputs(sample, completions, collate, opts)
   local cols = {}
   for k in pairs(rows[1]) do cols[#cols + 1] = k end
   table.sort(cols)
   for _, r in ipairs(list) do
     local ok, err, seconds
     if r.external then
-      ok, err = pcall(r.fn, completions, batch, { timeout = timeout })
+      ok, err = pcall(r.fn, completions, batch, { timeout = timeout, step = 0, state = opts and opts.state })
     else
       ok, err, seconds = M.call_with_timeout(timeout, r.fn, completions, batch)
     end

@@ -50,12 +50,15 @@ function M.new(pieces, cfg, hooks)
     ref = pieces.ref, load_ref = pieces.load_reference, rewards = pieces.rewards,
     accuracy_name = pieces.accuracy_name, opt = pieces.opt, hooks = hooks, baseline_state = nil }, Step)
   -- the schedule counts optimizer updates: num_iterations of them per step
+  self.reward_info = rewards.state_info(cfg, pieces.train_ds, pieces.world)   -- for reward_state
   self.total_updates = cfg.max_steps * cfg.num_iterations
   self.warmup_steps = math.ceil(cfg.warmup_ratio * self.total_updates)
   return self
 end
 
 function Step:say(text) if self.hooks.say then self.hooks.say(text) end end
+-- The run's state at a step under TRL's trainer_state names, for py: rewards.
+function Step:reward_state(step) return rewards.trainer_state(self.cfg, step, self.reward_info) end
 function Step:progress() return self.hooks.progress and self.hooks.progress() end
 
 -- Generation seeds depend only on (seed, step), so a resumed run samples the same completions.
@@ -106,7 +109,7 @@ function Step:rollout(prompt_rows, opts)
   end
   local t0 = now()
   local out = self.model:generate(prompt_ids, {
-    max_new_tokens = cfg.max_completion_length, temperature = plan.temperatures, top_p = cfg.top_p, top_k = cfg.top_k,
+    max_new_tokens = cfg.max_completion_length, rows_per_prompt = plan.slots, temperature = plan.temperatures, top_p = cfg.top_p, top_k = cfg.top_k,
     min_p = cfg.min_p, repetition_penalty = cfg.repetition_penalty, stop_strings = cfg.stop_strings,
     detokenize = cfg.stop_strings and function(ids) return self.tok:decode(ids, { skip_special_tokens = true }) end,
     stop = self.stop, seed = self:seed_for(step), on_token = self:progress() and self:progress():ticker("generating: token %d/%d"),
@@ -127,11 +130,11 @@ function Step:score(ro, opts)
   local per, total, unscored, none
   if self.dist.size == 1 or (opts and opts.alone) then
     per, total, unscored, none = rewards.score(self.rewards, self.cfg.reward_weights, completions, batch, {
-      step = ro.step, timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate), on_failure = function() self:failed() end,
+      step = ro.step, state = self:reward_state(ro.step), timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate), on_failure = function() self:failed() end,
     })
   else
     local ok, a, b, c, d = pcall(rewards.score, self.rewards, self.cfg.reward_weights, completions, batch,
-      { step = ro.step, timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate) })
+      { step = ro.step, state = self:reward_state(ro.step), timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate) })
     local all_ok, msg, rank = self.dist:agree(ok, a)
     if not all_ok then
       self:failed()
@@ -166,7 +169,7 @@ end
 -- else runs (evaluation generates its next chunk); score(ro) then collects their answers.
 function Step:score_ahead(ro)
   local completions, batch = self:reward_inputs(ro)
-  rewards.send(self.rewards, completions, batch, { step = ro.step, timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate) })
+  rewards.send(self.rewards, completions, batch, { step = ro.step, state = self:reward_state(ro.step), timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate) })
 end
 
 -- Policy (and reference) log-probabilities of the completion tokens of rows, without gradients.
@@ -627,7 +630,7 @@ function Step:trial(r, train_rows)
       for i = 1, n do batch[k][i] = col[i] end
     end
   end
-  rewards.run_one(r, comps, batch, { timeout = rewards.limit(self.cfg.reward_timeout) })
+  rewards.run_one(r, comps, batch, { timeout = rewards.limit(self.cfg.reward_timeout), state = self:reward_state(ro.step or 0) })
 end
 
 -- What the engine holds for training, in MiB: the policy (weights, gradients, activations, head
