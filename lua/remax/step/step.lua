@@ -223,10 +223,8 @@ function Step:advantage(ro)
     adv, state = algos.advantages(kind, groups, aopts, self.baseline_state)
   end
   ro.groups, ro.adv, ro.new_baseline_state = groups, adv, state
-  if cfg.gamma ~= nil then   -- the original ReMax's per-token returns (algos.rollout_returns)
-    ro.returns, ro.kl_k1 = algos.rollout_returns(ro, cfg.kl_mode == "return" and function(which)
-      return self:row_logprobs(self.model, ro, which), self:row_logprobs(self:load_reference(), ro, which) end, cfg.beta, cfg.gamma)
-  end
+  if cfg.gamma ~= nil then ro.returns, ro.kl_k1 = algos.rollout_returns(ro, cfg.kl_mode == "return" and function(w)
+    return self:row_logprobs(self.model, ro, w), self:row_logprobs(self:load_reference(), ro, w) end, cfg.beta, cfg.gamma) end
   return ro
 end
 
