@@ -37,7 +37,9 @@ if not o.skip_pairs then   -- (a)
   times.pairs = now() - t
 end
 
+-- the chain's runs have fixed names: a second chain replaces the first one's
 local function run(path, overrides)
+  overrides.overwrite_output_dir = true
   local cfg = config.resolve(recipe.load(path), overrides)
   local tr = trainer.new(cfg, { recipe_path = path })
   return tr:train()
