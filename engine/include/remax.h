@@ -385,6 +385,14 @@ int rx_model_lora_merged(rx_model *m, int64_t param, rx_tensor *out);
  * inference forward (no gradients, adapters as they are set). */
 int rx_model_hidden_at(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, const int64_t *index,
                        rx_tensor *out);
+/* The same hidden states from a train forward (opts->train is implied; opts->checkpoint as in
+ * rx_model_logprobs), kept for rx_model_hidden_backward: the training forward of a reward model. */
+int rx_model_hidden_train(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, const int64_t *index,
+                          rx_tensor *out, const rx_forward_opts *opts);
+/* Accumulates the gradients of sum(dout * out) for the last rx_model_hidden_train (same index):
+ * dout [B, hidden] in the compute dtype, on the model's device; every other position's hidden
+ * state gets no gradient. Adapters only when the model has LoRA adapters. */
+int rx_model_hidden_backward(rx_model *m, const int64_t *index, const rx_tensor *dout);
 
 /* ---------------------------------------------------------------- generation */
 

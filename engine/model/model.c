@@ -667,7 +667,7 @@ int rx_model_backward_entropy(rx_model *m, const rx_tensor *dlogp, const rx_tens
   if (!p->valid) return rx_fail(RX_EINVAL, "backward: no train forward to differentiate (call logprobs with train = true first)");
   TRY(ensure_grads(m));
   const int32_t st = rx_model_master_dtype(&m->cfg);   /* f32 for a bf16 model */
-  const int64_t B = p->B, T = p->T, N = B * T, L = m->cfg.num_hidden_layers;
+  const int64_t B = p->B, T = p->T, N = B * T;
   if (rx_check_tensor(dlogp, "backward", "dlogp", 2) || dlogp->shape[0] != B || dlogp->shape[1] != T || dlogp->dtype != st)
     return rx_fail(RX_EINVAL, "backward: dlogp must be %s [%lld,%lld] like the forward's logp, got %s %s",
                    rx_dtype_name(st), (long long)B, (long long)T, rx_dtype_name(dlogp->dtype),
@@ -710,6 +710,16 @@ int rx_model_backward_entropy(rx_model *m, const rx_tensor *dlogp, const rx_tens
   if (rows != p->row_dlogp.data) TRY(send(&p->row_dlogp, rows));
   if (dentropy && erows != p->row_dentropy.data) TRY(send(&p->row_dentropy, erows));
   TRY(rx_model_head_backward(m, dentropy != NULL));
+  return rx_model_backward_trunk(m);
+}
+
+/* From dL/d xf (plan.dxf, the final-norm hidden states) down: the final norm, the layers (the
+ * checkpointed ones recomputed) and the embedding. Shared by the language-model head's backward
+ * and a sequence-classification head's (hidden.c). */
+int rx_model_backward_trunk(rx_model *m) {
+  plan *p = &m->plan;
+  const int64_t L = m->cfg.num_hidden_layers;
+  TRY(ensure_grads(m));
   TRY(rx_rmsnorm_backward(&p->dx, G(m, m->final_norm), &p->dxf, &p->res[L], rx_model_w(m, m->final_norm), &p->rstdf));
   for (int64_t l = L - 1; l >= 0; l--) {
     layer_acts *acts = &p->acts[p->layer_sets == L ? l : 0];

@@ -128,6 +128,7 @@ int rx_model_set_inputs(rx_model *m, const int32_t *tokens, const int32_t *mask)
 int rx_model_shift_positions(rx_model *m, const int32_t *offset);
 /* Embedding, every layer (with the KV-cache hook kv when given), final norm into xf. */
 int rx_model_forward_hidden(rx_model *m, const layer_kv *kv);
+int rx_model_backward_trunk(rx_model *m);   /* dL/d plan.dxf -> the parameters' gradients */
 /* The linear layers of layer l (proj = RX_PROJ_*), with their adapter when there is one:
  * out = inp W^T + b (+ scale (dropout(inp) A^T) B^T); backward overwrites dinp and accumulates
  * the adapter's gradients, and the base's only when the base is not frozen. linear.c. */

@@ -498,7 +498,8 @@ function Model:save(dir, opts)
 end
 
 -- The whole model in Hugging Face layout; opts.replace: name -> tensor saved in place of a
--- parameter (merged LoRA weights).
+-- parameter (merged LoRA weights); opts.extra: name -> tensor saved beside the parameters (a
+-- reward model's score.weight); opts.config: config.json fields set last (its architectures).
 function Model:save_full(dir, opts)
   opts = opts or {}
   fs.mkdir_p(dir)
@@ -508,6 +509,7 @@ function Model:save_full(dir, opts)
     local p = (opts.replace and opts.replace[name]) or C.rx_model_param(self.handle, i - 1)
     tensors[name] = (tonumber(p.dtype) == save_dtype) and p or p:to(save_dtype)
   end
+  for name, t in pairs(opts.extra or {}) do tensors[name] = (tonumber(t.dtype) == save_dtype) and t or t:to(save_dtype) end
   require("remax.bind.safetensors").save(dir .. "/model.safetensors", tensors, { format = "pt" })
   local cfg = {}
   for k, v in pairs(self.config) do cfg[k] = v end
@@ -523,6 +525,7 @@ function Model:save_full(dir, opts)
   cfg.hidden_act = cfg.hidden_act or "silu"
   cfg.torch_dtype = ({ [tonumber(C.RX_F32)] = "float32", [tonumber(C.RX_BF16)] = "bfloat16",
     [tonumber(C.RX_F16)] = "float16", [tonumber(C.RX_F64)] = "float64" })[save_dtype]
+  for k, v in pairs(opts.config or {}) do cfg[k] = v end
   write_atomic(dir .. "/config.json", cjson.encode(cfg))
   copy_tokenizer_files(self, dir)
   self.source_dir = self.source_dir or dir

@@ -17,6 +17,7 @@ local C, check = rx.C, rx.check
 local M = {}
 local RewardModel = {}
 RewardModel.__index = RewardModel
+M.RewardModel = RewardModel   -- its render, encode and score_ids are what remax.step.reward_model trains with
 
 -- The sequence-classification architectures and the decoder each one wraps.
 M.architectures = { Qwen2ForSequenceClassification = "Qwen2ForCausalLM",

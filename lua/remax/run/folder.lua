@@ -413,6 +413,10 @@ M.charts = {
   { file = "eval.svg", title = "Eval accuracy", ylabel = "accuracy",
     series = { { key = "eval_accuracy", name = "eval accuracy" } } },
   { file = "loss.svg", title = "Loss", ylabel = "loss", series = { { key = "loss", name = "loss" } } },
+  -- algo = reward: the pairs ranked right and by how much (r_chosen - r_rejected)
+  { file = "pairs.svg", title = "Preference pairs (reward model)", ylabel = "pair accuracy, margin",
+    series = { { key = "accuracy", name = "train pair accuracy" }, { key = "margin", name = "train margin" },
+      { key = "eval_margin", name = "held-out margin" } } },
   { file = "entropy.svg", title = "Entropy of the policy", ylabel = "nats per token",
     series = { { key = "entropy", name = "entropy" } } },
   { file = "signal.svg", title = "Learning signal", ylabel = "fraction",

@@ -81,7 +81,9 @@ function M.new(cfg, opts)
     if pieces.max_steps_changed and self.run.write_config then self.run:write_config(config.serializable(cfg)) end
     self.train_ds, self.eval_ds = pieces.train_ds, pieces.eval_ds
     self.sampler = self.train_ds:sampler({ seed = cfg.seed, shuffle = true, batch_size = self.global_prompts_per_step })
-    self.stepper = step_mod.new(pieces, cfg, {
+    -- algo = reward trains a reward model: its own Step (remax.step.reward_model)
+    local kind = cfg.algo == "reward" and require("remax.step.reward_model") or step_mod
+    self.stepper = kind.new(pieces, cfg, {
       say = function(text) self:say(text) end,
       progress = function() return self.progress end,
       on_failure = function(why) self:save_on_failure(why) end,
@@ -229,7 +231,8 @@ end
 function methods.save_checkpoint(self, why)
   self.dist:check_same_weights(self.model, ("step %d"):format(self.step))
   local s = self:state()
-  self.run:save_checkpoint(self.step, self.model, s)
+  -- a Step that saves a model of its own (a reward model's classifier folder) says what to save
+  self.run:save_checkpoint(self.step, self.stepper.checkpoint_model and self.stepper:checkpoint_model() or self.model, s)
   self.last_saved = self.step
   if why then self:say(("checkpoint step-%d saved (%s)"):format(self.step, why)) end
 end
@@ -278,7 +281,7 @@ function methods.finish_step(self, m, ro)
   if self.pending_reloads then m.reloaded = self.pending_reloads; self.pending_reloads = nil end
   if self.eval_ds and ((cfg.eval_steps > 0 and self.step % cfg.eval_steps == 0) or self.step == cfg.max_steps) then
     local e = self:evaluate()
-    m.eval_accuracy, m.eval_reward = e.accuracy, e.reward
+    m.eval_accuracy, m.eval_reward, m.eval_margin = e.accuracy, e.reward, e.margin
   end
   self.run:log_metrics(self.step, m)
   self.history[#self.history + 1] = m
@@ -381,20 +384,21 @@ function methods.train(self, loop)
   end
   if self.last_saved ~= self.step then self:save_checkpoint() end
   if cfg.save_final_model and self.dist.is_root then
-    self.model:save(cfg.save_final_model)
+    if self.stepper.save then self.stepper:save(cfg.save_final_model) else self.model:save(cfg.save_final_model) end
     self:say("final model saved to " .. cfg.save_final_model)
   end
   if cfg.save_merged then
-    require("remax.bind.lora").save_merged(self.model, cfg.save_merged)
+    if self.stepper.save then self.stepper:save(cfg.save_merged)   -- merged already (a reward model)
+    else require("remax.bind.lora").save_merged(self.model, cfg.save_merged) end
     self:say("merged model saved to " .. cfg.save_merged)
   end
   if self.progress then self.progress:finish() end
   self:draw_plots()
   if after and not self.quiet then
     local first = self.eval_history and self.eval_history[1]
-    print(("held-out greedy accuracy: %.1f%% at step %d -> %.1f%% at step %d (%d prompts)"):format(
+    print(("held-out %s: %.1f%% at step %d -> %.1f%% at step %d (%d %s)"):format(after.what or "greedy accuracy",
       100 * (first and first.accuracy or after.accuracy), first and first.step or self.step,
-      100 * after.accuracy, self.step, after.n))
+      100 * after.accuracy, self.step, after.n, after.what and "pairs" or "prompts"))
   end
   return { before = before, after = after, step = self.step, run_dir = self.run_dir, history = self.history,
     plot_error = self.plot_error }
@@ -433,8 +437,9 @@ function methods.evaluate(self, opts)
   self.last_eval = e
   self.eval_history = self.eval_history or {}
   table.insert(self.eval_history, { step = self.step, accuracy = e.accuracy, reward = e.reward })
-  self:say(("eval at step %d: greedy %s %.1f%%, reward %.4f (%d held-out prompts, %.1fs)"):format(self.step,
-    self.accuracy_name or "accuracy", 100 * e.accuracy, e.reward, e.n, e.seconds))
+  self:say(("eval at step %d: %s %.1f%%, reward %.4f (%d held-out %s, %.1fs)"):format(self.step,
+    e.what or ("greedy " .. (self.accuracy_name or "accuracy")), 100 * e.accuracy, e.reward, e.n,
+    e.what and "pairs" or "prompts", e.seconds))
   return e
 end
 

@@ -231,6 +231,7 @@ end
 -- accuracy_name, opt, world, cfg (read only), max_steps_changed. ctx: world (remax.bind.dist),
 -- run_dir, eval_only, resume_model_dir, recipe_dir, prompts_per_step (global).
 function M.pieces(cfg, ctx)
+  if cfg.algo == "reward" then return M.reward_pieces(cfg, ctx) end
   local p = { cfg = cfg, world = ctx.world, load_reference = M.load_reference }
   ctx.is_root = ctx.world.is_root
   setup_model(p, cfg, ctx)
@@ -239,6 +240,46 @@ function M.pieces(cfg, ctx)
   setup_data(p, cfg, ctx)
   setup_rewards(p, cfg, ctx)
   setup_optimizer(p, cfg, ctx)
+  return p
+end
+
+-- algo = reward: the pieces of remax.step.reward_model's Step: the reward model to train (the
+-- model folder's decoder and a score head, remax.step.reward_model.load), preference pairs
+-- (remax.step.preferences) from data / eval_data (files or data functions), AdamW over both.
+function M.reward_pieces(cfg, ctx)
+  local rm = require("remax.step.reward_model")
+  local prefs = require("remax.step.preferences")
+  require("remax.bind.lora").register()
+  local mopts = { dtype = cfg.dtype, seed = cfg.seed, device = cfg.device }
+  if cfg.use_lora then
+    mopts.weight_dtype = M.frozen_weight_dtype(cfg)
+    if cfg.device == "cpu" and cfg.dtype == "bf16" then mopts.dtype, mopts.weight_dtype = "f32", "bf16" end
+  end
+  local source = cfg.model and (resolve_dir(cfg.model) or require("remax.formats.hf_cache").model_dir(cfg.model, "model"))
+  if not cfg.model and not cfg.model_config then source = resolve_dir(M.DEFAULT_MODEL) end
+  local p = rm.load(cfg, source, { model_opts = mopts, resume_dir = ctx.resume_model_dir, world = ctx.world })
+  p.cfg, p.world, p.model_source, p.model_opts, p.rewards = cfg, ctx.world, source, mopts, {}
+  p.template_name, p.accuracy_name = "the reward model's", "pair accuracy"
+  local map = { prompt = cfg.prompt_column, chosen = cfg.chosen_column, rejected = cfg.rejected_column,
+    margin = cfg.margin_column }
+  local function load(src, split, n)
+    if type(src) == "string" then return prefs.load(src, map) end
+    local ok, out = pcall(src, split, n, cfg)
+    if not ok then error(("data (%s), split %s: %s"):format(config.show(src), split, tostring(out)), 0) end
+    return prefs.from_rows(out, map, ("%s(%s)"):format(config.show(src), split))
+  end
+  if not cfg.data then error("algo = reward: no training data: set data to a JSONL or JSON file of preference pairs", 0) end
+  p.train_ds = load(cfg.data, "train", cfg.train_size)
+  if cfg.eval_size > 0 then
+    local src = cfg.eval_data or (type(cfg.data) == "function" and cfg.data or nil)
+    if src then p.eval_ds = load(src, "test", cfg.eval_size) end
+  end
+  if cfg.steps_from_epochs then
+    cfg.max_steps = math.max(1, math.ceil(cfg.num_train_epochs * #p.train_ds.rows / ctx.prompts_per_step))
+    p.max_steps_changed = true
+  end
+  p.opt = rm.optimizer(p.model, p.head, p.dhead, { lr = cfg.learning_rate, betas = { cfg.adam_beta1, cfg.adam_beta2 },
+    eps = cfg.adam_epsilon, weight_decay = cfg.weight_decay })
   return p
 end
 

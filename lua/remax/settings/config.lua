@@ -45,11 +45,12 @@ M.groups = {
     { "tool_call_format", nil, "call_format", "how tool calls are written: qwen (<tool_call>{json}</tool_call>), llama3 (JSON or <|python_tag|>), or in a recipe a function(text) -> calls; default: from the chat template" },
   } },
   { "Algorithm", {
-    { "algo", "remax", "enum:remax|grpo|rloo|reinforce|sft", "remax, grpo, rloo, reinforce (RL with that advantage estimator), or sft (cross-entropy on prompt -> answer)" },
+    { "algo", "remax", "enum:remax|grpo|rloo|reinforce|sft|reward", "remax, grpo, rloo, reinforce (RL with that advantage estimator), sft (cross-entropy on prompt -> answer), or reward (a reward model from preference pairs: Bradley-Terry, as TRL's RewardTrainer)" },
     { "advantage", nil, "advantage", "recipe only: function(groups, opts, state) -> advantages, overriding algo's estimator", hot = true },
     { "num_generations", 4, "integer", "sampled completions per prompt (the greedy baseline row comes on top)" },
     { "generate_greedy", nil, "boolean", "also generate one greedy completion per prompt: the baseline of remax (default true there and with a recipe advantage function); under grpo, rloo and reinforce it only adds reward_greedy and costs a row per prompt (default false)" },
     { "advantage_clip", 0, "number", "clip advantages to [-c, c] (0: no clipping)", hot = true },
+    { "gamma", nil, "number", "the original ReMax's return: the KL becomes a per-token penalty and token t of a T-token completion gets return_t = -beta * kl_t + gamma^(T-t) * (r - r_greedy) (nil: off, the sequence-level advantage of remax; see docs/trainer.md)" },
     { "scale_rewards", "group", "enum:group|batch|none", "grpo: divide by the group's standard deviation, the whole batch's, or not at all (true = group, false = none, as in TRL)", hot = true, aliases = { [true] = "group", [false] = "none", ["true"] = "group", ["false"] = "none" } },
     { "multi_objective_aggregation", "sum_then_normalize", "enum:sum_then_normalize|normalize_then_sum", "grpo with several rewards: weighted sum then the group normalisation, or each reward normalised in its group, summed, then normalised over the batch (TRL's GDPO)", hot = true },
     { "reinforce_baseline", "mean", "enum:none|mean", "reinforce: no baseline, or a running mean of rewards" },
@@ -67,6 +68,12 @@ M.groups = {
     { "top_entropy_quantile", 1.0, "number", "train only the tokens whose entropy is in this top fraction of each micro-batch (1: all)", hot = true },
     { "entropy_coef", 0.0, "number", "entropy bonus: the loss subtracts entropy_coef * the mean per-token entropy (TRL's normalisation)", hot = true },
     { "skip_zero_advantage", true, "boolean", "with beta = 0, rows whose advantage is 0 skip the forward/backward (no gradient anyway)" },
+  } },
+  { "Reward model", {
+    { "chosen_column", "chosen", "string", "algo = reward: the preferred side of a pair (text or messages)" },
+    { "rejected_column", "rejected", "string", "algo = reward: the other side" },
+    { "margin_column", "margin", "string", "algo = reward: the optional per-pair margin (a number) of the loss -log sigmoid(r_chosen - r_rejected - margin)" },
+    { "center_rewards_coefficient", nil, "number", "algo = reward: adds coefficient * mean((r_chosen + r_rejected)^2) to the loss, keeping scores centred at 0 (TRL's; nil: off)" },
   } },
   { "LoRA", {
     { "use_lora", false, "boolean", "train low-rank adapters (PEFT's LoRA) on a frozen base; the reference model (beta > 0) is the base with adapters off" },
@@ -459,8 +466,9 @@ end
 
 -- Settings derived from the others, decided here once (and again by M.derive when a hot reload
 -- changes a setting they depend on). The trainer reads these and never re-tests their inputs:
---   kl_mode          "none" (beta = 0, or sft), "k3" (a per-token KL estimate in the loss) or "k1"
---                    (the log-ratio folded into the reward)
+--   kl_mode          "none" (beta = 0, or sft), "k3" (a per-token KL estimate in the loss), "k1"
+--                    (the log-ratio folded into the reward) or "return" (gamma set: the per-token
+--                    log-ratio in each token's return)
 --   needs_reference  whether the frozen reference model is loaded (kl_mode ~= "none")
 --   sampling         the generation plan of a step (remax.step.rollout.plan): num_generations
 --                    sampled rows at temperature, plus the greedy row with generate_greedy
@@ -472,8 +480,9 @@ end
 --                    skip_zero_advantage is on
 -- They are fields of cfg outside M.order: config.json and --help show the settings, not these.
 function M.derive(cfg)
-  local rl = cfg.algo ~= "sft"
-  cfg.kl_mode = (rl and cfg.beta > 0) and cfg.kl_estimator or "none"
+  local rl = cfg.algo ~= "sft" and cfg.algo ~= "reward"
+  -- gamma (the original ReMax's return): the KL is a per-token term of the return (algos.gamma_returns)
+  cfg.kl_mode = (rl and cfg.beta > 0) and (cfg.gamma ~= nil and "return" or cfg.kl_estimator) or "none"
   cfg.needs_reference = cfg.kl_mode ~= "none"
   cfg.sampling = require("remax.step.rollout").plan(cfg.num_generations, cfg.generate_greedy, cfg.temperature)
   cfg.aggregation = cfg.loss_type and require("remax.step.algos").loss_types[cfg.loss_type] or cfg.loss_agg_mode
@@ -520,6 +529,12 @@ function M.validate(cfg)
   if cfg.algo == "remax" and not cfg.generate_greedy and not cfg.advantage then
     bad("algo = remax needs generate_greedy = true (the greedy row is its baseline)", "generate_greedy")
   end
+  if cfg.gamma ~= nil and cfg.importance_sampling_level == "sequence" then
+    bad("gamma gives every token its own return; importance_sampling_level = sequence has one ratio per row (use token)", "gamma")
+  end
+  if cfg.gamma ~= nil and cfg.multi_objective_aggregation == "normalize_then_sum" then
+    bad("gamma discounts the estimator's advantage; multi_objective_aggregation = normalize_then_sum replaces it (use one of them)", "gamma")
+  end
   if cfg.algo == "rloo" and cfg.num_generations < 2 and not cfg.advantage then
     bad("algo = rloo needs num_generations >= 2", "num_generations")
   end
@@ -563,7 +578,7 @@ function M.validate(cfg)
   elseif cfg.save_merged then
     bad("save_merged needs use_lora = true (without adapters, save_final_model writes the whole model)", "save_merged")
   end
-  if cfg.reward_weights and cfg.algo ~= "sft" and #cfg.reward_weights ~= #cfg.rewards then
+  if cfg.reward_weights and cfg.algo ~= "sft" and cfg.algo ~= "reward" and #cfg.reward_weights ~= #cfg.rewards then
     bad(("reward_weights has %d weights for %d reward functions (%s)"):format(#cfg.reward_weights, #cfg.rewards,
       show(cfg.rewards)), "reward_weights")
   end

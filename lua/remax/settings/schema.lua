@@ -24,7 +24,7 @@ M.limits = {
   stop = { min_items = 1 }, stop_strings = { min_items = 1 },
   -- algorithm
   num_generations = "[0, 2^24]", advantage_clip = "[0, inf)", baseline_momentum = "[0, 1)",
-  beta = "[0, inf)", num_iterations = "[1, 1024]", epsilon = "[0, 1]", epsilon_high = "[0, inf)",
+  beta = "[0, inf)", gamma = "[0, 1]", center_rewards_coefficient = "[0, inf)", num_iterations = "[1, 1024]", epsilon = "[0, 1]", epsilon_high = "[0, inf)",
   delta = "(1, inf)", top_entropy_quantile = "(0, 1]", entropy_coef = "(-inf, inf)",
   -- LoRA
   lora_r = "[1, 65536]", lora_alpha = "(0, inf)", lora_dropout = "[0, 1)",
@@ -231,7 +231,7 @@ local function gib(b) return ("%.1f GiB"):format(b / 2 ^ 30) end
 -- first problem, naming the settings involved with their sources.
 function M.cross_check(cfg, source, opts)
   local function bad(key, msg) error(("%s: %s = %s: %s"):format(source(key), key, show(cfg[key]), msg), 0) end
-  local rl = cfg.algo ~= "sft"
+  local rl = cfg.algo ~= "sft" and cfg.algo ~= "reward"
   if rl and type(cfg.rewards) == "table" and #cfg.rewards == 0 and cfg.environment == nil then   -- an environment rewards
     bad("rewards", ("an RL run needs at least one reward function (algo = %s learns from nothing without one); " ..
       "give a name from rewards/, a file, or a function"):format(cfg.algo))

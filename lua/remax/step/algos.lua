@@ -272,6 +272,48 @@ function M.fold_kl(reward, logp, ref, beta)
   return reward - beta * s, s
 end
 
+-- The original ReMax's per-token return (liziniu/ReMax, whose trainer is DeepSpeed-Chat's; remax's
+-- gamma setting): for a completion of T tokens with advantage A (r - r_greedy, clipped by
+-- advantage_clip), token t (1-based) gets
+--   return_t = -beta * (logp_t - ref_t) + gamma^(T - t) * A
+-- the KL a per-token penalty at its own token (not summed over the later ones: the original's
+-- cumulative_kl is overwritten at every position), A discounted from the last token back. ref
+-- nil (beta = 0): no KL term. Returns the list of returns and the sum of logp_t - ref_t.
+function M.gamma_returns(A, logp, ref, beta, gamma)
+  local out, kl_sum, disc = {}, 0, 1
+  for t = #logp, 1, -1 do
+    local kl = ref and (logp[t] - ref[t]) or 0
+    kl_sum = kl_sum + kl
+    out[t] = -beta * kl + disc * A
+    disc = disc * gamma
+  end
+  return out, kl_sum
+end
+
+-- M.gamma_returns of every sampled row of a rollout (its advantage ro.adv[prompt][slot]);
+-- fetch(which) -> the policy's and the reference's log-probabilities of the completion tokens
+-- of rows `which` (row indices), or fetch nil (beta = 0: no KL term). Returns returns[k] and
+-- kl_k1[k] (the summed log-ratio of row k; nil without fetch), by row index.
+function M.rollout_returns(ro, fetch, beta, gamma)
+  local which = {}
+  for k, r in ipairs(ro.rows) do if not r.greedy then which[#which + 1] = k end end
+  local lp, ref
+  if fetch then lp, ref = fetch(which) end
+  local returns, kl = {}, lp and {} or nil
+  for n, k in ipairs(which) do
+    local r = ro.rows[k]
+    local logp = lp and lp[n]
+    if not logp then
+      logp = {}
+      for t = 1, #r.tokens do logp[t] = 0 end
+    end
+    local s
+    returns[k], s = M.gamma_returns(ro.adv[r.prompt][r.slot], logp, ref and ref[n], lp and beta or 0, gamma)
+    if kl then kl[k] = s end
+  end
+  return returns, kl
+end
+
 ---------------------------------------------------------------------------- loss
 
 -- loss_agg_mode values. seq-mean-token-sum-norm is verl's name for Dr. GRPO's normalisation.
@@ -339,7 +381,8 @@ local function clip_side(r, A, lo, hi)
 end
 
 -- rows[r] = {adv = A, logp = {...}, ref = {...} or nil, old = {...} or nil, mask = {...} or nil,
--- masked = true or nil}: the completion tokens of one row. old: the log-probabilities of the
+-- masked = true or nil, returns = {...} or nil}: the completion tokens of one row; returns (gamma:
+-- M.gamma_returns) replaces A token by token. old: the log-probabilities of the
 -- policy that generated the rollout (num_iterations > 1); without it the ratio is exactly 1 and
 -- the loss is today's -A * logp, whose gradient is the same. mask[t] = 0 leaves token t out of
 -- the policy term (top_entropy_quantile); masked = true leaves the whole row out of the loss and
@@ -379,6 +422,7 @@ function M.token_weights(rows, opts)
   local clip_low, clip_high, clip_n = 0, 0, 0
   for r, row in ipairs(rows) do
     local n, A, lp, ref, old, mask = #row.logp, row.adv, row.logp, row.ref, row.old, row.mask
+    local returns = row.returns   -- per-token advantages (gamma), else A for every token
     local w = {}
     if row.masked then
       for t = 1, n do w[t] = 0 end
@@ -399,13 +443,14 @@ function M.token_weights(rows, opts)
       end
       for t = 1, n do
         local m = mask and mask[t] or 1
+        local At = returns and returns[t] or A
         local l, g
         if not old then
-          l, g = -A * lp[t], -A
+          l, g = -At * lp[t], -At
         elseif level == "token" then
           local ratio = math.exp(lp[t] - old[t])
-          l, g = M.clipped_loss(ratio, A, lo, hi, delta)
-          local cl, ch = clip_side(ratio, A, lo, hi)
+          l, g = M.clipped_loss(ratio, At, lo, hi, delta)
+          local cl, ch = clip_side(ratio, At, lo, hi)
           clip_low, clip_high, clip_n = clip_low + (cl and 1 or 0), clip_high + (ch and 1 or 0), clip_n + 1
         else
           l, g = seq_loss, seq_grad

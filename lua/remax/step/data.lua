@@ -262,6 +262,10 @@ local function new_dataset(rows, source)
   return setmetatable({ rows = rows, source = source }, Dataset)
 end
 
+-- The pieces other row formats build on (remax.step.preferences): records {value=, where=} of a
+-- file, the UTF-8 check, and a dataset (with its sampler) of rows already checked.
+M.read_records, M.check_utf8, M.dataset = read_records, check_utf8, new_dataset
+
 -- load(path, {prompt = "question", answer = "answer", columns = {...}})
 function M.load(path, opts)
   if type(path) ~= "string" then error("remax.data.load: path must be a string, got " .. type(path), 2) end

@@ -226,6 +226,8 @@ function Step:advantage(ro)
     adv, state = algos.advantages(kind, groups, aopts, self.baseline_state)
   end
   ro.groups, ro.adv, ro.new_baseline_state = groups, adv, state
+  if cfg.gamma ~= nil then ro.returns, ro.kl_k1 = algos.rollout_returns(ro, cfg.kl_mode == "return" and function(w)
+    return self:row_logprobs(self.model, ro, w), self:row_logprobs(self:load_reference(), ro, w) end, cfg.beta, cfg.gamma) end
   return ro
 end
 
@@ -301,7 +303,7 @@ function Step:micro_step(rows, totals, chunk)
     end
   end
   local weights, stats = algos.token_weights(parts, {
-    beta = cfg.kl_mode == "none" and 0 or cfg.beta, kl = cfg.kl_estimator, agg = cfg.aggregation,
+    beta = (cfg.kl_mode == "none" or cfg.kl_mode == "return") and 0 or cfg.beta, kl = cfg.kl_estimator, agg = cfg.aggregation,
     num_rows = totals.rows, num_tokens = totals.tokens, max_length = cfg.max_completion_length,
     chunk_tokens = chunk.tokens, chunks = totals.chunks,
     epsilon = cfg.epsilon, epsilon_high = cfg.epsilon_high, delta = cfg.delta, level = cfg.importance_sampling_level,
