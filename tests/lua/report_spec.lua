@@ -121,6 +121,37 @@ describe("report_to", function()
     end
   end)
 
+  it("leaves one value per step in TensorBoard after a resume that follows kill -9", function()
+    -- the first process logs steps 1-4, checkpoints step 2 and dies by SIGKILL after step 4;
+    -- the resumed one re-runs steps 3-5. TensorBoard (as tb_read.py --scalars reads it: files
+    -- in name order, a SessionLog START at step s dropping earlier values at steps >= s) must
+    -- show steps 1-2 of the first process and 3-5 of the second, each once.
+    local d = dir()
+    local child = [[
+      local runs = require("remax.train.runs")
+      local run = runs.open(arg[1], { report_to = { "tensorboard" } })
+      for step = 1, 4 do
+        run:log_metrics(step, { reward = step + 0.25 })
+        if step == 2 then run:save_checkpoint(2, nil, {}) end
+      end
+      local ffi = require("ffi")
+      ffi.cdef("int getpid(void); int kill(int pid, int sig);")
+      ffi.C.kill(ffi.C.getpid(), 9)
+    ]]
+    support.write(d .. "/child.lua", child)
+    local rc = os.execute(("{ luajit -e 'package.path = \"lua/?.lua;lua/?/init.lua;\" .. package.path' %s %s; } 2>/dev/null")
+      :format(support.shell_quote(d .. "/child.lua"), support.shell_quote(d .. "/r")))
+    assert.is_true(rc ~= 0 and rc ~= true, "the child was meant to die by SIGKILL")
+    local again = runs.open(d .. "/r", { resume = true, report_to = { "tensorboard" } })
+    assert.are.equal(2, again.resume_step)
+    for step = 3, 5 do again:log_metrics(step, { reward = step + 0.5 }) end
+    again:close()
+    local out, ok = capture("python3 tests/lua/tb_read.py --scalars " .. support.shell_quote(d .. "/r/tensorboard") .. " 2>&1")
+    assert.is_true(ok == true or ok == 0, "tb_read.py failed: " .. out)
+    local shown = cjson.decode(out).reward
+    assert.are.same({ { 1, 1.25 }, { 2, 2.25 }, { 3, 3.5 }, { 4, 4.5 }, { 5, 5.5 } }, shown)
+  end)
+
   it("widens metrics.csv when a metric first appears late, and starts a new event file on resume", function()
     local d = dir()
     local run = runs.open(d .. "/r", { report_to = { "csv", "tensorboard" } })

@@ -57,6 +57,13 @@ function M.resolve(recipe, overrides, opts)
   opts = opts or {}
   local dir = (overrides.resume or recipe.resume):gsub("/+$", "")
   local saved = read_config(dir)
+  -- config.json holds the settings of the newest hot reload; those that took effect after the
+  -- checkpoint are undone, so the run continues with the settings in force at it
+  local history = require("remax.run.history")
+  local ckpts = runs.checkpoints(dir)
+  local at = ckpts[#ckpts] and ckpts[#ckpts].step or 0
+  local undone
+  saved, undone = history.at_step(saved, history.read(dir), at)
   -- the recipe supplies what JSON cannot hold (functions) and keys the run did not record
   local merged = {}
   for k, v in pairs(recipe or {}) do merged[k] = v end
@@ -95,6 +102,9 @@ function M.resolve(recipe, overrides, opts)
       changes[#changes + 1] = { key = k, was = saved[k], now = cfg[k], recipe = recipe_cfg[k], from = "kept" }
     end
   end
+  for _, u in ipairs(undone) do
+    changes[#changes + 1] = { key = u.key, was = u.was, now = saved[u.key], from = "history", step = u.step, checkpoint = at }
+  end
   return cfg, changes
 end
 
@@ -102,7 +112,10 @@ end
 function M.describe(dir, changes)
   local lines = {}
   for _, c in ipairs(changes) do
-    if c.from == "kept" then
+    if c.from == "history" then
+      lines[#lines + 1] = ("resume %s: %s = %s as it was at the checkpoint (step %d; a hot reload set %s from step %d)")
+        :format(dir, c.key, config.show(c.now), c.checkpoint, config.show(c.was), c.step)
+    elseif c.from == "kept" then
       lines[#lines + 1] = ("resume %s: %s = %s as the run had it (the recipe now says %s; give --%s to change it)")
         :format(dir, c.key, config.show(c.now), config.show(c.recipe), c.key)
     else

@@ -278,6 +278,7 @@ function M.open(dir, opts)
     local _, step = self:latest_checkpoint()
     self:truncate(step or 0)
     self.resume_step = step or 0
+    require("remax.run.history").truncate(dir, step or 0)   -- hot reloads past the checkpoint: decided again
   end
   -- report_to: TensorBoard event files, metrics.csv (remax.train.report)
   self.reporters = require("remax.train.report").open(self, opts.report_to, { resume_step = self.resume_step })
@@ -405,6 +406,12 @@ function Run:checkpoints()
   end
   table.sort(out, function(a, b) return a.step < b.step end)
   return out
+end
+
+-- The complete checkpoints of the run folder `dir`, without opening it (a resume reads them
+-- before it opens the run).
+function M.checkpoints(dir)
+  return Run.checkpoints({ checkpoints_dir = dir:gsub("/+$", "") .. "/" .. CHECKPOINTS })
 end
 
 -- The newest complete checkpoint: dir, step (nil when there is none).
