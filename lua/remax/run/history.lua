@@ -25,7 +25,7 @@ end
 function M.append(dir, step, source, changes)
   local list = {}
   for i, c in ipairs(changes) do list[i] = { key = c.key, was = c.was, now = c.now } end
-  local line = runs.encode({ step = step, source = source, changes = list }, { precision = 17, where = M.FILE })
+  local line = runs.encode({ step = step, source = source, changes = list }, { precision = "shortest", where = M.FILE })
   local f, err = io.open(M.path(dir), "ab")
   if not f then error(("hot reload: cannot append to %s (%s)"):format(M.path(dir), tostring(err)), 0) end
   f:write(line, "\n")
@@ -59,7 +59,7 @@ function M.truncate(dir, step)
   end
   if #kept == #rows then return end
   local lines = {}
-  for i, row in ipairs(kept) do lines[i] = runs.encode(row, { precision = 17, where = M.FILE }) .. "\n" end
+  for i, row in ipairs(kept) do lines[i] = runs.encode(row, { precision = "shortest", where = M.FILE }) .. "\n" end
   fs.write_atomic(M.path(dir), table.concat(lines))
 end
 

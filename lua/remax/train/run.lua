@@ -221,7 +221,8 @@ function methods.finish_step(self, m, ro)
   if self.progress and (self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps) then
     local rewards = require("remax.train.rewards")
     local slow = rewards.is_slow(m.time_score, m.time_generate, rewards.limit(cfg.reward_timeout, m.time_generate))
-    self.progress:update(self.step, { reward = m.reward, kl = m.kl, tokens_per_s = m.tokens_per_s, loss = m.loss,
+    self.progress:update(self.step, { reward = m.reward, reward_greedy = m.reward_greedy, kl = m.kl,
+      tokens_per_s = m.tokens_per_s, loss = m.loss,
       reward_slow = slow and m.time_score or nil })
   end
   if not self.quiet and not self.progress and (self.step % cfg.logging_steps == 0) then
