@@ -64,7 +64,7 @@ function Progress:fields(step, m)
   local elapsed = self.clock() - self.t0
   if self.start_step == nil then self.start_step = step - 1 end
   local done = step - self.start_step
-  local f = { { self.label, 5 } }
+  local f = { { self.label, 4 } }
   if self.total then
     local w = #tostring(self.total)
     f[#f + 1] = { ("step %" .. w .. "d/%d"):format(step, self.total) }
@@ -73,7 +73,7 @@ function Progress:fields(step, m)
   end
   if m.reward ~= nil then f[#f + 1] = { "reward " .. fmt(m.reward, "%.3f"), 9 } end
   if m.reward_greedy ~= nil then f[#f + 1] = { "greedy " .. fmt(m.reward_greedy, "%.3f"), 7 } end
-  if m.kl ~= nil then f[#f + 1] = { "kl " .. fmt(m.kl, "%.4g"), 4 } end
+  if m.kl ~= nil then f[#f + 1] = { "kl " .. fmt(m.kl, "%.4g"), 5 } end
   if m.loss ~= nil then f[#f + 1] = { "loss " .. fmt(m.loss, "%.4g"), 2 } end
   if m.reward_slow ~= nil then f[#f + 1] = { "reward slow " .. fmt(m.reward_slow, "%.1fs"), 6 } end
   if m.tokens_per_s ~= nil then f[#f + 1] = { fmt(m.tokens_per_s, "%.0f") .. " tok/s", 1 } end
@@ -97,7 +97,7 @@ end
 -- The status text for a step: label, step/total, metrics (reward, greedy reward, kl, loss, ...),
 -- elapsed and ETA from the mean step time since the progress began. width: the most columns
 -- it may take (a terminal's width less one); to fit, a long label is shortened first, then
--- whole fields are left out, the least telling first (tok/s, loss, elapsed, kl, label, ...),
+-- whole fields are left out, the least telling first (tok/s, loss, elapsed, label, kl, ...),
 -- never a field cut in the middle.
 function Progress:format(step, m, width)
   local f = self:fields(step, m)
