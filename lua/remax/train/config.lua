@@ -164,6 +164,8 @@ end
 -- Settings of TRL's GRPOConfig / transformers' TrainingArguments that remax does not have, with
 -- the reason and what to use instead (a TRL user brings them; "did you mean" would mislead).
 M.not_supported = {
+  use_peft = "remax's name is use_lora (--use_lora true; lora_r, lora_alpha, lora_dropout and lora_target_modules as in PEFT's LoraConfig)",
+  peft_config = "give the LoRA settings as keys: use_lora = true, lora_r, lora_alpha, lora_dropout, lora_target_modules",
   use_vllm = "remax generates with its own engine (batched decode with a KV cache); there is no vLLM",
   bf16 = "use --dtype bf16 (bf16 mixed precision; the default, auto, picks it where the CPU's bf16 GEMMs pay)",
   fp16 = "f16 compute is not supported; use --dtype bf16 (or f32)",
@@ -428,6 +430,9 @@ function M.resolve(recipe, overrides, opts)
   -- num_train_epochs without max_steps: the trainer sets max_steps once it knows the data's size
   cfg.steps_from_epochs = cfg.num_train_epochs ~= nil and not given.max_steps
   cfg.inert_notes = require("remax.train.inert").check(cfg, given, M.keys)   -- printed once when a run starts
+  for _, note in ipairs(require("remax.train.inert").trl_notes(cfg, given, overrides)) do   -- TRL values that mean otherwise here
+    cfg.inert_notes[#cfg.inert_notes + 1] = note
+  end
   return cfg
 end
 

@@ -175,6 +175,9 @@ function methods.setup_data(self)
       .. "(remax.tasks.gsm8k.synthetic() makes GSM8K-style problems, as recipes/gsm8k.lua does)", 0)
   end
   self.train_ds = load_data(cfg.data, "train", cfg.train_size, cfg, map)
+  if type(cfg.data) == "string" then   -- a TRL dataset's plain-string prompts (remax.train.inert)
+    for _, note in ipairs(require("remax.train.inert").data_notes(self.train_ds.rows, self.template_name, cfg.data)) do self:say(note) end
+  end
   if cfg.eval_size > 0 then
     local source = cfg.eval_data or (type(cfg.data) == "function" and cfg.data or nil)
     if source then self.eval_ds = load_data(source, "test", cfg.eval_size, cfg, map) end
