@@ -539,11 +539,16 @@ function M.validate(cfg)
 end
 
 -- A JSON-safe copy (functions become "function (file:line)", reward tables their names).
+-- Data files are recorded with absolute paths (a relative one is resolved from the current
+-- folder, as the run read it), so that --resume works from any folder.
+M.recorded_paths = { data = true, eval_data = true }
+
 function M.serializable(cfg)
   local out = {}
   for _, k in ipairs(M.order) do
     local v = cfg[k]
-    if type(v) == "function" then v = show(v)
+    if M.recorded_paths[k] and type(v) == "string" then v = require("remax.bind.fs").absolute(v)
+    elseif type(v) == "function" then v = show(v)
     elseif k == "rewards" and type(v) == "table" then
       local names = {}
       for i, x in ipairs(v) do names[i] = type(x) == "string" and x or show({ x }) end

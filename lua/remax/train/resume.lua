@@ -48,7 +48,15 @@ local function read_config(dir)
   return saved
 end
 
-local function same(a, b) return config.show(a) == config.show(b) end
+-- Equal settings; data paths are compared as absolute paths (config.json records them so, and
+-- a resume may run from another folder or name the file either way).
+local function same(a, b, k)
+  if k and config.recorded_paths[k] and type(a) == "string" and type(b) == "string" then
+    local fs = require("remax.bind.fs")
+    return fs.absolute(a) == fs.absolute(b)
+  end
+  return config.show(a) == config.show(b)
+end
 
 -- recipe table + command-line overrides (which hold resume) -> the resumed run's config and the
 -- list of changes { {key =, was =, now =, from = "command line"|"recipe"} }. Raises naming every
@@ -82,7 +90,7 @@ function M.resolve(recipe, overrides, opts)
   local cfg = config.resolve(merged, overrides, { where = dir .. "/config.json" })
   local changes, refused = {}, {}
   for _, k in ipairs(config.order) do
-    if not SKIP[k] and not opaque(cfg[k]) and not same(saved[k], cfg[k]) then
+    if not SKIP[k] and not opaque(cfg[k]) and not same(saved[k], cfg[k], k) then
       local from = overrides[k] ~= nil and "command line" or "recipe"
       if M.immutable[k] then
         refused[#refused + 1] = ("%s (%s -> %s: %s)"):format(k, config.show(saved[k]), config.show(cfg[k]), M.immutable[k])
@@ -98,7 +106,7 @@ function M.resolve(recipe, overrides, opts)
   -- settings the recipe now gives otherwise, which the run keeps (said, so an edit is not lost silently)
   for _, k in ipairs(config.order) do
     if not SKIP[k] and overrides[k] == nil and saved[k] ~= nil and not opaque(recipe_cfg[k])
-      and not same(recipe_cfg[k], cfg[k]) then
+      and not same(recipe_cfg[k], cfg[k], k) then
       changes[#changes + 1] = { key = k, was = saved[k], now = cfg[k], recipe = recipe_cfg[k], from = "kept" }
     end
   end
