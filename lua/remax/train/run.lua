@@ -251,6 +251,7 @@ function methods.train(self, loop)
   self:say(("run %s: %s, model %s (%d parameters), %d prompts per step, template %s"):format(self.run_dir,
     cfg.algo, self.model_source or "random init", self.model:num_parameters(), self.global_prompts_per_step, self.template_name))
   self:say(("dtype %s (%s)"):format(cfg.dtype, cfg.dtype_reason or ("set by " .. config.source(cfg, "dtype"))))
+  self:say(require("remax.run.compute").describe(cfg.dtype, cfg.device))   -- GEMMs and threads
   if self.dist.size > 1 then
     self:say(("%d ranks (%s), %d prompts each per step%s"):format(self.dist.size, self.dist.backend,
       self.prompts_per_step, cfg.hot_reload and "; hot reload is off with more than one rank" or ""))
