@@ -10,9 +10,10 @@
 #                     what remax did before its own defaults (REMAX_THREADS_NOTE=off turns them off)
 #   remax             the program's defaults (engine/host/main.c): GOMP_SPINCOUNT=10000, each
 #                     local rank its share of the cores
+#   spin1k            GOMP_SPINCOUNT=1000 (a shorter spin, for comparison)
 #   passive           OMP_WAIT_POLICY=passive (no spin)
 # and prints tokens/s with the ratio to the same setting's quiet run and to today's quiet run.
-#   bench/shared_cores.sh                  ROWS=8 NEW=64 BATCH=4 SEQ=128 STEPS=2 bench/shared_cores.sh
+#   bench/shared_cores.sh       ROWS=8 NEW=64 BATCH=4 SEQ=128 STEPS=2 SETTINGS="today remax" bench/shared_cores.sh
 # The numbers in docs/benchmarks.md come from a machine other jobs also used: noisy.
 set -eu
 cd "$(dirname "$0")/.."
@@ -24,6 +25,7 @@ setting_env() {
   case $1 in
     today) echo "REMAX_THREADS_NOTE=off GOMP_SPINCOUNT=300000" ;;
     remax) echo "" ;;
+    spin1k) echo "GOMP_SPINCOUNT=1000" ;;
     passive) echo "OMP_WAIT_POLICY=passive" ;;
   esac
 }
@@ -47,7 +49,7 @@ printf "%-7s %-8s %12s %12s %12s   %s\n" bench setting quiet busy "2 ranks" "bus
 for b in decode train; do
   eval "args=\$$b"
   base=""
-  for s in today remax passive; do
+  for s in ${SETTINGS:-today remax spin1k passive}; do
     q=$(one "$s" "$args"); u=$(busy "$s" "$args"); m=$(ranks "$s" "$args")
     [ -z "$base" ] && base=$q
     printf "%-7s %-8s %12s %12s %12s   %.2f        %.2f\n" "$b" "$s" "$q" "$u" "$m" \

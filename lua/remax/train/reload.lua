@@ -84,11 +84,8 @@ function methods.check_reload(self)
   if recipe_changed and self.recipe_path then
     local ok, changes = pcall(self.reload_recipe, self)
     if ok then
-      for _, path in ipairs(changed) do   -- the recipe and the files it reads (dofile'd settings)
-        local is_reward = false
-        for _, r in ipairs(self.rewards) do if r.path == path then is_reward = true end end
-        if not is_reward then loaded(path) end
-      end
+      -- the recipe loaded every reward file again too: each pending text is now in force
+      for _, path in ipairs(changed) do if self.tried[path] then loaded(path) end end
       self:note_reload(self.recipe_path, changes)
       done[#done + 1] = self.recipe_path
     else
