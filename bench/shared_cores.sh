@@ -8,9 +8,9 @@
 # each under three settings:
 #   today             libgomp's default spin (GOMP_SPINCOUNT=300000, ~3 ms) and every core per rank:
 #                     what remax did before its own defaults (REMAX_THREADS_NOTE=off turns them off)
-#   remax             the program's defaults (engine/host/main.c): GOMP_SPINCOUNT=10000, each
+#   remax             the program's defaults (engine/host/main.c): GOMP_SPINCOUNT=1000, each
 #                     local rank its share of the cores
-#   spin1k            GOMP_SPINCOUNT=1000 (a shorter spin, for comparison)
+#   spin10k           GOMP_SPINCOUNT=10000 (a longer spin, for comparison)
 #   passive           OMP_WAIT_POLICY=passive (no spin)
 # and prints tokens/s with the ratio to the same setting's quiet run and to today's quiet run.
 #   bench/shared_cores.sh       ROWS=8 NEW=64 BATCH=4 SEQ=128 STEPS=2 SETTINGS="today remax" bench/shared_cores.sh
@@ -25,7 +25,7 @@ setting_env() {
   case $1 in
     today) echo "REMAX_THREADS_NOTE=off GOMP_SPINCOUNT=300000" ;;
     remax) echo "" ;;
-    spin1k) echo "GOMP_SPINCOUNT=1000" ;;
+    spin10k) echo "GOMP_SPINCOUNT=10000" ;;
     passive) echo "OMP_WAIT_POLICY=passive" ;;
   esac
 }
@@ -49,7 +49,7 @@ printf "%-7s %-8s %12s %12s %12s   %s\n" bench setting quiet busy "2 ranks" "bus
 for b in decode train; do
   eval "args=\$$b"
   base=""
-  for s in ${SETTINGS:-today remax spin1k passive}; do
+  for s in ${SETTINGS:-today remax spin10k passive}; do
     q=$(one "$s" "$args"); u=$(busy "$s" "$args"); m=$(ranks "$s" "$args")
     [ -z "$base" ] && base=$q
     printf "%-7s %-8s %12s %12s %12s   %.2f        %.2f\n" "$b" "$s" "$q" "$u" "$m" \

@@ -54,7 +54,7 @@ static int find_home(char *home, size_t n) {
  *  - Threads under mpirun/srun: each local rank takes its share of the cores (as torchrun does),
  *    unless OMP_NUM_THREADS is set.
  * REMAX_THREADS_NOTE tells the Lua side (the start line, `remax version`) what was chosen. */
-#define RX_GOMP_SPINCOUNT "10000"
+#define RX_GOMP_SPINCOUNT "1000"
 
 static long local_ranks(const char **from) {
   static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE",
