@@ -1,4 +1,4 @@
-local progress = require("remax.train.progress")
+local progress = require("remax.run.progress")
 
 -- An output stream that records what is written, and a clock the test moves.
 local function fake_out()
@@ -122,12 +122,12 @@ describe("progress", function()
 
   it("shows the greedy reward of a ReMax run", function()
     local support = require("support")
-    local config = require("remax.train.config")
+    local config = require("remax.settings.config")
     local dir = support.train_dir(8)
     local cfg = config.resolve(support.run_settings(dir, { model_config = support.tiny_model(), num_generations = 2,
       max_completion_length = 4, per_device_train_batch_size = 2, max_steps = 1, seed = 3, dtype = "f32", hot_reload = false }))
     assert.are.equal("remax", cfg.algo)
-    local t = require("remax.train.trainer").new(cfg, { quiet = true, signals = false })
+    local t = require("remax.run.run").new(cfg, { quiet = true, signals = false })
     t.quiet = false
     t.say = function() end
     local real, out = io.stdout, fake_out()

@@ -2,11 +2,11 @@
 -- records the settings in force (config.json) and their history (settings_history.jsonl), a
 -- resume after Ctrl-C continues with the settings in force at its checkpoint, and an edit saved
 -- together with a broken file is applied once that file loads.
-local config = require("remax.train.config")
-local trainer = require("remax.train.trainer")
-local resume = require("remax.train.resume")
-local recipe_mod = require("remax.train.recipe")
-local runs = require("remax.train.runs")
+local config = require("remax.settings.config")
+local trainer = require("remax.run.run")
+local resume = require("remax.run.resume")
+local recipe_mod = require("remax.settings.recipe")
+local runs = require("remax.run.folder")
 local support = require("support")
 local write = support.write
 

@@ -1,8 +1,8 @@
 -- Values a TRL user copies whose meaning differs here are said at the start (issue 36, item 6):
 -- per_device_train_batch_size counts prompts, plain-string prompts go through the chat
 -- template, --data without --eval_data skips evaluation, --use_peft is use_lora.
-local config = require("remax.train.config")
-local inert = require("remax.train.inert")
+local config = require("remax.settings.config")
+local inert = require("remax.settings.inert")
 local support = require("support")
 
 local function notes(cfg) return table.concat(cfg.inert_notes, "\n") end

@@ -6,7 +6,7 @@
 -- "step" is the first step that ran with the new values. config.json always holds the settings
 -- in force after the newest reload; a resume undoes the changes of steps past its checkpoint, so
 -- it continues with the settings in force at the checkpoint. See docs/runs.md.
-local runs = require("remax.train.runs")
+local runs = require("remax.run.folder")
 local fs = require("remax.bind.fs")
 
 local M = {}
