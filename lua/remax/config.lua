@@ -1,2 +1,2 @@
--- Deprecated name, kept for recipes written against earlier docs: use require("remax").config.
-return require("remax").deprecated("remax.config", "config")
+-- remax.config moved to remax.settings.config (docs/architecture.md); this name keeps working for a while: use require("remax").config.
+return require("remax.deprecated").moved("remax.config", "remax.settings.config")

@@ -1,2 +1,2 @@
--- Deprecated name, kept for recipes written against earlier docs: use require("remax").dist.
-return require("remax").deprecated("remax.dist", "dist")
+-- remax.dist moved to remax.bind.dist (docs/architecture.md); this name keeps working for a while: use require("remax").dist.
+return require("remax.deprecated").moved("remax.dist", "remax.bind.dist")

@@ -1,2 +1,2 @@
--- Deprecated name, kept for recipes written against earlier docs: use require("remax").gguf.
-return require("remax").deprecated("remax.gguf", "gguf")
+-- remax.gguf moved to remax.formats.gguf (docs/architecture.md); this name keeps working for a while: use require("remax").gguf.
+return require("remax.deprecated").moved("remax.gguf", "remax.formats.gguf")

@@ -48,17 +48,6 @@ setmetatable(M, {
   end,
 })
 
--- For the shims of names that moved (lua/remax/<name>.lua): the module through the face, and
--- a note on stderr the first time each old name is required.
-local noted = {}
-function M.deprecated(old, name)
-  if not noted[old] and os.getenv("REMAX_QUIET_DEPRECATED") ~= "1" then
-    noted[old] = true
-    io.stderr:write(("remax: require(\"%s\") is deprecated (the module moved); use require(\"remax\").%s\n"):format(old, name))
-  end
-  return M[name]
-end
-
 -- What this build is and picks here (remax.bind.build): version, blas_core, bf16_kernels,
 -- bf16_train_kernels, bf16_train_pays, cuda_backend.
 for _, name in ipairs({ "version", "blas_core", "bf16_kernels", "bf16_train_kernels", "bf16_train_pays", "cuda_backend" }) do

@@ -1,2 +1,2 @@
--- Deprecated name, kept for recipes written against earlier docs: use require("remax").jinja.
-return require("remax").deprecated("remax.jinja", "jinja")
+-- remax.jinja moved to remax.text.jinja (docs/architecture.md); this name keeps working for a while: use require("remax").jinja.
+return require("remax.deprecated").moved("remax.jinja", "remax.text.jinja")

@@ -1,2 +1,2 @@
--- Deprecated name, kept for recipes written against earlier docs: use require("remax").recipe.
-return require("remax").deprecated("remax.recipe", "recipe")
+-- remax.recipe moved to remax.settings.recipe (docs/architecture.md); this name keeps working for a while: use require("remax").recipe.
+return require("remax.deprecated").moved("remax.recipe", "remax.settings.recipe")

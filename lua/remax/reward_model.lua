@@ -1,2 +1,2 @@
--- Deprecated name, kept for recipes written against earlier docs: use require("remax").reward_model.
-return require("remax").deprecated("remax.reward_model", "reward_model")
+-- remax.reward_model moved to remax.bind.reward_model (docs/architecture.md); this name keeps working for a while: use require("remax").reward_model.
+return require("remax.deprecated").moved("remax.reward_model", "remax.bind.reward_model")

@@ -1,2 +1,2 @@
--- Deprecated name, kept for recipes written against earlier docs: use require("remax").runs.
-return require("remax").deprecated("remax.runs", "runs")
+-- remax.runs moved to remax.run.folder (docs/architecture.md); this name keeps working for a while: use require("remax").runs.
+return require("remax.deprecated").moved("remax.runs", "remax.run.folder")

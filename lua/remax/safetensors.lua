@@ -1,2 +1,2 @@
--- Deprecated name, kept for recipes written against earlier docs: use require("remax").safetensors.
-return require("remax").deprecated("remax.safetensors", "safetensors")
+-- remax.safetensors moved to remax.bind.safetensors (docs/architecture.md); this name keeps working for a while: use require("remax").safetensors.
+return require("remax.deprecated").moved("remax.safetensors", "remax.bind.safetensors")

@@ -1,2 +1,2 @@
--- Deprecated name, kept for recipes written against earlier docs: use require("remax").tensor.
-return require("remax").deprecated("remax.tensor", "tensor")
+-- remax.tensor moved to remax.bind.tensor (docs/architecture.md); this name keeps working for a while: use require("remax").tensor.
+return require("remax.deprecated").moved("remax.tensor", "remax.bind.tensor")

@@ -1,2 +1,2 @@
--- Deprecated name, kept for recipes written against earlier docs: use require("remax").tokenizer.
-return require("remax").deprecated("remax.tokenizer", "tokenizer")
+-- remax.tokenizer moved to remax.bind.tokenizer (docs/architecture.md); this name keeps working for a while: use require("remax").tokenizer.
+return require("remax.deprecated").moved("remax.tokenizer", "remax.bind.tokenizer")

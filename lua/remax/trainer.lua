@@ -1,2 +1,2 @@
--- Deprecated name, kept for recipes written against earlier docs: use require("remax").trainer.
-return require("remax").deprecated("remax.trainer", "trainer")
+-- remax.trainer moved to remax.run.run (docs/architecture.md); this name keeps working for a while: use require("remax").trainer.
+return require("remax.deprecated").moved("remax.trainer", "remax.run.run")

@@ -30,7 +30,7 @@ end
 
 -- The GEMMs a run with this dtype and device uses.
 function M.gemms(dtype, device)
-  local remax = require("remax")
+  local remax = require("remax.bind.build")
   if device and device ~= "cpu" then
     return ("cuBLAS on %s (%s)"):format(device, dtype or "f32")
   end
