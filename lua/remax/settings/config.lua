@@ -97,6 +97,7 @@ M.groups = {
     { "gradient_accumulation_steps", 1, "integer", "micro-batches per optimizer step; prompts per step = this * per_device_train_batch_size" },
     { "gradient_checkpointing", false, "boolean", "recompute activations in the backward pass (less memory)" },
     { "zero_stage", 0, "integer", "with several ranks (mpirun/srun): 1 shards AdamW's moments and the master weights over the ranks (ZeRO-1), 2 also reduce-scatters the gradients (ZeRO-2); 0: every rank holds everything (docs/distributed.md)" },
+    { "dist_timeout", 1800, "number", "with several ranks: seconds a collective waits for the other ranks before every rank that waits stops, naming the ranks that did not come and the step (NCCL's collectives too); 1800 is torch.distributed's 30 minutes (docs/distributed.md)" },
     { "max_steps", 100, "integer", "optimizer steps to train" },
     { "num_train_epochs", nil, "number", "passes over the training data: without max_steps, max_steps = ceil(epochs * rows / prompts per step) (with both, max_steps wins, as in TRL)" },
     { "max_time", 0, "number", "also stop after the step that brings the training time (evaluation excluded) past this many seconds (0: no limit)", hot = true },
@@ -539,6 +540,15 @@ function M.validate(cfg)
   for _, r in ipairs(cfg.report_to or {}) do
     local why = require("remax.run.report").refusal(r)
     if why then bad(why, "report_to") end
+  end
+  -- issue 35: "none" (or "all") beside other entries says two things at once
+  if cfg.report_to and #cfg.report_to > 1 then
+    for _, r in ipairs(cfg.report_to) do
+      if r == "none" or r == "all" then
+        bad(("report_to = %s: %s cannot be combined with other entries (give none, all, or a list of tensorboard and csv)")
+          :format(table.concat(cfg.report_to, ","), r), "report_to")
+      end
+    end
   end
   if cfg.num_train_epochs and not (cfg.num_train_epochs > 0) then bad("num_train_epochs must be > 0", "num_train_epochs") end
   if cfg.use_lora then
