@@ -13,7 +13,7 @@
 -- recipes/tiny_sft_styles.lua): it answers two ways, directly ("#### N", greedy's pick, often
 -- wrong) or with worked steps (sampled a third of the time, mostly right), so the reward has
 -- something to teach. About 5 minutes on 2 cores; held-out accuracy 31% -> ~75% (README, Results).
-local gsm8k = require("remax.tasks.gsm8k")
+local gsm8k = require("remax").tasks.gsm8k
 
 return {
   algo = "remax",

@@ -18,7 +18,7 @@
 -- generation runs on the GPU. Memory at 1.5B: about 27 GB for weights, gradients and moments,
 -- plus activations (gradient checkpointing on); beta > 0 adds a second model on the device.
 -- Not yet run on a GPU (docs/gpu.md); the emulator has run the trainer's device path.
-local gsm8k = require("remax.tasks.gsm8k")
+local gsm8k = require("remax").tasks.gsm8k
 
 return {
   device = "cuda",

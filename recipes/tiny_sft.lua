@@ -10,7 +10,7 @@
 --
 -- Prompts are rendered "Question: ...\nAnswer: " (the qa template, picked automatically for a
 -- tokenizer without a chat template); the target is the worked solution ending in "#### N".
-local gsm8k = require("remax.tasks.gsm8k")
+local gsm8k = require("remax").tasks.gsm8k
 
 return {
   algo = "sft",

@@ -11,7 +11,7 @@
 -- the more frequent style, direct, and sampling finds the worked one about a third of the time.
 -- That is the headroom the default ReMax run (recipes/gsm8k.lua) uses: a reward for the right
 -- answer teaches the model to show its work. `remax eval recipes/gsm8k.lua --samples 8` shows it.
-local gsm8k = require("remax.tasks.gsm8k")
+local gsm8k = require("remax").tasks.gsm8k
 
 return {
   algo = "sft",

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,67 @@ static int find_home(char *home, size_t n) {
   return -1;
 }
 
+/* OpenMP's defaults for a machine whose cores are shared (another process, or other ranks).
+ * libgomp reads its environment when it loads, before main, so a change here takes effect by
+ * starting the program again (main execs itself once). The user's own settings always stand.
+ *  - Wait policy: libgomp's default spins 300,000 times before a waiting thread sleeps; against
+ *    one busy process on 2 cores that made decoding ~10x slower. A short spin (GOMP_SPINCOUNT
+ *    below, measured by bench/shared_cores.sh: docs/benchmarks.md) keeps the quiet speed and
+ *    yields the core when it is taken. Unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set.
+ *  - Threads under mpirun/srun: each local rank takes its share of the cores (as torchrun does),
+ *    unless OMP_NUM_THREADS is set.
+ * REMAX_THREADS_NOTE tells the Lua side (the start line, `remax version`) what was chosen. */
+#define RX_GOMP_SPINCOUNT "1000"
+
+static long local_ranks(const char **from) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE",
+                                     "PMI_LOCAL_SIZE"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    long n = v ? strtol(v, NULL, 10) : 0;   /* SLURM_NTASKS_PER_NODE may read "2(x3)": the leading count */
+    if (n > 0) { *from = vars[i]; return n; }
+  }
+  return 1;
+}
+
+static int thread_defaults(void) {
+  char note[512] = "";
+  int changed = 0;
+  if (getenv("REMAX_THREADS_NOTE")) return 0;   /* chosen already (this is the second start) */
+  if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
+    setenv("GOMP_SPINCOUNT", RX_GOMP_SPINCOUNT, 1);
+    changed = 1;
+    snprintf(note, sizeof note, "OpenMP threads spin %s times before they sleep (GOMP_SPINCOUNT; set it or OMP_WAIT_POLICY to choose)",
+             RX_GOMP_SPINCOUNT);
+  } else {
+    snprintf(note, sizeof note, "OpenMP wait policy as set (%s%s%s%s)", getenv("OMP_WAIT_POLICY") ? "OMP_WAIT_POLICY=" : "",
+             getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "", getenv("GOMP_SPINCOUNT") ? " GOMP_SPINCOUNT=" : "",
+             getenv("GOMP_SPINCOUNT") ? getenv("GOMP_SPINCOUNT") : "");
+  }
+  const char *from = NULL;
+  long ranks = local_ranks(&from);
+  if (ranks > 1 && !getenv("OMP_NUM_THREADS")) {
+    cpu_set_t set;
+    long online = sysconf(_SC_NPROCESSORS_ONLN), mine = online;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) mine = CPU_COUNT(&set);
+    long share = online / ranks;
+    if (share > mine) share = mine;
+    if (share < 1) share = 1;
+    char n[32];
+    snprintf(n, sizeof n, "%ld", share);
+    setenv("OMP_NUM_THREADS", n, 1);
+    changed = 1;
+    size_t len = strlen(note);
+    snprintf(note + len, sizeof note - len, "; %ld thread(s) per rank: %ld local ranks (%s) share %ld cores (OMP_NUM_THREADS sets it)",
+             share, ranks, from, online);
+  } else if (getenv("OMP_NUM_THREADS")) {
+    size_t len = strlen(note);
+    snprintf(note + len, sizeof note - len, "; OMP_NUM_THREADS=%s", getenv("OMP_NUM_THREADS"));
+  }
+  setenv("REMAX_THREADS_NOTE", note, 1);
+  return changed;
+}
+
 static int traceback(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
   if (getenv("REMAX_DEBUG")) {
@@ -58,7 +120,9 @@ int main(int argc, char **argv) {
   /* OpenBLAS chose its kernels when it loaded, before main: where it did not recognise the CPU,
    * start again with the set the CPU supports (engine/cpu/blas.c). */
   const char *core = rx_blas_better_core();
-  if (core && setenv("OPENBLAS_CORETYPE", core, 1) == 0) execv("/proc/self/exe", argv);
+  int again = core && setenv("OPENBLAS_CORETYPE", core, 1) == 0;
+  if (thread_defaults()) again = 1;
+  if (again) execv("/proc/self/exe", argv);
   if (find_home(home, sizeof home)) return 2;
   setenv("REMAX_HOME", home, 1);
   Dl_info info;   /* tell the Lua side (and child luajit processes) where libremax lives */

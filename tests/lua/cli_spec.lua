@@ -19,7 +19,9 @@ end
 describe("remax version", function()
   it("names the version, the OpenBLAS kernels in use and how CUDA was built", function()
     local out = version("env")
-    assert.is_truthy(out:match("^remax %d+%.%d+%.%d+ %(OpenBLAS kernels: %w+; CUDA: [^;]+; bf16 kernels: [^\n]+%)\n$"), out)
+    assert.is_truthy(out:match("^remax %d+%.%d+%.%d+ %(OpenBLAS kernels: %w+; CUDA: [^;]+; bf16 kernels: [^\n]+%)\n"), out)
+    -- then the GEMMs each dtype trains with, and the threads
+    assert.is_truthy(out:match("\nGEMMs: f32 training: OpenBLAS sgemm %(%w+ kernels%); bf16 training: [^\n]+\nthreads: %d+ OpenMP thread"), out)
     local backend = require("ffi").string(require("remax.bind.ffi").C.rx_cuda_backend())
     local want = ({ none = "CUDA: not built", device = "CUDA: built for the GPU",
       emulated = "CUDA: emulated on the CPU (for testing, not speed)" })[backend]

@@ -86,6 +86,58 @@ describe("progress", function()
     assert.is_true(#line < 40)
   end)
 
+  it("fits 80 columns by shortening the label and leaving out whole fields, never cutting one", function()
+    local out, clock = fake_out(), fake_clock()
+    local p = progress.new({ total = 1000, label = "gsm8k-20260101-120000", out = out, tty = true, clock = clock.fn })
+    p.width = 80
+    clock.t = clock.t + 3725
+    local m = { reward = 0.4123, reward_greedy = 0.3875, kl = 0.00123, loss = -0.01234, tokens_per_s = 5321.4, reward_slow = 12.5 }
+    local full = p:format(120, m)
+    assert.is_true(#full > 79, full)   -- the case that was cut
+    p:update(120, m)
+    local line = out.text:match("\r(.-)\27%[K")
+    assert.is_true(#line <= 79, line)
+    -- every field shown is whole: each is one of the full line's fields
+    local fields = {}
+    for f in (full .. "  "):gmatch("(.-)  +") do fields[f] = true end
+    for f in (line .. "  "):gmatch("(.-)  +") do
+      assert.is_true(fields[f] or f == "gsm8k-20260~", "cut field: '" .. f .. "' in " .. line)
+    end
+    -- what matters most stays: the step, both rewards, and the ETA at the end
+    assert.matches("step  120/1000", line, 1, true)
+    assert.matches("reward 0.412", line, 1, true)
+    assert.matches("greedy 0.388", line, 1, true)
+    assert.matches("eta %d+:%d%d:%d%d$", line)
+    -- narrower still: fields go, whole
+    p.width = 30
+    local narrow = p:update(121, m)
+    assert.is_true(#narrow <= 29, narrow)
+    assert.matches("^step  121/1000  reward 0%.412", narrow)
+    -- off a terminal (a log file) the line is never shortened
+    local q = progress.new({ total = 1000, label = "gsm8k-20260101-120000", out = fake_out(), tty = false, clock = clock.fn })
+    local plain = q:update(122, m)
+    assert.matches("^gsm8k%-20260101%-120000  step  122/1000  reward 0%.412  greedy 0%.388  kl 0%.00123  loss %-0%.01234  "
+      .. "reward slow 12%.5s  5321 tok/s  ", plain)
+  end)
+
+  it("shows the greedy reward of a ReMax run", function()
+    local support = require("support")
+    local config = require("remax.settings.config")
+    local dir = support.train_dir(8)
+    local cfg = config.resolve(support.run_settings(dir, { model_config = support.tiny_model(), num_generations = 2,
+      max_completion_length = 4, per_device_train_batch_size = 2, max_steps = 1, seed = 3, dtype = "f32", hot_reload = false }))
+    assert.are.equal("remax", cfg.algo)
+    local t = require("remax.run.run").new(cfg, { quiet = true, signals = false })
+    t.quiet = false
+    t.say = function() end
+    local real, out = io.stdout, fake_out()
+    io.stdout = out
+    local ok, err = pcall(t.train, t)
+    io.stdout = real
+    assert(ok, err)
+    assert.matches("step 1/1  reward %d%.%d%d%d  greedy %d%.%d%d%d", out.text)
+  end)
+
   it("logs plain lines when not on a terminal", function()
     local out = fake_out()
     local p = progress.new({ total = 3, out = out, tty = false, clock = fake_clock().fn })

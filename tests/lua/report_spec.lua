@@ -4,6 +4,7 @@
 local config = require("remax.settings.config")
 local runs = require("remax.run.folder")
 local tensorboard = require("remax.run.tensorboard")
+local trl = require("remax.run.trl_names").tag
 local cjson = require("cjson")
 local support = require("support")
 local tmpdir, has_python = support.tmpdir, support.has_python
@@ -99,15 +100,21 @@ describe("report_to", function()
       assert.is_not_nil(e, "no event at step " .. row.step)
       for k, v in pairs(row) do
         if k ~= "step" and type(v) == "number" and v == v then
-          local got = e.scalars[k]
-          assert.is_not_nil(got, ("step %d: %s is not in the event"):format(row.step, k))
+          local got = e.scalars[trl(k)]
+          assert.is_not_nil(got, ("step %d: %s (%s) is not in the event"):format(row.step, k, trl(k)))
           assert.is_true(math.abs(got - v) <= 1e-6 * math.max(1, math.abs(v)), ("%s: %s vs %s"):format(k, got, v))
           checked = checked + 1
         end
       end
     end
     assert.is_true(checked > 30)
-    assert.is_not_nil(by_step[1].scalars["reward/lower"])
+    -- TRL's names, as transformers' TensorBoard callback writes them
+    for _, tag in ipairs({ "train/reward", "train/rewards/lower/mean", "train/kl", "train/loss", "train/grad_norm",
+      "train/learning_rate", "train/completions/mean_length", "train/completions/max_length",
+      "train/completions/clipped_ratio", "train/reward_std" }) do
+      assert.is_not_nil(by_step[1].scalars[tag], tag)
+    end
+    assert.is_nil(by_step[1].scalars["reward"])
 
     local csv = read_csv(d .. "/runs/tb/metrics.csv")
     assert.are.equal(#rows, #csv)
@@ -115,10 +122,41 @@ describe("report_to", function()
       assert.are.equal(tostring(row.step), csv[i].step)
       for k, v in pairs(row) do
         if type(v) == "number" and v == v then
-          assert.is_true(math.abs(tonumber(csv[i][k]) - v) <= 1e-9 * math.max(1, math.abs(v)), k)
+          assert.is_true(math.abs(tonumber(csv[i][trl(k)]) - v) <= 1e-9 * math.max(1, math.abs(v)), k)
         end
       end
     end
+  end)
+
+  it("leaves one value per step in TensorBoard after a resume that follows kill -9", function()
+    -- the first process logs steps 1-4, checkpoints step 2 and dies by SIGKILL after step 4;
+    -- the resumed one re-runs steps 3-5. TensorBoard (as tb_read.py --scalars reads it: files
+    -- in name order, a SessionLog START at step s dropping earlier values at steps >= s) must
+    -- show steps 1-2 of the first process and 3-5 of the second, each once.
+    local d = dir()
+    local child = [[
+      local runs = require("remax.run.folder")
+      local run = runs.open(arg[1], { report_to = { "tensorboard" } })
+      for step = 1, 4 do
+        run:log_metrics(step, { reward = step + 0.25 })
+        if step == 2 then run:save_checkpoint(2, nil, {}) end
+      end
+      local ffi = require("ffi")
+      ffi.cdef("int getpid(void); int kill(int pid, int sig);")
+      ffi.C.kill(ffi.C.getpid(), 9)
+    ]]
+    support.write(d .. "/child.lua", child)
+    local rc = os.execute(("{ luajit -e 'package.path = \"lua/?.lua;lua/?/init.lua;\" .. package.path' %s %s; } 2>/dev/null")
+      :format(support.shell_quote(d .. "/child.lua"), support.shell_quote(d .. "/r")))
+    assert.is_true(rc ~= 0 and rc ~= true, "the child was meant to die by SIGKILL")
+    local again = runs.open(d .. "/r", { resume = true, report_to = { "tensorboard" } })
+    assert.are.equal(2, again.resume_step)
+    for step = 3, 5 do again:log_metrics(step, { reward = step + 0.5 }) end
+    again:close()
+    local out, ok = capture("python3 tests/lua/tb_read.py --scalars " .. support.shell_quote(d .. "/r/tensorboard") .. " 2>&1")
+    assert.is_true(ok == true or ok == 0, "tb_read.py failed: " .. out)
+    local shown = cjson.decode(out)["train/reward"]
+    assert.are.same({ { 1, 1.25 }, { 2, 2.25 }, { 3, 3.5 }, { 4, 4.5 }, { 5, 5.5 } }, shown)
   end)
 
   it("widens metrics.csv when a metric first appears late, and starts a new event file on resume", function()
@@ -130,8 +168,9 @@ describe("report_to", function()
     run:close()
     local csv = read_csv(d .. "/r/metrics.csv")
     assert.are.equal(3, #csv)
-    assert.are.same({ step = "1", reward = "0.5", loss = "1.25", eval_accuracy = "", note = "" }, csv[1])
-    assert.are.same({ step = "2", reward = "", loss = "", eval_accuracy = "0.3", note = "a, \"quoted\" text" }, csv[3])
+    assert.are.same({ step = "1", ["train/reward"] = "0.5", ["train/loss"] = "1.25", ["eval/accuracy"] = "", ["train/note"] = "" }, csv[1])
+    assert.are.same({ step = "2", ["train/reward"] = "", ["train/loss"] = "", ["eval/accuracy"] = "0.3",
+      ["train/note"] = "a, \"quoted\" text" }, csv[3])
     -- a resumed run (no checkpoint here: it continues after step 0) keeps metrics.csv equal to
     -- metrics.jsonl and writes a second event file that starts a session at step 1
     local again = runs.open(d .. "/r", { resume = true, report_to = { "csv", "tensorboard" } })
@@ -139,7 +178,7 @@ describe("report_to", function()
     again:close()
     csv = read_csv(d .. "/r/metrics.csv")
     assert.are.equal(1, #csv)
-    assert.are.equal("0.25", csv[1].reward)
+    assert.are.equal("0.25", csv[1]["train/reward"])
     local events, nfiles = read_events(d .. "/r/tensorboard")
     assert.are.equal(2, nfiles)
     local starts = 0

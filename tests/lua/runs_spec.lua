@@ -295,4 +295,24 @@ describe("runs", function()
     _, lines = read(root .. "/r/signal.svg"):gsub("<polyline", "")
     assert.are.equal(4, lines)
   end)
+
+  it("writes config.json's numbers in the shortest text that reads back exactly (0.9, not 0.90000000000000002)", function()
+    local root = tmpdir()
+    local values = { 0.9, 0.1 + 0.2, 1e-6, 5e-6, 2 / 3, 1e300, 3.0e-7 * 3 }
+    local cfg = { beta = 0.9, temperature = 0.1 + 0.2, learning_rate = 1e-6, lr = values }
+    local run = runs.open(root .. "/r", { config = cfg })
+    local text = read(root .. "/r/config.json")
+    assert.matches('"beta": 0.9,', text, 1, true)
+    assert.matches('"learning_rate": 1e-06', text, 1, true)
+    assert.matches('"temperature": 0.30000000000000004', text, 1, true)
+    assert.is_nil(text:find("0.90000000000000002", 1, true))
+    local back = run:read_config()
+    for i, v in ipairs(values) do assert.are.equal(v, back.lr[i]) end   -- bit for bit
+    for _, v in ipairs(values) do
+      local s = runs.encode(v, { precision = "shortest" })
+      assert.are.equal(v, tonumber(s))
+      assert.is_true(#s <= #("%.17g"):format(v))
+    end
+    run:close()
+  end)
 end)

@@ -20,6 +20,7 @@ for _, decl in ipairs({
   "int isatty(int fd);",
   "struct rx_fs_winsize { unsigned short ws_row, ws_col, ws_xpixel, ws_ypixel; };",
   "int ioctl(int fd, unsigned long request, ...);",
+  "char *getcwd(char *buf, size_t size);",
   "int stat(const char *path, void *buf);",
   "int __xstat(int ver, const char *path, void *buf);",
 }) do pcall(ffi.cdef, decl) end
@@ -228,6 +229,33 @@ end
 M.is_dir, M.list_dir, M.mkdir_p, M.remove_tree = is_dir, list_dir, mkdir_p, remove_tree
 M.write_atomic, M.read_text, M.exists, M.fsync_path, M.dirname = write_atomic, read_text, file_exists, fsync_path, dirname
 M.crash_point, M.errno_text = crash_point, errno_text
+
+-- The current folder (nil when it cannot be read: removed under us).
+function M.cwd()
+  local buf = ffi.new("char[?]", 4096)
+  if C.getcwd(buf, 4096) == nil then return nil end
+  return ffi.string(buf)
+end
+
+-- path made absolute against the current folder (or `base`), "./" and "x/.." parts removed; an
+-- absolute path is only tidied.
+function M.absolute(path, base)
+  if type(path) ~= "string" or path == "" then return path end
+  if path:sub(1, 1) ~= "/" then
+    base = base or M.cwd()
+    if not base then return path end
+    path = base .. "/" .. path
+  end
+  local parts = {}
+  for part in path:gmatch("[^/]+") do
+    if part == ".." then
+      if #parts > 0 then parts[#parts] = nil end
+    elseif part ~= "." then
+      parts[#parts + 1] = part
+    end
+  end
+  return "/" .. table.concat(parts, "/")
+end
 
 -- Whether fd is a terminal (TERM=dumb counts as none), and its width in columns ( first;
 -- 100 when unknown): the progress line draws itself in place only on a terminal.

@@ -272,6 +272,10 @@ function M.main(cmd, ...)
     print(("remax %s (OpenBLAS kernels: %s; CUDA: %s; bf16 kernels: %s; bf16 training: %s, dtype auto = %s)"):format(
       remax.version(), remax.blas_core(), remax.cuda_backend(), remax.bf16_kernels(), remax.bf16_train_kernels(),
       remax.bf16_train_pays() and "bf16" or "f32"))
+    local compute = require("remax.run.compute")
+    print(("GEMMs: f32 training: %s; bf16 training: %s"):format(compute.gemms("f32"), remax.bf16_train_kernels()))
+    print(("threads: %d OpenMP thread(s)%s"):format(compute.threads(),
+      os.getenv("REMAX_THREADS_NOTE") and ("; " .. os.getenv("REMAX_THREADS_NOTE")) or ""))
     local overrides = require("remax.bind.options").overrides()
     if overrides then print("engine options set by the environment (developer overrides): " .. overrides) end
     return 0

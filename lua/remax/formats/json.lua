@@ -61,6 +61,13 @@ local function encode_number(v, precision)
     if v == 0 and 1 / v < 0 then return "-0" end
     return ("%d"):format(v)
   end
+  if precision == "shortest" then   -- the fewest digits that read back as the same double: 0.9, not 0.90000000000000002
+    for digits = 15, 16 do
+      local text = ("%." .. digits .. "g"):format(v)
+      if tonumber(text) == v then return text end
+    end
+    precision = 17
+  end
   return ("%." .. precision .. "g"):format(v)
 end
 
@@ -137,8 +144,8 @@ local function encode_value(v, o, path, depth, out)
   end
 end
 
--- opts: pretty (indent 2), strict (error on values JSON cannot hold), precision (default 17),
--- where (names the value in errors).
+-- opts: pretty (indent 2), strict (error on values JSON cannot hold), precision (default 17;
+-- "shortest": the shortest text that reads back exactly), where (names the value in errors).
 function M.encode(v, opts)
   opts = opts or {}
   local o = { pretty = opts.pretty, strict = opts.strict, precision = opts.precision or 17 }

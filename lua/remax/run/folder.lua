@@ -128,11 +128,12 @@ function M.open(dir, opts)
     local _, step = self:latest_checkpoint()
     self:truncate(step or 0)
     self.resume_step = step or 0
+    require("remax.run.history").truncate(dir, step or 0)   -- hot reloads past the checkpoint: decided again
   end
   -- report_to: TensorBoard event files, metrics.csv (remax.run.report)
   self.reporters = require("remax.run.report").open(self, opts.report_to, { resume_step = self.resume_step })
   if config ~= nil then
-    write_atomic(dir .. "/config.json", M.encode(config, { pretty = true, where = "config" }) .. "\n")
+    write_atomic(dir .. "/config.json", M.encode(config, { pretty = true, precision = "shortest", where = "config" }) .. "\n")
   end
   return self
 end
@@ -141,7 +142,7 @@ end
 -- num_train_epochs).
 function Run:write_config(config)
   self.config = config
-  write_atomic(self.dir .. "/config.json", M.encode(config, { pretty = true, where = "config" }) .. "\n")
+  write_atomic(self.dir .. "/config.json", M.encode(config, { pretty = true, precision = "shortest", where = "config" }) .. "\n")
 end
 
 -- The run's config.json as a table (nil when absent).
@@ -270,6 +271,12 @@ function Run:checkpoints()
   end
   table.sort(out, function(a, b) return a.step < b.step end)
   return out
+end
+
+-- The complete checkpoints of the run folder `dir`, without opening it (a resume reads them
+-- before it opens the run).
+function M.checkpoints(dir)
+  return Run.checkpoints({ checkpoints_dir = dir:gsub("/+$", "") .. "/" .. CHECKPOINTS })
 end
 
 -- The newest complete checkpoint: dir, step (nil when there is none).

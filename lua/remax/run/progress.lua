@@ -57,42 +57,78 @@ function M.new(opts)
   }, Progress)
 end
 
--- The status text for a step: label, step/total, metrics, elapsed and ETA from the mean step
--- time since the progress began.
-function Progress:format(step, m)
+-- The fields of a step's status, in order: {text, drop} where drop ranks what goes first when
+-- the line is too wide (nil: never dropped).
+function Progress:fields(step, m)
   m = m or {}
   local elapsed = self.clock() - self.t0
   if self.start_step == nil then self.start_step = step - 1 end
   local done = step - self.start_step
-  local parts = { self.label }
+  local f = { { self.label, 4 } }
   if self.total then
     local w = #tostring(self.total)
-    parts[#parts + 1] = ("step %" .. w .. "d/%d"):format(step, self.total)
+    f[#f + 1] = { ("step %" .. w .. "d/%d"):format(step, self.total) }
   else
-    parts[#parts + 1] = ("step %d"):format(step)
+    f[#f + 1] = { ("step %d"):format(step) }
   end
-  if m.reward ~= nil then parts[#parts + 1] = "reward " .. fmt(m.reward, "%.3f") end
-  if m.reward_greedy ~= nil then parts[#parts + 1] = "greedy " .. fmt(m.reward_greedy, "%.3f") end
-  if m.kl ~= nil then parts[#parts + 1] = "kl " .. fmt(m.kl, "%.4g") end
-  if m.loss ~= nil then parts[#parts + 1] = "loss " .. fmt(m.loss, "%.4g") end
-  if m.reward_slow ~= nil then parts[#parts + 1] = "reward slow " .. fmt(m.reward_slow, "%.1fs") end
-  if m.tokens_per_s ~= nil then parts[#parts + 1] = fmt(m.tokens_per_s, "%.0f") .. " tok/s" end
-  parts[#parts + 1] = M.duration(elapsed)
+  if m.reward ~= nil then f[#f + 1] = { "reward " .. fmt(m.reward, "%.3f"), 9 } end
+  if m.reward_greedy ~= nil then f[#f + 1] = { "greedy " .. fmt(m.reward_greedy, "%.3f"), 7 } end
+  if m.kl ~= nil then f[#f + 1] = { "kl " .. fmt(m.kl, "%.4g"), 5 } end
+  if m.loss ~= nil then f[#f + 1] = { "loss " .. fmt(m.loss, "%.4g"), 2 } end
+  if m.reward_slow ~= nil then f[#f + 1] = { "reward slow " .. fmt(m.reward_slow, "%.1fs"), 6 } end
+  if m.tokens_per_s ~= nil then f[#f + 1] = { fmt(m.tokens_per_s, "%.0f") .. " tok/s", 1 } end
+  f[#f + 1] = { M.duration(elapsed), 3 }
   if self.total then
     local eta = "?"
     if done > 0 and elapsed > 0 then eta = M.duration(elapsed / done * math.max(self.total - step, 0)) end
-    parts[#parts + 1] = "eta " .. eta
+    f[#f + 1] = { "eta " .. eta, 8 }
   end
-  return table.concat(parts, "  ")
+  return f
+end
+
+local SEP = "  "
+
+local function joined(f)
+  local parts = {}
+  for _, x in ipairs(f) do if x[1] then parts[#parts + 1] = x[1] end end
+  return table.concat(parts, SEP)
+end
+
+-- The status text for a step: label, step/total, metrics (reward, greedy reward, kl, loss, ...),
+-- elapsed and ETA from the mean step time since the progress began. width: the most columns
+-- it may take (a terminal's width less one); to fit, a long label is shortened first, then
+-- whole fields are left out, the least telling first (tok/s, loss, elapsed, label, kl, ...),
+-- never a field cut in the middle.
+function Progress:format(step, m, width)
+  local f = self:fields(step, m)
+  local text = joined(f)
+  if not width or #text <= width then return text end
+  local label = f[1][1]
+  if #label > 12 then
+    f[1][1] = label:sub(1, 11) .. "~"
+    text = joined(f)
+    if #text <= width then return text end
+  end
+  while #text > width do
+    local worst, at = -1, nil
+    for i, x in ipairs(f) do
+      if x[1] and x[2] and x[2] < 100 and (worst < 0 or x[2] < worst) then worst, at = x[2], i end
+    end
+    if not at then break end
+    f[at][1] = nil
+    text = joined(f)
+  end
+  return text
 end
 
 function Progress:update(step, metrics)
-  local text = self:format(step, metrics)
+  local text
   if self.tty then
-    if #text >= self.width then text = text:sub(1, self.width - 1) end
+    text = self:format(step, metrics, (self.width or 80) - 1)
     self.line = text
     self.out:write("\r", text, "\27[K")
   else
+    text = self:format(step, metrics)
     self.out:write(text, "\n")
   end
   self.out:flush()

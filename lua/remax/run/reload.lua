@@ -28,21 +28,31 @@ function M.snapshot(self)
 end
 
 -- Reload changed reward files (and the recipe), each checked on the last step's completions;
--- a version that fails keeps the old one. Returns how many reloads succeeded.
+-- a version that fails keeps the old one. A file's text counts as seen only once it loaded
+-- (self.watch); a failed text is remembered (self.tried) so it is not tried again every step,
+-- and the next change to any watched file retries every file still pending, so an edit saved
+-- together with a broken one is applied once the broken one is fixed. Returns how many reloads
+-- succeeded.
 function M.check(self)
   if not self.cfg.hot_reload or self.dist.size > 1 then return 0 end   -- ranks could see a change at different steps
-  local changed = {}
+  self.tried = self.tried or {}
+  local changed, fresh = {}, false
   for path, text in pairs(self.watch) do
     local now_text = read_file(path)
     if now_text and now_text ~= text then
       changed[#changed + 1] = path
-      self.watch[path] = now_text
+      if now_text ~= self.tried[path] then fresh = true end
+      self.tried[path] = now_text
     end
   end
-  if #changed == 0 then return 0 end
+  if not fresh then return 0 end
   table.sort(changed)
   local done = {}
   local recipe_changed = false
+  local function loaded(path)
+    self.watch[path] = self.tried[path]
+    self.tried[path] = nil
+  end
   for _, path in ipairs(changed) do
     local by_name = false
     for i, r in ipairs(self.stepper.rewards) do
@@ -60,22 +70,27 @@ function M.check(self)
         if ok then
           if r.close then r.close() end
           self.stepper:set_reward(i, new)
+          loaded(path)
           note_reload(self, path)
           done[#done + 1] = path
         else
-          self:say(("hot reload: %s changed but failed its check, keeping the previous version: %s"):format(path, tostring(new)))
+          self:say(("hot reload: %s changed but failed its check, keeping the previous version (tried again at its next change): %s")
+            :format(path, tostring(new)))
         end
       end
     end
     if not by_name then recipe_changed = true end
   end
   if recipe_changed and self.recipe_path then
-    local ok, err = pcall(reload_recipe, self)
+    local ok, changes = pcall(reload_recipe, self)
     if ok then
-      note_reload(self, self.recipe_path)
+      -- the recipe loaded every reward file again too: each pending text is now in force
+      for _, path in ipairs(changed) do if self.tried[path] then loaded(path) end end
+      note_reload(self, self.recipe_path, changes)
       done[#done + 1] = self.recipe_path
     else
-      self:say(("hot reload: %s changed but failed to load, keeping the previous version: %s"):format(self.recipe_path, tostring(err)))
+      self:say(("hot reload: %s changed but failed to load, keeping the previous version (tried again at the next change): %s")
+        :format(self.recipe_path, tostring(changes)))
     end
   end
   -- new reward functions may live in new files
@@ -86,11 +101,21 @@ function M.check(self)
   return #done
 end
 
-function note_reload(self, path)
+-- Says what a reload changed (setting: old -> new); for settings, records them in the run
+-- folder: config.json again (the settings in force) and a line of settings_history.jsonl with
+-- the first step that runs with them (remax.run.history).
+function note_reload(self, path, changes)
   self.reloads = self.reloads + 1
   self.pending_reloads = self.pending_reloads or {}
   table.insert(self.pending_reloads, path)
-  self:say(("hot reload: %s reloaded (reload %d)"):format(path, self.reloads))
+  local parts = {}
+  for i, c in ipairs(changes or {}) do parts[i] = ("%s: %s -> %s"):format(c.key, config.show(c.was), config.show(c.now)) end
+  self:say(("hot reload: %s reloaded (reload %d)%s"):format(path, self.reloads,
+    #parts > 0 and ("; " .. table.concat(parts, ", ")) or (changes and "; no setting changed" or "")))
+  if changes and #changes > 0 and self.run and self.run.dir and self.dist.is_root ~= false then
+    if self.run.write_config then self.run:write_config(config.serializable(self.cfg)) end
+    require("remax.run.history").append(self.run.dir, self.step + 1, path, changes)
+  end
 end
 
 -- Re-run the recipe with the same command-line overrides; take its rewards, advantage and the
@@ -113,8 +138,9 @@ function reload_recipe(self)
     end
   end
   local old_beta = self.cfg.beta
+  local before = {}
   for _, k in ipairs(config.order) do
-    if config.keys[k].hot then self.cfg[k] = cfg[k] end
+    if config.keys[k].hot then before[k] = self.cfg[k]; self.cfg[k] = cfg[k] end
   end
   config.derive(self.cfg)   -- the KL mode, sampling plan, ... of the new hot values
   if self.cfg.needs_reference and not self.stepper.ref then
@@ -135,6 +161,14 @@ function reload_recipe(self)
   if #ignored > 0 then
     self:say("hot reload: changes to " .. table.concat(ignored, ", ") .. " take effect only after a restart")
   end
+  -- the hot settings that now differ: what the reload says and the run folder records
+  local changes = {}
+  for _, k in ipairs(config.order) do
+    if config.keys[k].hot and type(self.cfg[k]) ~= "function" and config.show(before[k]) ~= config.show(self.cfg[k]) then
+      changes[#changes + 1] = { key = k, was = before[k], now = self.cfg[k] }
+    end
+  end
+  return changes
 end
 
 return M

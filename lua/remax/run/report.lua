@@ -1,7 +1,8 @@
 -- remax.run.report: where a run's metrics go besides metrics.jsonl (which is always written):
 -- report_to as TRL spells it. "tensorboard" writes event files (remax.run.tensorboard) under
 -- runs/<name>/tensorboard/, "csv" writes runs/<name>/metrics.csv, "none" nothing more, "all" both.
--- Services (wandb, mlflow, ...) are refused: the engine has no network dependency.
+-- Services (wandb, mlflow, ...) are refused: the engine has no network dependency. Both name
+-- the metrics as TRL does (train/reward, train/rewards/<name>/mean, ...: remax.run.trl_names).
 --
 --   local reporters = report.open(run, { "tensorboard", "csv" }, { resume_step = 40 })
 --   report.log(reporters, step, row);  report.close(reporters)
@@ -58,10 +59,14 @@ local function cell(v)
   return v
 end
 
-local function flat(row)   -- only scalar values go into the table
+local trl_names = require("remax.run.trl_names")
+
+local function flat(row)   -- only scalar values go into the table, under TRL's names
   local out = {}
   for k, v in pairs(row) do
-    if type(k) == "string" and (type(v) == "number" or type(v) == "string" or type(v) == "boolean") then out[k] = v end
+    if type(k) == "string" and (type(v) == "number" or type(v) == "string" or type(v) == "boolean") then
+      out[trl_names.tag(k)] = v
+    end
   end
   return out
 end
@@ -130,7 +135,7 @@ end
 
 local Tb = {}
 Tb.__index = Tb
-function Tb:log(step, row) self.w:scalars(step, row) end
+function Tb:log(step, row) self.w:scalars(step, trl_names.row(row)) end
 function Tb:close() self.w:close() end
 
 -- The reporters of a run (remax.run.folder) for a report_to list. opts.resume_step: the step a

@@ -77,7 +77,15 @@ local function read_config(dir)
   return saved
 end
 
-local function same(a, b) return config.show(a) == config.show(b) end
+-- Equal settings; data paths are compared as absolute paths (config.json records them so, and
+-- a resume may run from another folder or name the file either way).
+local function same(a, b, k)
+  if k and config.recorded_paths[k] and type(a) == "string" and type(b) == "string" then
+    local fs = require("remax.bind.fs")
+    return fs.absolute(a) == fs.absolute(b)
+  end
+  return config.show(a) == config.show(b)
+end
 
 -- recipe table + command-line overrides (which hold resume) -> the resumed run's config and the
 -- list of changes { {key =, was =, now =, from = "command line"|"recipe"} }. Raises naming every
@@ -94,6 +102,13 @@ function M.resolve(recipe, overrides, opts)
   local merged = {}
   for k, v in pairs(recipe or {}) do merged[k] = v end
   -- the recipe as it is now, with defaults (a recipe that is only valid with the run's command
+  -- config.json holds the settings of the newest hot reload; those that took effect after the
+  -- checkpoint are undone, so the run continues with the settings in force at it
+  local history = require("remax.run.history")
+  local ckpts = runs.checkpoints(dir)
+  local at = ckpts[#ckpts] and ckpts[#ckpts].step or 0
+  local undone
+  saved, undone = history.at_step(saved, history.read(dir), at)
   -- line is taken as written)
   local rok, recipe_cfg = pcall(config.resolve, recipe, {}, { where = opts.where })
   if not rok then recipe_cfg = recipe end
@@ -108,7 +123,7 @@ function M.resolve(recipe, overrides, opts)
   local cfg = config.resolve(merged, overrides, { where = dir .. "/config.json" })
   local changes, refused = {}, {}
   for _, k in ipairs(config.order) do
-    if not SKIP[k] and not opaque(cfg[k]) and not same(saved[k], cfg[k]) then
+    if not SKIP[k] and not opaque(cfg[k]) and not same(saved[k], cfg[k], k) then
       local from = overrides[k] ~= nil and "command line" or "recipe"
       if M.immutable[k] then
         refused[#refused + 1] = ("%s (%s -> %s: %s)"):format(k, config.show(saved[k]), config.show(cfg[k]), M.immutable[k])
@@ -124,9 +139,12 @@ function M.resolve(recipe, overrides, opts)
   -- settings the recipe now gives otherwise, which the run keeps (said, so an edit is not lost silently)
   for _, k in ipairs(config.order) do
     if not SKIP[k] and overrides[k] == nil and saved[k] ~= nil and not opaque(recipe_cfg[k])
-      and not same(recipe_cfg[k], cfg[k]) then
+      and not same(recipe_cfg[k], cfg[k], k) then
       changes[#changes + 1] = { key = k, was = saved[k], now = cfg[k], recipe = recipe_cfg[k], from = "kept" }
     end
+  end
+  for _, u in ipairs(undone) do
+    changes[#changes + 1] = { key = u.key, was = u.was, now = saved[u.key], from = "history", step = u.step, checkpoint = at }
   end
   return cfg, changes
 end
@@ -135,7 +153,10 @@ end
 function M.describe(dir, changes)
   local lines = {}
   for _, c in ipairs(changes) do
-    if c.from == "kept" then
+    if c.from == "history" then
+      lines[#lines + 1] = ("resume %s: %s = %s as it was at the checkpoint (step %d; a hot reload set %s from step %d)")
+        :format(dir, c.key, config.show(c.now), c.checkpoint, config.show(c.was), c.step)
+    elseif c.from == "kept" then
       lines[#lines + 1] = ("resume %s: %s = %s as the run had it (the recipe now says %s; give --%s to change it)")
         :format(dir, c.key, config.show(c.now), config.show(c.recipe), c.key)
     else

@@ -293,7 +293,8 @@ function methods.finish_step(self, m, ro)
   if self.progress and (self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps) then
     local rewards = require("remax.step.rewards")
     local slow = rewards.is_slow(m.time_score, m.time_generate, rewards.limit(cfg.reward_timeout, m.time_generate))
-    self.progress:update(self.step, { reward = m.reward, kl = m.kl, tokens_per_s = m.tokens_per_s, loss = m.loss,
+    self.progress:update(self.step, { reward = m.reward, reward_greedy = m.reward_greedy, kl = m.kl,
+      tokens_per_s = m.tokens_per_s, loss = m.loss,
       reward_slow = slow and m.time_score or nil })
   end
   if not self.quiet and not self.progress and (self.step % cfg.logging_steps == 0) then
@@ -336,6 +337,7 @@ function methods.train(self, loop)
   self:say(("run %s: %s, model %s (%d parameters), %d prompts per step, template %s"):format(self.run_dir,
     cfg.algo, self.model_source or "random init", self.model:num_parameters(), self.global_prompts_per_step, self.template_name))
   self:say(("dtype %s (%s)"):format(cfg.dtype, cfg.dtype_reason or ("set by " .. config.source(cfg, "dtype"))))
+  self:say(require("remax.run.compute").describe(cfg.dtype, cfg.device))   -- GEMMs and threads
   if self.dist.size > 1 then
     self:say(("%d ranks (%s), %d prompts each per step%s"):format(self.dist.size, self.dist.backend,
       self.prompts_per_step, cfg.hot_reload and "; hot reload is off with more than one rank" or ""))

@@ -9,11 +9,17 @@
 -- masked CRC-32C of those 8 bytes, the payload, the masked CRC-32C of the payload. Each payload
 -- is an Event protobuf: wall_time (1, double), step (2, int64), file_version (3, string: the
 -- first record says "brain.Event:2"), summary (5: Summary { repeated Value value = 1 } with Value
--- { string tag = 1; float simple_value = 2 }), session_log (6: SessionLog { status = 1 }; START
--- at a resumed step tells TensorBoard to drop what an earlier process logged past it).
+-- { string tag = 1; float simple_value = 2 }), session_log (7: SessionLog { SessionStatus status = 1 },
+-- START = 1; field 6 is the deprecated log_message). A START at a resumed step tells TensorBoard
+-- to drop what an earlier process logged at that step or later (its purge of orphaned data).
+-- TensorBoard reads a folder's files in name order, so a new file's name sorts after the ones
+-- already there (its time part is at least one second past theirs).
 local ffi = require("ffi")
 
 local M = {}
+
+M.SESSION_LOG_FIELD = 7   -- Event.session_log in event.proto
+M.SESSION_START = 1       -- SessionLog.SessionStatus.START
 
 ---------------------------------------------------------------------------------------------
 -- CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), table-driven.
@@ -83,7 +89,7 @@ function M.event(e)
     end
     parts[#parts + 1] = field_bytes(5, table.concat(values))
   end
-  if e.start then parts[#parts + 1] = field_bytes(6, varint(1 * 8 + 0) .. varint(1)) end
+  if e.start then parts[#parts + 1] = field_bytes(M.SESSION_LOG_FIELD, varint(1 * 8 + 0) .. varint(M.SESSION_START)) end
   return table.concat(parts)
 end
 
@@ -114,6 +120,10 @@ function M.open(dir, opts)
   opts = opts or {}
   require("remax.bind.fs").mkdir_p(dir)
   local t = os.time()
+  for _, name in ipairs(require("remax.bind.fs").list_dir(dir)) do
+    local seen = tonumber(name:match("^events%.out%.tfevents%.(%d+)%."))
+    if seen and seen >= t then t = seen + 1 end   -- sort after the earlier process's file
+  end
   local pid = require("remax.bind.ipc").pid()
   local path = ("%s/events.out.tfevents.%d.%s.%d.remax"):format(dir, t, hostname(), pid)
   local k = 1

@@ -189,6 +189,8 @@ end
 -- Settings of TRL's GRPOConfig / transformers' TrainingArguments that remax does not have, with
 -- the reason and what to use instead (a TRL user brings them; "did you mean" would mislead).
 M.not_supported = {
+  use_peft = "remax's name is use_lora (--use_lora true; lora_r, lora_alpha, lora_dropout and lora_target_modules as in PEFT's LoraConfig)",
+  peft_config = "give the LoRA settings as keys: use_lora = true, lora_r, lora_alpha, lora_dropout, lora_target_modules",
   use_vllm = "remax generates with its own engine (batched decode with a KV cache); there is no vLLM",
   bf16 = "use --dtype bf16 (bf16 mixed precision; the default, auto, picks it where the CPU's bf16 GEMMs pay)",
   fp16 = "f16 compute is not supported; use --dtype bf16 (or f32)",
@@ -461,6 +463,9 @@ function M.resolve(recipe, overrides, opts)
   -- num_train_epochs without max_steps: the trainer sets max_steps once it knows the data's size
   cfg.steps_from_epochs = cfg.num_train_epochs ~= nil and not given.max_steps
   cfg.inert_notes = require("remax.settings.inert").check(cfg, given, M.keys)   -- printed once when a run starts
+  for _, note in ipairs(require("remax.settings.inert").trl_notes(cfg, given, overrides)) do   -- TRL values that mean otherwise here
+    cfg.inert_notes[#cfg.inert_notes + 1] = note
+  end
   return cfg
 end
 
@@ -585,11 +590,16 @@ function M.validate(cfg)
 end
 
 -- A JSON-safe copy (functions become "function (file:line)", reward tables their names).
+-- Data files are recorded with absolute paths (a relative one is resolved from the current
+-- folder, as the run read it), so that --resume works from any folder.
+M.recorded_paths = { data = true, eval_data = true }
+
 function M.serializable(cfg)
   local out = {}
   for _, k in ipairs(M.order) do
     local v = cfg[k]
-    if type(v) == "function" then v = show(v)
+    if M.recorded_paths[k] and type(v) == "string" then v = require("remax.bind.fs").absolute(v)
+    elseif type(v) == "function" then v = show(v)
     elseif k == "rewards" and type(v) == "table" then
       local names = {}
       for i, x in ipairs(v) do names[i] = type(x) == "string" and x or show({ x }) end

@@ -3,6 +3,9 @@
 -- once, at the start, instead of silently ignoring it. See docs/trainer.md.
 --
 --   local lines = inert.check(cfg, given)   -- given[key] = true for keys the recipe or command line set
+--
+-- It also says where a value copied from TRL means something else here (M.trl_notes, and
+-- M.data_notes once the data is loaded): see docs/trainer.md, "Coming from TRL".
 local M = {}
 
 local function rl_algo(cfg) return cfg.algo ~= "sft" end
@@ -48,6 +51,44 @@ function M.check(cfg, given, keys)
     end
   end
   return out
+end
+
+-- Notes for values a TRL user copies whose meaning differs here. given: keys the recipe or
+-- command line set; cli: the command line's settings.
+function M.trl_notes(cfg, given, cli)
+  local out = {}
+  cli = cli or {}
+  if given.per_device_train_batch_size and rl_algo(cfg) then
+    local n, g = cfg.per_device_train_batch_size, cfg.num_generations or 1
+    local greedy = cfg.generate_greedy and 1 or 0
+    local rows = n * (g + greedy)
+    out[#out + 1] = ("note: per_device_train_batch_size = %d counts prompts (TRL counts completions): each micro-batch is "
+      .. "%d prompts x %d rows (%d generations%s) = %d rows; TRL's per_device_train_batch_size = %d with num_generations = %d "
+      .. "is per_device_train_batch_size = %s here"):format(n, n, g + greedy, g, greedy > 0 and " + 1 greedy" or "", rows, n, g,
+      (n % g == 0) and tostring(math.floor(n / g)) or ("%d / %d (not a whole number of prompts)"):format(n, g))
+  end
+  if cli.data ~= nil and cli.eval_data == nil and cfg.eval_data == nil and type(cfg.data) == "string" and (cfg.eval_size or 0) > 0 then
+    out[#out + 1] = ("note: --data %s without --eval_data: this run skips evaluation (a data file has no test split; "
+      .. "the recipe's evaluation, if any, came from its own data); give --eval_data FILE to evaluate"):format(cfg.data)
+  end
+  return out
+end
+
+-- Notes about the training rows of a data file, once they are loaded: plain-string prompts
+-- (TRL's standard, non-conversational format, which TRL passes to the model as written) are
+-- rendered here as one user message through the chat template. Nothing to say under
+-- chat_template = "plain", which leaves a string as it is. (A recipe's data function makes rows
+-- for its own template: not said.)
+function M.data_notes(rows, template_name, source)
+  local first = rows and rows[1]
+  if not first or type(first.prompt) ~= "string" or template_name == "plain" then return {} end
+  local line = ("note: the prompts of %s are plain strings (TRL's standard format, which TRL passes to the model as "
+    .. "written); remax renders each as one user message through the chat template '%s'. For the text as written, "
+    .. "set chat_template = \"plain\""):format(source or "the data", tostring(template_name))
+  if template_name == "qa" and first.prompt:match("^%s*Question:") then
+    line = line .. (" (the prompts already start with \"Question:\", and the qa template adds another)")
+  end
+  return { line }
 end
 
 return M
