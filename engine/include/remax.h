@@ -182,6 +182,18 @@ int rx_attention_forward(rx_tensor *out, rx_tensor *lse, const rx_tensor *q, con
 int rx_attention_backward(rx_tensor *dq, rx_tensor *dk, rx_tensor *dv, const rx_tensor *dout,
                           const rx_tensor *q, const rx_tensor *k, const rx_tensor *v,
                           const rx_tensor *out, const rx_tensor *lse, const rx_tensor *mask, double scale);
+/* The same over packed rows (padding-free training): cu_seqlens i32 [S+1] on q's device holds
+ * the boundaries of S rows laid end to end along the time axis, 0 = cu[0] <= ... <= cu[S] = N,
+ * with q [1,N,H,D], k, v [1,N,KV,D] and lse [1,H,N]. A query attends causally to the keys of
+ * its own row only (row r: tokens [cu[r], cu[r+1])). NULL cu_seqlens is rx_attention_forward /
+ * rx_attention_backward: each batch row one sequence, which is the case of B rows of equal
+ * length T. mask may be given as well ([1,N]). */
+int rx_attention_forward_seq(rx_tensor *out, rx_tensor *lse, const rx_tensor *q, const rx_tensor *k,
+                             const rx_tensor *v, const rx_tensor *mask, const rx_tensor *cu_seqlens, double scale);
+int rx_attention_backward_seq(rx_tensor *dq, rx_tensor *dk, rx_tensor *dv, const rx_tensor *dout,
+                              const rx_tensor *q, const rx_tensor *k, const rx_tensor *v,
+                              const rx_tensor *out, const rx_tensor *lse, const rx_tensor *mask,
+                              const rx_tensor *cu_seqlens, double scale);
 
 /* ---------------------------------------------------------------- optimizer */
 
@@ -304,6 +316,13 @@ typedef struct rx_forward_opts {
  * [B,T,vocab] logits never exist: the head works on tiles of rows by slices of the vocabulary. */
 int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, rx_tensor *logp,
                       rx_tensor *entropy, const rx_forward_opts *opts);
+/* The same over packed rows (padding-free training): tokens i32 [1,N] hold S rows end to end,
+ * row r the tokens [cu[r], cu[r+1]) of cu_seqlens (cpu i32 [S+1], 0 = cu[0] < cu[1] < ... <
+ * cu[S] = N). Each row is what it would be alone: positions restart at 0 at each row, attention
+ * stays within it, and logp[0, cu[r]] (a row's first token) is 0. logp, entropy: [1,N].
+ * rx_model_backward / rx_model_backward_entropy then take dlogp [1,N]. */
+int rx_model_logprobs_packed(rx_model *m, const rx_tensor *tokens, const rx_tensor *cu_seqlens, rx_tensor *logp,
+                             rx_tensor *entropy, const rx_forward_opts *opts);
 /* Accumulates parameter gradients of sum(dlogp * logp) for the last train forward. */
 int rx_model_backward(rx_model *m, const rx_tensor *dlogp);
 /* The same for sum(dlogp * logp + dentropy * entropy): entropy as rx_model_logprobs returns it.
