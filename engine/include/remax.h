@@ -328,6 +328,15 @@ int rx_model_backward(rx_model *m, const rx_tensor *dlogp);
 /* The same for sum(dlogp * logp + dentropy * entropy): entropy as rx_model_logprobs returns it.
  * dentropy NULL is rx_model_backward. */
 int rx_model_backward_entropy(rx_model *m, const rx_tensor *dlogp, const rx_tensor *dentropy);
+/* The sizes the activation plan of a (B,T) forward takes (the one place they are computed; Lua's
+ * memory checks ask here): the activations' arena and the head's logits tile, in bytes, for a
+ * model of config cfg (as rx_model_get_config returns it) and opts (train, checkpoint, head
+ * chunks). Packed rows of N tokens plan as (1, N). Allocates nothing. */
+int rx_model_plan_bytes(const rx_model_config *cfg, int64_t B, int64_t T, const rx_forward_opts *opts,
+                        int64_t *activation_bytes, int64_t *head_bytes);
+/* Sizes the activation plan for a token budget once: every later forward of at most `tokens`
+ * tokens (packed rows, or B*T <= tokens padded) reuses the arena (it only grows). */
+int rx_model_reserve(rx_model *m, int64_t tokens, const rx_forward_opts *opts);
 /* Bytes held by parameters, gradients, the activation plan of the last (B,T) shape, and the
  * head's logits chunk. */
 typedef struct rx_model_memory {

@@ -308,8 +308,7 @@ static void alias(rx_tensor *t, const rx_tensor *of, int32_t ndim, int64_t d0, i
   rx_view_init(t, of->data, of->dtype, of->device, ndim, shape);
 }
 
-static void carve_plan(rx_model *m, plan *p, carver *c) {
-  const rx_model_config *cfg = &m->cfg;
+static void carve_plan(const rx_model_config *cfg, plan *p, carver *c) {
   const int64_t B = p->B, T = p->T, N = B * T, L = cfg->num_hidden_layers, C = cfg->hidden_size;
   const int64_t I = cfg->intermediate_size, H = cfg->num_attention_heads, KV = cfg->num_key_value_heads;
   const int64_t D = cfg->head_dim, dt = cfg->dtype, st = rx_model_master_dtype(cfg);   /* st: statistics */
@@ -380,25 +379,63 @@ static void carve_plan(rx_model *m, plan *p, carver *c) {
   }
 }
 
+/* The head's logits, ~32 MB at once (big enough for efficient GEMMs, small next to the model):
+ * tiles of up to 1024 rows (more when the whole vocabulary of that many fits) by vocabulary
+ * slices of what the budget leaves (head.c), for N rows. */
+static void head_tile(const rx_model_config *cfg, int64_t N, const rx_forward_opts *opts, int64_t *rows, int64_t *cols) {
+  const int64_t budget = 32ll << 20, es = rx_dtype_size(cfg->dtype), V = cfg->vocab_size;
+  int64_t chunk = opts && opts->head_chunk_rows > 0 ? opts->head_chunk_rows : 0;
+  if (!chunk) {
+    chunk = budget / (V * es);
+    if (chunk < 1024) chunk = 1024;
+  }
+  if (chunk > N) chunk = N;
+  int64_t c = opts && opts->head_chunk_vocab > 0 ? opts->head_chunk_vocab : budget / (chunk * es) / 16 * 16;
+  if (c < 16) c = 16;
+  if (c > V) c = V;
+  *rows = chunk;
+  *cols = c;
+}
+
+int rx_model_plan_bytes(const rx_model_config *cfg, int64_t B, int64_t T, const rx_forward_opts *opts,
+                        int64_t *activation_bytes, int64_t *head_bytes) {
+  *activation_bytes = *head_bytes = 0;
+  if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "plan_bytes: B = %lld and T = %lld must be at least 1", (long long)B, (long long)T);
+  plan p;
+  memset(&p, 0, sizeof p);
+  const int32_t train = opts && opts->train, checkpoint = train && opts->checkpoint;
+  const int64_t L = cfg->num_hidden_layers;
+  p.B = B; p.T = T; p.train = train; p.checkpoint = checkpoint; p.layer_sets = train && !checkpoint ? L : 1;
+  p.res = calloc((size_t)(L + 1), sizeof *p.res);
+  p.acts = calloc((size_t)p.layer_sets, sizeof *p.acts);
+  if (!p.res || !p.acts) { free(p.res); free(p.acts); return rx_fail(RX_ENOMEM, "plan_bytes: out of memory"); }
+  carver sizing = {NULL, 0, cfg->dtype, cfg->device};
+  carve_plan(cfg, &p, &sizing);
+  free(p.res);
+  free(p.acts);
+  int64_t rows, cols;
+  head_tile(cfg, B * T, opts, &rows, &cols);
+  *activation_bytes = sizing.used;
+  *head_bytes = rows * cols * rx_dtype_size(cfg->dtype);
+  return RX_OK;
+}
+
+int rx_model_reserve(rx_model *m, int64_t tokens, const rx_forward_opts *opts) {
+  if (tokens < 1) return rx_fail(RX_EINVAL, "reserve: tokens = %lld must be at least 1", (long long)tokens);
+  const uint64_t forwards = rx_model_lora_forward_count(m);   /* planning is no forward: dropout masks stay */
+  const int rc = rx_model_plan(m, 1, tokens, opts);
+  rx_model_lora_set_forward_count(m, forwards);
+  return rc;
+}
+
 /* Plans activations for (B, T, mode); reuses the arena when the shape and mode are unchanged
  * (the usual case: every step has the same shape), and grows it otherwise. */
 int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts) {
   plan *p = &m->plan;
   const int32_t train = opts && opts->train, checkpoint = train && opts->checkpoint;
-  const int64_t L = m->cfg.num_hidden_layers, V = m->cfg.vocab_size;
-  /* The head's logits, ~32 MB at once (big enough for efficient GEMMs, small next to the
-   * model): tiles of up to 1024 rows (more when the whole vocabulary of that many fits) by
-   * vocabulary slices of what the budget leaves (head.c). */
-  const int64_t budget = 32ll << 20, es = rx_dtype_size(m->cfg.dtype);
-  int64_t chunk = opts && opts->head_chunk_rows > 0 ? opts->head_chunk_rows : 0, cols;
-  if (!chunk) {
-    chunk = budget / (V * es);
-    if (chunk < 1024) chunk = 1024;
-  }
-  if (chunk > B * T) chunk = B * T;
-  cols = opts && opts->head_chunk_vocab > 0 ? opts->head_chunk_vocab : budget / (chunk * es) / 16 * 16;
-  if (cols < 16) cols = 16;
-  if (cols > V) cols = V;
+  const int64_t L = m->cfg.num_hidden_layers, es = rx_dtype_size(m->cfg.dtype);
+  int64_t chunk, cols;
+  head_tile(&m->cfg, B * T, opts, &chunk, &cols);
   const int64_t sets = train && !checkpoint ? L : 1;
   if (train) rx_lora_begin_train_forward(m);   /* a new dropout mask per train forward */
   if (p->arena && p->B == B && p->T == T && p->train == train && p->checkpoint == checkpoint && p->head_rows == chunk &&
@@ -427,7 +464,7 @@ int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts
     return rx_fail(RX_ENOMEM, "out of memory for the activation plan");
   }
   carver sizing = {NULL, 0, m->cfg.dtype, dev};
-  carve_plan(m, p, &sizing);
+  carve_plan(&m->cfg, p, &sizing);
   if (sizing.used > capacity) {
     rx_arena_free(dev, old_arena, arena_handle);
     old_arena = rx_arena_alloc(dev, (size_t)sizing.used, "activations", 0, &arena_handle);
@@ -444,7 +481,7 @@ int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts
   p->capacity = capacity;
   p->bytes = sizing.used;
   carver real = {p->arena, 0, m->cfg.dtype, dev};
-  carve_plan(m, p, &real);
+  carve_plan(&m->cfg, p, &real);
   if (dev == RX_CPU) {
     p->h_tokens = p->tokens.data;
     p->h_mask = p->mask.data;
