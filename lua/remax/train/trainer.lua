@@ -27,6 +27,7 @@ local tensor = require("remax.bind.tensor")
 local optim = require("remax.bind.optim")
 local dist = require("remax.bind.dist")
 local fit = require("remax.train.fit")
+local pack = require("remax.step.pack")   -- padding-free training (issue 38)
 local rollout = require("remax.train.rollout")
 local now = require("remax.bind.clock").now
 
@@ -222,14 +223,14 @@ end
 
 -- prompt .. completion token lists of rows, and where each completion starts.
 local function row_seqs(rows)
-  local seqs, starts = {}, {}
+  local seqs, starts, lens = {}, {}, {}
   for n, row in ipairs(rows) do
     local s = {}
     for i = 1, #row.prompt_ids do s[i] = row.prompt_ids[i] end
     for i = 1, #row.completion do s[#row.prompt_ids + i] = row.completion[i] end
-    seqs[n], starts[n] = s, #row.prompt_ids
+    seqs[n], starts[n], lens[n] = s, #row.prompt_ids, #row.completion
   end
-  return seqs, starts
+  return seqs, starts, lens
 end
 
 -- The completion part of each row of a [B, T] tensor (logprobs, entropies) as Lua lists.
@@ -243,18 +244,91 @@ end
 -- the training forward computes on the same micro-batch (same rows, same padding), so the
 -- first of num_iterations updates sees a ratio of exactly 1. Stored as row.old.
 function Trainer:set_old_logprobs(rows)
+  if self.cfg.padding_free then   -- packing: the same packs as the training forward (micro_step)
+    for _, sub in ipairs(self:packs(rows)) do
+      local seqs, starts, lens = row_seqs(sub)
+      local old = pack.forward(self.model, seqs, starts, lens, { train = true, checkpoint = self.cfg.gradient_checkpointing })
+      for n, row in ipairs(sub) do row.old = old[n] end
+    end
+    return
+  end
   local seqs, starts = row_seqs(rows)
   local logp = self.model:logprobs(seqs, nil, { train = true, checkpoint = self.cfg.gradient_checkpointing })
   local old = completion_values(logp, rows, starts)
   for n, row in ipairs(rows) do row.old = old[n] end
 end
 
--- Forward, loss weights and backward for one micro-batch of rows; returns stats.
--- chunk.tokens: the loss tokens of the micro-batch (bnpo's normaliser, skipped rows included).
-function Trainer:micro_step(rows, totals, chunk)
+-- ---- padding-free training (issue 38; remax.step.pack) ----
+-- The packs of a micro-batch's rows: with padding_free, balanced packs of at most
+-- max_tokens_per_microbatch tokens (one pack without a budget); else the micro-batch itself.
+function Trainer:packs(rows)
+  if not self.cfg.padding_free then return { rows } end
+  local lens = {}
+  for n, row in ipairs(rows) do lens[n] = #row.prompt_ids + #row.completion end
+  local out = {}
+  for p, idx in ipairs(pack.split(lens, self.cfg.max_tokens_per_microbatch, ("step %d"):format(self.step + 1))) do
+    local sub = {}
+    for j, i in ipairs(idx) do sub[j] = rows[i] end
+    out[p] = sub
+  end
+  return out
+end
+
+-- One micro-batch (a normalisation unit: its loss tokens are chunk.tokens) as one or more packs,
+-- each a forward and a backward, their gradients summed as the micro-batches' are (acc.earlier:
+-- a gradient is already held). What the loss needs from the whole micro-batch (top-entropy
+-- masks, the entropy bonus's token count) is computed over all its rows first, so packing
+-- changes nothing but the summation order. Returns the summed stats.
+function Trainer:micro_step(rows, totals, chunk, acc)
   local cfg = self.cfg
-  chunk = chunk or {}
-  local seqs, starts = row_seqs(rows)
+  acc = acc or {}
+  local packs = self:packs(rows)
+  local pre = {}
+  if #packs > 1 and cfg.algo ~= "sft" then
+    local masked = {}
+    for n, row in ipairs(rows) do masked[n] = row.masked end
+    if cfg.top_entropy_quantile < 1 then   -- the quantile is over the whole micro-batch's tokens
+      local ents = {}
+      for _, sub in ipairs(packs) do
+        local seqs, starts, lens = row_seqs(sub)
+        local _, e = pack.forward(self.model, seqs, starts, lens, { entropy = true })
+        for n, row in ipairs(sub) do ents[row] = e[n] end
+      end
+      local list = {}
+      for n, row in ipairs(rows) do list[n] = ents[row] end
+      local masks = algos.entropy_masks(list, masked, cfg.top_entropy_quantile)
+      pre.masks = {}
+      for n, row in ipairs(rows) do pre.masks[row] = masks[n] end
+    end
+    local count = 0   -- the entropy bonus's tokens of the micro-batch
+    for _, row in ipairs(rows) do
+      if not row.masked then
+        local m = pre.masks and pre.masks[row]
+        for t = 1, #row.completion do if not m or m[t] == 1 then count = count + 1 end end
+      end
+    end
+    pre.count = count
+  end
+  local total
+  for _, sub in ipairs(packs) do
+    local st = self:pack_step(sub, totals, chunk, pre, acc)
+    if not total then total = st
+    else
+      for k, v in pairs(st) do total[k] = total[k] + v end
+    end
+  end
+  return total
+end
+-- ---- end of padding-free training ----
+
+-- Forward, loss weights and backward for one pack of rows of a micro-batch (micro_step);
+-- returns stats. chunk.tokens: the loss tokens of the micro-batch (bnpo's normaliser, skipped
+-- rows included); pre: what micro_step computed over the whole micro-batch (masks, count).
+function Trainer:pack_step(rows, totals, chunk, pre, acc)
+  local cfg = self.cfg
+  chunk, pre, acc = chunk or {}, pre or {}, acc or {}
+  local seqs, starts, clens = row_seqs(rows)
+  local packed = cfg.padding_free
   local sft = cfg.algo == "sft"
   local use_ref = cfg.kl_mode == "k3"
   -- the reference first: with LoRA it is the policy's own model, whose last forward before the
@@ -265,19 +339,29 @@ function Trainer:micro_step(rows, totals, chunk)
       refs = {}
       for n, row in ipairs(rows) do refs[n] = row.ref_lp end
     else
-      refs = completion_values(self.ref:logprobs(seqs), rows, starts)
+      refs = packed and pack.forward(self.ref, seqs, starts, clens) or completion_values(self.ref:logprobs(seqs), rows, starts)
       if cfg.num_iterations > 1 then for n, row in ipairs(rows) do row.ref_lp = refs[n] end end
     end
   end
-  local T = 0
-  for _, s in ipairs(seqs) do if #s > T then T = #s end end
-  fit.check_train(self.model, #seqs, T, { checkpoint = cfg.gradient_checkpointing, what = ("step %d"):format(self.step + 1) })
-  local logp, ent = self.model:logprobs(seqs, nil, { train = true, checkpoint = cfg.gradient_checkpointing,
-    entropy = true })
-  local B, T = logp:size(1), logp:size(2)
-  local lps, ents = completion_values(logp, rows, starts), completion_values(ent, rows, starts)
+  local T, N = 0, 0
+  for _, s in ipairs(seqs) do T, N = math.max(T, #s), N + #s end
+  local what = ("step %d"):format(self.step + 1)
+  if packed then fit.check_train(self.model, 1, N, { checkpoint = cfg.gradient_checkpointing, what = what })
+  else fit.check_train(self.model, #seqs, T, { checkpoint = cfg.gradient_checkpointing, what = what }) end
+  local fopts = { train = true, checkpoint = cfg.gradient_checkpointing, entropy = true }
+  local logp, ent, lps, ents, fwd, B
+  if packed then
+    lps, ents, fwd = pack.forward(self.model, seqs, starts, clens, fopts)
+  else
+    logp, ent = self.model:logprobs(seqs, nil, fopts)
+    B, T = logp:size(1), logp:size(2)
+    lps, ents = completion_values(logp, rows, starts), completion_values(ent, rows, starts)
+  end
   local masks
-  if cfg.top_entropy_quantile < 1 and not sft then
+  if pre.masks then
+    masks = {}
+    for n, row in ipairs(rows) do masks[n] = pre.masks[row] end
+  elseif cfg.top_entropy_quantile < 1 and not sft then
     local masked = {}
     for n, row in ipairs(rows) do masked[n] = row.masked end
     masks = algos.entropy_masks(ents, masked, cfg.top_entropy_quantile)
@@ -304,11 +388,18 @@ function Trainer:micro_step(rows, totals, chunk)
     for n, row in ipairs(rows) do masked[n] = row.masked end
     local bonus
     dent, bonus = algos.entropy_bonus(ents, { coef = cfg.entropy_coef, masks = masks, masked = masked,
-      agg = cfg.aggregation, num_tokens = totals.tokens, chunks = totals.chunks })
+      agg = cfg.aggregation, num_tokens = totals.tokens, chunks = totals.chunks, count = pre.count })
     stats.loss = stats.loss + bonus
   end
-  self.model:backward(tensor.from_row_spans(weights, starts, B, T, logp:dtype_name()),
-    dent and tensor.from_row_spans(dent, starts, B, T, logp:dtype_name()) or nil)
+  if acc.earlier then self.model:hold_grads() end   -- this pack's gradient from zero, then added
+  if packed then
+    self.model:backward(pack.gradient(fwd, weights), dent and pack.gradient(fwd, dent) or nil)
+  else
+    self.model:backward(tensor.from_row_spans(weights, starts, B, T, logp:dtype_name()),
+      dent and tensor.from_row_spans(dent, starts, B, T, logp:dtype_name()) or nil)
+  end
+  if acc.earlier then self.model:add_held_grads() end
+  acc.earlier = true
   return stats
 end
 
@@ -359,13 +450,10 @@ function Trainer:update(ro)
   for it = 1, mu do
     self.model:zero_grad()
     local loss, kl_sum, tokens, trained, ent_sum, ent_n = 0, 0, 0, 0, 0, 0
-    local earlier = false
+    local acc = { earlier = false }   -- micro_step holds and adds the gradients of each pack
     for _, c in ipairs(chunks) do
       if #c.rows > 0 then
-        if earlier then self.model:hold_grads() end
-        local st = self:micro_step(c.rows, totals, c)
-        if earlier then self.model:add_held_grads() end
-        earlier = true
+        local st = self:micro_step(c.rows, totals, c, acc)
         loss, kl_sum, tokens = loss + st.loss, kl_sum + st.kl_sum, tokens + st.tokens
         ent_sum, ent_n = ent_sum + st.entropy_sum, ent_n + st.entropy_n
         out.clip_low, out.clip_high, out.clip_n = out.clip_low + st.clip_low, out.clip_high + st.clip_high,
