@@ -392,6 +392,10 @@ int rx_model_lora_merged(rx_model *m, int64_t param, rx_tensor *out);
  * inference forward (no gradients, adapters as they are set). */
 int rx_model_hidden_at(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, const int64_t *index,
                        rx_tensor *out);
+/* The same over packed rows (tokens [1,N], cu_seqlens as rx_model_logprobs_packed): out [S,C]
+ * row r is the hidden state at token index[r] of packed row r (0 <= index[r] < its length). */
+int rx_model_hidden_at_packed(rx_model *m, const rx_tensor *tokens, const rx_tensor *cu_seqlens, const int64_t *index,
+                              rx_tensor *out);
 
 /* ---------------------------------------------------------------- generation */
 

@@ -577,6 +577,27 @@ static void check_packed_case(int variant, int lora, int checkpoint, int left, i
     CHECK(eg < tol, "%s, order %d: packed gradients differ from padded by %.3g (relative)", label, order, eg);
     CHECK(lp_got[0] == 0 && lp_got[TP] == 0, "%s: a row's first token has logp 0", label);
   }
+  /* the reward models' hidden state at each row's last token: packed = padded */
+  {
+    int64_t ip[S], ik[S];
+    const int64_t hs[2] = {S, cfg.hidden_size};
+    rx_tensor *hp, *hk;
+    rx_tensor_new(&hp, RX_F32, RX_CPU, 2, hs); rx_tensor_new(&hk, RX_F32, RX_CPU, 2, hs);
+    for (int64_t r = 0; r < S; r++) ip[r] = left ? TP - 1 : len[r] - 1, ik[r] = len[S - 1 - r] - 1;
+    CHECK_OK(rx_model_hidden_at(m, ptok, pmask, ip, hp));
+    CHECK_OK(rx_model_hidden_at_packed(m, ktok, kcu, ik, hk));
+    /* ktok holds the last packing (reversed): row r sits at packed row S - 1 - r */
+    float got[S * 64], want[S * 64];
+    const int64_t C = cfg.hidden_size;
+    for (int64_t r = 0; r < S && C <= 64; r++)
+      for (int64_t j = 0; j < C; j++) {
+        want[r * C + j] = ((float *)hp->data)[r * C + j];
+        got[r * C + j] = ((float *)hk->data)[(S - 1 - r) * C + j];
+      }
+    const double eh = rel_f32(got, want, S * C);
+    CHECK(eh < (bf16 ? 1e-5 : 1e-6), "%s: packed hidden states differ from padded by %.3g", label, eh);
+    rx_tensor_free(hp); rx_tensor_free(hk);
+  }
   free(gpad); free(gpk);
   rx_tensor *all[] = {ptok, pmask, plp, pent, pdlp, pdent, ktok, kcu, klp, kent, kdlp, kdent};
   for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) rx_tensor_free(all[j]);

@@ -283,6 +283,13 @@ function Trainer:micro_step(rows, totals, chunk, acc)
   local cfg = self.cfg
   acc = acc or {}
   local packs = self:packs(rows)
+  local budget = cfg.padding_free and cfg.max_tokens_per_microbatch
+  if budget and self.reserved ~= budget then   -- the activation plan sized for the budget once
+    local ck = cfg.gradient_checkpointing
+    fit.check_train(self.model, 1, budget, { checkpoint = ck, what = ("max_tokens_per_microbatch = %d"):format(budget) })
+    self.model:reserve(budget, { train = true, checkpoint = ck })
+    self.reserved = budget
+  end
   local pre = {}
   if #packs > 1 and cfg.algo ~= "sft" then
     local masked = {}
