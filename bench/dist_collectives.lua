@@ -7,7 +7,7 @@ local ffi = require("ffi")
 local dist = require("remax.bind.dist")
 local tensor = require("remax.bind.tensor")
 local C = require("remax.bind.ffi").C
-local now = require("remax.train.progress").now
+local now = require("remax.run.progress").now
 local common = dofile(arg[0]:match("^(.-)[^/]*$") .. "common.lua")
 
 local opts = common.options({ mb = 64, reps = 3 }, arg)

@@ -7,7 +7,7 @@
 local remax = require("remax")
 local cjson = require("cjson")
 local ffi = require("ffi")
-local now = require("remax.train.progress").now
+local now = require("remax.run.progress").now
 local dist = require("remax.bind.dist")
 local optim = require("remax.bind.optim")
 local common = dofile(arg[0]:match("^(.-)[^/]*$") .. "common.lua")

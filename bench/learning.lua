@@ -12,10 +12,10 @@
 -- runs/learning/accuracy.svg (copied into docs/img/ for the README). --from DIR re-reads the runs
 -- of an earlier invocation (same --runs) and redraws the table and plot without training.
 local remax = require("remax")
-local config = require("remax.train.config")
-local trainer = require("remax.train.trainer")
-local plot = require("remax.train.plot")
-local runs = require("remax.train.runs")
+local config = require("remax.settings.config")
+local trainer = require("remax.run.run")
+local plot = require("remax.run.plot")
+local runs = require("remax.run.folder")
 
 local RUNS = {   -- name -> overrides of recipes/gsm8k.lua
   remax = { algo = "remax" },

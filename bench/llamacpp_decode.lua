@@ -16,7 +16,7 @@
 -- weights in (f16, q8_0) is skipped, saying why: llama.cpp alone at it is no comparison.
 local cjson = require("cjson")
 local remax = require("remax")
-local gguf = require("remax.bind.gguf")
+local gguf = require("remax.formats.gguf")
 local fs = require("remax.bind.fs")
 local now = require("remax.bind.clock").now
 

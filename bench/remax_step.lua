@@ -1,4 +1,4 @@
--- bench/remax_step.lua: one whole ReMax step of the trainer (remax.train.trainer), timed by phase:
+-- bench/remax_step.lua: one whole ReMax step of the trainer (remax.run.run), timed by phase:
 -- generation (every prompt's sampled rows and its greedy row in one batch), scoring (a Lua reward
 -- and the advantages), the reference model's log-probabilities (beta > 0) and the update
 -- (forward, backward, clipping and AdamW over the micro-batches). A random Qwen2 model of a
@@ -12,8 +12,8 @@ local cjson = require("cjson")
 local ffi = require("ffi")
 local now = require("remax.bind.clock").now   -- wall clock
 local common = dofile(arg[0]:match("^(.-)[^/]*$") .. "common.lua")
-local config = require("remax.train.config")
-local trainer = require("remax.train.trainer")
+local config = require("remax.settings.config")
+local trainer = require("remax.run.run")
 local fs = require("remax.bind.fs")
 
 local opts = common.options({ shape = "qwen1.5b", prompts = 64, samples = 4, prompt = 256, new = 512, micro = 8,
@@ -74,9 +74,9 @@ local ok, err = pcall(function()
   end
   -- the reference's forwards, timed where the update makes them
   local ref_seconds = 0
-  if t.ref then
-    local logprobs = t.ref.logprobs
-    t.ref.logprobs = function(self, ...)
+  if t.stepper.ref then
+    local logprobs = t.stepper.ref.logprobs
+    t.stepper.ref.logprobs = function(self, ...)
       local t0 = now()
       local out = logprobs(self, ...)   -- read back: synchronised
       ref_seconds = ref_seconds + now() - t0

@@ -6,7 +6,7 @@
 --
 --   ./remax run recipes/format_length.lua
 --   ./remax run recipes/format_length.lua --reward_weights 1,0.5,0.5,0.1 --algo grpo --num_generations 4
-local rewards = require("remax.train.rewards")
+local rewards = require("remax.step.rewards")
 local gsm8k = require("remax.tasks.gsm8k")
 
 -- 1 per line of worked arithmetic ("a op b = c"), at most 1: rewards showing the steps.

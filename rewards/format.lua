@@ -43,4 +43,4 @@ local function make(opts)
   return R
 end
 
-return require("remax.train.rewards").configurable(make)
+return require("remax.step.rewards").configurable(make)

@@ -1,6 +1,8 @@
 #!/bin/sh
-# tests/fingerprint.sh OUT: six tiny fixed-seed training runs of recipes/gsm8k.lua (ReMax, GRPO with
-# num_iterations 2, LoRA with beta, the k1 KL, SFT, and mpirun -np 2) and their fingerprints in OUT: every metric
+# tests/fingerprint.sh OUT: tiny fixed-seed training runs of recipes/gsm8k.lua (ReMax, GRPO with
+# num_iterations 2, LoRA with beta, the k1 KL, SFT, mpirun -np 2, mpirun -np 2 under ZeRO-2, and
+# --device cuda through the CUDA emulator when build-emu/ holds its build: cmake -S . -B build-emu
+# -DRX_CUDA=emulate) and their fingerprints in OUT: every metric
 # that does not measure time or memory, the trainer state without its clock, and the SHA-256 of every
 # checkpoint file. Two versions of the code trained the same way exactly when their OUT files are
 # identical (docs/architecture.md keeps the comparison of the restructure):
@@ -28,6 +30,10 @@ run k1_beta "--beta 0.05 --kl_estimator k1" ./remax run recipes/gsm8k.lua
 run sft "--algo sft" ./remax run recipes/gsm8k.lua
 if command -v mpirun >/dev/null 2>&1; then
   run mpi2 "--per_device_train_batch_size 2" mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS ./remax run recipes/gsm8k.lua
+  run mpi2_zero2 "--per_device_train_batch_size 2 --zero_stage 2" mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS ./remax run recipes/gsm8k.lua
+fi
+if [ -e build-emu/libremax.so ]; then
+  run cuda_emulated "--device cuda --eval_size 0 --max_completion_length 16" env REMAX_LIB="$root/build-emu/libremax.so" ./remax run recipes/gsm8k.lua
 fi
 luajit - "$tmp" >"$out" <<'LUA'
 local cjson = require("cjson")
@@ -45,7 +51,7 @@ local function canon(v)   -- one line per value, keys sorted, numbers with 17 di
   if type(v) == "number" then return ("%.17g"):format(v) end
   return tostring(v)
 end
-for _, name in ipairs({ "remax", "grpo_mu2", "lora_beta", "k1_beta", "sft", "mpi2" }) do
+for _, name in ipairs({ "remax", "grpo_mu2", "lora_beta", "k1_beta", "sft", "mpi2", "mpi2_zero2", "cuda_emulated" }) do
   local run = dir .. "/" .. name
   local f = io.open(run .. "/metrics.jsonl")
   if f then

@@ -22,6 +22,7 @@
  * halves at the f32 FMA's rate: twice the multiply-adds) are where bf16 GEMMs pay. So oneDNN is
  * chosen where oneDNN is built in and the CPU has AMX-BF16, or is an AMD CPU with AVX-512 BF16;
  * sgemm elsewhere. REMAX_BF16_GEMM=onednn|sgemm overrides the choice (tests run both). */
+#include "core/options.h"
 #include "cpu.h"
 #include <cblas.h>
 #include <stdio.h>
@@ -62,18 +63,19 @@ static int cpu_amd(void) {
 }
 
 static int kind = -1;   /* -1: not chosen yet */
+static uint32_t chosen_at;   /* the options' generation it was chosen at (rx_set_option re-decides) */
 static char why[200];
 
 static int choose(void) {
-  const char *env = getenv("REMAX_BF16_GEMM");
+  const char *opt = rx_option_value(RX_OPT_BF16_GEMM);   /* engine option bf16_gemm (or REMAX_BF16_GEMM) */
   const int dnnl = rx_cpu_dnnl();
-  if (env && *env) {
-    if (strcmp(env, "onednn") == 0 && dnnl) {
-      snprintf(why, sizeof why, "REMAX_BF16_GEMM=onednn");
+  if (strcmp(opt, "auto") != 0) {
+    if (strcmp(opt, "onednn") == 0 && dnnl) {
+      snprintf(why, sizeof why, "bf16_gemm = onednn");
       return RX_BF16_GEMM_ONEDNN;
     }
-    snprintf(why, sizeof why, "REMAX_BF16_GEMM=%s%s", env,
-             strcmp(env, "onednn") == 0 ? ", but oneDNN cannot run here" : strcmp(env, "sgemm") ? " (not onednn|sgemm)" : "");
+    snprintf(why, sizeof why, "bf16_gemm = %s%s", opt,
+             strcmp(opt, "onednn") == 0 ? ", but oneDNN cannot run here" : strcmp(opt, "sgemm") ? " (not auto|onednn|sgemm)" : "");
     return RX_BF16_GEMM_SGEMM;
   }
   if (!dnnl) {
@@ -95,8 +97,10 @@ static int choose(void) {
 
 int rx_cpu_bf16_gemm_kind(void) {
   int k = __atomic_load_n(&kind, __ATOMIC_RELAXED);
-  if (k < 0) {
+  const uint32_t gen = rx_options_generation();
+  if (k < 0 || __atomic_load_n(&chosen_at, __ATOMIC_RELAXED) != gen) {
     k = choose();
+    __atomic_store_n(&chosen_at, gen, __ATOMIC_RELAXED);
     __atomic_store_n(&kind, k, __ATOMIC_RELAXED);
   }
   return k;

@@ -71,17 +71,7 @@ static inline vf vfma(vf a, vf b, vf c) { return a * b + c; }
 static inline float vsum(vf v) { return v; }
 #endif
 
-/* ------------------------------------------------------------------ scratch */
-
-void *rx_cpu_scratch_get(rx_cpu_scratch *s, size_t bytes) {
-  if (bytes <= s->bytes) return s->p;
-  void *p = NULL;
-  if (posix_memalign(&p, 64, bytes)) return NULL;
-  free(s->p);
-  s->p = p;
-  s->bytes = bytes;
-  return p;
-}
+/* ------------------------------------------------------------------ scratch (engine/cpu/scratch.c) */
 
 static _Thread_local rx_cpu_scratch widened, rounded;   /* blocks of W for sgemm; the inputs rounded to bf16 */
 static float *scratch_get(rx_cpu_scratch *s, size_t n) { return rx_cpu_scratch_get(s, n * sizeof(float)); }

@@ -16,6 +16,7 @@
  *
  * Compiled for AVX-512 BF16 with a target pragma whatever the build's -march, and used only where
  * the CPU reports the instruction (rx_cpu_bf16_dot): one binary runs everywhere. */
+#include "core/options.h"
 #include "cpu.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,8 +76,7 @@ int rx_cpu_matmul_rows_bf16dot(float *out, const float *inp, const uint16_t *wei
 }
 
 static int detect(void) {
-  const char *off = getenv("REMAX_NO_BF16_DOT");
-  if (off && *off && *off != '0') return 0;
+  if (!rx_option_on(RX_OPT_BF16_DOT)) return 0;   /* engine option bf16_dot (REMAX_NO_BF16_DOT=1: off) */
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
@@ -91,11 +91,14 @@ static int detect(void) { return 0; }
 #endif
 
 static int bf16_dot = -1;   /* -1: not yet asked */
+static uint32_t detected_at;  /* the options' generation it was decided at */
 
 int rx_cpu_bf16_dot(void) {
   int on = __atomic_load_n(&bf16_dot, __ATOMIC_RELAXED);
-  if (on < 0) {
+  const uint32_t gen = rx_options_generation();
+  if (on < 0 || __atomic_load_n(&detected_at, __ATOMIC_RELAXED) != gen) {
     on = detect();
+    __atomic_store_n(&detected_at, gen, __ATOMIC_RELAXED);
     __atomic_store_n(&bf16_dot, on, __ATOMIC_RELAXED);
   }
   return on;
@@ -105,8 +108,7 @@ void rx_cpu_bf16_dot_set(int on) { __atomic_store_n(&bf16_dot, on ? detect() : 0
 
 /* Why the decode kernel does not run here. */
 static const char *no_dot(void) {
-  const char *off = getenv("REMAX_NO_BF16_DOT");
-  if (off && *off && *off != '0') return "none: REMAX_NO_BF16_DOT is set (bf16 weights are widened to f32)";
+  if (!rx_option_on(RX_OPT_BF16_DOT)) return "none: bf16_dot = off (bf16 weights are widened to f32)";
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10
   return "none: this CPU has no AVX-512 BF16 (bf16 weights are widened to f32)";
 #else

@@ -1,6 +1,7 @@
 // device.cu: the CUDA device: discovery, remax's stream, the error helpers, the caching allocator,
 // copies between devices and dtypes, fill, and the index check that ops run before a gather.
 #include "common.cuh"
+#include "core/options.h"
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -47,12 +48,7 @@ int64_t rx_cuda_block_cap(void) {
 }
 
 static int sync_each_launch(void) {
-  static int v = -1;
-  if (v < 0) {
-    const char *s = getenv("REMAX_CUDA_SYNC");
-    v = s && s[0] && strcmp(s, "0") != 0;
-  }
-  return v;
+  return rx_option_on(RX_OPT_CUDA_SYNC);   /* engine option cuda_sync (REMAX_CUDA_SYNC=1) */
 }
 
 int rx_cuda_launched(const char *op, const char *fmt, ...) {
@@ -193,10 +189,12 @@ static seg *new_block(size_t size) {
 
 // 1 for REMAX_CUDA_ALLOC=plain, 0 for caching (unset or "caching"), -1 for anything else.
 static int plain_allocator(void) {
+  /* engine option cuda_alloc (REMAX_CUDA_ALLOC), fixed at the first allocation: pieces of the
+   * two allocators cannot be freed by the other */
   static int v = -2;
   if (v == -2) {
-    const char *s = getenv("REMAX_CUDA_ALLOC");
-    v = !s || !*s || !strcmp(s, "caching") ? 0 : !strcmp(s, "plain") ? 1 : -1;
+    const char *s = rx_option_value(RX_OPT_CUDA_ALLOC);
+    v = !strcmp(s, "caching") ? 0 : !strcmp(s, "plain") ? 1 : -1;
   }
   return v;
 }
@@ -233,7 +231,7 @@ extern "C" int rx_cuda_malloc(void **ptr, void **handle, size_t bytes, const cha
   *handle = NULL;
   if (!rx_cuda_stream()) return RX_EDEVICE;
   if (plain_allocator() < 0)
-    return rx_fail(RX_EINVAL, "cuda: REMAX_CUDA_ALLOC=%s: expected plain or caching", getenv("REMAX_CUDA_ALLOC"));
+    return rx_fail(RX_EINVAL, "cuda: cuda_alloc = %s (REMAX_CUDA_ALLOC): expected plain or caching", rx_option_value(RX_OPT_CUDA_ALLOC));
   if (plain_allocator()) return plain_malloc(ptr, handle, bytes, what);
   size_t size = round_up(bytes ? bytes : 1, ALIGN);
   pthread_mutex_lock(&alloc_lock);

@@ -11,6 +11,7 @@
  * stages the ids before each step. The device samples (ops/sample.h: the same rules and Philox
  * streams as the host's sampler), so only each row's token and its log-probability come back;
  * REMAX_HOST_SAMPLER=1 reads the logits back as f32 and samples on the host instead. */
+#include "core/options.h"
 #include "model/model_internal.h"
 #include "fastmath.h"
 #include "philox.h"
@@ -538,13 +539,46 @@ void rx_generate_end(rx_generator *g) {
   free(g);
 }
 
+/* The buffers one generation call holds, in bytes: the KV cache, the decode step's activations
+ * and logits with the sampler's per-thread buffers, and the prefill's activations. */
+typedef struct { int64_t cache, decode, prefill, sampler; } generate_sizes;
+
+static int device_sampler_on(const rx_model_config *c) {
+  return c->device != RX_CPU && !rx_option_on(RX_OPT_HOST_SAMPLER);   /* engine option host_sampler */
+}
+
+static void generate_memory(const rx_model_config *c, int64_t R, int64_t P, int64_t Pmax, int64_t max_new,
+                            int any_penalty, generate_sizes *z) {
+  const int on_device = c->device != RX_CPU;
+  const int64_t L = c->num_hidden_layers, C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+  const int64_t H = c->num_attention_heads, KD = c->num_key_value_heads * c->head_dim, HD = H * c->head_dim;
+  const int64_t es = rx_dtype_size(c->dtype), S = Pmax + max_new;
+  const int64_t nthreads = omp_get_max_threads();
+  z->cache = 2 * L * R * S * KD * es;
+  z->sampler = nthreads * V * (int64_t)(2 * sizeof(float) + sizeof(int32_t) + sizeof(cand));
+  const int64_t penalty_bytes = device_sampler_on(c) && any_penalty ? R * S * 4 + R * V * 4 : 0;
+  z->decode = R * (4 * C + 2 * HD + 2 * KD + 3 * I + H + 1) * es + R * V * es +
+              (c->dtype == RX_F32 && !on_device ? 0 : R * V * 4) + z->sampler +   /* CPU f32 logits are sampled in place */
+              penalty_bytes;
+  z->prefill = P * Pmax * ((L + 4) * C + 2 * HD + 2 * KD + 3 * I + H + 8) * es + (32ll << 20);
+}
+
+int64_t rx_generate_memory_bytes(const rx_model_config *c, int64_t rows, int64_t prompts, int64_t max_prompt_tokens,
+                                 int64_t max_new_tokens, int32_t penalties, int64_t *cache_bytes) {
+  if (!c || rows < 0 || prompts < 0 || max_prompt_tokens < 0 || max_new_tokens < 0) return -1;
+  generate_sizes z;
+  generate_memory(c, rows, prompts, max_prompt_tokens, max_new_tokens, penalties != 0, &z);
+  if (cache_bytes) *cache_bytes = z.cache;
+  return z.cache + z.decode + z.prefill;
+}
+
 int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request *req, rx_generate_result *res) {
   *out = NULL;
   TRY(check_request(m, req));
   const rx_model_config *c = &m->cfg;
   const int on_device = c->device != RX_CPU;
   const int32_t st = rx_model_master_dtype(c);   /* rstd and lse: f32 for bf16 compute */
-  const int64_t L = c->num_hidden_layers, C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+  const int64_t C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
   const int64_t H = c->num_attention_heads, KD = c->num_key_value_heads * c->head_dim, HD = H * c->head_dim;
   const int64_t es = rx_dtype_size(c->dtype), R = req->num_rows, P = req->num_prompts;
   int64_t Pmax = 0;
@@ -557,18 +591,12 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
     return rx_fail(RX_EINVAL, "generate: prompt of %lld tokens + %lld new tokens exceeds max_position_embeddings = %lld",
                    (long long)Pmax, (long long)req->max_new_tokens, (long long)c->max_position_embeddings);
   /* size everything first, refuse before allocating */
-  const int64_t cache = 2 * L * R * S * KD * es;
   const int64_t nthreads = omp_get_max_threads();
-  const int64_t sampler = nthreads * V * (int64_t)(2 * sizeof(float) + sizeof(int32_t) + sizeof(cand));
   int any_penalty = 0;   /* the device sampler then keeps each row's tokens and a penalised copy of its logits */
   for (int64_t r = 0; r < R; r++) any_penalty |= penalty_on(req->rows[r].repetition_penalty);
-  const char *host_sampler = getenv("REMAX_HOST_SAMPLER");
-  const int device_sampler = on_device && !(host_sampler && strcmp(host_sampler, "1") == 0);
-  const int64_t penalty_bytes = device_sampler && any_penalty ? R * S * 4 + R * V * 4 : 0;
-  const int64_t decode = R * (4 * C + 2 * HD + 2 * KD + 3 * I + H + 1) * es + R * V * es +
-                         (c->dtype == RX_F32 && !on_device ? 0 : R * V * 4) + sampler +   /* CPU f32 logits are sampled in place */
-                         penalty_bytes;
-  const int64_t prefill = P * Pmax * ((L + 4) * C + 2 * HD + 2 * KD + 3 * I + H + 8) * es + (32ll << 20);
+  generate_sizes z;
+  generate_memory(c, R, P, Pmax, req->max_new_tokens, any_penalty, &z);
+  const int64_t cache = z.cache, decode = z.decode, prefill = z.prefill, sampler = z.sampler;
   const int64_t need = cache + decode + prefill;
   int64_t avail = available_memory();
   if (on_device && rx_device_available(c->device, &avail))   /* the cache and activations live on the device */
@@ -616,7 +644,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   if (alloc_ok) g->scratch = rx_arena_alloc(c->device, (size_t)total + 64, "decode activations", 0, &g->scratch_handle);
   if (alloc_ok && on_device)
     g->ids = rx_arena_alloc(c->device, sizeof(int32_t) * (size_t)(3 * R + R * S), "decode ids", 1, &g->ids_handle);
-  g->device_sampler = device_sampler;
+  g->device_sampler = device_sampler_on(c);
   if (alloc_ok && g->device_sampler) {
     g->dsamp = rx_arena_alloc(c->device, sizeof(rx_cuda_sample_row) * (size_t)R + 8 * (size_t)R + 4 * (size_t)(R * V),
                               "sampler", 0, &g->dsamp_handle);
@@ -631,8 +659,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
       alloc_ok = g->d_seen && g->d_pen;
     }
   }
-  const char *graphs = getenv("REMAX_CUDA_GRAPHS");
-  g->graphs = c->device == RX_CUDA && !(graphs && strcmp(graphs, "0") == 0);
+  g->graphs = c->device == RX_CUDA && rx_option_on(RX_OPT_CUDA_GRAPHS);   /* engine option cuda_graphs */
   if (alloc_ok && g->graphs) {
     int64_t part = 0;   /* the chunks' scratch for the largest of the batch sizes the request passes through */
     for (int64_t b = 1; b <= R; b++) {

@@ -42,11 +42,32 @@ const char *rx_bf16_kernels(void);
 const char *rx_bf16_train_kernels(void);
 int rx_bf16_train_pays(void);
 const char *rx_abi_layout(void);     /* "name size\nname.field offset\n..." for every struct here */
+/* Engine options: the behaviour switches a run's settings set (docs/trainer.md, "Engine
+ * options"): bf16_gemm (auto|onednn|sgemm), bf16_dot (on|off), cuda_graphs (on|off),
+ * host_sampler (on|off), cuda_alloc (caching|plain: before the first device allocation),
+ * cuda_sync (on|off). An option's environment variable (REMAX_BF16_GEMM, REMAX_NO_BF16_DOT,
+ * REMAX_CUDA_GRAPHS, REMAX_HOST_SAMPLER, REMAX_CUDA_ALLOC, REMAX_CUDA_SYNC), when set, overrides
+ * the setting as a developer's switch; rx_engine_overrides lists those in force ("" when none).
+ * rx_set_option fails naming the option and its values; rx_get_option gives the value in force
+ * (NULL: no such option). */
+int rx_set_option(const char *name, const char *value);
+const char *rx_get_option(const char *name);
+int32_t rx_option_count(void);
+const char *rx_option_name(int32_t i);
+const char *rx_option_values(int32_t i);
+const char *rx_option_env(int32_t i);
+const char *rx_engine_overrides(void);
 /* Ctrl-C: after install, the first SIGINT/SIGTERM only sets a flag (its signal number) that
  * rx_signal_pending returns; a second one ends the process at once. */
 int rx_signal_install(void);
 int rx_signal_pending(void);
 void rx_signal_clear(void);
+/* Child processes (reward workers, cmd: programs) end when this process ends: each one's process
+ * group is registered here, and is sent SIGKILL at exit (atexit), on a second SIGINT/SIGTERM
+ * after rx_signal_install, and on a first one before it (which then ends the process as the
+ * default action would). rx_child_add fails when the table (256 groups) is full. */
+int rx_child_add(int pgid);
+void rx_child_remove(int pgid);
 /* Test hook of the crash-safety test (tests/lua/checkpoint_crash_spec.lua): the checkpoint
  * writers (engine/io/safetensors.c, lua/remax/fs.lua, runs.lua) call it at each write event.
  * With REMAX_CRASH_AT=N in the environment the Nth call raises SIGKILL; with REMAX_CRASH_LIST=1
@@ -441,6 +462,15 @@ typedef struct rx_generate_result {
 } rx_generate_result;
 
 typedef struct rx_generator rx_generator;
+
+/* The memory one generation call needs (what rx_generate_begin checks against the memory
+ * available before it allocates): rows rows of prompts prompts of up to max_prompt_tokens
+ * tokens, max_new_tokens each, for a model of config c on its device (penalties: whether a row
+ * has a repetition penalty, which the device sampler keeps extra buffers for). Returns the
+ * total bytes; *cache_bytes (when not NULL) gets the KV cache's share. Lua asks this instead of
+ * repeating the arithmetic (remax.settings.schema's generation check). */
+int64_t rx_generate_memory_bytes(const rx_model_config *c, int64_t rows, int64_t prompts, int64_t max_prompt_tokens,
+                                 int64_t max_new_tokens, int32_t penalties, int64_t *cache_bytes);
 
 /* Step-wise generation, for streaming: begin (checks sizes against memory before allocating,
  * prefills every prompt once, copies its KV to its rows, picks each row's first token), then

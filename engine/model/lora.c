@@ -1,5 +1,5 @@
-/* lora.c: low-rank adapters on the decoder's linear layers, and the linear-layer path that
- * applies them (forward, backward, generation all go through rx_model_linear_*).
+/* lora.c: low-rank adapters on the decoder's linear layers: their term in the linear layers'
+ * forward and backward (rx_lora_linear_*, called by the base linear in engine/model/linear.c).
  *
  *   y = x W^T + b + s * (drop(x) A^T) B^T,  s = alpha / r,  A [r, in], B [out, r]
  *
@@ -48,19 +48,6 @@ struct rx_lora {
   void *draws_handle;
 };
 
-static void proj_param(const rx_model *m, int64_t l, int32_t proj, int64_t *w, int64_t *b) {
-  const layer_params *lp = &m->layers[l];
-  *b = -1;
-  switch (proj) {
-    case RX_PROJ_Q: *w = lp->q_w; *b = lp->q_b; break;
-    case RX_PROJ_K: *w = lp->k_w; *b = lp->k_b; break;
-    case RX_PROJ_V: *w = lp->v_w; *b = lp->v_b; break;
-    case RX_PROJ_O: *w = lp->o_w; break;
-    case RX_PROJ_GATE: *w = lp->gate; break;
-    case RX_PROJ_UP: *w = lp->up; break;
-    default: *w = lp->down; break;
-  }
-}
 
 void rx_lora_free(rx_lora *lo) {
   if (!lo) return;
@@ -123,7 +110,7 @@ int rx_model_lora_init(rx_model *m, const rx_lora_config *cfg) {
       lo->index[l][p] = -1;
       if (!(cfg->targets & (1u << p))) continue;
       int64_t w, b;
-      proj_param(m, l, p, &w, &b);
+      rx_model_proj_param(m, l, p, &w, &b);
       const int64_t out = m->params[w].shape[0], in = m->params[w].shape[1];
       if (cfg->r < 1 || cfg->r > (in < out ? in : out)) {
         free(offsets);
@@ -314,11 +301,10 @@ static int64_t adapter_of(const rx_model *m, int64_t l, int32_t proj) {
   return m->lora && m->lora->enabled ? m->lora->index[l][proj] : -1;
 }
 
-static int linear_forward(rx_model *m, int64_t l, int32_t proj, rx_tensor *out, const rx_tensor *inp) {
-  int64_t w, b;
-  proj_param(m, l, proj, &w, &b);
-  const rx_tensor *W = rx_model_w(m, w);
-  TRY(rx_matmul_forward(out, inp, W, rx_model_w(m, b)));
+/* The adapter's term added to out = inp W^T + b (the base linear, engine/model/linear.c), when
+ * layer l's projection proj has an adapter that is on; W: the base weight (its shape). */
+int rx_lora_linear_forward(rx_model *m, int64_t l, int32_t proj, rx_tensor *out, const rx_tensor *inp,
+                           const rx_tensor *W) {
   const int64_t a = adapter_of(m, l, proj);
   if (a < 0) return RX_OK;
   const int64_t in = W->shape[1], o = W->shape[0], N = inp->numel / in, es = rx_dtype_size(out->dtype);
@@ -337,13 +323,9 @@ static int linear_forward(rx_model *m, int64_t l, int32_t proj, rx_tensor *out, 
   return RX_OK;
 }
 
-static int linear_backward(rx_model *m, int64_t l, int32_t proj, rx_tensor *dinp, const rx_tensor *dout,
-                           const rx_tensor *inp) {
-  int64_t w, b;
-  proj_param(m, l, proj, &w, &b);
-  const rx_tensor *W = rx_model_w(m, w);
-  const int frozen = m->lora != NULL;
-  TRY(rx_matmul_backward(dinp, frozen ? NULL : &m->grads[w], frozen || b < 0 ? NULL : &m->grads[b], dout, inp, W));
+/* The adapter's part of the linear backward: its gradients accumulated, its dinp added. */
+int rx_lora_linear_backward(rx_model *m, int64_t l, int32_t proj, rx_tensor *dinp, const rx_tensor *dout,
+                            const rx_tensor *inp, const rx_tensor *W) {
   const int64_t a = adapter_of(m, l, proj);
   if (a < 0) return RX_OK;
   rx_lora *lo = m->lora;
@@ -365,22 +347,6 @@ static int linear_backward(rx_model *m, int64_t l, int32_t proj, rx_tensor *dinp
     TRY(rx_add(&dx, &dx, &ch.wide));
   }
   return RX_OK;
-}
-
-/* The two above under the per-phase timer (engine/core/profile.c). */
-int rx_model_linear_forward(rx_model *m, int64_t l, int32_t proj, rx_tensor *out, const rx_tensor *inp) {
-  const int prof = rx_prof_begin(RX_PROF_LINEAR_FWD);
-  const int rc = linear_forward(m, l, proj, out, inp);
-  rx_prof_end(prof);
-  return rc;
-}
-
-int rx_model_linear_backward(rx_model *m, int64_t l, int32_t proj, rx_tensor *dinp, const rx_tensor *dout,
-                             const rx_tensor *inp) {
-  const int prof = rx_prof_begin(RX_PROF_LINEAR_BWD);
-  const int rc = linear_backward(m, l, proj, dinp, dout, inp);
-  rx_prof_end(prof);
-  return rc;
 }
 
 int rx_model_lora_merged(rx_model *m, int64_t param, rx_tensor *out) {

@@ -539,12 +539,6 @@ static int fetch(void *data, const rx_tensor *t) {
   return rx_tensor_copy(&h, t);
 }
 
-int rx_model_on_cpu(const rx_model *m, const char *op) {
-  if (m->cfg.device == RX_CPU) return RX_OK;
-  return rx_fail(RX_EDEVICE, "%s: runs on the cpu in this build, and the model is on device %s (use a cpu copy of "
-                 "its weights)", op, m->cfg.device == RX_CUDA ? "cuda" : "unknown");
-}
-
 int rx_model_set_inputs(rx_model *m, const int32_t *in_tok, const int32_t *in_mask) {
   plan *p = &m->plan;
   const int64_t B = p->B, T = p->T;

@@ -136,16 +136,22 @@ int rx_model_set_packed_inputs(rx_model *m, const int32_t *tokens, const int32_t
 /* The attention's mask and boundaries of the planned batch (one of them NULL). */
 static inline const rx_tensor *rx_plan_mask(const plan *p) { return p->S ? NULL : &p->mask; }
 static inline const rx_tensor *rx_plan_cu(const plan *p) { return p->S ? &p->cu : NULL; }
-/* The model's device is the CPU, or fail naming `op` and the device (for what runs on the host). */
-int rx_model_on_cpu(const rx_model *m, const char *op);
 /* Embedding, every layer (with the KV-cache hook kv when given), final norm into xf. */
 int rx_model_forward_hidden(rx_model *m, const layer_kv *kv);
 /* The linear layers of layer l (proj = RX_PROJ_*), with their adapter when there is one:
  * out = inp W^T + b (+ scale (dropout(inp) A^T) B^T); backward overwrites dinp and accumulates
- * the adapter's gradients, and the base's only when the base is not frozen. lora.c. */
+ * the adapter's gradients, and the base's only when the base is not frozen. linear.c. */
 int rx_model_linear_forward(rx_model *m, int64_t l, int32_t proj, rx_tensor *out, const rx_tensor *inp);
 int rx_model_linear_backward(rx_model *m, int64_t l, int32_t proj, rx_tensor *dinp, const rx_tensor *dout,
                              const rx_tensor *inp);
+/* The parameter indices of layer l's projection proj: weight *w, bias *b (-1: none). */
+void rx_model_proj_param(const rx_model *m, int64_t l, int32_t proj, int64_t *w, int64_t *b);
+/* The adapter's term of those layers (lora.c): added to out / dinp, its gradients accumulated;
+ * nothing when the projection has no adapter on. W: the base weight. */
+int rx_lora_linear_forward(rx_model *m, int64_t l, int32_t proj, rx_tensor *out, const rx_tensor *inp,
+                           const rx_tensor *W);
+int rx_lora_linear_backward(rx_model *m, int64_t l, int32_t proj, rx_tensor *dinp, const rx_tensor *dout,
+                            const rx_tensor *inp, const rx_tensor *W);
 /* Base weights take no gradients (LoRA). */
 int rx_model_frozen(const rx_model *m);
 void rx_lora_free(struct rx_lora *lora);

@@ -1,7 +1,7 @@
 -- GRPO, RLOO and REINFORCE generate no greedy row unless asked (only ReMax needs it), and a
 -- setting that does nothing under the chosen algorithm is named once when the run starts.
-local config = require("remax.train.config")
-local trainer = require("remax.train.trainer")
+local config = require("remax.settings.config")
+local trainer = require("remax.run.run")
 local support = require("support")
 
 -- the completion's length in tokens

@@ -1,4 +1,4 @@
-local algos = require("remax.train.algos")
+local algos = require("remax.step.algos")
 
 local function near(a, b, tol, what)
   assert.is_true(math.abs(a - b) <= (tol or 1e-12), ("%s: %.17g vs %.17g"):format(what or "value", a, b))

@@ -2,7 +2,7 @@
 -- GRPOTrainer writes them (per-token loss matrices, masks, one normaliser per loss type), with
 -- gradients from forward-mode automatic differentiation (dual numbers), so weights agree to
 -- 1e-12 without finite-difference noise.
-local algos = require("remax.train.algos")
+local algos = require("remax.step.algos")
 
 ---------------------------------------------------------------------------- dual numbers
 

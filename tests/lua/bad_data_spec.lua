@@ -1,10 +1,10 @@
 -- Bad data and settings (issue 15, part 4): each gives one clear message naming the file, line,
 -- key or reward, and no lost work -- the dataset loader, reward results, reward_timeout, prompts
 -- over max_prompt_length (kept by their last tokens, counted in the metrics).
-local data = require("remax.train.data")
-local rewards = require("remax.train.rewards")
-local config = require("remax.train.config")
-local trainer = require("remax.train.trainer")
+local data = require("remax.step.data")
+local rewards = require("remax.step.rewards")
+local config = require("remax.settings.config")
+local trainer = require("remax.run.run")
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 
@@ -172,7 +172,7 @@ end }
   end)
 
   it("refuses a training micro-batch whose activations cannot fit, before the engine allocates them", function()
-    local fit = require("remax.train.fit")
+    local fit = require("remax.step.fit")
     local dir = setup("return { name = 'z', fn = function(c) local s = {} for i = 1, #c do s[i] = i % 2 end return s end }")
     local t = new_trainer(dir)
     local real = fit.available_bytes
@@ -195,7 +195,7 @@ return { name = "len", fn = function(completions, batch)
 end }
 ]])
     local t = new_trainer(dir, { max_prompt_length = 5 })
-    local ids = t:encode_prompt("a prompt of some length 1")
+    local ids = t.stepper:encode_prompt("a prompt of some length 1")
     assert.are.same(t.tok:encode("gth 1", { add_special_tokens = false }), ids)
     local m = t:train_step()
     assert.are.equal(2, m.prompts_truncated)

@@ -149,4 +149,20 @@ describe("chat", function()
     ok, err = pcall(chat.render, "x", { template = function() return 1 end })
     assert.matches("returned a number, expected a string", err, 1, true)
   end)
+
+  it("names invalid UTF-8 in a tokenizer's template and a template that is a number", function()
+    local tok = fake_tokenizer("{{ messages[0].content }}\n{# caf\233 #}")   -- latin-1 e-acute
+    tok.chat_template_path = "model/chat_template.jinja"
+    local ok, err = pcall(chat.render, "x", { tokenizer = tok })
+    assert.is_false(ok)
+    assert.matches("remax.chat: model/chat_template.jinja is not valid UTF-8: byte 33 (line 2) is 0xE9", err, 1, true)
+    -- the same bytes as UTF-8 render
+    assert.are.equal("x\n", chat.render("x", { tokenizer = fake_tokenizer("{{ messages[0].content }}\n{# caf\195\169 #}") }))
+    ok, err = pcall(chat.render, "x", { template = 42 })
+    assert.matches("unknown template 42 (a number)", err, 1, true)
+    local config = require("remax.settings.config")
+    ok, err = pcall(config.resolve, { chat_template = 42 })
+    assert.matches("chat_template = 42: expected a template name (auto, tokenizer, qa, chatml, llama3, plain: a string)", err, 1, true)
+    assert.matches("got a number", err, 1, true)
+  end)
 end)

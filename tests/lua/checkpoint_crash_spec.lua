@@ -6,7 +6,7 @@
 -- lists every write event of a run, REMAX_CRASH_AT=N kills the run at the Nth.
 -- Also: write failures (a full disk through RLIMIT_FSIZE, a read-only run folder) stop the run
 -- with the path and the errno, and the checkpoint before stays intact.
-local runs = require("remax.train.runs")
+local runs = require("remax.run.folder")
 local fs = require("remax.bind.fs")
 local support = require("support")
 

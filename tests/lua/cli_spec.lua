@@ -35,7 +35,8 @@ describe("remax version", function()
       assert.is_truthy(out:find("bf16 kernels: none: ", 1, true), out)
     end
     out = version("env REMAX_NO_BF16_DOT=1")
-    assert.is_truthy(out:find("bf16 kernels: none: REMAX_NO_BF16_DOT is set", 1, true), out)
+    assert.is_truthy(out:find("bf16 kernels: none: bf16_dot = off", 1, true), out)
+    assert.is_truthy(out:find("developer overrides): REMAX_NO_BF16_DOT=1 (bf16_dot = off)", 1, true), out)
   end)
 
   it("leaves an OPENBLAS_CORETYPE the user set alone", function()

@@ -1,9 +1,9 @@
 -- The command line as a TRL user types it: dashes or underscores in every command, booleans in
 -- any common spelling, TRL settings remax lacks refused with the reason, num_train_epochs,
 -- `remax run --help` / `remax eval --help`, and plain logs under a launcher.
-local config = require("remax.train.config")
+local config = require("remax.settings.config")
 local generate = require("remax.cli.generate")
-local gguf = require("remax.bind.gguf")
+local gguf = require("remax.formats.gguf")
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 
@@ -75,7 +75,7 @@ describe("command line", function()
   end)
 
   it("turns num_train_epochs into max_steps over the data, unless max_steps is given", function()
-    local trainer = require("remax.train.trainer")
+    local trainer = require("remax.run.run")
     local d = tmpdir()
     finally(function() os.execute("rm -rf " .. q(d)) end)
     write(d .. "/one.lua", "return { name = 'one', fn = function(c) local s = {} for i in ipairs(c) do s[i] = 1 end return s end }")
@@ -95,7 +95,7 @@ describe("command line", function()
       { quiet = true, signals = false })
     assert.are.equal(7, t.cfg.max_steps)
     assert.are.equal(7, t.run:read_config().max_steps)
-    assert.are.equal(7, t.total_updates)
+    assert.are.equal(7, t.stepper.total_updates)
     local both = trainer.new(config.resolve(recipe({ run_name = "b", max_steps = 3, num_train_epochs = 2.5 })),
       { quiet = true, signals = false })
     assert.are.equal(3, both.cfg.max_steps)
@@ -103,7 +103,7 @@ describe("command line", function()
   end)
 
   it("draws no live line (carriage returns, escapes) under mpirun, srun or TERM=dumb", function()
-    local progress = require("remax.train.progress")
+    local progress = require("remax.run.progress")
     local real = os.getenv
     for _, var in ipairs({ "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_PROCID" }) do
       os.getenv = function(k) if k == var then return "2" end return real(k) end

@@ -1,4 +1,4 @@
-local config = require("remax.train.config")
+local config = require("remax.settings.config")
 local err_of = require("support").error_of
 
 describe("config", function()
@@ -122,7 +122,7 @@ describe("config.resolve's derived settings", function()
   end)
 
   it("takes the aggregation from loss_type, else loss_agg_mode", function()
-    local algos = require("remax.train.algos")
+    local algos = require("remax.step.algos")
     assert.are.equal("seq-mean-token-mean", config.resolve({}).aggregation)
     assert.are.equal(algos.loss_types.dapo, config.resolve({ loss_type = "dapo" }).aggregation)
     assert.are.equal("token-mean", config.resolve({ loss_agg_mode = "token-mean" }).aggregation)

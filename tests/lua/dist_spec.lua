@@ -200,7 +200,7 @@ describe("ZeRO in a world of one", function()
   end)
 
   it("rejects a zero_stage other than 0, 1 or 2, naming it", function()
-    local config = require("remax.train.config")
+    local config = require("remax.settings.config")
     assert.has_error(function() config.resolve({ zero_stage = 3 }) end)
     local ok, err = pcall(config.resolve, { zero_stage = 3 })
     assert.is_false(ok)

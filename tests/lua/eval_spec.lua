@@ -1,6 +1,6 @@
 -- Evaluation diagnostics: `remax eval --samples K` (greedy and sampled accuracy, pass@k, headroom).
-local config = require("remax.train.config")
-local trainer = require("remax.train.trainer")
+local config = require("remax.settings.config")
+local trainer = require("remax.run.run")
 local cli = require("remax.cli.main")
 
 local support = require("support")
@@ -35,7 +35,7 @@ describe("evaluation", function()
     for n = 1, 8 do
       for c = 0, n do
         for k = 1, n do
-          local v = require("remax.train.evaluate").pass_at_k(n, c, k)
+          local v = require("remax.step.evaluate").pass_at_k(n, c, k)
           assert.is_true(math.abs(v - pass_brute(n, c, k)) < 1e-12, ("n=%d c=%d k=%d"):format(n, c, k))
           assert.is_true(math.abs(v - (1 - choose(n - c, k) / choose(n, k))) < 1e-12)
         end

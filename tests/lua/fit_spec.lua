@@ -1,8 +1,8 @@
--- remax.train.fit: the activation bytes of a forward, counted in Lua before the engine allocates them,
+-- remax.step.fit: the activation bytes of a forward, counted in Lua before the engine allocates them,
 -- equal the engine's own count after real forwards (so a change to engine/model/model.c's
 -- plan shows up here); a micro-batch that cannot fit is refused, saying how many rows would.
 local remax = require("remax")
-local fit = require("remax.train.fit")
+local fit = require("remax.step.fit")
 
 local function config(extra)
   local c = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 48, intermediate_size = 80, num_hidden_layers = 2,
@@ -21,7 +21,7 @@ local function rows(B, T)
   return out
 end
 
-describe("remax.train.fit", function()
+describe("remax.step.fit", function()
   it("counts the activation plan and head chunk as the engine does", function()
     for _, case in ipairs({
       { config(), 3, 17, { train = true } },

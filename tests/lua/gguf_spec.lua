@@ -1,4 +1,4 @@
--- gguf_spec.lua: remax export --gguf (lua/remax/bind/gguf.lua). The file is read back with remax's
+-- gguf_spec.lua: remax export --gguf (lua/remax/formats/gguf.lua). The file is read back with remax's
 -- reader and checked against the model it came from (keys, tensor names and order of rows, q8_0
 -- blocks, tokenizer metadata, crash safety); then, when node-llama-cpp is installed
 -- (bench/llamacpp_install.sh), llama.cpp itself loads the files: its next-token log-probs,
@@ -7,7 +7,7 @@ local remax = require("remax")
 local cjson = require("cjson")
 local ffi = require("ffi")
 local bit = require("bit")
-local gguf = require("remax.bind.gguf")
+local gguf = require("remax.formats.gguf")
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 
@@ -394,6 +394,44 @@ describe("gguf export", function()
     local ok2, err = pcall(export, m, tok, dir .. "/no/such/dir/m.gguf", "f32")
     assert.is_false(ok2)
     assert.matches("cannot create " .. dir:gsub("%p", "%%%0") .. "/no/such/dir/m%.gguf%.tmp%.%d+ %(errno 2, No such file or directory%)", err)
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("writes only to a regular file path: a device node, a fifo or a folder is refused, naming it, and stays", function()
+    local dir, m, tok = folder(tiny("Qwen2ForCausalLM"), 7)
+    local fs = require("remax.bind.fs")
+    local function kind(p)
+      local h = io.popen("stat -c %F " .. p)
+      local k = h:read("*l")
+      h:close()
+      return k
+    end
+    assert.are.equal(0, os.execute("mkfifo " .. dir .. "/pipe"))
+    local ok, err = pcall(export, m, tok, dir .. "/pipe", "f32")
+    assert.is_false(ok)
+    assert.matches("gguf " .. dir .. "/pipe is a fifo, not a regular file", err, 1, true)
+    assert.are.equal("fifo", kind(dir .. "/pipe"))
+    os.execute("mkdir " .. dir .. "/sub")
+    err = select(2, pcall(export, m, tok, dir .. "/sub", "f32"))
+    assert.matches("gguf " .. dir .. "/sub is a folder, not a regular file", err, 1, true)
+    -- a device node made here (the null device's numbers, 1:3), never the real /dev; as root only
+    local dev = dir .. "/full"
+    if os.execute("mknod " .. dev .. " c 1 3 2>/dev/null") == 0 then
+      local bin = require("remax.cli.main").build_dir() .. "/remax"
+      local p = assert(io.popen(("%s export --model %s --gguf %s 2>&1; echo \"exit $?\""):format(bin, dir, dev)))
+      local out = p:read("*a")
+      p:close()
+      assert.matches("export --gguf " .. dev .. " is a character device, not a regular file", out, 1, true)
+      assert.matches("exit 1\n$", out)
+      assert.is_nil(out:find("wrote", 1, true))
+      assert.are.equal("character special file", kind(dev))
+    else
+      print("(not root: the device node part is skipped; the fifo and the folder ran)")
+    end
+    -- every other file remax writes through fs.write_atomic is refused the same way
+    err = select(2, pcall(fs.write_atomic, dir .. "/pipe", "x"))
+    assert.matches(dir .. "/pipe is a fifo, not a regular file", err, 1, true)
+    for name in io.popen("ls " .. dir):lines() do assert.is_nil(name:match("%.tmp"), name) end
     os.execute("rm -rf " .. dir)
   end)
 

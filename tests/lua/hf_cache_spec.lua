@@ -1,6 +1,6 @@
 -- Hugging Face model names resolved through a cache folder this spec builds in the Hugging Face
 -- layout (models--org--name/refs/main, snapshots/<commit>/), and `remax generate --model ORG/NAME`.
-local hf = require("remax.bind.hf_cache")
+local hf = require("remax.formats.hf_cache")
 local remax = require("remax")
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write

@@ -169,6 +169,45 @@ describe("jinja constructs match jinja2", function()
     compare(cases)
   end)
 
+  it("lexes and renders in time linear in the template, whatever its line lengths: 10 MB on one line", function()
+    -- in a child process under `timeout`, so a quadratic lexer fails the test instead of hanging it
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write([=[
+package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+local jinja = require("remax.text.jinja")
+local clock = require("remax.bind.clock").now
+-- long runs of text and of spaces before tags with "-" and tags that lstrip_blocks looks
+-- behind, all on one line
+local unit = "{%- for m in messages -%}{{- '<|im_start|>' + m.role + ' ' + m.content -}}{%- if loop.last %} end{% endif -%}{%- endfor -%}"
+  .. ("word "):rep(200) .. "{% if true %}" .. ("   "):rep(100) .. "{%- endif %}"
+for _, bytes in ipairs({ 1e6, 1e7 }) do
+  local t = unit:rep(math.floor(bytes / #unit))
+  assert(not t:find("\n", 1, true))
+  local t0 = clock()
+  local out = jinja.render(t, { messages = { { role = "user", content = "hi" } } })
+  local seconds = clock() - t0
+  local _, n = out:gsub("<|im_start|>user hi end", "")
+  print(("%d %d %.3f"):format(#t, n * #unit, seconds))
+end
+]=])
+    f:close()
+    local p = io.popen("timeout 40 luajit " .. script .. " 2>&1")
+    local text = p:read("*a")
+    p:close()
+    os.remove(script)
+    local rows = {}
+    for bytes, covered, seconds in text:gmatch("(%d+) (%d+) ([%d.]+)") do
+      rows[#rows + 1] = { tonumber(bytes), tonumber(covered), tonumber(seconds) }
+    end
+    assert.are.equal(2, #rows, "did not finish within 40 s: " .. text)
+    for _, r in ipairs(rows) do assert.are.equal(r[1], r[2]) end   -- every unit rendered
+    local small, big = rows[1][3], rows[2][3]
+    assert.is_true(big < 10, ("10 MB took %.1f s"):format(big))
+    -- a quadratic lexer takes 100 times as long for 10 times the bytes
+    assert.is_true(big < 25 * math.max(small, 0.02), ("1 MB %.2f s, 10 MB %.2f s"):format(small, big))
+  end)
+
   it("names the template line and the construct it does not support", function()
     local function err(src)
       local ok, e = pcall(jinja.render, src, {}, "chat_template")

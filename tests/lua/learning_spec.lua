@@ -3,8 +3,8 @@
 -- picks it with probability about 1/260. A wrong sign, a misaligned row (an advantage applied to
 -- another prompt's row) or a broken baseline keeps the reward near chance; a right loop lifts the
 -- mean training reward to >= 0.9 within the step budget.
-local config = require("remax.train.config")
-local trainer = require("remax.train.trainer")
+local config = require("remax.settings.config")
+local trainer = require("remax.run.run")
 
 local TARGET = 55   -- the byte "7"
 

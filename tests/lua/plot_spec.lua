@@ -1,4 +1,4 @@
-local plot = require("remax.train.plot")
+local plot = require("remax.run.plot")
 
 -- A loose XML check: every tag closes in order, attribute quotes balance. Returns the elements
 -- as { name =, attrs = text } in document order.

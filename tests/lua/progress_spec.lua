@@ -1,4 +1,4 @@
-local progress = require("remax.train.progress")
+local progress = require("remax.run.progress")
 
 -- An output stream that records what is written, and a clock the test moves.
 local function fake_out()

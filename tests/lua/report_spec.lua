@@ -1,9 +1,9 @@
 -- report_to: TensorBoard event files (read back by tests/lua/tb_read.py, an independent reader
 -- in Python's standard library), metrics.csv (read back by Python's csv module), and the
 -- refusal of services.
-local config = require("remax.train.config")
-local runs = require("remax.train.runs")
-local tensorboard = require("remax.train.tensorboard")
+local config = require("remax.settings.config")
+local runs = require("remax.run.folder")
+local tensorboard = require("remax.run.tensorboard")
 local cjson = require("cjson")
 local support = require("support")
 local tmpdir, has_python = support.tmpdir, support.has_python
@@ -74,7 +74,7 @@ describe("report_to", function()
   end
 
   it("writes every step's metrics as TensorBoard scalars and metrics.csv rows", function()
-    local trainer = require("remax.train.trainer")
+    local trainer = require("remax.run.run")
     local d = support.train_dir(16)
     local cfg = config.resolve(support.run_settings(d, {
       model_config = support.tiny_model(), num_generations = 4, max_completion_length = 8,

@@ -1,8 +1,8 @@
 -- Resume from the run's own config.json (command-line changes printed, immutable settings
 -- refused), --overwrite_output_dir, and no half-made run folder after a failed start.
-local config = require("remax.train.config")
-local trainer = require("remax.train.trainer")
-local resume = require("remax.train.resume")
+local config = require("remax.settings.config")
+local trainer = require("remax.run.run")
+local resume = require("remax.run.resume")
 local fs = require("remax.bind.fs")
 local support = require("support")
 local write, error_of = support.write, support.error_of
@@ -130,7 +130,7 @@ return {
     out = sh("NO_INTERRUPT=1 " .. hint:gsub("^remax", bin))
     assert.matches("rc=0", out, 1, true)
     assert.matches("resumed runs/c from runs/c/checkpoints/step%-%d", out)
-    local rows = require("remax.train.runs").read_jsonl(d .. "/runs/c/metrics.jsonl")
+    local rows = require("remax.run.folder").read_jsonl(d .. "/runs/c/metrics.jsonl")
     assert.are.equal(4, rows[#rows].step)
     for _, row in ipairs(rows) do assert.is_true(math.abs(row.lr - 0.002) < 1e-12) end   -- the first command line's lr
   end)

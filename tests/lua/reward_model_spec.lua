@@ -7,7 +7,7 @@ local remax = require("remax")
 local cjson = require("cjson")
 local model_mod = remax.model
 local reward_model = require("remax.bind.reward_model")
-local rewards = require("remax.train.rewards")
+local rewards = require("remax.step.rewards")
 local tensor = remax.tensor
 
 local support = require("support")
@@ -118,7 +118,7 @@ describe("reward model", function()
     local _, total2 = rewards.score(list, { 2, 0, 0 }, completions, batch, {})
     assert.is_true(math.abs(total2[1] - 2 * direct[1]) < 1e-5)
     -- a recipe's rewards list accepts it
-    local cfg = require("remax.train.config").resolve({ rewards = { "gsm8k", { model = dir } } })
+    local cfg = require("remax.settings.config").resolve({ rewards = { "gsm8k", { model = dir } } })
     assert.are.equal(dir, cfg.rewards[2].model)
   end)
 

@@ -1,8 +1,8 @@
 -- Rewards outside Lua: "py:" files in a python3 worker, "cmd:" programs speaking the JSON-lines
 -- protocol, and "http://" reward servers (a python3 http.server this spec starts on 127.0.0.1).
 -- Needs only the system's python3 and its standard library.
-local rewards = require("remax.train.rewards")
-local rw = require("remax.train.reward_worker")
+local rewards = require("remax.step.rewards")
+local rw = require("remax.step.reward_worker")
 local support = require("support")
 local tmpdir, write, has_python = support.tmpdir, support.write, support.has_python
 local capture_error = support.error_of
@@ -181,8 +181,8 @@ def other(completions, **kw):
   end)
 
   it("scores an evaluation chunk while the next one generates, with the results of a Lua reward", function()
-    local config = require("remax.train.config")
-    local trainer = require("remax.train.trainer")
+    local config = require("remax.settings.config")
+    local trainer = require("remax.run.run")
     local d = dir()
     write(d .. "/len.py", "def reward(completions, completion_ids, **kw):\n    return [len(ids) % 3 for ids in completion_ids]\n")
     write(d .. "/len.lua", "return { name = 'len', fn = function(c, b) local s = {} for i in ipairs(c) do s[i] = #b.completion_ids[i] % 3 end return s end }")
@@ -197,7 +197,7 @@ def other(completions, **kw):
     end
     local t = new("py:" .. d .. "/len.py")
     -- watch how many batches are on their way to the worker at once
-    local impl, most = t.rewards[1].impl, 0
+    local impl, most = t.stepper.rewards[1].impl, 0
     local send = impl.send
     impl.send = function(self, ...)
       send(self, ...)
@@ -209,7 +209,7 @@ def other(completions, **kw):
     assert.are.equal(7, e.n)
     assert.are.equal(want.reward, e.reward)
     assert.are.equal(want.accuracy, e.accuracy)
-    t.rewards[1].close()
+    t.stepper.rewards[1].close()
   end)
 
   it("runs a cmd: program speaking the JSON-lines protocol, and names a malformed answer", function()
@@ -221,7 +221,7 @@ for line in sys.stdin:
     if req["completions"][0] == "garbage":
         print("this is not json", flush=True)
         continue
-    print(json.dumps({"scores": [len(c) for c in req["completions"]]}), flush=True)
+    print(json.dumps({"id": req["id"], "scores": [len(c) for c in req["completions"]]}), flush=True)
 ]==])
     local r = rewards.normalize("cmd:python3 " .. d .. "/echo_len.py", 1, {})
     assert.are.equal("echo_len", r.name)
@@ -247,7 +247,7 @@ class H(BaseHTTPRequestHandler):
             body, code = b"model not loaded", 503
         else:
             scores = [len(c) + (10 if a == "#### 72" else 0) for c, a in zip(req["completions"], req["batch"]["answer"])]
-            body, code = json.dumps({"scores": scores}).encode(), 200
+            body, code = json.dumps({"id": req["id"], "scores": scores}).encode(), 200
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -285,9 +285,52 @@ srv.serve_forever()
     assert.matches("https is not supported", err, 1, true)
   end)
 
+  it("passes a TRL-signature reward the step's arguments at start and trainer_state in every step", function()
+    local config = require("remax.settings.config")
+    local trainer = require("remax.run.run")
+    local d = dir()
+    -- completion_messages exists only for conversational prompts, so the first-rows check must
+    -- pass it as a step does; trainer_state carries TRL's names
+    write(d .. "/trl.py", ([[
+import json
+def reward(completions, completion_messages, ground_truth, trainer_state, **kwargs):
+    assert len(completion_messages) == len(completions) == len(ground_truth)
+    assert completion_messages[0][0]["role"] == "assistant"
+    assert "prompt_ids" in kwargs and "completion_ids" in kwargs and "greedy" in kwargs and "finish" in kwargs
+    with open(%q, "a") as f:
+        f.write(json.dumps({"global_step": trainer_state.global_step, "max_steps": trainer_state.max_steps,
+                            "epoch": trainer_state.epoch, "n": len(completions)}) + "\n")
+    return [float(trainer_state.global_step)] * len(completions)
+]]):format(d .. "/calls.jsonl"))
+    local lines = {}
+    for i = 1, 8 do
+      lines[i] = ('{"prompt": [{"role": "user", "content": "say %d"}], "ground_truth": "%d"}'):format(i, i)
+    end
+    write(d .. "/p.jsonl", table.concat(lines, "\n") .. "\n")
+    local cfg = config.resolve({
+      model_config = support.tiny_model(),
+      data = d .. "/p.jsonl", rewards = { "py:" .. d .. "/trl.py" }, chat_template = "plain",
+      num_generations = 2, max_completion_length = 4, per_device_train_batch_size = 2, learning_rate = 1e-3,
+      max_steps = 2, eval_size = 0, output_dir = d .. "/runs", save_steps = 0, log_completions = 0, seed = 3,
+    })
+    local t = trainer.new(cfg, { quiet = true, signals = false })   -- runs the first-rows check
+    local m1 = t:train_step()
+    local m2 = t:train_step()
+    t.stepper.rewards[1].close()
+    local calls = {}
+    for l in read(d .. "/calls.jsonl"):gmatch("[^\n]+") do calls[#calls + 1] = require("cjson").decode(l) end
+    assert.are.equal(3, #calls)   -- the check, then steps 1 and 2
+    assert.are.same({ 0, 2, 0 }, { calls[1].global_step, calls[1].max_steps, calls[1].epoch })
+    assert.are.same({ 1, 2 }, { calls[2].global_step, calls[3].global_step })
+    assert.are.equal(2, calls[3].max_steps)
+    assert.are.equal(2 * 2 / 8, calls[3].epoch)   -- 2 steps of 2 prompts over 8 rows
+    assert.are.equal(1, m1["reward/trl"])
+    assert.are.equal(2, m2["reward/trl"])
+  end)
+
   it("trains with a Python reward, and stops the run after a checkpoint when the worker fails", function()
-    local config = require("remax.train.config")
-    local trainer = require("remax.train.trainer")
+    local config = require("remax.settings.config")
+    local trainer = require("remax.run.run")
     local d = dir()
     -- the fraction of lowercase letters, as the trainer spec's Lua reward
     write(d .. "/lower.py", ([[
@@ -309,8 +352,8 @@ def reward(completions, completion_ids, **kw):
     assert.is_number(m["reward/lower"])
     assert.is_true(m["reward/lower"] >= 0 and m["reward/lower"] <= 1)
     -- hot reload: an edited file starts a new worker with the new code
-    t:snapshot_watch()
-    local old_worker = t.rewards[1]
+    require("remax.run.reload").snapshot(t)
+    local old_worker = t.stepper.rewards[1]
     write(d .. "/lower.py", ([[
 import os
 def reward(completions, **kw):
@@ -328,6 +371,6 @@ def reward(completions, **kw):
     assert.matches("RuntimeError: judge unavailable", err, 1, true)
     local _, step = t.run:latest_checkpoint()
     assert.are.equal(2, step)
-    t.rewards[1].close()
+    t.stepper.rewards[1].close()
   end)
 end)

@@ -1,7 +1,7 @@
--- rollout_spec.lua: remax.train.rollout, the one owner of a step's row layout (prompt-major,
+-- rollout_spec.lua: remax.step.rollout, the one owner of a step's row layout (prompt-major,
 -- sampled slots then the greedy slot), its groups, training rows, and packing and merging across
 -- ranks.
-local rollout = require("remax.train.rollout")
+local rollout = require("remax.step.rollout")
 local dist = require("remax.bind.dist")
 
 -- A rollout of prompts {"a", "b", ...} with G samples (+ greedy) each, rows as model:generate
@@ -73,7 +73,7 @@ describe("rollout", function()
 
   it("lines the reward inputs up with the rows", function()
     local ro = make({ "a", "b" }, 1, true, 0)
-    local collate = require("remax.train.data").collate
+    local collate = require("remax.step.data").collate
     local completions, batch = ro:reward_inputs(collate)
     assert.are.same({ "a1", "a2", "b1", "b2" }, completions)
     assert.are.same({ "a", "a", "b", "b" }, batch.prompt)

@@ -1,6 +1,6 @@
 local ffi = require("ffi")
 local remax = require("remax")
-local runs = require("remax.train.runs")
+local runs = require("remax.run.folder")
 local fs = runs.fs
 
 local support = require("support")

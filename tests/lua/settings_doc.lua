@@ -1,4 +1,4 @@
--- The "Every setting" tables of docs/trainer.md, made from remax.train.config's declarations so the
+-- The "Every setting" tables of docs/trainer.md, made from remax.settings.config's declarations so the
 -- two never drift. tests/lua/settings_doc_spec.lua compares; after changing a setting, run
 --   luajit tests/lua/settings_doc.lua docs/trainer.md      (rewrites the section in place)
 local M = {}
@@ -9,7 +9,7 @@ local function cell(s) return (tostring(s):gsub("|", "\\|")) end
 
 -- The markdown of every group: a heading, a note, a table.
 function M.markdown()
-  local config = require("remax.train.config")
+  local config = require("remax.settings.config")
   local out = {}
   for _, group in ipairs(config.groups) do
     out[#out + 1] = "### " .. group[1]

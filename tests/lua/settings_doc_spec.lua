@@ -6,7 +6,7 @@ describe("docs/trainer.md", function()
     local f = assert(io.open("docs/trainer.md", "rb"))
     local text = f:read("*a")
     f:close()
-    local config = require("remax.train.config")
+    local config = require("remax.settings.config")
     for _, k in ipairs(config.order) do
       assert.is_truthy(text:find("| `" .. k .. "` |", 1, true), k .. " has no row in docs/trainer.md")
     end

@@ -5,7 +5,7 @@
 -- with a message that names the setting and where its value came from -- never a Lua fault, an
 -- empty message, or a position in remax's sources. Deterministic: the seed is fixed; set
 -- REMAX_FUZZ_SEED and REMAX_FUZZ_ROUNDS to explore.
-local config = require("remax.train.config")
+local config = require("remax.settings.config")
 local errors = require("remax.cli.errors")
 local support = require("support")
 local cjson = require("cjson")

@@ -1,11 +1,11 @@
 -- Every setting checked once, every message names its source (issue 26): the schema's refusals,
 -- the files of a model folder, data files, the messages the command line prints, a run that
 -- stays in its folder, os.exit from user code, and the reward_timeout default.
-local config = require("remax.train.config")
-local schema = require("remax.train.schema")
+local config = require("remax.settings.config")
+local schema = require("remax.settings.schema")
 local errors = require("remax.cli.errors")
-local rewards = require("remax.train.rewards")
-local data = require("remax.train.data")
+local rewards = require("remax.step.rewards")
+local data = require("remax.step.data")
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 local cjson = require("cjson")
@@ -70,7 +70,7 @@ describe("the settings schema", function()
     schema.available_bytes = real
     assert.is_false(ok)
     assert.matches("^recipe: num_generations = 100000: one step's generation needs at least [%d.]+ GiB %(the KV cache " ..
-      "of every row%), but 1.0 GiB of memory is available: per_device_train_batch_size = 8 %(recipe%) prompts x " ..
+      "of every row and the activations%), but 1.0 GiB of memory is available: per_device_train_batch_size = 8 %(recipe%) prompts x " ..
       "%(num_generations = 100000 %(recipe%) %+ 1 greedy%) rows x %(max_prompt_length = 512 %(default%) %+ " ..
       "max_completion_length = 256 %(default%)%) tokens", msg)
     -- the defaults fit
@@ -78,6 +78,18 @@ describe("the settings schema", function()
     ok = pcall(config.resolve, {})
     schema.available_bytes = real
     assert.is_true(ok)
+  end)
+
+  it("asks the engine for generation's memory: its KV cache is 2 x layers x rows x positions x kv width x 4 bytes", function()
+    local cfg = config.resolve({ model_config = { hidden_size = 64, intermediate_size = 128, num_hidden_layers = 3,
+      num_attention_heads = 4, num_key_value_heads = 2, vocab_size = 300, max_position_embeddings = 2048 } }, nil,
+      { memory = false })
+    local total, cache = schema.generation_bytes(cfg, 10, 2)
+    local positions = cfg.max_prompt_length + cfg.max_completion_length
+    assert.are.equal(2 * 3 * 10 * positions * (2 * 16) * 4, cache)
+    assert.is_true(total > cache, "activations and the sampler come on top")
+    local more = schema.generation_bytes(cfg, 20, 2)
+    assert.is_true(more - total >= cache, "twice the rows: at least the KV cache again")
   end)
 
   it("names the source of a cross-setting refusal", function()
@@ -138,9 +150,9 @@ describe("the files of a model folder", function()
     assert.matches(path .. ": bos_token = '<s>' is not a token of " .. d .. "/tokenizer.json but add_bos_token = true",
       err_of(tokenizer.load, d), 1, true)
     d = folder("tokenizer_config.json", function(c) c.bos_token = "<s>"; c.add_bos_token = false end)
-    require("remax.bind.hf_files").quiet = true
+    require("remax.formats.hf_files").quiet = true
     assert.is_truthy(tokenizer.load(d))   -- ignored, with a warning
-    require("remax.bind.hf_files").quiet = nil
+    require("remax.formats.hf_files").quiet = nil
   end)
 
   it("names a tokenizer.json with an empty vocabulary", function()
@@ -220,15 +232,15 @@ end)
 
 describe("the messages the command line prints", function()
   it("calls a Lua fault in remax an internal error, with the position after the message", function()
-    assert.are.equal("internal error: attempt to index local 'text' (a nil value) (at lua/remax/train/data.lua:164); " ..
-      errors.REPORT, errors.message("lua/remax/train/data.lua:164: attempt to index local 'text' (a nil value)"))
-    assert.are.equal("internal error: an error with an empty message (at /x/lua/remax/train/trainer.lua:461); " .. errors.REPORT,
-      errors.message("/x/lua/remax/train/trainer.lua:461: "))
+    assert.are.equal("internal error: attempt to index local 'text' (a nil value) (at lua/remax/step/data.lua:164); " ..
+      errors.REPORT, errors.message("lua/remax/step/data.lua:164: attempt to index local 'text' (a nil value)"))
+    assert.are.equal("internal error: an error with an empty message (at /x/lua/remax/step/step.lua:461); " .. errors.REPORT,
+      errors.message("/x/lua/remax/step/step.lua:461: "))
     assert.matches("^internal error: an error with an empty message", errors.message(""))
     assert.matches("^internal error: an error with nothing after 'generate:'", errors.message("generate: "))
     assert.matches("^internal error: an error value that is not text %(a nil%)", errors.message(nil))
-    assert.matches("^internal error: 'struct rx_tensor' has no member named 'x' %(at lua/remax/train/trainer.lua:5%)",
-      errors.message("lua/remax/train/trainer.lua:5: 'struct rx_tensor' has no member named 'x'"))
+    assert.matches("^internal error: 'struct rx_tensor' has no member named 'x' %(at lua/remax/step/step.lua:5%)",
+      errors.message("lua/remax/step/step.lua:5: 'struct rx_tensor' has no member named 'x'"))
   end)
 
   it("prints a user error raised with a level without the position in front", function()
@@ -331,7 +343,7 @@ end }
     local r = rewards.normalize({ name = "x", fn = function() os.exit(3) end }, 1)
     local msg = err_of(rewards.run_one, r, { "a" }, {}, {})
     assert.matches("reward 'x' .- failed.-called os.exit%(3%)", msg)
-    assert.are.equal(require("remax.train.guard").real_exit, os.exit)
+    assert.are.equal(require("remax.step.guard").real_exit, os.exit)
   end)
 end)
 
@@ -347,7 +359,7 @@ describe("reward_timeout", function()
     assert.is_true(rewards.is_slow(20, 1, 60))     -- a third of its limit
     assert.is_true(rewards.is_slow(2, 0.5, 60))    -- longer than the generation
     assert.is_false(rewards.is_slow(0.2, 1, 60))
-    local p = require("remax.train.progress").new({ total = 10, label = "x", tty = false,
+    local p = require("remax.run.progress").new({ total = 10, label = "x", tty = false,
       out = { write = function() end, flush = function() end } })
     assert.matches("reward slow 20.0s", p:format(1, { reward = 0.5, reward_slow = 20 }), 1, true)
     assert.is_falsy(p:format(1, { reward = 0.5 }):find("slow", 1, true))

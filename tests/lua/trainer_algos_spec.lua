@@ -1,9 +1,9 @@
 -- The algorithm settings through the trainer, on a tiny random model with short completions:
 -- estimators, loss aggregations and TRL's loss types, k1, num_iterations, reward handling,
 -- micro-batches of whole prompts, evaluation, `remax eval`, hot reload of beta, plots.
-local config = require("remax.train.config")
-local trainer = require("remax.train.trainer")
-local algos = require("remax.train.algos")
+local config = require("remax.settings.config")
+local trainer = require("remax.run.run")
+local algos = require("remax.step.algos")
 local cli = require("remax.cli.main")
 local ffi = require("ffi")
 
@@ -79,7 +79,7 @@ describe("trainer algorithms", function()
     local dir = setup()
     for _, algo in ipairs({ "remax", "grpo", "rloo", "reinforce" }) do
       local t = new_trainer(dir, { algo = algo, run_name = algo })
-      local before = t.baseline_state
+      local before = t.stepper.baseline_state
       local ro, up = step_pieces(t)
       local want = algos.advantages(algo, groups_of(ro, ro.total), { baseline = "mean", momentum = 0.9 }, before)
       assert.are.same(want, ro.adv, algo)
@@ -98,8 +98,8 @@ describe("trainer algorithms", function()
     t:score(ro)
     t:advantage(ro)
     local seen, chunks = {}, 0
-    local real = t.micro_step
-    t.micro_step = function(self, rows, totals, chunk)
+    local real = t.stepper.micro_step
+    t.stepper.micro_step = function(self, rows, totals, chunk)
       chunks = chunks + 1
       for _, row in ipairs(rows) do
         local r = ro.rows[row.key]
@@ -193,7 +193,7 @@ describe("trainer algorithms", function()
       lr_scheduler_type = "linear", algo = "grpo", skip_zero_advantage = false })
     local ro, up = step_pieces(t)
     assert.are.equal(4, up.iterations)
-    assert.are.equal(4, t.opt:state().step)
+    assert.are.equal(4, t.stepper.opt:state().step)
     assert.is_true(up.clip_low + up.clip_high > 0, "a 1% clip range is left after a few large updates")
     assert.is_true(math.abs(up.lr - 0.05 * (8 - 3) / 8) < 1e-15, "update 4 of 8 on the linear schedule")
     local m = t:rl_metrics(ro, up)
@@ -245,7 +245,7 @@ describe("trainer algorithms", function()
     end } } })
     local out = t:train()
     local m = out.history[1]
-    local ro = t.last_scored
+    local ro = t.stepper.last_scored
     local rows_nz, prompts_nz, flat, n = 0, 0, 0, 0
     for i, a in ipairs(ro.adv) do
       local any = false
@@ -429,7 +429,7 @@ end }
   for _, kl in ipairs({ "k3", "k1" }) do
     it(("loads the reference model when a hot reload raises beta from 0 (%s)"):format(kl), function()
       local dir = setup()
-      local recipe_mod = require("remax.train.recipe")
+      local recipe_mod = require("remax.settings.recipe")
       local path = dir .. "/recipe.lua"
       -- a reward with a spread in every group, so the first step moves the policy
       write(dir .. "/vary.lua", [[return { name = "vary", fn = function(c, batch)
@@ -446,12 +446,12 @@ end }
       end
       recipe("0")
       local t = trainer.new(config.resolve(recipe_mod.load(path), {}), { quiet = true, signals = false, recipe_path = path })
-      assert.is_nil(t.ref)
+      assert.is_nil(t.stepper.ref)
       t:train_step()
       recipe("0.2")
       assert.are.equal(1, t:check_reload())
       assert.are.equal(0.2, t.cfg.beta)
-      assert.is_not_nil(t.ref)
+      assert.is_not_nil(t.stepper.ref)
       local m = t:train_step()
       assert.is_true(m.kl ~= 0, "the KL to the starting weights after one update")
       assert.is_true(m.loss == m.loss)

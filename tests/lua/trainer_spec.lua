@@ -1,6 +1,6 @@
 -- End-to-end trainer checks on a tiny random model (byte-level tokenizer, real model:generate).
-local config = require("remax.train.config")
-local trainer = require("remax.train.trainer")
+local config = require("remax.settings.config")
+local trainer = require("remax.run.run")
 local cli = require("remax.cli.main")
 local ffi = require("ffi")
 
@@ -228,7 +228,7 @@ end }
 
   it("hot-reloads a changed recipe (hot settings and rewards) and keeps it when the new one fails", function()
     local dir = setup()
-    local recipe_mod = require("remax.train.recipe")
+    local recipe_mod = require("remax.settings.recipe")
     local function recipe_text(lr, value)
       return ([[
 local s = dofile(%q)
@@ -277,7 +277,7 @@ return s
     local dir = setup()
     local t = new_trainer(dir, { max_steps = 5, max_bad_steps = 1 })
     -- a custom advantage that is huge makes the loss overflow to inf
-    t.advantage_fn = function(groups)
+    t.stepper.advantage_fn = function(groups)
       local adv = {}
       for i, g in ipairs(groups) do
         adv[i] = {}

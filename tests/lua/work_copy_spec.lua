@@ -168,8 +168,8 @@ end
 -- first forward converts the new policy's copy, no step converts it again: nothing in the loop
 -- writes the masters but AdamW.
 local function loop_conversions(device, extra)
-  local config = require("remax.train.config")
-  local trainer = require("remax.train.trainer")
+  local config = require("remax.settings.config")
+  local trainer = require("remax.run.run")
   local dir = support.train_dir(8)
   local s = support.run_settings(dir, { model_config = support.tiny_model(), num_generations = 2,
     max_completion_length = 6, per_device_train_batch_size = 2, gradient_accumulation_steps = 2, max_steps = 3,

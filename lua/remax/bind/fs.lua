@@ -20,6 +20,8 @@ for _, decl in ipairs({
   "int isatty(int fd);",
   "struct rx_fs_winsize { unsigned short ws_row, ws_col, ws_xpixel, ws_ypixel; };",
   "int ioctl(int fd, unsigned long request, ...);",
+  "int stat(const char *path, void *buf);",
+  "int __xstat(int ver, const char *path, void *buf);",
 }) do pcall(ffi.cdef, decl) end
 local C = ffi.C
 
@@ -103,6 +105,7 @@ local function dirname(path) return path:match("^(.*)/[^/]*$") or "." end
 -- Writes text to path through path.tmp, fsync and rename. A failure (a full disk, a read-only
 -- folder) is an error naming the file and the errno, and leaves path as it was.
 local function write_atomic(path, text)
+  M.check_output(path)
   local tmp = path .. ".tmp"
   local f, err, code = io.open(tmp, "wb")
   if not f then error(("cannot write %s (%s; errno %s)"):format(tmp, tostring(err), tostring(code)), 2) end
@@ -180,6 +183,47 @@ local function read_text_file(path, what, limit)
   return text
 end
 M.read_text_file = read_text_file
+
+---------------------------------------------------------------------------- output paths
+
+-- What a path names, following links: "missing", "file", "folder", "character device", "block
+-- device", "fifo", "socket" (nil when stat fails otherwise). struct stat's st_mode sits at byte
+-- 24 on x86_64 and at 16 on aarch64 (the generic layout).
+local MODE_OFFSET = ffi.arch == "x64" and 24 or 16
+local KINDS = { [0x8000] = "file", [0x4000] = "folder", [0x2000] = "character device", [0x6000] = "block device",
+  [0x1000] = "fifo", [0xC000] = "socket", [0xA000] = "link" }
+local function file_kind(path)
+  local buf = ffi.new("uint8_t[512]")
+  local ok, rc = pcall(function() return C.stat(path, buf) end)
+  if not ok then   -- a glibc before 2.33: stat is __xstat
+    ok, rc = pcall(function() return C.__xstat(ffi.arch == "x64" and 1 or 0, path, buf) end)
+  end
+  if not ok then return nil end
+  if rc ~= 0 then return ffi.errno() == 2 and "missing" or nil end
+  local mode = ffi.cast("uint32_t *", buf + MODE_OFFSET)[0]
+  return KINDS[bit.band(mode, 0xF000)] or "special file"
+end
+M.file_kind = file_kind
+
+-- Refuses an output path that names anything but a regular file (or nothing yet): writing to a
+-- temporary name and renaming it over a device node, a fifo or a socket would replace it, and a
+-- folder is not a file. `what` names the path's role ("export --gguf"). With opts.parent, a
+-- path whose folder does not exist is refused too. Returns the path.
+function M.check_output(path, what, opts)
+  local label = what and (what .. " " .. tostring(path)) or tostring(path)
+  if type(path) ~= "string" or path == "" then error(("%s: expected a file path"):format(what or "output"), 0) end
+  local kind = file_kind(path)
+  if kind and kind ~= "file" and kind ~= "missing" then
+    error(("%s is a %s, not a regular file; remax writes only to a file path (it would replace the %s with a file); give the path of a file"):format(
+      label, kind, kind), 0)
+  end
+  if not (opts and opts.parent) then return path end
+  local parent = dirname(path)
+  local pkind = file_kind(parent)
+  if pkind == "missing" then error(("%s: folder %s does not exist"):format(label, parent), 0) end
+  if pkind and pkind ~= "folder" then error(("%s: %s is a %s, not a folder"):format(label, parent, pkind), 0) end
+  return path
+end
 
 M.is_dir, M.list_dir, M.mkdir_p, M.remove_tree = is_dir, list_dir, mkdir_p, remove_tree
 M.write_atomic, M.read_text, M.exists, M.fsync_path, M.dirname = write_atomic, read_text, file_exists, fsync_path, dirname

@@ -1,17 +1,20 @@
 -- remax.bind.ipc: child processes joined by pipes to their stdin and stdout, and TCP client
--- connections, each with deadlines: what the reward workers (remax.train.reward_worker) talk
+-- connections, each with deadlines: what the reward workers (remax.step.reward_worker) talk
 -- through. libc through the FFI (Linux x86_64/aarch64 layouts), as remax.bind.fs does.
 --
 --   local p = ipc.spawn({ "python3", "-u", "worker.py" })       -- stdin/stdout piped, stderr inherited
 --   p:write("line\n", ipc.now() + 5)                             -- true, or nil, "timeout"|"closed"
---   local line, why = p:read_line(ipc.now() + 5)                 -- why: "timeout"|"closed"
+--   local line, why = p:read_line(ipc.now() + 5, limit)          -- why: "timeout"|"closed"|"too long"
 --   p:close()                                                     -- EOF to its stdin, reaped (killed after 1 s)
 --   local c = ipc.connect("127.0.0.1", 8000, deadline); c:write(...); c:read_all(deadline); c:close()
 --
 -- Children start in their own process group, so a Ctrl-C at the terminal reaches the trainer only
 -- (which saves and stops, closing the workers) and not a worker in the middle of a batch, and with
 -- SIGPIPE at its default even though this process ignores it (a write to a worker that died must
--- be an error to report, not a signal that kills the run).
+-- be an error to report, not a signal that kills the run). Each child's process group is
+-- registered with the engine (rx_child_add), which kills it when this process ends in any way
+-- but SIGKILL: at exit, on a second Ctrl-C, on a signal before the trainer catches signals.
+-- Closing a child kills what is left of its group too (a shell's background children).
 local ffi = require("ffi")
 
 local M = {}
@@ -39,6 +42,7 @@ for _, decl in ipairs({
   "extern char **environ;",
   "int kill(int pid, int sig);",
   "int waitpid(int pid, int *status, int options);",
+  "int waitid(int idtype, int id, void *infop, int options);",
   "char *strerror(int errnum);",
   "int getpid(void);",
   "int socket(int domain, int type, int protocol);",
@@ -56,6 +60,7 @@ local O_CLOEXEC, O_NONBLOCK, F_SETFL, F_GETFL = 0x80000, 0x800, 4, 3
 local POLLIN, POLLOUT = 1, 4
 local EINTR, EAGAIN, EINPROGRESS = 4, 11, 115
 local SIGKILL, SIGPIPE, WNOHANG = 9, 13, 1
+local P_PID, WEXITED, WNOWAIT = 1, 4, 0x01000000
 local POSIX_SPAWN_SETPGROUP, POSIX_SPAWN_SETSIGDEF = 2, 4
 local AF_UNSPEC, SOCK_STREAM, SOCK_CLOEXEC, SOCK_NONBLOCK = 0, 1, 0x80000, 0x800
 local SOL_SOCKET, SO_ERROR, MSG_NOSIGNAL = 1, 4, 0x4000
@@ -142,6 +147,20 @@ local READ_SIZE = 65536
 local Proc = {}
 Proc.__index = Proc
 
+-- libremax (for rx_child_add/remove), or nil where it is not there (ipc is usable without it).
+local engine_C
+local function engine_lib()
+  if engine_C == nil then
+    local ok, lib = pcall(function()
+      local C_ = require("remax.bind.ffi").C
+      local _ = C_.rx_child_add
+      return C_
+    end)
+    engine_C = ok and lib or false
+  end
+  return engine_C or nil
+end
+
 -- Starts argv[1] (looked up in PATH) with argv; its stdin and stdout are pipes to us, its stderr
 -- is ours. Returns the process, or raises an error naming the program.
 function M.spawn(argv)
@@ -182,8 +201,10 @@ function M.spawn(argv)
   end
   set_nonblocking(to_child[1])
   set_nonblocking(from_child[0])
-  local p = setmetatable({ pid = pid[0], stdin = to_child[1], stdout = from_child[0], pending = "",
+  local p = setmetatable({ pid = pid[0], stdin = to_child[1], stdout = from_child[0], pending = "", pos = 1,
     buf = ffi.new("char[?]", READ_SIZE), argv = argv }, Proc)
+  local engine = engine_lib()
+  if engine then engine.rx_child_add(p.pid) end
   return p
 end
 
@@ -192,28 +213,63 @@ function Proc:write(data, deadline)
   return write_all(self.stdin, data, deadline)
 end
 
--- The next line of the child's stdout, without its newline; or nil, "timeout" | "closed".
-function Proc:read_line(deadline)
+-- The next line of the child's stdout, without its newline; or nil, "timeout" | "closed" |
+-- "too long" (more than `limit` bytes without a newline; nil: no limit). Linear in the line's
+-- length: the parts are kept in a list and joined once, and only new bytes are searched.
+function Proc:read_line(deadline, limit)
+  local parts, size = nil, 0
   while true do
-    local nl = self.pending:find("\n", 1, true)
-    if nl then
-      local line = self.pending:sub(1, nl - 1)
-      self.pending = self.pending:sub(nl + 1)
-      return line
+    local pending, pos = self.pending, self.pos
+    local nl = pending:find("\n", pos, true)
+    local stop = nl and nl - 1 or #pending
+    size = size + (stop - pos + 1)
+    if limit and size > limit then
+      self.pending, self.pos = "", 1
+      return nil, "too long"
     end
+    if nl then
+      local head = pending:sub(pos, nl - 1)
+      self.pos = nl + 1
+      if not parts then return head end
+      parts[#parts + 1] = head
+      return table.concat(parts)
+    end
+    if stop >= pos then
+      parts = parts or {}
+      parts[#parts + 1] = pos == 1 and pending or pending:sub(pos)
+    end
+    self.pending, self.pos = "", 1
     if not self.stdout then return nil, "closed" end
     local chunk, why = read_some(self.stdout, deadline, self.buf, READ_SIZE)
-    if not chunk then return nil, why end
-    self.pending = self.pending .. chunk
+    if not chunk then
+      -- what came of the line so far stays for the next call
+      self.pending = parts and table.concat(parts) or ""
+      return nil, why
+    end
+    self.pending = chunk
   end
 end
 
--- Whether the child still runs; when it has ended, false and a description of how.
+-- Whether the child still runs; when it has ended, false and a description of how. An ended
+-- child is reaped only after what is left of its process group is killed (its pid, and so the
+-- group's id, cannot be reused before).
 function Proc:running()
   if self.exit then return false, self.exit end
+  local info = ffi.new("int[32]")   -- siginfo_t: si_pid at byte 16
+  local r
+  repeat r = C.waitid(P_PID, self.pid, info, bit.bor(WEXITED, WNOHANG, WNOWAIT))
+  until r == 0 or ffi.errno() ~= EINTR
+  if r == 0 and info[4] == 0 then return true end
+  local engine = engine_lib()
+  if r ~= 0 then   -- not our child any more (reaped elsewhere): nothing to kill or reap
+    if engine then engine.rx_child_remove(self.pid) end
+    self.exit = "ended"
+    return false, self.exit
+  end
+  C.kill(-self.pid, SIGKILL)   -- the rest of its group: a shell's background children
   local status = ffi.new("int[1]")
-  local r = C.waitpid(self.pid, status, WNOHANG)
-  if r == 0 then return true end
+  C.waitpid(self.pid, status, 0)
+  if engine then engine.rx_child_remove(self.pid) end
   local s = status[0]
   if bit.band(s, 0x7f) == 0 then
     self.exit = ("exit status %d"):format(bit.rshift(bit.band(s, 0xff00), 8))
@@ -240,7 +296,8 @@ function Proc:kill()
   self:wait(5)
 end
 
--- Closes the child's stdin (a worker's signal to finish), waits `grace` seconds, then kills it.
+-- Closes the child's stdin (a worker's signal to finish), waits `grace` seconds, then kills it;
+-- what is left of its process group is killed either way.
 function Proc:close(grace)
   if self.stdin then C.close(self.stdin); self.stdin = nil end
   if not self:wait(grace or 1) then self:kill() end
@@ -298,6 +355,13 @@ end
 function Conn:write(data, deadline)
   if not self.fd then return nil, "closed" end
   return write_all(self.fd, data, deadline, true)
+end
+
+-- What the peer has sent (at least one byte, waiting until the deadline); or nil, "timeout" |
+-- "closed" | message.
+function Conn:read_some(deadline)
+  if not self.fd then return nil, "closed" end
+  return read_some(self.fd, deadline, self.buf, READ_SIZE)
 end
 
 -- Everything the peer sends until it closes the connection; or nil, why, what came so far.

@@ -319,7 +319,9 @@ function M.load_with_base(dir, opts)
   M.load(model, dir)
   return model
 end
-require("remax.bind.model").adapter_loader = M.load_with_base
+-- remax.model.load reads LoRA adapter folders once this is called (setup and the package face
+-- call it; requiring this module changes nothing by itself).
+function M.register() require("remax.bind.model").adapter_loader = M.load_with_base end
 
 -- The trainer's LoRA: adapters from the resolved config on a freshly loaded base, and, when
 -- resuming, the checkpoint's adapters (which must have the run's shape).

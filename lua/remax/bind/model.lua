@@ -61,7 +61,7 @@ function M.resolve_config(cfg, where)
     end
     return v
   end
-  require("remax.bind.hf_files").check_model_config(cfg, where)
+  require("remax.formats.hf_files").check_model_config(cfg, where)
   local archs = json_value(cfg.architectures)
   if archs ~= nil and type(archs) ~= "table" then
     error(("%s: key 'architectures' is a %s, expected a list of names"):format(where, type(archs)), 2)
@@ -153,9 +153,9 @@ local function create(cfg_table, opts, where)
     end
     cfg.weight_dtype = wdt
   end
-  local device = ({ cpu = C.RX_CPU, cuda = C.RX_CUDA })[opts.device or "cpu"]
+  local device = tensor.device_id(opts.device or "cpu")
   if not device then
-    error(("%s: device '%s' is not a device remax knows (cpu, cuda)"):format(where, tostring(opts.device)), 3)
+    error(("%s: device '%s' is not a device remax knows (%s)"):format(where, tostring(opts.device), tensor.device_list), 3)
   end
   cfg.device = device
   local out = ffi.new("rx_model*[1]")
@@ -197,7 +197,7 @@ end
 function M.load(dir, opts)
   opts = opts or {}
   if not opts.config and not fs.exists(dir .. "/config.json") and fs.exists(dir .. "/adapter_config.json") then
-    -- a PEFT adapter folder (a LoRA checkpoint): remax.bind.lora, once loaded, installs its loader
+    -- a PEFT adapter folder (a LoRA checkpoint): remax.bind.lora.register() installs its loader
     if not M.adapter_loader then
       error(("model.load: %s is a LoRA adapter folder; load it with require(\"remax.bind.lora\").load_with_base"):format(dir), 2)
     end
@@ -272,9 +272,8 @@ end
 function Model:tied() return C.rx_model_get_config(self.handle).tie_word_embeddings ~= 0 end
 function Model:cfg() return C.rx_model_get_config(self.handle) end
 
-local device_names = { [tonumber(C.RX_CPU)] = "cpu", [tonumber(C.RX_CUDA)] = "cuda" }
 -- Where the parameters, gradients and activations live: "cpu" or "cuda".
-function Model:device_name() return device_names[tonumber(self:cfg().device)] end
+function Model:device_name() return tensor.device_name(self:cfg().device) end
 
 -- The dtype of statistics (log-probs, entropies and their gradients): f32 for a bf16 model.
 local function stats_dtype(self)
@@ -553,7 +552,7 @@ local function fnv1a64(ids, slot)
 end
 
 -- The one check of sampling settings at the Lua boundary (model:generate, and the trainer's
--- config through remax.train.config; the engine checks again as the last guard): nil when
+-- config through remax.settings.config; the engine checks again as the last guard): nil when
 -- temperature, top_k, top_p, min_p, repetition_penalty and max_new_tokens (entries of s; a
 -- missing one is not checked) are valid, else what is wrong, naming the setting, its value and `where`.
 function M.sampling_problem(s, where)
@@ -571,36 +570,15 @@ function M.sampling_problem(s, where)
   return nil
 end
 
--- A model on a device generates through a CPU copy of its weights where the engine's generation
--- runs on the CPU only (it says so with RX_EDEVICE: "runs on the cpu in this build"): made on
--- first use, its weights refreshed from the device before every call, so a rollout always sees
--- the current policy. f32 compute on the CPU; a bf16 model's copy stores its weight matrices in
--- bf16, as its working copy does. An engine that generates on the device is used directly.
-function Model:host_copy()
-  if self:device_name() == "cpu" then return self end
-  if not self.host_twin then
-    local o = { dtype = "f32" }
-    if tonumber(self:cfg().dtype) == tonumber(C.RX_BF16) then o.weight_dtype = "bf16" end
-    self.host_twin = create(self.config, o, "model (cpu copy for generation)")
-  end
-  local twin = self.host_twin
-  for i = 1, #self.names do
-    C.rx_model_param(twin.handle, i - 1):copy_(C.rx_model_param(self.handle, i - 1))
-  end
-  return twin
-end
-
--- Whether a failed engine call (rc) was the engine refusing a device model for a CPU-only op.
-local function cpu_only(self, rc)
-  return rc == C.RX_EDEVICE and self:device_name() ~= "cpu" and rx.last_error():find("runs on the cpu in this build", 1, true)
-end
-
 function Model:generate(prompts, opts)
-  if self.host_twin then return self:host_copy():generate(prompts, opts) end
   opts = opts or {}
   if type(prompts) ~= "table" or #prompts == 0 then error("generate: expected a non-empty list of prompts (token-id lists)", 2) end
-  -- every per-slot list must have the same length; that length is the number of rows per prompt
-  local slots, slots_from = 1, nil
+  -- opts.rows_per_prompt (the caller's layout: remax.step.rollout's plan.slots) or, without it,
+  -- the length of the per-slot lists, which must all agree with it
+  local slots, slots_from = opts.rows_per_prompt or 1, opts.rows_per_prompt and "rows_per_prompt" or nil
+  if type(slots) ~= "number" or slots < 1 or slots ~= math.floor(slots) then
+    error(("generate: rows_per_prompt = %s: expected a whole number >= 1"):format(tostring(opts.rows_per_prompt)), 2)
+  end
   for _, key in ipairs({ "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_new_tokens" }) do
     local l = slot_list(opts[key], key)
     if l then
@@ -701,7 +679,6 @@ function Model:generate(prompts, opts)
   local t0 = now()
   local g = ffi.new("rx_generator*[1]")
   local rc = C.rx_generate_begin(g, self.handle, req, res)
-  if rc ~= 0 and cpu_only(self, rc) then return self:host_copy():generate(prompts, opts) end
   if rc ~= 0 then error(rx.last_error(), 2) end
   local gen = ffi.gc(g[0], C.rx_generate_end)
   local done = ffi.new("int32_t[1]")
@@ -763,11 +740,9 @@ end
 
 -- Logits of the next token after each row (full forward, no cache): [B, vocab].
 function Model:next_logits(tokens, mask)
-  if self.host_twin then return self:host_copy():next_logits(tokens, mask) end
   if type(tokens) == "table" and not ffi.istype("rx_tensor", tokens) then tokens, mask = M.pad_rows(tokens) end
   local out = tensor.new({ tokens:size(1), tonumber(self:cfg().vocab_size) }, tonumber(self:cfg().dtype))
   local rc = C.rx_model_next_logits(self.handle, tokens, mask, out)
-  if rc ~= 0 and cpu_only(self, rc) then return self:host_copy():next_logits(tokens, mask) end
   if rc ~= 0 then error(rx.last_error(), 2) end
   return out
 end

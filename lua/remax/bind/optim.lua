@@ -107,7 +107,7 @@ function M.adamw(params, grads, opts)
     local flat = model:flat()
     local p, g = flat.params, flat.grads
     local pdtype = ffi.string(C.rx_dtype_name(p.dtype))
-    local device = tonumber(p.device) == tonumber(C.RX_CUDA) and "cuda" or "cpu"
+    local device = tensor.device_name(p.device)
     self.flat = flat
     self.m_flat = tensor.new({ flat.n }, pdtype, device)   -- zeros, padding included
     self.v_flat = tensor.new({ flat.n }, pdtype, device)
@@ -305,7 +305,7 @@ function M.zero_adamw(world, model, opts)
   self.n = self.pflat.n
   self.shard = world:shard_size(self.n)
   self.lo, self.hi = world:shard_range(self.n, self.shard)
-  local device = tonumber(p1.device) == tonumber(C.RX_CUDA) and "cuda" or "cpu"
+  local device = tensor.device_name(p1.device)
   self.m_flat = tensor.new({ math.max(self.hi - self.lo, 1) }, pdtype, device)
   self.v_flat = tensor.new({ math.max(self.hi - self.lo, 1) }, pdtype, device)
   piece_views(self)

@@ -35,7 +35,7 @@ function M.load(dir, opts)
   opts = opts or {}
   if type(dir) ~= "string" or dir == "" then error("reward model: expected a folder path", 2) end
   dir = dir:gsub("/+$", "")
-  dir = require("remax.bind.hf_cache").find(dir) or dir   -- a Hugging Face name found in the cache
+  dir = require("remax.formats.hf_cache").find(dir) or dir   -- a Hugging Face name found in the cache
   local model_mod = require("remax.bind.model")
   local ok, cfg = pcall(model_mod.read_config, dir)
   if not ok then

@@ -8,8 +8,10 @@ local M = {}
 local Tensor = {}
 M.Tensor = Tensor
 
+-- The one table of devices: name <-> the engine's RX_* value (model, optim and dist ask here).
 local devices = { cpu = C.RX_CPU, cuda = C.RX_CUDA }
 local device_names = { [tonumber(C.RX_CPU)] = "cpu", [tonumber(C.RX_CUDA)] = "cuda" }
+M.device_list = "cpu, cuda"
 
 -- dtype name ("f32", "bfloat16", ...) or enum value -> enum value
 function M.dtype(name)
@@ -25,6 +27,11 @@ local function device_id(name)
   if not d then error(("unknown device '%s' (valid: cpu, cuda)"):format(tostring(name)), 3) end
   return d
 end
+
+-- A device's name ("cpu", "cuda") -> its RX_* value, nil for a name remax does not know.
+function M.device_id(name) return devices[name] end
+-- An RX_* device value -> its name.
+function M.device_name(id) return device_names[tonumber(id)] end
 
 local function shape_array(shape)
   if #shape > 4 then error(("tensors have at most 4 dims, got %d"):format(#shape), 3) end

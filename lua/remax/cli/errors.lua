@@ -3,7 +3,7 @@
 -- raised it) is printed as it is, without a Lua source position in front; a fault inside remax
 -- (a Lua runtime error in remax's own sources, an empty message, an error that is not text)
 -- says it is an internal error and asks for a report, with the position after the message.
--- While a command runs, os.exit is trapped (remax.train.guard): user code that calls it raises
+-- While a command runs, os.exit is trapped (remax.step.guard): user code that calls it raises
 -- instead, and the run stops through its normal failure path with a message naming the caller.
 --
 --   os.exit = errors.trapped_exit               -- installed by the command line
@@ -31,7 +31,7 @@ local function is_fault(text)
   return false
 end
 
--- "lua/remax/train/data.lua:164: text" -> "lua/remax/train/data.lua:164", "text" (a position in
+-- "lua/remax/step/data.lua:164: text" -> "lua/remax/step/data.lua:164", "text" (a position in
 -- remax's own Lua sources), else nil.
 function M.split_position(msg)
   local pos, rest = msg:match("^([^%s:]*remax/[^%s:]+%.lua:%d+): (.*)$")
@@ -45,7 +45,7 @@ end
 
 ---------------------------------------------------------------------------- os.exit
 
-local guard = require("remax.train.guard")
+local guard = require("remax.step.guard")
 M.Exit, M.is_exit, M.trapped_exit, M.real_exit = guard.Exit, guard.is_exit, guard.trapped_exit, guard.real_exit
 
 ---------------------------------------------------------------------------- messages

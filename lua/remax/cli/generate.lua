@@ -159,7 +159,7 @@ function M.main(...)
   local o = M.parse({ ... })
   if o.help then io.write(M.usage); return 0 end
   local remax = require("remax")
-  local dir = require("remax.bind.hf_cache").model_dir(o.model, "generate: --model")   -- a folder or a cached name
+  local dir = require("remax.formats.hf_cache").model_dir(o.model, "generate: --model")   -- a folder or a cached name
   local tok
   local has_tokenizer = io.open(dir .. "/tokenizer.json", "rb")
   if has_tokenizer then has_tokenizer:close(); tok = plain(remax.tokenizer.load, dir)

@@ -37,11 +37,11 @@ local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'
 
 -- A recipe table + command-line arguments -> resolved config (or nil after printing --help).
 local function recipe_config(file, recipe, argv)
-  local config = require("remax.train.config")
+  local config = require("remax.settings.config")
   local overrides, help = config.parse_args(argv)
   local cfg
   if overrides.resume or recipe.resume then   -- the run's own config.json, changed only by the command line
-    local resume = require("remax.train.resume")
+    local resume = require("remax.run.resume")
     local changes
     cfg, changes = resume.resolve(recipe, overrides, { where = file })
     if not help then for _, line in ipairs(resume.describe(cfg.resume, changes)) do print(line) end end
@@ -59,7 +59,7 @@ end
 function M.train_recipe(file, recipe, argv)
   local cfg, overrides = recipe_config(file, recipe, argv)
   if not cfg then return 0 end
-  local trainer = require("remax.train.trainer")
+  local trainer = require("remax.run.run")
   local t = trainer.new(cfg, { recipe_path = file, overrides = overrides })
   local out = t:train(cfg.loop)
   return out.interrupted and 130 or 0
@@ -67,7 +67,7 @@ end
 
 -- `remax run --help` / `remax eval --help` without a recipe: the usage and every setting with its default.
 local function command_help(usage_line)
-  local config = require("remax.train.config")
+  local config = require("remax.settings.config")
   print(usage_line)
   print(config.help(config.resolve({}, {}), "settings (defaults; a recipe sets its own, --key value overrides):"))
   return 0
@@ -158,10 +158,10 @@ function M.eval(file, ...)
   end
   if not file then error("remax eval: missing RECIPE.lua (usage: remax eval RECIPE.lua --model DIR [--samples K])", 0) end
   local K, argv = take_samples({ ... })
-  local recipe = require("remax.train.recipe").load(file, unpack(argv))
+  local recipe = require("remax.settings.recipe").load(file, unpack(argv))
   local cfg = recipe_config(file, recipe, argv)
   if not cfg then return 0 end
-  local t = require("remax.train.trainer").new(cfg, { recipe_path = file, eval_only = true })
+  local t = require("remax.run.run").new(cfg, { recipe_path = file, eval_only = true })
   local e = t:evaluate({ samples = K })
   if not e.n then error("remax eval: no eval set (give --eval_data FILE, or use the synthetic data)", 0) end
   if t.dist.is_root then
@@ -264,7 +264,7 @@ function M.main(cmd, ...)
   elseif cmd == "generate" then
     return require("remax.cli.generate").main(...)
   elseif cmd == "export" then
-    return require("remax.bind.gguf").main(...)
+    return require("remax.formats.gguf").main(...)
   elseif cmd == "test" then
     return M.test(...)
   elseif cmd == "version" or cmd == "--version" then
@@ -272,6 +272,8 @@ function M.main(cmd, ...)
     print(("remax %s (OpenBLAS kernels: %s; CUDA: %s; bf16 kernels: %s; bf16 training: %s, dtype auto = %s)"):format(
       remax.version(), remax.blas_core(), remax.cuda_backend(), remax.bf16_kernels(), remax.bf16_train_kernels(),
       remax.bf16_train_pays() and "bf16" or "f32"))
+    local overrides = require("remax.bind.options").overrides()
+    if overrides then print("engine options set by the environment (developer overrides): " .. overrides) end
     return 0
   end
   io.stderr:write(("remax: unknown command '%s'\n\n"):format(cmd), usage)

@@ -110,11 +110,46 @@ end
 
 local compiled = setmetatable({}, { __mode = "k" })   -- tokenizer -> {source =, template =}
 
+-- The byte offset of the first byte of s that is not UTF-8 (overlong forms, surrogates and
+-- code points past U+10FFFF included), or nil.
+local function utf8_error(s)
+  if not s:find("[\128-\255]") then return nil end
+  local i, n, byte = 1, #s, string.byte
+  while i <= n do
+    local c = byte(s, i)
+    if c < 0x80 then i = i + 1
+    else
+      local len, lo, hi = 0, 0x80, 0xBF
+      if c >= 0xC2 and c <= 0xDF then len = 2
+      elseif c >= 0xE0 and c <= 0xEF then
+        len = 3
+        if c == 0xE0 then lo = 0xA0 elseif c == 0xED then hi = 0x9F end
+      elseif c >= 0xF0 and c <= 0xF4 then
+        len = 4
+        if c == 0xF0 then lo = 0x90 elseif c == 0xF4 then hi = 0x8F end
+      else return i end
+      for k = 1, len - 1 do
+        local d = byte(s, i + k)
+        if not d or d < (k == 1 and lo or 0x80) or d > (k == 1 and hi or 0xBF) then return i end
+      end
+      i = i + len
+    end
+  end
+  return nil
+end
+M.utf8_error = utf8_error
+
 -- The tokenizer's chat_template, compiled once per tokenizer.
 local function tokenizer_template(tok)
   local c = compiled[tok]
   if c and c.source == tok.chat_template then return c.template end
   local where = (tok.chat_template_path or ((tok.path or "tokenizer") .. " chat_template"))
+  local bad = utf8_error(tok.chat_template)
+  if bad then   -- transformers reads a template as UTF-8 and stops on this too
+    local _, newlines = tok.chat_template:sub(1, bad - 1):gsub("\n", "")
+    error(("remax.chat: %s is not valid UTF-8: byte %d (line %d) is 0x%02X; save the template as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+      :format(where, bad, newlines + 1, tok.chat_template:byte(bad)), 0)
+  end
   local t = jinja.compile(tok.chat_template, where)
   compiled[tok] = { source = tok.chat_template, template = t }
   return t
@@ -167,7 +202,8 @@ local function resolve(opts)
   local fn = M.templates[template]
   if not fn then
     error(("remax.chat: unknown template %s (valid: %s)"):format(
-      type(template) == "string" and ("'" .. template .. "'") or type(template), TEMPLATE_LIST), 3)
+      type(template) == "string" and ("'" .. template .. "'") or (tostring(template) .. " (a " .. type(template) .. ")"),
+      TEMPLATE_LIST), 3)
   end
   -- The tokenizer's own template decides defaults (Qwen2.5's system message) when it is the same kind.
   if detected == template then

@@ -541,6 +541,29 @@ end
 -- lstrip_blocks (spaces and tabs before a block or comment tag on its own line dropped), "-"
 -- (all whitespace on that side dropped) and "+" (lstrip_blocks off for that tag). A single
 -- trailing newline of the template is dropped (keep_trailing_newline off).
+-- Whitespace bytes (Lua's %s) at the end of a text, found from the end: the trims below cost
+-- the whitespace they look at, not the text's length (`text:gsub("%s+$", "")` and
+-- `text:match(".*()\n")` try every start position: quadratic on a template of one long line).
+local SPACE = { [32] = true, [9] = true, [10] = true, [11] = true, [12] = true, [13] = true }
+local function rtrim(text)
+  local i = #text
+  while i > 0 and SPACE[text:byte(i)] do i = i - 1 end
+  return i == #text and text or text:sub(1, i)
+end
+
+-- lstrip_blocks: the text without the spaces and tabs between its last line start and its end,
+-- when only those are there (at_line_start: the text starts a line).
+local function lstrip_tail(text, at_line_start)
+  local i = #text
+  while i > 0 do
+    local b = text:byte(i)
+    if b == 10 then return text:sub(1, i) end
+    if not (b == 32 or b == 9 or b == 11 or b == 12 or b == 13) then return text end
+    i = i - 1
+  end
+  return at_line_start and "" or text
+end
+
 local function lex(src)
   src = src:gsub("\r\n?", "\n")   -- jinja2 reads every newline sequence as \n
   if src:sub(-1) == "\n" then src = src:sub(1, -2) end
@@ -559,14 +582,10 @@ local function lex(src)
     local open = src:sub(a, a + 1)
     local mod = src:sub(a + 2, a + 2)
     local tag_line = line + select(2, src:sub(pos, a - 1):gsub("\n", ""))
-    if mod == "-" then text = text:gsub("%s+$", "")
+    if mod == "-" then text = rtrim(text)
     elseif open ~= "{{" and mod ~= "+" then
       -- lstrip_blocks: whitespace between the line start and the tag goes
-      local last_nl = text:match(".*()\n")
-      local tail_from = last_nl and last_nl + 1 or 1
-      if (last_nl or line_starting) and text:sub(tail_from):match("^[ \t\v\f\r]*$") then
-        text = text:sub(1, tail_from - 1)
-      end
+      text = lstrip_tail(text, line_starting)
     end
     if text ~= "" then toks[#toks + 1] = { t = "text", v = text, line = line } end
     line = tag_line

@@ -1,0 +1,140 @@
+-- remax.run.reload: hot reload. Between steps a changed reward file, or the recipe, is loaded
+-- again and tried on the last completions; a version that fails keeps the old one (saying why).
+-- From the recipe only the settings marked hot take effect (the rest need a restart).
+local config = require("remax.settings.config")
+local rewards = require("remax.step.rewards")
+local recipe_mod = require("remax.settings.recipe")
+local fs = require("remax.bind.fs")
+local file_exists, read_file = fs.exists, fs.read_text
+
+local M = {}
+-- Each function takes the Run (remax.run.run); the rewards it swaps are the Step's, through
+-- stepper:trial, set_reward and set_rewards.
+
+local note_reload, reload_recipe   -- defined below
+
+local function source_of(r)
+  if r.path then return r.path end
+  return r.file
+end
+
+function M.snapshot(self)
+  self.watch = {}
+  local function add(path)
+    if path and not self.watch[path] and file_exists(path) then self.watch[path] = read_file(path) end
+  end
+  if self.recipe_path then add(self.recipe_path) end
+  for _, r in ipairs(self.stepper.rewards) do add(source_of(r)) end
+end
+
+-- Reload changed reward files (and the recipe), each checked on the last step's completions;
+-- a version that fails keeps the old one. Returns how many reloads succeeded.
+function M.check(self)
+  if not self.cfg.hot_reload or self.dist.size > 1 then return 0 end   -- ranks could see a change at different steps
+  local changed = {}
+  for path, text in pairs(self.watch) do
+    local now_text = read_file(path)
+    if now_text and now_text ~= text then
+      changed[#changed + 1] = path
+      self.watch[path] = now_text
+    end
+  end
+  if #changed == 0 then return 0 end
+  table.sort(changed)
+  local done = {}
+  local recipe_changed = false
+  for _, path in ipairs(changed) do
+    local by_name = false
+    for i, r in ipairs(self.stepper.rewards) do
+      if r.path == path then
+        by_name = true
+        local ok, new = pcall(function()
+          local nr = r.reload and r.reload() or rewards.load_file(path)   -- a "py:" reward starts a new worker
+          local tok, terr = pcall(self.stepper.trial, self.stepper, nr, self.train_ds.rows)
+          if not tok then
+            if nr.close then nr.close() end
+            error(terr, 0)
+          end
+          return nr
+        end)
+        if ok then
+          if r.close then r.close() end
+          self.stepper:set_reward(i, new)
+          note_reload(self, path)
+          done[#done + 1] = path
+        else
+          self:say(("hot reload: %s changed but failed its check, keeping the previous version: %s"):format(path, tostring(new)))
+        end
+      end
+    end
+    if not by_name then recipe_changed = true end
+  end
+  if recipe_changed and self.recipe_path then
+    local ok, err = pcall(reload_recipe, self)
+    if ok then
+      note_reload(self, self.recipe_path)
+      done[#done + 1] = self.recipe_path
+    else
+      self:say(("hot reload: %s changed but failed to load, keeping the previous version: %s"):format(self.recipe_path, tostring(err)))
+    end
+  end
+  -- new reward functions may live in new files
+  for _, r in ipairs(self.stepper.rewards) do
+    local p = source_of(r)
+    if p and self.watch[p] == nil and file_exists(p) then self.watch[p] = read_file(p) end
+  end
+  return #done
+end
+
+function note_reload(self, path)
+  self.reloads = self.reloads + 1
+  self.pending_reloads = self.pending_reloads or {}
+  table.insert(self.pending_reloads, path)
+  self:say(("hot reload: %s reloaded (reload %d)"):format(path, self.reloads))
+end
+
+-- Re-run the recipe with the same command-line overrides; take its rewards, advantage and the
+-- settings marked hot. Other changed settings need a restart (printed, ignored).
+function reload_recipe(self)
+  local rtab = recipe_mod.load(self.recipe_path)
+  local cfg = config.resolve(rtab, self.opts.overrides, { where = self.recipe_path, running = true })
+  local list = rewards.load_all(cfg.rewards, { base = self.recipe_dir, device = self.cfg.device,
+    dtype = self.cfg.device ~= "cpu" and self.cfg.dtype or nil, max_line_bytes = self.cfg.reward_max_line_bytes })
+  for _, r in ipairs(list) do self.stepper:trial(r, self.train_ds.rows) end
+  if cfg.reward_weights and #cfg.reward_weights ~= #list then
+    error("reward_weights does not match the rewards", 0)
+  end
+  local ignored = {}
+  for _, k in ipairs(config.order) do
+    local decl = config.keys[k]
+    if k ~= "rewards" and not decl.hot and type(cfg[k]) ~= "function" and type(cfg[k]) ~= "table" and cfg[k] ~= self.cfg[k]
+      and k ~= "resume" and k ~= "run_name" then
+      ignored[#ignored + 1] = k
+    end
+  end
+  local old_beta = self.cfg.beta
+  for _, k in ipairs(config.order) do
+    if config.keys[k].hot then self.cfg[k] = cfg[k] end
+  end
+  config.derive(self.cfg)   -- the KL mode, sampling plan, ... of the new hot values
+  if self.cfg.needs_reference and not self.stepper.ref then
+    -- the KL term needs the frozen reference model, which a run started with beta = 0 lacks
+    local ok, err = pcall(self.stepper.load_reference, self.stepper)
+    if ok then
+      self:say(("hot reload: beta = %s: reference model loaded from %s"):format(tostring(cfg.beta),
+        self.model_source or "the fresh model's initial weights"))
+    else
+      self:say(("hot reload: beta = %s needs the reference model, which failed to load (%s); keeping beta = %s")
+        :format(tostring(cfg.beta), tostring(err), tostring(old_beta)))
+      self.cfg.beta = old_beta
+      config.derive(self.cfg)
+    end
+  end
+  self.cfg.rewards = cfg.rewards
+  self.stepper:set_rewards(list)
+  if #ignored > 0 then
+    self:say("hot reload: changes to " .. table.concat(ignored, ", ") .. " take effect only after a restart")
+  end
+end
+
+return M

@@ -1,0 +1,116 @@
+-- remax.run.resume: the settings of a resumed run. `--resume runs/<name>` continues with the
+-- run's own config.json; only settings given again on the command line change it (each change is
+-- printed), and settings a run cannot change half-way are refused, naming them. See docs/runs.md.
+--
+--   local cfg, changes = resume.resolve(recipe_table, overrides, { where = "recipes/x.lua" })
+local config = require("remax.settings.config")
+local runs = require("remax.run.folder")
+
+local M = {}
+
+-- Settings a resumed run cannot change: the model and its shape, the algorithm, and what the
+-- data order and the sampling seeds derive from. Each with the reason.
+M.immutable = {
+  model = "the checkpoint holds this model's weights",
+  model_config = "the checkpoint holds this model's weights",
+  dtype = "the optimizer state was built for it",
+  use_lora = "the checkpoint holds adapters or full weights, not the other",
+  lora_r = "the adapters' shapes follow it",
+  lora_target_modules = "the adapters' shapes follow it",
+  lora_alpha = "the adapters were trained at this scale",
+  algo = "the run's optimizer state and metrics belong to one algorithm",
+  seed = "the data order and the sampling seeds derive from it",
+  data = "the checkpoint's data position is a position in this data",
+  train_size = "the checkpoint's data position is a position in this data",
+  prompt_column = "the checkpoint's data position is a position in this data",
+}
+
+-- Keys that never come from the saved config: where the run is and how it was opened.
+local SKIP = { resume = true, run_name = true, output_dir = true, overwrite_output_dir = true }
+
+-- A value a recipe holds that config.json cannot give back (a function, or a list holding one).
+local function opaque(v)
+  if type(v) == "function" then return true end
+  if type(v) == "table" then
+    for _, x in pairs(v) do if type(x) == "function" or type(x) == "table" then return true end end
+  end
+  return false
+end
+
+local function read_config(dir)
+  local path = dir .. "/config.json"
+  local f = io.open(path, "rb")
+  if not f then error(("--resume %s: no run there (no config.json)"):format(dir), 0) end
+  local text = f:read("*a")
+  f:close()
+  local saved = runs.decode(text, path)
+  if type(saved) ~= "table" then error(("--resume %s: config.json holds no settings"):format(dir), 0) end
+  return saved
+end
+
+local function same(a, b) return config.show(a) == config.show(b) end
+
+-- recipe table + command-line overrides (which hold resume) -> the resumed run's config and the
+-- list of changes { {key =, was =, now =, from = "command line"|"recipe"} }. Raises naming every
+-- setting that cannot change on resume.
+function M.resolve(recipe, overrides, opts)
+  opts = opts or {}
+  local dir = (overrides.resume or recipe.resume):gsub("/+$", "")
+  local saved = read_config(dir)
+  -- the recipe supplies what JSON cannot hold (functions) and keys the run did not record
+  local merged = {}
+  for k, v in pairs(recipe or {}) do merged[k] = v end
+  -- the recipe as it is now, with defaults (a recipe that is only valid with the run's command
+  -- line is taken as written)
+  local rok, recipe_cfg = pcall(config.resolve, recipe, {}, { where = opts.where })
+  if not rok then recipe_cfg = recipe end
+  for k, v in pairs(saved) do
+    local decl = config.keys[k]
+    if decl and not SKIP[k] and not opaque(recipe_cfg[k]) and not opaque(recipe[k])
+      and not (type(v) == "string" and v:match("^function ")) then
+      merged[k] = v
+    end
+  end
+  merged.resume = dir
+  local cfg = config.resolve(merged, overrides, { where = dir .. "/config.json" })
+  local changes, refused = {}, {}
+  for _, k in ipairs(config.order) do
+    if not SKIP[k] and not opaque(cfg[k]) and not same(saved[k], cfg[k]) then
+      local from = overrides[k] ~= nil and "command line" or "recipe"
+      if M.immutable[k] then
+        refused[#refused + 1] = ("%s (%s -> %s: %s)"):format(k, config.show(saved[k]), config.show(cfg[k]), M.immutable[k])
+      elseif saved[k] ~= nil or from == "command line" then
+        changes[#changes + 1] = { key = k, was = saved[k], now = cfg[k], from = from }
+      end
+    end
+  end
+  if #refused > 0 then
+    error(("--resume %s: these settings cannot change when a run resumes: %s. Resume with the run's own values, "
+      .. "or start a new run (another --run_name, or --overwrite_output_dir)"):format(dir, table.concat(refused, "; ")), 0)
+  end
+  -- settings the recipe now gives otherwise, which the run keeps (said, so an edit is not lost silently)
+  for _, k in ipairs(config.order) do
+    if not SKIP[k] and overrides[k] == nil and saved[k] ~= nil and not opaque(recipe_cfg[k])
+      and not same(recipe_cfg[k], cfg[k]) then
+      changes[#changes + 1] = { key = k, was = saved[k], now = cfg[k], recipe = recipe_cfg[k], from = "kept" }
+    end
+  end
+  return cfg, changes
+end
+
+-- The lines that say what a resume changes.
+function M.describe(dir, changes)
+  local lines = {}
+  for _, c in ipairs(changes) do
+    if c.from == "kept" then
+      lines[#lines + 1] = ("resume %s: %s = %s as the run had it (the recipe now says %s; give --%s to change it)")
+        :format(dir, c.key, config.show(c.now), config.show(c.recipe), c.key)
+    else
+      lines[#lines + 1] = ("resume %s: %s = %s (was %s; from the %s)"):format(dir, c.key, config.show(c.now),
+        config.show(c.was), c.from)
+    end
+  end
+  return lines
+end
+
+return M

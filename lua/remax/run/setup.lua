@@ -1,0 +1,271 @@
+-- remax.run.setup: what a run trains with, made once when the Run starts, as one plain table of
+-- pieces (M.pieces): the model (a Hugging Face folder, a checkpoint to resume, or a fresh random
+-- one) and its tokenizer and stop tokens, the frozen reference of the KL term, the prompt
+-- template, the training and held-out data, the reward functions, and AdamW. The Run keeps the
+-- data; the Step (remax.step.step) gets the rest. Nothing here writes into a Run or a Step.
+local model_mod = require("remax.bind.model")
+local tokenizer = require("remax.bind.tokenizer")
+local config = require("remax.settings.config")
+local rewards = require("remax.step.rewards")
+local data = require("remax.step.data")
+local chat = require("remax.text.chat")
+local optim = require("remax.bind.optim")
+local fs = require("remax.bind.fs")
+local file_exists, mkdir = fs.exists, fs.mkdir_p
+
+local M = {}
+
+M.DEFAULT_MODEL = "models/tiny-gsm8k"
+
+local function resolve_dir(path)
+  if file_exists(path .. "/config.json") or file_exists(path .. "/adapter_config.json") then return path end
+  local home = os.getenv("REMAX_HOME")
+  if home and path:sub(1, 1) ~= "/" and file_exists(home .. "/" .. path .. "/config.json") then
+    return home .. "/" .. path
+  end
+  return nil
+end
+
+-- The model, its tokenizer, stop tokens and template, into pieces p. ctx: run_dir, is_root,
+-- eval_only, resume_model_dir.
+local function setup_model(p, cfg, ctx)
+  require("remax.bind.lora").register()   -- remax.model.load also reads LoRA adapter folders
+  local mopts = { dtype = cfg.dtype, seed = cfg.seed, device = cfg.device }
+  -- a model that is not trained (remax eval) or whose base is frozen (LoRA) may keep bf16 weights:
+  -- bf16 matrices under f32 compute on the cpu; on cuda under bf16 compute a frozen bf16 model
+  -- (every weight in bf16 alone, no f32 masters; LoRA's adapters keep theirs)
+  if ctx.eval_only or cfg.use_lora then mopts.weight_dtype = M.frozen_weight_dtype(cfg) end
+  -- a frozen base under bf16 on the cpu: bf16 storage is what the bf16 working copy would hold
+  -- (the same GEMMs, half the memory of an f32 master beside it); the adapters train in f32
+  if (ctx.eval_only or cfg.use_lora) and cfg.device == "cpu" and cfg.dtype == "bf16" then
+    mopts.dtype, mopts.weight_dtype = "f32", "bf16"
+  end
+  local source
+  if cfg.model then
+    -- a folder, or a Hugging Face name found in the cache (Qwen/Qwen2.5-0.5B-Instruct)
+    source = resolve_dir(cfg.model) or require("remax.formats.hf_cache").model_dir(cfg.model, "model")
+  elseif not cfg.model_config then
+    source = resolve_dir(M.DEFAULT_MODEL)
+    if not source then
+      error(("the built-in base model %s is missing: run ./remax run recipes/tiny_sft.lua first " ..
+        "(or pass --model DIR)"):format(M.DEFAULT_MODEL), 0)
+    end
+  end
+  p.model_source = source
+  -- with LoRA a checkpoint holds the adapters only: the base comes from where it always does
+  local resume_dir = not cfg.use_lora and ctx.resume_model_dir or nil
+  if source then
+    p.model = model_mod.load(resume_dir or source, mopts)
+    p.tok = tokenizer.load(source)
+  else
+    -- a fresh random model with the byte-level tokenizer, kept in the run folder
+    local tok_dir = ctx.run_dir .. "/tokenizer"
+    if ctx.is_root and not ctx.eval_only then
+      mkdir(tok_dir)
+      tokenizer.write_byte_level(tok_dir)
+      p.tok = tokenizer.load(tok_dir)
+    else   -- rank 0 alone writes the run folder (and remax eval none): a copy, removed once loaded
+      local tmp = os.tmpname()
+      os.remove(tmp)
+      mkdir(tmp)
+      local ok, err = pcall(function()
+        tokenizer.write_byte_level(tmp)
+        p.tok = tokenizer.load(tmp)
+      end)
+      fs.remove_tree(tmp)
+      if not ok then error(err, 0) end
+    end
+    local mc = {}
+    for k, v in pairs(cfg.model_config) do mc[k] = v end
+    if mc.vocab_size == nil then mc.vocab_size = p.tok.vocab_size end
+    if mc.vocab_size < p.tok.vocab_size then
+      error(("model_config.vocab_size = %d is smaller than the tokenizer's %d tokens"):format(mc.vocab_size, p.tok.vocab_size), 0)
+    end
+    mc.eos_token_id = mc.eos_token_id or p.tok.eos_id
+    p.fresh_config = mc
+    if resume_dir then
+      p.model = model_mod.load(resume_dir, mopts)
+    else
+      p.model = model_mod.new(mc, mopts)
+    end
+    p.model.source_dir = tok_dir
+  end
+  p.stop = tokenizer.stop_ids(p.tok, p.model_source, { chat_ends = true, names = cfg.stop })
+  if cfg.use_lora then require("remax.bind.lora").setup(p.model, cfg, ctx.resume_model_dir) end
+  p.model_opts = mopts
+  p.template, p.template_name = M.template(cfg, p.tok)
+end
+
+-- The frozen reference model of pieces p (or of a Step, which has the same fields): the
+-- starting weights (the model folder, or the same fresh random init). With LoRA: the same
+-- model with its adapters off, no second copy.
+function M.load_reference(p)
+  local cfg = p.cfg
+  if cfg.use_lora then return require("remax.bind.lora").reference(p.model) end
+  local src = p.model_source
+  -- on the policy's device. The cpu keeps frozen_dtype's bf16 weights under f32 compute. On
+  -- cuda a bf16 reference is a frozen bf16 model (bf16 compute, every weight in bf16 alone: no
+  -- f32 masters, gradients or working copy): for a bf16 policy unless frozen_dtype = f32, for
+  -- an f32 policy when frozen_dtype = bf16 (its forward then computes in bf16 too)
+  local ropts = {}
+  for k, v in pairs(p.model_opts) do if k ~= "weight_dtype" then ropts[k] = v end end
+  ropts.weight_dtype = M.reference_weight_dtype(cfg)
+  if cfg.device ~= "cpu" and ropts.weight_dtype == "bf16" then ropts.dtype = "bf16" end
+  -- a bf16 policy on the cpu: the reference stores its matrices in bf16, the numbers the policy's
+  -- GEMMs read from its working copy (so the KL starts at 0), without an f32 master beside them
+  if cfg.device == "cpu" and ropts.dtype == "bf16" then ropts.dtype, ropts.weight_dtype = "f32", "bf16" end
+  return src and model_mod.load(src, ropts) or model_mod.new(p.fresh_config, ropts)
+end
+
+-- The prompt template of cfg for tokenizer tok, and its name for the start line.
+function M.template(cfg, tok)
+  local t = cfg.chat_template
+  if t == "auto" then
+    t = (tok.chat_template and tok.chat_template ~= "") and "tokenizer" or "qa"
+  end
+  local name = type(t) == "string" and t or "recipe function"
+  local template
+  local extra = { enable_thinking = cfg.enable_thinking, template_args = cfg.chat_template_kwargs }
+  if t == "qa" then template = { template = "qa" }
+  elseif t == "tokenizer" then template = { template = "tokenizer", tokenizer = tok }
+  else template = { template = t, tokenizer = tok.chat_template and tok or nil } end
+  for k, v in pairs(extra) do template[k] = v end
+  return template, name
+end
+
+-- A dataset from a data setting: a file (every row), or a recipe's function(split, n, cfg) ->
+-- rows (or a remax.step.data dataset).
+local function load_data(source, split, n, cfg, map)
+  if type(source) == "string" then return data.load(source, map) end
+  local ok, out = pcall(source, split, n, cfg)
+  if not ok then error(("data (%s), split %s: %s"):format(config.show(source), split, tostring(out)), 0) end
+  if type(out) ~= "table" then
+    error(("data (%s), split %s: returned a %s, expected a list of rows"):format(config.show(source), split, type(out)), 0)
+  end
+  if out.rows then return out end
+  return data.from_rows(out, { name = ("%s(%s)"):format(config.show(source), split) })
+end
+
+-- The training and held-out data into p (train_ds, eval_ds), map_row applied; with
+-- num_train_epochs and no max_steps, sets cfg.max_steps from the data (ctx.prompts_per_step:
+-- the global prompts per step).
+local function setup_data(p, cfg, ctx)
+  local map = { prompt = cfg.prompt_column, answer = cfg.answer_column }
+  if not cfg.data then
+    error("no training data: set data to a JSONL or JSON file (--data FILE), or in the recipe to a function(split, n, cfg) -> rows "
+      .. "(remax.tasks.gsm8k.synthetic() makes GSM8K-style problems, as recipes/gsm8k.lua does)", 0)
+  end
+  p.train_ds = load_data(cfg.data, "train", cfg.train_size, cfg, map)
+  if cfg.eval_size > 0 then
+    local source = cfg.eval_data or (type(cfg.data) == "function" and cfg.data or nil)
+    if source then p.eval_ds = load_data(source, "test", cfg.eval_size, cfg, map) end
+  end
+  if cfg.map_row then
+    for _, ds in ipairs({ p.train_ds, p.eval_ds }) do
+      for i, row in ipairs(ds.rows) do
+        local ok, new = pcall(cfg.map_row, row)
+        if not ok or type(new) ~= "table" then
+          error(("map_row (%s) on row %d of %s: %s"):format(config.show(cfg.map_row), i, ds.source,
+            ok and ("returned a " .. type(new) .. ", expected the row table") or tostring(new)), 0)
+        end
+        if type(new.prompt) ~= "string" then
+          local okm, err = chat.check_messages(new.prompt)
+          if not okm then error(("map_row on row %d of %s: prompt: %s"):format(i, ds.source, err), 0) end
+        end
+        ds.rows[i] = new
+      end
+    end
+  end
+  if cfg.algo == "sft" then
+    for _, ds in ipairs({ p.train_ds, p.eval_ds }) do
+      local col = cfg.answer_column or "answer"
+      local row = ds.rows[1]
+      if type(row[col]) ~= "string" then
+        error(("algo = sft needs an answer column '%s' (the target text) in %s; its columns: %s"):format(col,
+          ds.source, table.concat(ds:columns(), ", ")), 0)
+      end
+    end
+  end
+  if cfg.steps_from_epochs then   -- num_train_epochs without max_steps: that many passes over the data
+    cfg.max_steps = math.max(1, math.ceil(cfg.num_train_epochs * #p.train_ds.rows / ctx.prompts_per_step))
+    p.max_steps_changed = true
+  end
+end
+
+-- The reward functions into p (rewards, accuracy_name), each probed on the first rows.
+-- ctx.recipe_dir: where relative reward files are found.
+local function setup_rewards(p, cfg, ctx)
+  -- reward models run on the policy's device (on cuda under bf16: frozen bf16 models)
+  p.rewards = rewards.load_all(cfg.rewards, { base = ctx.recipe_dir, device = cfg.device,
+    dtype = cfg.device ~= "cpu" and cfg.dtype or nil, max_line_bytes = cfg.reward_max_line_bytes })
+  -- the first-rows check passes what a step passes (TRL-signature py: rewards, trainer_state)
+  local probe_opts = { state = rewards.trainer_state(cfg, 0, rewards.state_info(cfg, p.train_ds, ctx.world)),
+    encode_prompt = function(prompt) return (chat.encode(p.tok, prompt, p.template)) end,
+    encode = function(text) return p.tok:encode(text, { add_special_tokens = false }) end }
+  rewards.probe(p.rewards, p.train_ds.rows, p.train_ds.source, data.collate, rewards.limit(cfg.reward_timeout), probe_opts)
+  if p.eval_ds then rewards.probe(p.rewards, p.eval_ds.rows, p.eval_ds.source, data.collate, rewards.limit(cfg.reward_timeout), probe_opts) end
+  -- evaluation's accuracy: the first reward marked accuracy = true (right or wrong per
+  -- completion, as gsm8k_accuracy), else the first reward
+  p.accuracy_name = p.rewards[1] and p.rewards[1].name
+  for i = #p.rewards, 1, -1 do
+    if p.rewards[i].accuracy then p.accuracy_name = p.rewards[i].name end
+  end
+end
+
+-- AdamW (ZeRO-1/2 under zero_stage > 0; no moments for remax eval) over p.model.
+local function setup_optimizer(p, cfg, ctx)
+  local opts = { lr = cfg.learning_rate, betas = { cfg.adam_beta1, cfg.adam_beta2 }, eps = cfg.adam_epsilon,
+    weight_decay = cfg.weight_decay, stage = cfg.zero_stage }
+  if ctx.eval_only then   -- remax eval trains nothing (its model may be frozen): no moments
+    p.opt = optim.adamw({}, {}, opts)
+  elseif cfg.zero_stage > 0 then   -- ZeRO-1/2: this rank's shard of the moments (docs/distributed.md)
+    p.opt = optim.zero_adamw(p.world, p.model, opts)
+  else
+    p.opt = optim.adamw(p.model, opts)   -- over the model's flat buffers (bind/optim)
+  end
+end
+
+-- Every piece of a run, in one plain table: model, tok, stop, template, template_name,
+-- model_source, model_opts, fresh_config, ref (when the KL term needs it; otherwise
+-- load_reference loads it on first need), load_reference, train_ds, eval_ds, rewards,
+-- accuracy_name, opt, world, cfg (read only), max_steps_changed. ctx: world (remax.bind.dist),
+-- run_dir, eval_only, resume_model_dir, recipe_dir, prompts_per_step (global).
+function M.pieces(cfg, ctx)
+  local p = { cfg = cfg, world = ctx.world, load_reference = M.load_reference }
+  ctx.is_root = ctx.world.is_root
+  setup_model(p, cfg, ctx)
+  -- the frozen reference: the starting weights, loaded only when the KL term is used
+  if cfg.needs_reference then p.ref = M.load_reference(p) end
+  setup_data(p, cfg, ctx)
+  setup_rewards(p, cfg, ctx)
+  setup_optimizer(p, cfg, ctx)
+  return p
+end
+
+-- The weight_dtype of a frozen policy (remax eval, the base under LoRA adapters): frozen_dtype
+-- on the cpu; on cuda "bf16" under bf16 compute unless frozen_dtype = f32 (a frozen bf16 model),
+-- else nil (the compute dtype: bf16 storage under f32 compute is the cpu's).
+function M.frozen_weight_dtype(cfg)
+  if cfg.device == "cpu" then return cfg.frozen_dtype end
+  if cfg.dtype == "bf16" and cfg.frozen_dtype ~= "f32" then return "bf16" end
+  return nil
+end
+
+-- The weight_dtype of the separate reference model (remax.bind.model's option): frozen_dtype on
+-- the cpu; on cuda "bf16" (a frozen bf16 model) for a bf16 policy unless frozen_dtype = f32, or
+-- when frozen_dtype = bf16; else nil (the policy's storage).
+function M.reference_weight_dtype(cfg)
+  if cfg.device == "cpu" then return cfg.frozen_dtype end
+  if cfg.frozen_dtype == "bf16" or (cfg.dtype == "bf16" and cfg.frozen_dtype ~= "f32") then return "bf16" end
+  return nil
+end
+
+-- Stops before anything is made when no model is given and the built-in base model is missing.
+function M.check_base_model(cfg)
+  if not cfg.model and not cfg.model_config and not cfg.resume and not resolve_dir(M.DEFAULT_MODEL) then
+    error(("the built-in base model %s is missing: run ./remax run recipes/tiny_sft.lua first " ..
+      "(or pass --model DIR)"):format(M.DEFAULT_MODEL), 0)
+  end
+end
+
+return M

@@ -1,0 +1,185 @@
+-- remax.step.rollout: one step's generated completions as a type of its own, and the only place
+-- that knows their layout. Rows are prompt-major: prompt i has `slots` rows, its G sampled rows
+-- (slots 1..G) and then, when the plan has one, its greedy row (slot G + 1); row k of prompt i and
+-- slot s is (i - 1) * slots + s. A prompt's rows never split across ranks.
+--
+--   local plan = rollout.plan(4, true, 1.0)       -- 4 samples at temperature 1 + 1 greedy row
+--   local ro = rollout.new(plan, {prompts = rows, prompt_ids = ids, rows = model:generate(...).rows})
+--   ro:grouped(reward)       -- per prompt {samples = {...}, greedy = r}: what estimators take
+--   ro:training_rows(mask)   -- the sampled rows with their advantages, for the update
+--   ro:gather(world)         -- rank 0: the whole step's rollout (rows in global prompt order)
+--
+-- The step fills it in as it goes: score adds completions, batch, per (reward name -> values per
+-- row), total, unscored, none; advantage adds reward, groups, adv (adv[i][s]), kl_k1.
+local M = {}
+local Rollout = {}
+Rollout.__index = Rollout
+M.Rollout = Rollout
+
+-- The sampling plan of a generation call: G sampled rows at temperature, plus one greedy row
+-- (temperature 0) when greedy; temperatures is the per-slot list model:generate takes.
+function M.plan(G, greedy, temperature)
+  local temps = {}
+  for s = 1, G do temps[s] = temperature end
+  if greedy then temps[#temps + 1] = 0 end
+  return { num_generations = G, greedy = greedy and true or false, slots = #temps, temperatures = temps }
+end
+
+-- A rollout from a plan and its parts: prompts (dataset rows), prompt_ids, rows (model:generate's
+-- rows, each with prompt, slot, tokens, finish, and text), and any other fields (step, times).
+-- Marks each row greedy or not.
+function M.new(plan, fields)
+  local ro = setmetatable(fields, Rollout)
+  ro.slots, ro.G, ro.greedy = plan.slots, plan.num_generations, plan.greedy
+  for _, r in ipairs(ro.rows) do r.greedy = ro.greedy and r.slot == ro.slots end
+  return ro
+end
+
+-- The row index of prompt i, slot s.
+function Rollout:index(i, s) return (i - 1) * self.slots + s end
+
+-- values (one per row) grouped per prompt: groups[i] = {samples = {v_1, ..., v_G}, greedy = v_g}
+-- (greedy: nil without a greedy row).
+function Rollout:grouped(values)
+  local groups = {}
+  for i = 1, #self.prompts do
+    local g = { samples = {} }
+    for s = 1, self.G do g.samples[s] = values[self:index(i, s)] end
+    if self.greedy then g.greedy = values[self:index(i, self.slots)] end
+    groups[i] = g
+  end
+  return groups
+end
+
+-- The sampled rows' values per prompt, missing ones as NaN: out[i][s].
+function Rollout:sample_table(values)
+  local out = {}
+  for i = 1, #self.prompts do
+    out[i] = {}
+    for s = 1, self.G do
+      local v = values[self:index(i, s)]
+      out[i][s] = v == nil and 0 / 0 or v
+    end
+  end
+  return out
+end
+
+-- The advantage of row k (nil for a greedy row, or before advantages exist).
+function Rollout:advantage(k)
+  local r = self.rows[k]
+  if r.greedy or not self.adv then return nil end
+  return self.adv[r.prompt][r.slot]
+end
+
+-- The reward functions' inputs: the completions, and the batch (every dataset column of each
+-- row's prompt, plus prompt_ids, completion_ids, greedy, finish; completion_messages when the
+-- prompt is a conversation), aligned with the rows. collate: remax.step.data.collate.
+function Rollout:reward_inputs(collate)
+  local completions, expanded = {}, {}
+  for k, r in ipairs(self.rows) do
+    completions[k] = r.text
+    expanded[k] = self.prompts[r.prompt]
+  end
+  local batch = collate(expanded)
+  batch.prompt_ids, batch.completion_ids, batch.greedy, batch.finish = {}, {}, {}, {}
+  for k, r in ipairs(self.rows) do
+    batch.prompt_ids[k] = self.prompt_ids[r.prompt]
+    batch.completion_ids[k] = r.tokens
+    batch.greedy[k] = r.greedy
+    batch.finish[k] = r.finish
+    if type(expanded[k].prompt) == "table" then   -- conversational data: the reply as messages too
+      batch.completion_messages = batch.completion_messages or {}
+      batch.completion_messages[k] = { { role = "assistant", content = r.text } }
+    end
+  end
+  return completions, batch
+end
+
+-- prompt .. completion token lists of rows `which` (row indices), with each completion's
+-- length and where it starts.
+function Rollout:sequences(which)
+  local seqs, lens, starts = {}, {}, {}
+  for n, k in ipairs(which) do
+    local r = self.rows[k]
+    local p = self.prompt_ids[r.prompt]
+    local s = {}
+    for i = 1, #p do s[i] = p[i] end
+    for i = 1, #r.tokens do s[#p + i] = r.tokens[i] end
+    seqs[n], lens[n], starts[n] = s, #r.tokens, #p
+  end
+  return seqs, lens, starts
+end
+
+-- The rows to train: each sampled row as {prompt = i, prompt_ids, completion, adv = A, key = k,
+-- masked = true when mask_truncated leaves a row that hit the length limit out of the loss}.
+function Rollout:training_rows(mask_truncated)
+  local list = {}
+  for k, r in ipairs(self.rows) do
+    if not r.greedy then
+      list[#list + 1] = { prompt = r.prompt, prompt_ids = self.prompt_ids[r.prompt], completion = r.tokens,
+        adv = self.adv and self.adv[r.prompt][r.slot] or 1, key = k,
+        masked = (mask_truncated and r.finish == "length") or nil }
+    end
+  end
+  return list
+end
+
+---------------------------------------------------------------------------- across ranks
+
+-- The parts that metrics and completion logs read, as plain values (for remax.bind.dist's
+-- gather, which sends plain Lua values).
+function Rollout:pack()
+  local rows = {}
+  for k, r in ipairs(self.rows) do
+    rows[k] = { prompt = r.prompt, slot = r.slot, greedy = r.greedy, text = r.text, tokens = r.tokens,
+      finish = r.finish }
+  end
+  return { prompts = self.prompts, rows = rows, total = self.total, per = self.per, adv = self.adv, kl_k1 = self.kl_k1,
+    groups = self.groups, none = self.none,
+    tokens_generated = self.tokens_generated, time_generate = self.time_generate, time_score = self.time_score,
+    unscored = self.unscored, slots = self.slots, G = self.G, greedy = self.greedy, step = self.step }
+end
+
+-- Packed rollouts of ranks 0, 1, ... -> one rollout over all their prompts, as one rank running
+-- the global batch would have it (generation counts summed, times the slowest rank's).
+function M.merge(parts)
+  local first = parts[1]
+  local whole = setmetatable({ slots = first.slots, G = first.G, greedy = first.greedy, step = first.step,
+    prompts = {}, rows = {}, total = {}, adv = first.adv and {} or nil, groups = first.groups and {} or nil,
+    none = first.none and {} or nil,
+    tokens_generated = 0, unscored = 0, time_generate = 0, time_score = 0 }, Rollout)
+  local per, kl = {}, first.kl_k1 and {} or nil
+  for name in pairs(first.per or {}) do per[name] = {} end
+  for _, p in ipairs(parts) do
+    local offset = #whole.prompts
+    local base = #whole.rows
+    for i, prompt in ipairs(p.prompts) do whole.prompts[offset + i] = prompt end
+    if whole.adv then for i, a in ipairs(p.adv) do whole.adv[offset + i] = a end end
+    if whole.groups then for i, g in ipairs(p.groups) do whole.groups[offset + i] = g end end
+    for k, r in ipairs(p.rows) do
+      r.prompt = r.prompt + offset
+      whole.rows[base + k] = r
+      whole.total[base + k] = p.total[k]
+      for name, list in pairs(per) do list[base + k] = p.per[name][k] end
+      if kl then kl[base + k] = p.kl_k1[k] end
+      if whole.none and p.none then whole.none[base + k] = p.none[k] end
+    end
+    whole.tokens_generated = whole.tokens_generated + p.tokens_generated
+    whole.unscored = whole.unscored + (p.unscored or 0)
+    whole.time_generate = math.max(whole.time_generate, p.time_generate or 0)
+    whole.time_score = math.max(whole.time_score, p.time_score or 0)
+  end
+  whole.per, whole.kl_k1 = per, kl
+  return whole
+end
+
+-- Rank 0: the whole step's rollout (rows in global prompt order). Other ranks: their own,
+-- unchanged. Every rank must call it (a collective).
+function Rollout:gather(world)
+  if world.size == 1 then return self end
+  local parts = world:gather(self:pack())
+  if not world.is_root then return self end
+  return M.merge(parts)
+end
+
+return M

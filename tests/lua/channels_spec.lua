@@ -1,0 +1,323 @@
+-- Reward channels that trust nothing (issue 35, findings 4 and 5): long answer lines, answers
+-- out of step with their requests, URLs, keep-alive and empty HTTP answers, cmd: names, and the
+-- processes remax starts ending when remax ends (success, error, Ctrl-C twice, SIGTERM before
+-- the trainer catches signals). Every wait here has its own bound.
+local rewards = require("remax.step.rewards")
+local rw = require("remax.step.reward_worker")
+local ipc = require("remax.bind.ipc")
+local support = require("support")
+local write, has_python, error_of = support.write, support.has_python, support.error_of
+local read = support.try_read
+local q = support.shell_quote
+
+-- Waits up to `seconds` for f() to be true; whether it became true.
+local function eventually(seconds, f)
+  local deadline = ipc.now() + seconds
+  while ipc.now() < deadline do
+    if f() then return true end
+    ipc.sleep(0.05)
+  end
+  return f() and true or false
+end
+
+local function alive(pid)
+  return os.execute("kill -0 " .. pid .. " 2>/dev/null") == 0
+end
+
+-- Processes a test started (servers, helpers), killed after each test (busted keeps one
+-- `finally` per test, so they are listed here).
+local started = {}
+local function kill_later(pid) started[#started + 1] = pid end
+local function kill_started()
+  for _, pid in ipairs(started) do os.execute("kill -9 " .. pid .. " 2>/dev/null") end
+  started = {}
+end
+
+local function batch3()
+  return { "a", "bb", "ccc" }, { prompt = { "p1", "p2", "p3" }, answer = { "1", "2", "3" } }
+end
+
+-- A raw-socket HTTP server (python3) answering every POST with `reply` (a Python bytes
+-- expression of the request's id) and keeping the connection open; returns its port.
+local function raw_server(d, reply)
+  write(d .. "/srv.py", ([[
+import socket, sys, os, json
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 0)); s.listen(8)
+with open(sys.argv[1] + ".tmp", "w") as f: f.write("%%d %%d\n" %% (s.getsockname()[1], os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+conns = []
+while True:
+    c, _ = s.accept(); conns.append(c)   # never closed: a keep-alive server
+    data = b""
+    while b"\r\n\r\n" not in data: data += c.recv(65536)
+    head, body = data.split(b"\r\n\r\n", 1)
+    n = int([l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0])
+    while len(body) < n: body += c.recv(65536)
+    rid = json.loads(body)["id"]
+    c.sendall(%s)
+]]):format(reply))
+  os.execute(("python3 %s %s >/dev/null 2>&1 &"):format(q(d .. "/srv.py"), q(d .. "/port")))
+  local port, pid
+  assert.is_true(eventually(10, function()
+    local t = read(d .. "/port")
+    if t then port, pid = t:match("(%d+) (%d+)") end
+    return port ~= nil
+  end), "the test server did not start")
+  kill_later(pid)
+  return port
+end
+
+describe("reward channels", function()
+  if not has_python() then
+    pending("python3 is not installed")
+    return
+  end
+  after_each(kill_started)
+
+  it("reads a 30 MB answer line in linear time, and stops a 100 MB one at reward_max_line_bytes naming the reward", function()
+    local d = support.tmpdir()
+    -- one valid answer line of 30 MB (a padding field), under a raised limit
+    write(d .. "/big.py", [[
+import sys, json
+for line in sys.stdin:
+    rid = json.loads(line)["id"]
+    sys.stdout.write('{"id": %d, "pad": "' % rid + "x" * 30000000 + '", "scores": [1, 2, 3]}\n'); sys.stdout.flush()
+]])
+    local r = rewards.normalize("cmd:python3 " .. d .. "/big.py", 1, { max_line_bytes = 64 * 1024 * 1024 })
+    local c, b = batch3()
+    local t0 = ipc.now()
+    assert.are.same({ 1, 2, 3 }, rewards.run_one(r, c, b, { timeout = 30 }))
+    local took = ipc.now() - t0
+    r.close()
+    assert.is_true(took < 8, ("30 MB took %.1f s"):format(took))
+    -- 100 MB without a newline, default limit: stopped after a few MiB, not after 100 MB
+    write(d .. "/flood.py", [[
+import sys
+for line in sys.stdin:
+    for _ in range(100): sys.stdout.write("y" * 1000000)
+    sys.stdout.write("\n"); sys.stdout.flush()
+]])
+    local f = rewards.normalize("cmd:python3 " .. d .. "/flood.py", 1, {})
+    t0 = ipc.now()
+    local err = error_of(rewards.run_one, f, c, b, { timeout = 30, step = 4 })
+    assert.is_true(ipc.now() - t0 < 10)
+    assert.matches("reward 'flood' (cmd:python3 " .. d .. "/flood.py) at step 4", err, 1, true)
+    assert.matches("longer than reward_max_line_bytes = " .. rw.MAX_LINE_BYTES .. " bytes", err, 1, true)
+    assert.are.equal(4 * 1024 * 1024, rw.MAX_LINE_BYTES)
+    assert.is_nil(f.impl.proc)   -- the worker is stopped
+    f.close()
+  end)
+
+  it("reads lines split across reads and many lines in one read, keeping what follows", function()
+    local p = ipc.spawn({ "/bin/sh", "-c", "printf 'ab'; sleep 0.2; printf 'c\\nd\\ne'; sleep 0.2; printf 'f\\n'" })
+    local dl = ipc.now() + 5
+    assert.are.equal("abc", p:read_line(dl))
+    assert.are.equal("d", p:read_line(dl))
+    assert.are.equal("ef", p:read_line(dl))
+    local line, why = p:read_line(dl)
+    assert.is_nil(line)
+    assert.are.equal("closed", why)
+    p:close()
+    -- a line cut by a timeout goes on at the next read
+    p = ipc.spawn({ "/bin/sh", "-c", "printf 'part'; sleep 0.5; printf 'rest\\n'" })
+    line, why = p:read_line(ipc.now() + 0.2)
+    assert.are.equal("timeout", why)
+    assert.are.equal("partrest", p:read_line(ipc.now() + 5))
+    p:close()
+  end)
+
+  it("stops when an answer carries another request's id: a program that answers twice", function()
+    local d = support.tmpdir()
+    write(d .. "/twice.py", [==[
+import sys, json
+for line in sys.stdin:
+    req = json.loads(line)
+    out = json.dumps({"id": req["id"], "scores": [len(c) for c in req["completions"]]})
+    print(out); print(out); sys.stdout.flush()
+]==])
+    local r = rewards.normalize("cmd:python3 " .. d .. "/twice.py", 1, {})
+    local c, b = batch3()
+    assert.are.same({ 1, 2, 3 }, rewards.run_one(r, c, b, { timeout = 30, step = 1 }))
+    local c2 = { "dddd", "e", "ff" }
+    local err = error_of(rewards.run_one, r, c2, b, { timeout = 30, step = 2 })
+    assert.matches("reward 'twice' (cmd:python3 " .. d .. "/twice.py) at step 2: answered id 1 to request id 2", err, 1, true)
+    r.close()
+    -- an answer without the id
+    write(d .. "/noid.py", [[
+import sys, json
+for line in sys.stdin:
+    print(json.dumps({"scores": [1, 1, 1]})); sys.stdout.flush()
+]])
+    r = rewards.normalize("cmd:python3 " .. d .. "/noid.py", 1, {})
+    err = error_of(rewards.run_one, r, c, b, { timeout = 30 })
+    assert.matches("answered without the request's id (1)", err, 1, true)
+    r.close()
+  end)
+
+  it("parses reward URLs: port range, userinfo refused without showing it, clear messages", function()
+    local function url_err(u) return error_of(rewards.normalize, u, 1, {}) end
+    assert.matches("http://127.0.0.1:99999/score: port 99999 is out of range (1-65535)", url_err("http://127.0.0.1:99999/score"), 1, true)
+    assert.matches("port 0 is out of range", url_err("http://127.0.0.1:0/score"), 1, true)
+    assert.matches("is not a port", url_err("http://127.0.0.1:80x/score"), 1, true)
+    assert.matches("no host", url_err("http://:8000/score"), 1, true)
+    local e = url_err("http://user:s3cr3t@127.0.0.1:8000/score")
+    assert.matches("a user name or password in the URL is not supported", e, 1, true)
+    assert.matches("http://...@127.0.0.1:8000/score", e, 1, true)
+    assert.is_nil(e:find("s3cr3t", 1, true))
+    assert.is_nil(e:find("user:", 1, true))
+    local host, port, path = rw.parse_url("http://[::1]:8080/a/b?x=1")
+    assert.are.same({ "::1", 8080, "/a/b?x=1" }, { host, port, path })
+    host, port, path = rw.parse_url("http://localhost")
+    assert.are.same({ "localhost", 80, "/" }, { host, port, path })
+    assert.are.equal(65535, select(2, rw.parse_url("http://h:65535/")))
+  end)
+
+  it("reads a keep-alive server's answer at its Content-Length or last chunk, not at a close", function()
+    local d = support.tmpdir()
+    local port = raw_server(d, [[(lambda b: b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\nContent-Length: %d\r\n\r\n" % len(b) + b)(json.dumps({"id": rid, "scores": [1, 2, 3]}).encode())]])
+    local r = rewards.normalize(("http://127.0.0.1:%s/score"):format(port), 1, {})
+    local c, b = batch3()
+    local t0 = ipc.now()
+    assert.are.same({ 1, 2, 3 }, rewards.run_one(r, c, b, { timeout = 5 }))
+    assert.is_true(ipc.now() - t0 < 2.5, "waited for the server to close the connection")
+    local d2 = support.tmpdir()
+    local port2 = raw_server(d2, [[(lambda b: b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"%x\r\n" % 5 + b[:5] + b"\r\n" + b"%x;ext=1\r\n" % (len(b) - 5) + b[5:] + b"\r\n0\r\n\r\n")(json.dumps({"id": rid, "scores": [4, 5, 6]}).encode())]])
+    r = rewards.normalize(("http://127.0.0.1:%s/score"):format(port2), 1, {})
+    t0 = ipc.now()
+    assert.are.same({ 4, 5, 6 }, rewards.run_one(r, c, b, { timeout = 5 }))
+    assert.is_true(ipc.now() - t0 < 2.5)
+  end)
+
+  it("names an empty answer: an empty HTTP body, an empty line from a program", function()
+    local d = support.tmpdir()
+    local port = raw_server(d, [[b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"]])
+    local r = rewards.normalize(("http://127.0.0.1:%s/judge"):format(port), 1, {})
+    local c, b = batch3()
+    local err = error_of(rewards.run_one, r, c, b, { timeout = 5, step = 2 })
+    assert.matches(("reward 'judge' (http://127.0.0.1:%s/judge) at step 2: answered HTTP/1.1 200 OK with an empty body"):format(port), err, 1, true)
+    assert.is_nil(err:find("internal", 1, true))
+    r = rewards.normalize("cmd:sh -c 'while read l; do echo; done'", 1, { })
+    err = error_of(rewards.run_one, r, c, b, { timeout = 5 })
+    assert.matches("answered nothing (an empty answer)", err, 1, true)
+    r.close()
+  end)
+
+  it("names a cmd: reward after its program, not its last argument", function()
+    assert.are.equal("score", rw.program_name("./score.sh 3"))
+    assert.are.equal("score", rw.program_name("sh score.sh --k 3"))
+    assert.are.equal("judge", rw.program_name("python3 -u tools/judge.py --model x 3"))
+    assert.are.equal("judge", rw.program_name("python3 -m pkg.judge 3"))
+    assert.are.equal("judge", rw.program_name("MODE=fast /opt/bin/judge --threads 4"))
+    assert.are.equal("score", rewards.normalize("cmd:./score.sh 3", 1, {}).name)
+  end)
+end)
+
+-- A luajit process running `body` (Lua, with rewards and support's folder at hand) in the
+-- background; returns its pid.
+local function background_lua(d, body)
+  write(d .. "/main.lua", [[
+package.path = "lua/?.lua;lua/?/init.lua;tests/lua/?.lua;" .. package.path
+local rewards = require("remax.step.rewards")
+local signals = require("remax.bind.signals")
+local D = ]] .. ("%q"):format(d) .. "\n" .. body)
+  os.execute(("sh -c 'echo $$ > %s.tmp; mv %s.tmp %s; exec luajit %s' </dev/null >%s 2>&1 &"):format(
+    q(d .. "/main.pid"), q(d .. "/main.pid"), q(d .. "/main.pid"), q(d .. "/main.lua"), q(d .. "/main.log")))
+  local pid
+  assert.is_true(eventually(10, function() pid = (read(d .. "/main.pid") or ""):match("%d+") return pid ~= nil end))
+  kill_later(pid)
+  return pid
+end
+
+-- The pid a reward's helper wrote to d/name.pid (waits for it).
+local function helper_pid(d, name)
+  local pid
+  assert.is_true(eventually(20, function() pid = (read(d .. "/" .. name .. ".pid") or ""):match("%d+") return pid ~= nil end),
+    "the reward's process did not start: " .. tostring(read(d .. "/main.log")))
+  kill_later(pid)
+  return pid
+end
+
+-- A py: reward that writes its pid to d/busy.pid, then is busy for five minutes.
+local function busy_py(d)
+  write(d .. "/busy.py", ([[
+import os, time
+def reward(completions, **kw):
+    with open(%q + ".tmp", "w") as f: f.write(str(os.getpid()))
+    os.rename(%q + ".tmp", %q)
+    time.sleep(300)
+    return [0.0] * len(completions)
+]]):format(d .. "/busy.pid", d .. "/busy.pid", d .. "/busy.pid"))
+end
+
+describe("processes remax starts", function()
+  if not has_python() then
+    pending("python3 is not installed")
+    return
+  end
+  after_each(kill_started)
+
+  it("a cmd: program's background child ends when a run that succeeded ends", function()
+    local d = support.tmpdir()
+    write(d .. "/bg.sh", ([[
+sleep 300 &
+echo $! > %s.tmp; mv %s.tmp %s
+while read line; do
+  id=$(printf '%%s' "$line" | sed 's/.*"id": *\([0-9]*\).*/\1/')
+  echo "{\"id\": $id, \"scores\": [1, 1, 1]}"
+done
+]]):format(q(d .. "/bg.pid"), q(d .. "/bg.pid"), q(d .. "/bg.pid")))
+    local main = background_lua(d, [[
+local r = rewards.normalize("cmd:sh " .. D .. "/bg.sh", 1, {})
+local s = rewards.run_one(r, { "a", "b", "c" }, { prompt = { "1", "2", "3" } }, { timeout = 30 })
+assert(s[1] == 1)
+print("scored")
+-- ends without closing the reward: exit must take the program's group with it
+]])
+    local child = helper_pid(d, "bg")
+    assert.is_true(eventually(20, function() return not alive(main) end), "the run did not end")
+    assert.matches("scored", read(d .. "/main.log"), 1, true)
+    assert.is_true(eventually(3, function() return not alive(child) end), "the background child outlived the run")
+  end)
+
+  it("a busy py: worker ends at a double Ctrl-C, at SIGTERM before signals are caught, and at an error", function()
+    for _, case in ipairs({ "double-ctrl-c", "sigterm-probe", "error" }) do
+      local d = support.tmpdir()
+      busy_py(d)
+      local body
+      if case == "double-ctrl-c" then
+        body = [[
+signals.install()   -- as a run does: the first Ctrl-C asks for a checkpoint, the second ends at once
+local r = rewards.normalize("py:" .. D .. "/busy.py", 1, {})
+rewards.run_one(r, { "a" }, { prompt = { "1" } }, { timeout = 600 })
+]]
+      elseif case == "sigterm-probe" then
+        body = [[
+local data = require("remax.step.data")
+local r = rewards.normalize("py:" .. D .. "/busy.py", 1, {})
+rewards.probe({ r }, { { prompt = "p", answer = "1" } }, "rows", data.collate, 600)
+]]
+      else
+        body = [[
+local r = rewards.normalize("py:" .. D .. "/busy.py", 1, {})
+r.send({ "a" }, { prompt = { "1" } }, { timeout = 600 })
+while not io.open(D .. "/busy.pid") do require("remax.bind.ipc").sleep(0.05) end
+error("the run fails")
+]]
+      end
+      local main = background_lua(d, body)
+      local worker = helper_pid(d, "busy")
+      assert.is_true(alive(worker))
+      if case == "double-ctrl-c" then
+        os.execute("kill -INT " .. main)
+        ipc.sleep(0.3)
+        assert.is_true(alive(main), "one Ctrl-C must not end the run at once")
+        os.execute("kill -INT " .. main)
+      elseif case == "sigterm-probe" then
+        os.execute("kill -TERM " .. main)
+      end
+      assert.is_true(eventually(10, function() return not alive(main) end), case .. ": remax did not end")
+      assert.is_true(eventually(3, function() return not alive(worker) end), case .. ": the worker outlived remax")
+    end
+  end)
+end)
