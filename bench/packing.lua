@@ -21,8 +21,8 @@ local opts = common.options({ shape = "small", layers = 0, rows = 32, prompt = 6
 
 local lens = {}
 if opts.dist == "recipe" then
-  local config = require("remax.train.config")
-  local trainer = require("remax.train.trainer")
+  local config = require("remax.settings.config")
+  local trainer = require("remax.run.run")
   local s = dofile("recipes/gsm8k.lua")
   s.eval_size, s.hot_reload, s.output_dir = 0, false, os.tmpname() .. ".d"
   local t = trainer.new(config.resolve(s, {}), { quiet = true, signals = false })

@@ -1,8 +1,8 @@
 -- Padding-free training (remax.step.pack, issue 38): packed rows give what padded rows give, for
 -- every loss type, KL mode and estimator, with LoRA and num_iterations 2; a row's values do not
 -- depend on its neighbours; a budget below the longest row is refused, naming the numbers.
-local config = require("remax.train.config")
-local trainer = require("remax.train.trainer")
+local config = require("remax.settings.config")
+local trainer = require("remax.run.run")
 local pack = require("remax.step.pack")
 local remax = require("remax")
 local ffi = require("ffi")
