@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { RX_DIST_BACKEND_ABI = 2 };
+enum { RX_DIST_BACKEND_ABI = 3 };
 
 /* Every function returns 0, or non-zero with a message that last_error() returns. dtype is an
  * rx_dtype (RX_F32, RX_F64, RX_I64); op is RX_DIST_SUM / RX_DIST_MAX / RX_DIST_MIN. */
@@ -18,8 +18,13 @@ typedef struct rx_dist_backend {
   const char *(*last_error)(void);
   const char *(*describe)(void);   /* "Open MPI v4.1.4, ..." */
   int (*init)(int32_t *rank, int32_t *size, int32_t *local_rank, int32_t *local_size);
+  /* every rank says it has ended (a rank still training is named), then MPI_Finalize */
   int (*finalize)(void);
-  int (*allreduce)(void *buf, int64_t count, int32_t dtype, int32_t op);
+  /* Every collective first exchanges a header (the call, its sizes, the step) with every rank:
+   * a rank that calls another collective or other sizes is named before data moves, and one
+   * that does not come within `seconds` is named; after a failure every collective fails. */
+  void (*set_timeout)(double seconds);
+  void (*set_step)(int64_t step);   /* for the messages; -1: before the first step */  int (*allreduce)(void *buf, int64_t count, int32_t dtype, int32_t op);
   int (*broadcast)(void *buf, int64_t bytes, int32_t root);
   int (*allgather_i64)(int64_t value, int64_t *out);
   int (*gather_bytes)(const void *send, int64_t bytes, void *recv, const int64_t *counts, int32_t root);

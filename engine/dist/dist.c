@@ -21,6 +21,10 @@ static struct {
   char name[256];
 } world = { 0, 0, 0, 1, 0, 1, NULL, "single" };
 
+/* Given to the backend when it loads, and whenever they change after. */
+static double timeout_seconds = 1800;   /* torch.distributed's default */
+static int64_t current_step = -1;
+
 /* The launcher variable that says this process is one rank of an MPI job, or NULL. */
 static const char *launcher_variable(void) {
   static const char *names[] = { "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK" };
@@ -82,6 +86,8 @@ int rx_dist_init(void) {
       return rc2;
     }
     snprintf(world.name, sizeof world.name, "mpi (%s)", world.backend->describe());
+    world.backend->set_timeout(timeout_seconds);
+    world.backend->set_step(current_step);
   }
   world.initialised = 1;
   return RX_OK;
@@ -91,6 +97,19 @@ int rx_dist_finalize(void) {
   if (!world.initialised || world.finalised || !world.backend) return RX_OK;
   world.finalised = 1;
   return world.backend->finalize() ? backend_fail("MPI_Finalize") : RX_OK;
+}
+
+int rx_dist_set_timeout(double seconds) {
+  if (!(seconds > 0) || seconds > 1e9)
+    return rx_fail(RX_EINVAL, "dist_timeout = %g: expected seconds > 0 (default 1800)", seconds);
+  timeout_seconds = seconds;
+  if (world.backend) world.backend->set_timeout(seconds);
+  return RX_OK;
+}
+
+void rx_dist_set_step(int64_t step) {
+  current_step = step;
+  if (world.backend) world.backend->set_step(step);
 }
 
 int32_t rx_dist_rank(void) { return world.rank; }

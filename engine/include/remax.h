@@ -595,6 +595,14 @@ int32_t rx_dist_size(void);               /* 1 before init */
 int32_t rx_dist_local_rank(void);         /* rank among this machine's processes: picks the GPU */
 int32_t rx_dist_local_size(void);
 const char *rx_dist_backend_name(void);   /* "single", or "mpi (Open MPI v4.1.4, ...)" */
+/* Seconds a collective waits for the other ranks before it fails naming the ranks that did not
+ * come (default 1800, torch.distributed's 30 minutes; NCCL collectives too, whose communicator
+ * is then aborted). Every collective first checks that every rank calls the same collective
+ * with the same sizes, and fails naming the ranks and both calls when not; after a failure every
+ * later collective fails at once. seconds must be > 0. */
+int rx_dist_set_timeout(double seconds);
+/* The step the run is at, for those messages (-1: before the first step). */
+void rx_dist_set_step(int64_t step);
 /* In place over n doubles: every rank gets the element-wise sum (max, min). */
 int rx_dist_allreduce_f64(double *values, int64_t n, int32_t op);
 /* Sums n tensors in place across ranks (gradients): contiguous CPU f32/f64 tensors over MPI,

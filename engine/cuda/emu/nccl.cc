@@ -50,6 +50,11 @@ extern "C" ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   delete comm;
   return ncclSuccess;
 }
+extern "C" ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
+extern "C" ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error) {
+  *async_error = ncclSuccess;
+  return ncclSuccess;
+}
 extern "C" ncclResult_t ncclCommCount(const ncclComm_t comm, int *count) {
   *count = 1;
   return ncclSuccess;

@@ -311,6 +311,7 @@ extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   check_guards("after the work queued on the stream");
   return take_fault();
 }
+extern "C" cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
 extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) { return cudaSuccess; }
 
 extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {

@@ -44,6 +44,12 @@ function M.world()
   return the_world
 end
 
+-- Seconds a collective waits for the other ranks before it fails naming them (dist_timeout).
+function World:set_timeout(seconds) check(lib().rx_dist_set_timeout(seconds)) end
+
+-- The step the run is at, named by a collective that fails (-1 or nil: before the first step).
+function World:set_step(step) lib().rx_dist_set_step(step or -1) end
+
 ---------------------------------------------------------------------------- splitting work
 
 -- The part of 1..n this rank works on: contiguous, sizes differing by at most one, lower ranks

@@ -47,11 +47,13 @@ local flags = {   -- name -> kind
   seed = "int", stop = "string", ["stop-string"] = "string", dtype = "string", device = "string", help = "bool",
 }
 
+M.MAX_N = 65536   -- completions of one prompt in one batch
+
 local function fail(msg) error("generate: " .. msg .. "\n\n" .. M.usage, 0) end
 
 function M.parse(argv)
   local o = { dtype = "auto", device = "cpu", n = 1, temperature = 1.0, ["top-p"] = 1.0, ["top-k"] = 0, ["max-new-tokens"] = 128,
-    ["min-p"] = 0.0, ["repetition-penalty"] = 1.0, seed = 0 }
+    ["min-p"] = 0.0, ["repetition-penalty"] = 1.0, seed = 0, show = {} }
   local i = 1
   while i <= #argv do
     local name, inline = argv[i]:match("^%-%-([%w%-_]+)=(.*)$")
@@ -80,6 +82,7 @@ function M.parse(argv)
         if not x or (kind == "int" and x ~= math.floor(x)) then
           fail(("--%s %s: expected %s"):format(name, v, kind == "int" and "an integer" or "a number"))
         end
+        o.show[name] = v   -- as typed, for messages
         v = x
       end
       o[name] = v
@@ -89,9 +92,19 @@ function M.parse(argv)
   if o.help then return o end
   if not o.model then fail("missing --model DIR") end
   if (o.prompt == nil) == (o["prompt-ids"] == nil) then fail("give exactly one of --prompt TEXT and --prompt-ids LIST") end
-  if o.n < 1 then fail(("--n %d: expected at least 1"):format(o.n)) end
-  if o["max-new-tokens"] < 1 then fail(("--max-new-tokens %d: expected at least 1"):format(o["max-new-tokens"])) end
-  if o.temperature < 0 then fail(("--temperature %g: expected >= 0"):format(o.temperature)) end
+  if not (o.n >= 1 and o.n <= M.MAX_N) then fail(("--n %s: expected a whole number in [1, %d]"):format(o.show.n, M.MAX_N)) end
+  -- the model's max_position_embeddings bounds it too (checked once the model is loaded)
+  if not (o["max-new-tokens"] >= 1 and o["max-new-tokens"] < 2 ^ 31) then
+    fail(("--max-new-tokens %s: expected a whole number in [1, 2^31)"):format(o.show["max-new-tokens"]))
+  end
+  if not (o.temperature >= 0 and o.temperature < math.huge) then
+    fail(("--temperature %s: expected a finite number >= 0 (0 = greedy)"):format(o.show.temperature))
+  end
+  -- a seed the sampler cannot take exactly would silently become another one (-1, 1e30 and
+  -- 1e300 all gave the same completion)
+  if not (o.seed >= 0 and o.seed < 2 ^ 53) then
+    fail(("--seed %s: expected a whole number in [0, 2^53)"):format(o.show.seed))
+  end
   if not (o["top-p"] > 0 and o["top-p"] <= 1) then fail(("--top-p %g: expected a number in (0, 1]"):format(o["top-p"])) end
   if not (o["min-p"] >= 0 and o["min-p"] <= 1) then fail(("--min-p %g: expected a number in [0, 1]"):format(o["min-p"])) end
   local rp = o["repetition-penalty"]
@@ -187,6 +200,12 @@ function M.main(...)
     load_opts = { device = "cuda", dtype = o.dtype == "bf16" and "bf16" or "f32" }
   end
   local model = plain(remax.model.load, dir, load_opts)
+  local positions = tonumber(model.config.max_position_embeddings)
+  if positions and #prompt + o["max-new-tokens"] > positions then
+    error(("generate: --max-new-tokens %s: the prompt's %d tokens and the completion must fit in the model's "
+      .. "max_position_embeddings = %d (%s/config.json): at most %d new tokens"):format(o.show["max-new-tokens"] or
+      o["max-new-tokens"], #prompt, positions, dir, math.max(positions - #prompt, 0)), 0)
+  end
   local stop = remax.tokenizer.stop_ids(tok, dir, { ids = o.stop and id_list(o.stop, "--stop") or nil })
 
   local function per_row(v)   -- one entry per row: n rows of the one prompt

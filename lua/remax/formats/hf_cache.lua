@@ -9,8 +9,29 @@
 -- ~/.cache/huggingface/hub. A repository is models--<org>--<name>/ with refs/<revision> (a file
 -- holding a commit hash) and snapshots/<commit>/ (the files, usually links into blobs/).
 local fs = require("remax.bind.fs")
+local ffi = require("ffi")
+pcall(ffi.cdef, "int64_t readlink(const char *path, char *buf, size_t size);")
 
 local M = {}
+
+-- The target of a symbolic link, or nil when path is not one.
+local function link_target(path)
+  local buf = ffi.new("char[4096]")
+  local n = tonumber(ffi.C.readlink(path, buf, 4095))
+  return n > 0 and ffi.string(buf, n) or nil
+end
+
+-- The snapshot's files that are links to nothing (blobs removed, or a download cut short), as
+-- "name (-> target)"; a snapshot's files are links into blobs/.
+function M.broken_links(dir)
+  local out = {}
+  for _, name in ipairs(fs.list_dir(dir)) do
+    local path = dir .. "/" .. name
+    local target = link_target(path)
+    if target and not fs.exists(path) and not fs.is_dir(path) then out[#out + 1] = ("%s (-> %s)"):format(name, target) end
+  end
+  return out
+end
 
 -- The cache folders to look in, in order, each once.
 function M.cache_dirs()
@@ -73,6 +94,11 @@ local function in_cache(cache, id, rev)
   end
   local dir = snapshots .. "/" .. commit
   if not fs.is_dir(dir) then return nil, ("%s points at snapshot %s, which is not there"):format(repo_dir, commit) end
+  local broken = M.broken_links(dir)
+  if #broken > 0 then
+    return nil, ("%s: broken link%s: %s (the blobs they point to are gone: a download cut short, or a cache cleaned "
+      .. "by hand; `hf download %s` fetches them again)"):format(dir, #broken > 1 and "s" or "", table.concat(broken, ", "), id), true
+  end
   if not has_model(dir) then
     return nil, ("%s has no config.json (a partial download? `hf download %s` completes it)"):format(dir, id)
   end
@@ -88,8 +114,9 @@ function M.find(name)
   if not id then return nil, ("%s: no model there (no %s/config.json)"):format(name, name) end
   local looked, notes = {}, {}
   for _, cache in ipairs(M.cache_dirs()) do
-    local dir, why = in_cache(cache, id, rev)
+    local dir, why, found_broken = in_cache(cache, id, rev)
     if dir then return dir end
+    if found_broken then return nil, name .. ": " .. why end
     looked[#looked + 1] = ("%s/models--%s"):format(cache, id:gsub("/", "--"))
     if why then notes[#notes + 1] = why end
   end

@@ -24,8 +24,20 @@ M.Run = Run
 -- by another module does not stop the rest.
 local fs = require("remax.bind.fs")
 local is_dir, file_exists, list_dir, mkdir_p, remove_tree = fs.is_dir, fs.exists, fs.list_dir, fs.mkdir_p, fs.remove_tree
-local fsync_path, dirname, write_atomic, read_text = fs.fsync_path, fs.dirname, fs.write_atomic, fs.read_text
+local fsync_path, dirname, read_text = fs.fsync_path, fs.dirname, fs.read_text
+-- fs.write_atomic, its failure (a full disk: path and errno) told without remax's source positions
+local function write_atomic(path, text)
+  local ok, err = pcall(fs.write_atomic, path, text)
+  if not ok then error((tostring(err):gsub("[%w_%.%-/]*%.lua:%d+: ", "")), 0) end
+end
 M.fs = fs
+
+-- A message without the Lua source positions ("lua/remax/run/folder.lua:444: ") that errors
+-- raised inside remax carry: a full disk or a read-only folder is the user's to fix, and a place
+-- in remax's source only hides the path and errno that matter (issue 35).
+function M.without_positions(msg)
+  return (tostring(msg):gsub("[%w_%.%-/]*%.lua:%d+: ", ""))
+end
 
 -- JSON lines (remax.formats.json): the strict encoder, and a decoder that revives NaN/inf.
 local json = require("remax.formats.json")
@@ -61,6 +73,11 @@ end
 --   save_total_limit  newest checkpoints to keep (default config.save_total_limit; nil = all)
 -- Without resume or overwrite, a folder that already holds metrics or checkpoints is an error,
 -- so two runs never mix in one file.
+-- The lock file in a run folder (remax.bind.lock: pid, host, since), and the words that start
+-- the refusal when another process holds it (a caller must not remove that folder).
+M.LOCK = "run.lock"
+M.IN_USE = "is in use by"
+
 function M.open(dir, opts)
   if type(dir) ~= "string" or dir == "" then error("runs.open: expected a folder path, got " .. tostring(dir), 2) end
   opts = opts or {}
@@ -80,6 +97,17 @@ function M.open(dir, opts)
     files = {},
   }, Run)
   mkdir_p(dir)
+  -- one owner per run folder, for the whole run (issue 35): before anything in it is touched
+  local lock = require("remax.bind.lock")
+  self.lock_path = dir .. "/" .. M.LOCK
+  local got, info = lock.take(self.lock_path)
+  if not got then
+    error(("%s %s %s: another remax is training in it (%s); wait for it to end or stop it, or choose another "
+      .. "--run_name"):format(dir, M.IN_USE, lock.describe(info), self.lock_path), 0)
+  end
+  if info then
+    self.lock_note = ("%s: took over the lock left by %s, which has ended"):format(dir, lock.describe(info))
+  end
   self:clean_leftovers()
   local earlier = (read_text(self.metrics_path) or ""):find("%S") or #self:checkpoints() > 0
   if opts.overwrite then
@@ -127,20 +155,35 @@ local function append(self, path, line)
   if not f then
     local err
     f, err = io.open(path, "ab")
-    if not f then error(("runs: cannot append to %s (%s)"):format(path, tostring(err)), 3) end
+    if not f then error(("runs: cannot append to %s (%s)"):format(path, tostring(err)), 0) end
     self.files[path] = f
   end
   local ok, err = f:write(line, "\n")
   if ok then ok, err = f:flush() end
-  if not ok then error(("runs: cannot append to %s (%s)"):format(path, tostring(err)), 3) end
+  if not ok then error(("runs: cannot append to %s (%s)"):format(path, tostring(err)), 0) end
 end
 
--- Closes the append handles (they reopen on the next write).
+-- Lets go of the run folder's lock (the run has ended cleanly; a process that ends otherwise
+-- drops it too, and the next owner says whose it was).
+function Run:release()
+  if self.lock_path then require("remax.bind.lock").release(self.lock_path) end
+end
+
+-- Removes the run folder (a new run that failed before its first step ended: nothing in it is
+-- worth keeping), after closing its files and letting go of its lock.
+function Run:discard()
+  self:close()
+  remove_tree(self.dir)
+end
+
+-- Closes the append handles (they reopen on the next write) and lets go of the folder's lock
+-- (another process may then open the run).
 function Run:close()
   for path, f in pairs(self.files) do
     f:close()
     self.files[path] = nil
   end
+  self:release()
   require("remax.run.report").close(self.reporters)
 end
 
@@ -273,7 +316,7 @@ function Run:save_checkpoint(step, model, state)
     -- a full disk or a read-only folder: the half-built folder goes (it may hold the space the
     -- next try needs); the checkpoints already there are untouched
     pcall(remove_tree, tmp)
-    error(("runs: checkpoint step-%d not saved: %s"):format(step, tostring(err)), 2)
+    error(("runs: checkpoint step-%d not saved: %s"):format(step, M.without_positions(err)), 0)
   end
   local function rename(from, to)
     local ok, err, code = os.rename(from, to)
@@ -329,12 +372,22 @@ function Run:load_checkpoint(dir)
   local text = read_text(path)
   if not text then error(("runs: load_checkpoint: cannot read %s (not a checkpoint folder?)"):format(path), 2) end
   local state = M.decode(text, path)
-  if type(state) ~= "table" then error(("runs: load_checkpoint: %s is not a JSON object"):format(path), 2) end
-  local step = state.step or tonumber(dir:match("step%-(%d+)/*$"))
+  if type(state) ~= "table" or (#state > 0) then error(("runs: load_checkpoint: %s is not a JSON object"):format(path), 2) end
+  local folder_step = tonumber(dir:match("step%-(%d+)/*$"))
+  local step = state.step or folder_step
   if type(step) ~= "number" then error(("runs: load_checkpoint: %s has no step"):format(path), 2) end
+  -- issue 35: a state that says another step than its folder was edited or copied from elsewhere
+  if folder_step and step ~= folder_step then
+    error(("runs: load_checkpoint: %s says step %s but its folder is step-%d (edited, or copied from another "
+      .. "checkpoint?); resume from a checkpoint whose trainer_state.json matches its folder"):format(path, tostring(step), folder_step), 0)
+  end
   local tensors = {}
   local st_path = dir .. "/trainer_state.safetensors"
-  if file_exists(st_path) then
+  if not file_exists(st_path) then   -- every checkpoint has one (the optimizer's moments)
+    error(("runs: load_checkpoint: %s is missing (the optimizer state of step %s): the checkpoint is incomplete; "
+      .. "resume from an earlier checkpoint (move %s aside)"):format(st_path, tostring(step), dir), 0)
+  end
+  do
     local st = require("remax.bind.safetensors").open(st_path)
     for _, name in ipairs(st:names()) do tensors[name] = st:read(name) end
     st:close()

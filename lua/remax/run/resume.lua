@@ -39,12 +39,41 @@ end
 
 local function read_config(dir)
   local path = dir .. "/config.json"
-  local f = io.open(path, "rb")
-  if not f then error(("--resume %s: no run there (no config.json)"):format(dir), 0) end
-  local text = f:read("*a")
+  local f, err = io.open(path, "rb")
+  if not f then
+    local fs = require("remax.bind.fs")
+    if not fs.is_dir(dir) and fs.exists(dir) then error(("--resume %s: not a folder (a run folder holds config.json)"):format(dir), 0) end
+    if fs.exists(path) or (err and not err:find("No such file", 1, true)) then
+      -- an unreadable run folder or file is not "no run"
+      error(("--resume %s: cannot read %s (%s)"):format(dir, path, (tostring(err):gsub("^[^:]*: ", ""))), 0)
+    end
+    error(("--resume %s: no run there (no config.json)"):format(dir), 0)
+  end
+  local text, rerr = f:read("*a")
   f:close()
-  local saved = runs.decode(text, path)
-  if type(saved) ~= "table" then error(("--resume %s: config.json holds no settings"):format(dir), 0) end
+  if not text then error(("--resume %s: cannot read %s (%s)"):format(dir, path, tostring(rerr)), 0) end
+  local ok, saved = pcall(runs.decode, text, path)
+  if not ok then error(("--resume %s: %s"):format(dir, (tostring(saved):gsub("^runs: ", ""))), 0) end
+  if type(saved) ~= "table" then error(("--resume %s: %s holds no settings (%s)"):format(dir, path, saved == nil and "null" or type(saved)), 0) end
+  if #saved > 0 or (next(saved) == nil and text:match("^%s*%[")) then
+    error(("--resume %s: %s is a JSON array; a run's config.json is an object of settings (\"key\": value)"):format(dir, path), 0)
+  end
+  -- keys this remax does not know: a config.json from another version, or edited by hand
+  local unknown = {}
+  for k in pairs(saved) do
+    if type(k) ~= "string" or not config.keys[k] then unknown[#unknown + 1] = tostring(k) end
+  end
+  if #unknown > 0 then
+    table.sort(unknown)
+    local hints = {}
+    for _, k in ipairs(unknown) do
+      local near = config.closest(k)
+      local close = near and config.edit_distance(k, near) <= math.max(2, math.floor(#k / 3))
+      hints[#hints + 1] = close and ("%s (did you mean %s?)"):format(k, near) or k
+    end
+    error(("--resume %s: %s has settings remax does not know: %s (written by another remax version, or edited by "
+      .. "hand? remove them, or resume with the remax that wrote it)"):format(dir, path, table.concat(hints, ", ")), 0)
+  end
   return saved
 end
 
@@ -56,6 +85,10 @@ local function same(a, b) return config.show(a) == config.show(b) end
 function M.resolve(recipe, overrides, opts)
   opts = opts or {}
   local dir = (overrides.resume or recipe.resume):gsub("/+$", "")
+  if overrides.overwrite_output_dir == true or (recipe or {}).overwrite_output_dir == true then
+    error(("--resume %s and overwrite_output_dir = true contradict each other: resuming continues the run, "
+      .. "overwrite_output_dir would erase it; give one of them"):format(dir), 0)
+  end
   local saved = read_config(dir)
   -- the recipe supplies what JSON cannot hold (functions) and keys the run did not record
   local merged = {}

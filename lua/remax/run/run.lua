@@ -60,6 +60,9 @@ function M.new(cfg, opts)
   local options = require("remax.bind.options")
   options.apply(cfg)   -- the Engine settings, before anything loads
   local world = dist.world()   -- a world of one unless an MPI launcher started this process
+  -- issue 35: collectives time out after dist_timeout; the ranks agree on their settings first
+  world:set_timeout(cfg.dist_timeout or 1800)
+  require("remax.run.agree").settings(world, cfg)
   local self = setmetatable({ cfg = cfg, opts = opts, quiet = opts.quiet or not world.is_root, step = 0,
     bad_steps = 0, reloads = 0, history = {}, watch = {}, dist = world }, Run)
   self.recipe_path = opts.recipe_path
@@ -74,6 +77,7 @@ function M.new(cfg, opts)
     local pieces = setup.pieces(cfg, { world = world, run_dir = self.run_dir, eval_only = opts.eval_only,
       resume_model_dir = self.resume_model_dir, recipe_dir = self.recipe_dir,
       prompts_per_step = self.global_prompts_per_step })
+    require("remax.run.agree").model(world, pieces.model)   -- issue 35: the same model on every rank
     if pieces.max_steps_changed and self.run.write_config then self.run:write_config(config.serializable(cfg)) end
     self.train_ds, self.eval_ds = pieces.train_ds, pieces.eval_ds
     self.sampler = self.train_ds:sampler({ seed = cfg.seed, shuffle = true, batch_size = self.global_prompts_per_step })
@@ -95,6 +99,7 @@ function M.new(cfg, opts)
       if self.run and self.run.close then pcall(self.run.close, self.run) end
       pcall(require("remax.bind.fs").remove_tree, self.fresh_run_dir)
     end
+    if self.run and self.run.release then pcall(self.run.release, self.run) end   -- the folder's lock (issue 35)
     error(err, 0)
   end
   return self
@@ -175,10 +180,12 @@ function methods.open_run(self)
       error(("%s already holds a run: continue it with --resume %s, replace it with --overwrite_output_dir, or choose another --run_name")
         :format(dir, dir), 0)
     end
-    if self.fresh_run_dir then pcall(fs.remove_tree, self.fresh_run_dir) end
+    -- a folder another process holds is never removed, even if it looked new a moment ago
+    if self.fresh_run_dir and not tostring(run):find(runs.IN_USE, 1, true) then pcall(fs.remove_tree, self.fresh_run_dir) end
     error(run, 0)
   end
   self.run = run
+  if run.lock_note then self:say(run.lock_note) end
   if cfg.resume then
     local ckpt = self.run:latest_checkpoint()
     if not ckpt then error(("--resume %s: the run has no checkpoint yet"):format(cfg.resume), 0) end
@@ -303,6 +310,20 @@ end
 
 -- The whole run: evaluation before, steps (or the recipe's loop), evaluation after, checkpoint.
 function methods.train(self, loop)
+  -- issue 35: a new run that fails before its first step ends (a chat template that fails, a
+  -- prompt longer than the model's positions) removes the folder it made, as a failed setup
+  -- does; and the run folder's lock goes when the run ends (remax.run.folder)
+  if not self.in_train then
+    self.in_train = true
+    local ok, out = pcall(methods.train, self, loop)
+    self.in_train = nil
+    if not ok and self.fresh_run_dir and self.step == 0 and not self.last_saved and self.run and self.run.discard then
+      pcall(self.run.discard, self.run)
+    end
+    if self.run and self.run.release then pcall(self.run.release, self.run) end
+    if not ok then error(out, 0) end
+    return out
+  end
   local cfg = self.cfg
   if self.opts.signals ~= false then signals.install() end
   local okp, progress_mod = pcall(require, "remax.run.progress")
@@ -394,6 +415,7 @@ end
 -- One full step (RL or SFT): this rank's prompts to the Step, its metrics recorded.
 function methods.train_step(self)
   local t0 = now()
+  self.dist:set_step(self.step + 1)   -- named by a collective that times out (issue 35)
   local m, ro = self.stepper:run(self:next_batch(), { step = self.step + 1 })
   m.time_step = now() - t0
   self.train_seconds = (self.train_seconds or 0) + m.time_step

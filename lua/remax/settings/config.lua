@@ -99,6 +99,7 @@ M.groups = {
     { "padding_free", true, "boolean", "train on packed rows: each micro-batch's rows end to end, attention within each row, no padding (verl's use_remove_padding); false pads every row to the micro-batch's longest (docs/trainer.md, Padding-free training)" },
     { "max_tokens_per_microbatch", nil, "integer", "with padding_free: a micro-batch's rows are split into packs of at most this many tokens (prompt + completion), balanced, one forward and backward each, so activation memory is set by this budget (verl's ppo_max_token_len_per_gpu); unset: one pack per micro-batch; a row longer than it is refused" },
     { "zero_stage", 0, "integer", "with several ranks (mpirun/srun): 1 shards AdamW's moments and the master weights over the ranks (ZeRO-1), 2 also reduce-scatters the gradients (ZeRO-2); 0: every rank holds everything (docs/distributed.md)" },
+    { "dist_timeout", 1800, "number", "with several ranks: seconds a collective waits for the other ranks before every rank that waits stops, naming the ranks that did not come and the step (NCCL's collectives too); 1800 is torch.distributed's 30 minutes (docs/distributed.md)" },
     { "max_steps", 100, "integer", "optimizer steps to train" },
     { "num_train_epochs", nil, "number", "passes over the training data: without max_steps, max_steps = ceil(epochs * rows / prompts per step) (with both, max_steps wins, as in TRL)" },
     { "max_time", 0, "number", "also stop after the step that brings the training time (evaluation excluded) past this many seconds (0: no limit)", hot = true },
@@ -536,6 +537,15 @@ function M.validate(cfg)
   for _, r in ipairs(cfg.report_to or {}) do
     local why = require("remax.run.report").refusal(r)
     if why then bad(why, "report_to") end
+  end
+  -- issue 35: "none" (or "all") beside other entries says two things at once
+  if cfg.report_to and #cfg.report_to > 1 then
+    for _, r in ipairs(cfg.report_to) do
+      if r == "none" or r == "all" then
+        bad(("report_to = %s: %s cannot be combined with other entries (give none, all, or a list of tensorboard and csv)")
+          :format(table.concat(cfg.report_to, ","), r), "report_to")
+      end
+    end
   end
   if cfg.num_train_epochs and not (cfg.num_train_epochs > 0) then bad("num_train_epochs must be > 0", "num_train_epochs") end
   if cfg.use_lora then
