@@ -5,11 +5,19 @@
 #include <stdint.h>
 
 /* Sizes of one attention call. q/out/dq/dout are contiguous [B,Tq,H,D]; k/v are [B,Tk,KV,D]
- * contiguous except for their batch strides (elements); dk/dv are contiguous; lse is [B,H,Tq]. */
+ * contiguous except for their batch strides (elements); dk/dv are contiguous; lse is [B,H,Tq].
+ *
+ * The sequences: without cu_seqlens, each of the B batch rows is one sequence (Tq queries
+ * against Tk keys, query i at key Tk-Tq+i). With cu_seqlens (packed rows: B = 1, Tq = Tk = N),
+ * the time axis holds S sequences, sequence r the tokens [cu_seqlens[r], cu_seqlens[r+1]), and
+ * a query sees the keys of its own sequence up to itself only. [B,T] is the case of S = B
+ * sequences of length T laid end to end: both run the same code (attn_seq below). */
 typedef struct rx_attn_dims {
   int64_t B, Tq, Tk, H, KV, D;
   int64_t k_batch_stride, v_batch_stride;
   double scale;                 /* already resolved: never 0 here */
+  const int32_t *cu_seqlens;    /* NULL, or [S+1] on the host: 0 = cu[0] <= ... <= cu[S] = Tq */
+  int64_t S;                    /* sequences in cu_seqlens (0 without) */
 } rx_attn_dims;
 
 /* Elements (of the call's float type) of the transient scratch that forward and backward need

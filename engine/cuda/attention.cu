@@ -13,6 +13,10 @@
 // [B,Tk,KV,D]; lse f32 [B,H,Tq]; mask i32 [B,Tk] or NULL. Query i sits at key position
 // off + i, off = Tk - Tq, and sees keys s <= off + i with mask 1; a padded query gives zeros
 // (out, lse, dq), a padded key gets zero dk and dv.
+//
+// Packed rows (cu_seqlens, B = 1, Tq = Tk = N): the time axis holds S rows end to end, and a
+// query i of row r = [cu[r], cu[r+1]) sees keys cu[r] <= s <= i only; a key s is seen by the
+// queries s <= i < cu[r+1]. Without cu_seqlens every batch row is one row: lo = 0, hi = Tq.
 #include "attention.cuh"
 
 enum { WARPS = 4 };
@@ -27,7 +31,22 @@ struct attn_cfg {
 struct attn_args {
   int64_t B, Tq, Tk, H, KV, D, ksb, vsb;   // ksb, vsb: k and v batch strides (elements)
   float scale;
+  const int32_t *cu;                       // packed rows' boundaries [S+1], or NULL
+  int64_t S;
 };
+
+// The packed row holding token i: the last r with cu[r] <= i (binary search over S+1 entries).
+__device__ __forceinline__ int64_t seq_of(const attn_args &a, int64_t i) {
+  int64_t lo = 0, hi = a.S - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (a.cu[mid] <= i) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+// The first key token i may see (its row's start), and one past the last query key s is seen by.
+__device__ __forceinline__ int64_t row_start(const attn_args &a, int64_t i) { return a.cu ? a.cu[seq_of(a, i)] : 0; }
+__device__ __forceinline__ int64_t row_end(const attn_args &a, int64_t s) { return a.cu ? a.cu[seq_of(a, s) + 1] : a.Tq; }
 
 __device__ __forceinline__ bool key_kept(const int32_t *mask, int64_t b, int64_t Tk, int64_t s) {
   return s < Tk && (!mask || mask[b * Tk + s] != 0);
@@ -93,7 +112,7 @@ __device__ __forceinline__ void store_lane_share(T *dst, int64_t at, const float
 template <int RPW>
 struct query_rows {
   int64_t b, h, g, off, i_block, i0;   // i_block: the block's first query
-  int64_t pos[RPW];
+  int64_t pos[RPW], lo[RPW];           // lo: the row's first key (packed rows), else 0
   bool valid[RPW], live[RPW];
   __device__ query_rows(const int32_t *mask, const attn_args &a)
       : b(blockIdx.z), h(blockIdx.y), g(h / (a.H / a.KV)), off(a.Tk - a.Tq),
@@ -102,6 +121,7 @@ struct query_rows {
     for (int r = 0; r < RPW; r++) {
       valid[r] = i(r) < a.Tq;
       pos[r] = off + i(r);
+      lo[r] = valid[r] ? row_start(a, i(r)) : 0;
       live[r] = valid[r] && key_kept(mask, b, a.Tk, pos[r]);
     }
   }
@@ -109,8 +129,9 @@ struct query_rows {
   // Row r's element 0 in q, out, dq or dout [B,Tq,H,D], and its entry in lse or Delta [B,H,Tq].
   __device__ int64_t at(int r, const attn_args &a) const { return ((b * a.Tq + i(r)) * a.H + h) * a.D; }
   __device__ int64_t stat(int r, const attn_args &a) const { return (b * a.H + h) * a.Tq + i(r); }
-  // Keys the block's last query can see.
+  // Keys the block's last query can see, and the first key its first query can (rows start in order).
   __device__ int64_t key_end(const attn_args &a) const { return off + min(a.Tq - 1, i_block + WARPS * RPW - 1) + 1; }
+  __device__ int64_t key_begin(const attn_args &a) const { return row_start(a, i_block); }
 };
 
 // ---------------------------------------------------------------- forward
@@ -137,7 +158,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_forward_kernel(T *out, float 
     }
   }
   const int64_t s_end = w.key_end(a);
-  for (int64_t s0 = 0; s0 < s_end; s0 += TILE) {
+  for (int64_t s0 = w.key_begin(a); s0 < s_end; s0 += TILE) {
     tile.stage(k, v, w.b, w.g, s0, mask, a);
     const int nk = (int)min((int64_t)TILE, s_end - s0);
     for (int t = 0; t < nk; t++) {
@@ -149,7 +170,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_forward_kernel(T *out, float 
       warp_dots<RPW, NJ>(dot, qr, kk);
 #pragma unroll
       for (int r = 0; r < RPW; r++) {
-        if (!w.live[r] || s > w.pos[r]) continue;   // uniform across the warp
+        if (!w.live[r] || s > w.pos[r] || s < w.lo[r]) continue;   // uniform across the warp
         float corr, p;
         online_softmax_add(m[r], l[r], dot[r], corr, p);
 #pragma unroll
@@ -206,7 +227,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_dq_kernel(T *dq, const T *dou
     }
   }
   const int64_t s_end = w.key_end(a);
-  for (int64_t s0 = 0; s0 < s_end; s0 += TILE) {
+  for (int64_t s0 = w.key_begin(a); s0 < s_end; s0 += TILE) {
     tile.stage(k, v, w.b, w.g, s0, mask, a);
     const int nk = (int)min((int64_t)TILE, s_end - s0);
     for (int t = 0; t < nk; t++) {
@@ -219,7 +240,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_dq_kernel(T *dq, const T *dou
       warp_dots<RPW, NJ>(dp, dor, vv);
 #pragma unroll
       for (int r = 0; r < RPW; r++) {
-        if (!w.live[r] || s > w.pos[r]) continue;
+        if (!w.live[r] || s > w.pos[r] || s < w.lo[r]) continue;
         const float p = expf(sc[r] - L[r]), ds = p * (dp[r] - Dl[r]);
 #pragma unroll
         for (int j = 0; j < NJ; j++) acc[r][j] += ds * kk[j];
@@ -247,13 +268,14 @@ __global__ void __launch_bounds__(WARPS * 32) attn_dkdv_kernel(T *dk, T *dv, con
   const int64_t ldq = a.H * a.D, ldk = a.KV * a.D;
 
   float kr[RPW][NJ], vr[RPW][NJ], dka[RPW][NJ], dva[RPW][NJ];
-  int64_t srow[RPW];
+  int64_t srow[RPW], hi[RPW];   // hi: one past the last query that sees the key
   bool valid[RPW], live[RPW];
 #pragma unroll
   for (int r = 0; r < RPW; r++) {
     const int64_t s = s_block + warp * RPW + r;
     srow[r] = s;
     valid[r] = s < a.Tk;
+    hi[r] = valid[r] ? row_end(a, s) : 0;
     live[r] = key_kept(mask, b, a.Tk, s);
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
@@ -264,11 +286,13 @@ __global__ void __launch_bounds__(WARPS * 32) attn_dkdv_kernel(T *dk, T *dv, con
       dva[r][j] = 0;
     }
   }
-  // queries that can see the block's first key: i >= s_block - off
+  // queries that can see the block's first key: i >= s_block - off; up to the end of the row of
+  // the block's last key (packed rows), else every query
   const int64_t i_first = s_block - off > 0 ? s_block - off : 0;
+  const int64_t i_end = a.cu ? row_end(a, min(a.Tk - 1, s_block + WARPS * RPW - 1)) : a.Tq;
   for (int64_t h = g * group; h < (g + 1) * group; h++) {
     const T *qh = q + b * a.Tq * ldq + h * a.D, *oh = dout + b * a.Tq * ldq + h * a.D;
-    for (int64_t i0 = i_first; i0 < a.Tq; i0 += TILE) {
+    for (int64_t i0 = i_first; i0 < i_end; i0 += TILE) {
       __syncthreads();
       stage_rows(Qs, qh, ldq, i0, a.Tq, TILE, a.D);
       stage_rows(Os, oh, ldq, i0, a.Tq, TILE, a.D);
@@ -292,7 +316,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_dkdv_kernel(T *dk, T *dv, con
         const float Li = Ls[t], Di = Ds[t];
 #pragma unroll
         for (int r = 0; r < RPW; r++) {
-          if (!live[r] || srow[r] > pos) continue;
+          if (!live[r] || srow[r] > pos || pos - off >= hi[r]) continue;
           const float p = expf(sc[r] - Li), ds = p * (dp[r] - Di);
 #pragma unroll
           for (int j = 0; j < NJ; j++) {
@@ -319,7 +343,8 @@ __global__ void __launch_bounds__(WARPS * 32) attn_dkdv_kernel(T *dk, T *dv, con
 // ---------------------------------------------------------------- launchers
 
 static attn_args args_of(const rx_cuda_attn_dims *d) {
-  attn_args a = {d->B, d->Tq, d->Tk, d->H, d->KV, d->D, d->k_batch_stride, d->v_batch_stride, (float)d->scale};
+  attn_args a = {d->B, d->Tq, d->Tk, d->H, d->KV, d->D, d->k_batch_stride, d->v_batch_stride, (float)d->scale,
+                 d->cu_seqlens, d->S};
   return a;
 }
 

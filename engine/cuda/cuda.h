@@ -82,6 +82,8 @@ typedef struct rx_cuda_attn_dims {
   int64_t B, Tq, Tk, H, KV, D;
   int64_t k_batch_stride, v_batch_stride;
   double scale;
+  const int32_t *cu_seqlens;   /* NULL, or packed rows' boundaries [S+1] on the device (B = 1, Tq = Tk) */
+  int64_t S;
 } rx_cuda_attn_dims;
 enum { RX_CUDA_ATTN_MAX_D = 256 };
 int rx_cuda_attention_forward(void *out, float *lse, const void *q, const void *k, const void *v, const int32_t *mask,

@@ -1006,7 +1006,7 @@ static int graph_step(rx_generator *g, layer_acts *acts, const rx_tensor *pos) {
   TRY(rx_embedding_forward(&g->x, &g->tok, rx_model_w(m, m->embed)));
   if (!g->graph_of[R]) {
     const layer_kv kv = {append_kv_lens, g, attention_lens};
-    const layer_io io = {&g->x, &g->x, pos, &g->gmask, &kv};
+    const layer_io io = {&g->x, &g->x, pos, &g->gmask, &kv, NULL};
     g->graph_refused = 1;   /* until the capture succeeds: nothing ran, the step can run plainly */
     TRY(rx_graph_begin(c->device));
     const int rc = decode_body(g, acts, &io);
@@ -1060,7 +1060,7 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
     TRY(stage_ids(g, g->d_mask, g->step_mask, R * Tk));
     rx_view_init(&mask, g->d_mask, RX_I32, c->device, 2, s2m);
     const layer_kv kv = {append_kv, g, NULL};
-    const layer_io io = {&g->x, &g->x, &pos, &mask, &kv};
+    const layer_io io = {&g->x, &g->x, &pos, &mask, &kv, NULL};
     TRY(rx_embedding_forward(&g->x, &g->tok, rx_model_w(m, m->embed)));
     TRY(decode_body(g, &acts, &io));
   }

@@ -203,6 +203,18 @@ int rx_attention_forward(rx_tensor *out, rx_tensor *lse, const rx_tensor *q, con
 int rx_attention_backward(rx_tensor *dq, rx_tensor *dk, rx_tensor *dv, const rx_tensor *dout,
                           const rx_tensor *q, const rx_tensor *k, const rx_tensor *v,
                           const rx_tensor *out, const rx_tensor *lse, const rx_tensor *mask, double scale);
+/* The same over packed rows (padding-free training): cu_seqlens i32 [S+1] on q's device holds
+ * the boundaries of S rows laid end to end along the time axis, 0 = cu[0] <= ... <= cu[S] = N,
+ * with q [1,N,H,D], k, v [1,N,KV,D] and lse [1,H,N]. A query attends causally to the keys of
+ * its own row only (row r: tokens [cu[r], cu[r+1])). NULL cu_seqlens is rx_attention_forward /
+ * rx_attention_backward: each batch row one sequence, which is the case of B rows of equal
+ * length T. mask may be given as well ([1,N]). */
+int rx_attention_forward_seq(rx_tensor *out, rx_tensor *lse, const rx_tensor *q, const rx_tensor *k,
+                             const rx_tensor *v, const rx_tensor *mask, const rx_tensor *cu_seqlens, double scale);
+int rx_attention_backward_seq(rx_tensor *dq, rx_tensor *dk, rx_tensor *dv, const rx_tensor *dout,
+                              const rx_tensor *q, const rx_tensor *k, const rx_tensor *v,
+                              const rx_tensor *out, const rx_tensor *lse, const rx_tensor *mask,
+                              const rx_tensor *cu_seqlens, double scale);
 
 /* ---------------------------------------------------------------- optimizer */
 
@@ -325,11 +337,27 @@ typedef struct rx_forward_opts {
  * [B,T,vocab] logits never exist: the head works on tiles of rows by slices of the vocabulary. */
 int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, rx_tensor *logp,
                       rx_tensor *entropy, const rx_forward_opts *opts);
+/* The same over packed rows (padding-free training): tokens i32 [1,N] hold S rows end to end,
+ * row r the tokens [cu[r], cu[r+1]) of cu_seqlens (cpu i32 [S+1], 0 = cu[0] < cu[1] < ... <
+ * cu[S] = N). Each row is what it would be alone: positions restart at 0 at each row, attention
+ * stays within it, and logp[0, cu[r]] (a row's first token) is 0. logp, entropy: [1,N].
+ * rx_model_backward / rx_model_backward_entropy then take dlogp [1,N]. */
+int rx_model_logprobs_packed(rx_model *m, const rx_tensor *tokens, const rx_tensor *cu_seqlens, rx_tensor *logp,
+                             rx_tensor *entropy, const rx_forward_opts *opts);
 /* Accumulates parameter gradients of sum(dlogp * logp) for the last train forward. */
 int rx_model_backward(rx_model *m, const rx_tensor *dlogp);
 /* The same for sum(dlogp * logp + dentropy * entropy): entropy as rx_model_logprobs returns it.
  * dentropy NULL is rx_model_backward. */
 int rx_model_backward_entropy(rx_model *m, const rx_tensor *dlogp, const rx_tensor *dentropy);
+/* The sizes the activation plan of a (B,T) forward takes (the one place they are computed; Lua's
+ * memory checks ask here): the activations' arena and the head's logits tile, in bytes, for a
+ * model of config cfg (as rx_model_get_config returns it) and opts (train, checkpoint, head
+ * chunks). Packed rows of N tokens plan as (1, N). Allocates nothing. */
+int rx_model_plan_bytes(const rx_model_config *cfg, int64_t B, int64_t T, const rx_forward_opts *opts,
+                        int64_t *activation_bytes, int64_t *head_bytes);
+/* Sizes the activation plan for a token budget once: every later forward of at most `tokens`
+ * tokens (packed rows, or B*T <= tokens padded) reuses the arena (it only grows). */
+int rx_model_reserve(rx_model *m, int64_t tokens, const rx_forward_opts *opts);
 /* Bytes held by parameters, gradients, the activation plan of the last (B,T) shape, and the
  * head's logits chunk. */
 typedef struct rx_model_memory {
@@ -393,6 +421,10 @@ int rx_model_hidden_train(rx_model *m, const rx_tensor *tokens, const rx_tensor 
  * dout [B, hidden] in the compute dtype, on the model's device; every other position's hidden
  * state gets no gradient. Adapters only when the model has LoRA adapters. */
 int rx_model_hidden_backward(rx_model *m, const int64_t *index, const rx_tensor *dout);
+/* The same over packed rows (tokens [1,N], cu_seqlens as rx_model_logprobs_packed): out [S,C]
+ * row r is the hidden state at token index[r] of packed row r (0 <= index[r] < its length). */
+int rx_model_hidden_at_packed(rx_model *m, const rx_tensor *tokens, const rx_tensor *cu_seqlens, const int64_t *index,
+                              rx_tensor *out);
 
 /* ---------------------------------------------------------------- generation */
 

@@ -33,7 +33,7 @@ int rx_model_layer(rx_model *m, int64_t l, layer_acts *a, const layer_io *io) {
   const rx_tensor *mask = io->mask;
   if (io->kv) TRY(io->kv->attend(io->kv->ctx, l, a, &keys, &values, &mask));
   if (io->kv && io->kv->attention) TRY(io->kv->attention(io->kv->ctx, l, a, &keys, &values, mask));
-  else TRY(rx_attention_forward(&a->att4, &a->lse, &a->q4, &keys, &values, mask, 0.0));
+  else TRY(rx_attention_forward_seq(&a->att4, &a->lse, &a->q4, &keys, &values, mask, io->cu_seqlens, 0.0));
   TRY(rx_model_linear_forward(m, l, RX_PROJ_O, &a->x_mid, &a->att));
   TRY(rx_add(&a->x_mid, &a->x_mid, io->x));
   /* MLP: out = x_mid + down(silu(gate(xn2)) * up(xn2)) */

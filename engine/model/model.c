@@ -308,8 +308,7 @@ static void alias(rx_tensor *t, const rx_tensor *of, int32_t ndim, int64_t d0, i
   rx_view_init(t, of->data, of->dtype, of->device, ndim, shape);
 }
 
-static void carve_plan(rx_model *m, plan *p, carver *c) {
-  const rx_model_config *cfg = &m->cfg;
+static void carve_plan(const rx_model_config *cfg, plan *p, carver *c) {
   const int64_t B = p->B, T = p->T, N = B * T, L = cfg->num_hidden_layers, C = cfg->hidden_size;
   const int64_t I = cfg->intermediate_size, H = cfg->num_attention_heads, KV = cfg->num_key_value_heads;
   const int64_t D = cfg->head_dim, dt = cfg->dtype, st = rx_model_master_dtype(cfg);   /* st: statistics */
@@ -349,6 +348,7 @@ static void carve_plan(rx_model *m, plan *p, carver *c) {
   carve(c, &p->tokens, RX_I32, 1, N, 0, 0, 0);
   carve(c, &p->mask, RX_I32, 2, B, T, 0, 0);
   carve(c, &p->positions, RX_I32, 1, N, 0, 0, 0);
+  carve(c, &p->cu, RX_I32, 1, N + 1, 0, 0, 0);   /* room for N rows of one token */
   carve(c, &p->targets, RX_I32, 1, N, 0, 0, 0);
   carve(c, &p->row_logp, st, 1, N, 0, 0, 0);
   carve(c, &p->row_lse, st, 1, N, 0, 0, 0);
@@ -379,25 +379,63 @@ static void carve_plan(rx_model *m, plan *p, carver *c) {
   }
 }
 
+/* The head's logits, ~32 MB at once (big enough for efficient GEMMs, small next to the model):
+ * tiles of up to 1024 rows (more when the whole vocabulary of that many fits) by vocabulary
+ * slices of what the budget leaves (head.c), for N rows. */
+static void head_tile(const rx_model_config *cfg, int64_t N, const rx_forward_opts *opts, int64_t *rows, int64_t *cols) {
+  const int64_t budget = 32ll << 20, es = rx_dtype_size(cfg->dtype), V = cfg->vocab_size;
+  int64_t chunk = opts && opts->head_chunk_rows > 0 ? opts->head_chunk_rows : 0;
+  if (!chunk) {
+    chunk = budget / (V * es);
+    if (chunk < 1024) chunk = 1024;
+  }
+  if (chunk > N) chunk = N;
+  int64_t c = opts && opts->head_chunk_vocab > 0 ? opts->head_chunk_vocab : budget / (chunk * es) / 16 * 16;
+  if (c < 16) c = 16;
+  if (c > V) c = V;
+  *rows = chunk;
+  *cols = c;
+}
+
+int rx_model_plan_bytes(const rx_model_config *cfg, int64_t B, int64_t T, const rx_forward_opts *opts,
+                        int64_t *activation_bytes, int64_t *head_bytes) {
+  *activation_bytes = *head_bytes = 0;
+  if (B < 1 || T < 1) return rx_fail(RX_EINVAL, "plan_bytes: B = %lld and T = %lld must be at least 1", (long long)B, (long long)T);
+  plan p;
+  memset(&p, 0, sizeof p);
+  const int32_t train = opts && opts->train, checkpoint = train && opts->checkpoint;
+  const int64_t L = cfg->num_hidden_layers;
+  p.B = B; p.T = T; p.train = train; p.checkpoint = checkpoint; p.layer_sets = train && !checkpoint ? L : 1;
+  p.res = calloc((size_t)(L + 1), sizeof *p.res);
+  p.acts = calloc((size_t)p.layer_sets, sizeof *p.acts);
+  if (!p.res || !p.acts) { free(p.res); free(p.acts); return rx_fail(RX_ENOMEM, "plan_bytes: out of memory"); }
+  carver sizing = {NULL, 0, cfg->dtype, cfg->device};
+  carve_plan(cfg, &p, &sizing);
+  free(p.res);
+  free(p.acts);
+  int64_t rows, cols;
+  head_tile(cfg, B * T, opts, &rows, &cols);
+  *activation_bytes = sizing.used;
+  *head_bytes = rows * cols * rx_dtype_size(cfg->dtype);
+  return RX_OK;
+}
+
+int rx_model_reserve(rx_model *m, int64_t tokens, const rx_forward_opts *opts) {
+  if (tokens < 1) return rx_fail(RX_EINVAL, "reserve: tokens = %lld must be at least 1", (long long)tokens);
+  const uint64_t forwards = rx_model_lora_forward_count(m);   /* planning is no forward: dropout masks stay */
+  const int rc = rx_model_plan(m, 1, tokens, opts);
+  rx_model_lora_set_forward_count(m, forwards);
+  return rc;
+}
+
 /* Plans activations for (B, T, mode); reuses the arena when the shape and mode are unchanged
  * (the usual case: every step has the same shape), and grows it otherwise. */
 int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts) {
   plan *p = &m->plan;
   const int32_t train = opts && opts->train, checkpoint = train && opts->checkpoint;
-  const int64_t L = m->cfg.num_hidden_layers, V = m->cfg.vocab_size;
-  /* The head's logits, ~32 MB at once (big enough for efficient GEMMs, small next to the
-   * model): tiles of up to 1024 rows (more when the whole vocabulary of that many fits) by
-   * vocabulary slices of what the budget leaves (head.c). */
-  const int64_t budget = 32ll << 20, es = rx_dtype_size(m->cfg.dtype);
-  int64_t chunk = opts && opts->head_chunk_rows > 0 ? opts->head_chunk_rows : 0, cols;
-  if (!chunk) {
-    chunk = budget / (V * es);
-    if (chunk < 1024) chunk = 1024;
-  }
-  if (chunk > B * T) chunk = B * T;
-  cols = opts && opts->head_chunk_vocab > 0 ? opts->head_chunk_vocab : budget / (chunk * es) / 16 * 16;
-  if (cols < 16) cols = 16;
-  if (cols > V) cols = V;
+  const int64_t L = m->cfg.num_hidden_layers, es = rx_dtype_size(m->cfg.dtype);
+  int64_t chunk, cols;
+  head_tile(&m->cfg, B * T, opts, &chunk, &cols);
   const int64_t sets = train && !checkpoint ? L : 1;
   if (train) rx_lora_begin_train_forward(m);   /* a new dropout mask per train forward */
   if (p->arena && p->B == B && p->T == T && p->train == train && p->checkpoint == checkpoint && p->head_rows == chunk &&
@@ -416,7 +454,7 @@ int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts
   p->res = calloc((size_t)(L + 1), sizeof *p->res);
   p->acts = calloc((size_t)sets, sizeof *p->acts);
   if (dev != RX_CPU) {
-    p->h_tokens = malloc(sizeof(int32_t) * (size_t)(4 * B * T));
+    p->h_tokens = malloc(sizeof(int32_t) * (size_t)(5 * B * T + 1));
     p->host = malloc((size_t)(4 * B * T) * (size_t)rx_dtype_size(rx_model_master_dtype(&m->cfg)));
   }
   if (!p->res || !p->acts || (dev != RX_CPU && (!p->h_tokens || !p->host))) {
@@ -426,7 +464,7 @@ int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts
     return rx_fail(RX_ENOMEM, "out of memory for the activation plan");
   }
   carver sizing = {NULL, 0, m->cfg.dtype, dev};
-  carve_plan(m, p, &sizing);
+  carve_plan(&m->cfg, p, &sizing);
   if (sizing.used > capacity) {
     rx_arena_free(dev, old_arena, arena_handle);
     old_arena = rx_arena_alloc(dev, (size_t)sizing.used, "activations", 0, &arena_handle);
@@ -443,17 +481,19 @@ int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts
   p->capacity = capacity;
   p->bytes = sizing.used;
   carver real = {p->arena, 0, m->cfg.dtype, dev};
-  carve_plan(m, p, &real);
+  carve_plan(&m->cfg, p, &real);
   if (dev == RX_CPU) {
     p->h_tokens = p->tokens.data;
     p->h_mask = p->mask.data;
     p->h_positions = p->positions.data;
     p->h_targets = p->targets.data;
+    p->h_cu = p->cu.data;
   } else {
     const int64_t N = B * T;
     p->h_mask = p->h_tokens + N;
     p->h_positions = p->h_tokens + 2 * N;
     p->h_targets = p->h_tokens + 3 * N;
+    p->h_cu = p->h_tokens + 4 * N;
   }
   const int64_t head_bytes = chunk * cols * es;
   if (head_bytes > head_cap) {
@@ -479,7 +519,8 @@ static rx_tensor *G(rx_model *m, int64_t i) { return i >= 0 && !m->lora ? &m->gr
 
 int rx_model_layer_forward(rx_model *m, int64_t l, layer_acts *a, int write_output) {
   plan *p = &m->plan;
-  const layer_io io = {&p->res[l], write_output ? &p->res[l + 1] : NULL, &p->positions, &p->mask, NULL};
+  const layer_io io = {&p->res[l], write_output ? &p->res[l + 1] : NULL, &p->positions, rx_plan_mask(p), NULL,
+                       rx_plan_cu(p)};
   return rx_model_layer(m, l, a, &io);
 }
 
@@ -502,6 +543,7 @@ int rx_model_set_inputs(rx_model *m, const int32_t *in_tok, const int32_t *in_ma
   plan *p = &m->plan;
   const int64_t B = p->B, T = p->T;
   int32_t *tok = p->h_tokens, *msk = p->h_mask, *pos = p->h_positions, *tgt = p->h_targets;
+  p->S = 0;
   for (int64_t b = 0; b < B; b++) {
     int32_t count = 0;
     for (int64_t t = 0; t < T; t++) {
@@ -533,12 +575,36 @@ int rx_model_shift_positions(rx_model *m, const int32_t *offset) {
   return send(&p->positions, p->h_positions);
 }
 
+int rx_model_set_packed_inputs(rx_model *m, const int32_t *in_tok, const int32_t *cu, int64_t S) {
+  plan *p = &m->plan;
+  const int64_t N = p->B * p->T;
+  int32_t *tok = p->h_tokens, *msk = p->h_mask, *pos = p->h_positions, *tgt = p->h_targets;
+  for (int64_t r = 0; r < S; r++)
+    for (int64_t i = cu[r]; i < cu[r + 1]; i++) {
+      msk[i] = 1;
+      tok[i] = in_tok[i];
+      pos[i] = (int32_t)(i - cu[r]);
+      tgt[i] = i + 1 < cu[r + 1] ? in_tok[i + 1] : -1;
+    }
+  if (cu[S] != N) return rx_fail(RX_EINVAL, "packed inputs: %d tokens in the rows, the plan holds %lld", cu[S], (long long)N);
+  memcpy(p->h_cu, cu, sizeof(int32_t) * (size_t)(S + 1));
+  p->S = S;
+  const int64_t n1[1] = {S + 1};
+  rx_view_init(&p->cu, p->cu.data, RX_I32, m->cfg.device, 1, n1);
+  if (m->cfg.device == RX_CPU) return RX_OK;
+  TRY(send(&p->tokens, tok));
+  TRY(send(&p->mask, msk));
+  TRY(send(&p->positions, pos));
+  TRY(send(&p->cu, p->h_cu));
+  return send(&p->targets, tgt);
+}
+
 int rx_model_forward_hidden(rx_model *m, const layer_kv *kv) {
   plan *p = &m->plan;
   const int64_t L = m->cfg.num_hidden_layers;
   TRY(rx_embedding_forward(&p->res[0], &p->tokens, rx_model_w(m, m->embed)));
   for (int64_t l = 0; l < L; l++) {
-    const layer_io io = {&p->res[l], &p->res[l + 1], &p->positions, &p->mask, kv};
+    const layer_io io = {&p->res[l], &p->res[l + 1], &p->positions, rx_plan_mask(p), kv, rx_plan_cu(p)};
     TRY(rx_model_layer(m, l, &p->acts[p->layer_sets == L ? l : 0], &io));
   }
   return rx_rmsnorm_forward(&p->xf, &p->rstdf, &p->res[L], rx_model_w(m, m->final_norm), m->cfg.rms_norm_eps);
@@ -569,26 +635,27 @@ int rx_model_check_tokens(rx_model *m, const rx_tensor *tokens, const rx_tensor 
   return RX_OK;
 }
 
-int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, rx_tensor *logp,
-                      rx_tensor *entropy, const rx_forward_opts *opts) {
-  int64_t B = 0, T = 0;
+/* The shapes of logp and entropy ([B,T] in the statistics dtype) for tokens [B,T]. */
+static int check_outputs(rx_model *m, int64_t B, int64_t T, const rx_tensor *logp, const rx_tensor *entropy) {
   char a[96];
-  TRY(rx_model_check_tokens(m, tokens, mask, &B, &T));
   const int32_t st = rx_model_master_dtype(&m->cfg);   /* f32 for a bf16 model */
   if (rx_check_tensor(logp, "logprobs", "logp", 2) || logp->shape[0] != B || logp->shape[1] != T || logp->dtype != st)
     return rx_fail(RX_EINVAL, "logprobs: logp must be %s [%lld,%lld], got %s %s", rx_dtype_name(st),
                    (long long)B, (long long)T, rx_dtype_name(logp->dtype), rx_shape_str(logp, a, sizeof a));
   if (entropy && (rx_check_tensor(entropy, "logprobs", "entropy", 2) || entropy->numel != B * T || entropy->dtype != st))
     return rx_fail(RX_EINVAL, "logprobs: entropy must be %s [%lld,%lld]", rx_dtype_name(st), (long long)B, (long long)T);
-  TRY(rx_model_plan(m, B, T, opts));
-  plan *p = &m->plan;
-  const int es = (int)rx_dtype_size(st);
+  return RX_OK;
+}
 
-  TRY(rx_model_refresh_work(m));
-  TRY(rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL));
+/* The forward of the planned batch (inputs set) and its per-token outputs: logp[i] (and
+ * entropy[i]) from head row i-1 when that row has a target, else 0. */
+static int logprobs_run(rx_model *m, rx_tensor *logp, rx_tensor *entropy) {
+  plan *p = &m->plan;
+  const int32_t st = rx_model_master_dtype(&m->cfg);
+  const int es = (int)rx_dtype_size(st);
   TRY(rx_model_forward_hidden(m, NULL));
   const int32_t *tgt = p->h_targets;
-  const int64_t N = B * T;
+  const int64_t B = p->B, T = p->T, N = B * T;
 
   TRY(rx_model_head_forward(m));
   /* the head's rows on the host (a device model's through host room), and the outputs' host side */
@@ -623,6 +690,48 @@ int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mas
   return RX_OK;
 }
 
+int rx_model_logprobs(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, rx_tensor *logp,
+                      rx_tensor *entropy, const rx_forward_opts *opts) {
+  int64_t B = 0, T = 0;
+  TRY(rx_model_check_tokens(m, tokens, mask, &B, &T));
+  TRY(check_outputs(m, B, T, logp, entropy));
+  TRY(rx_model_plan(m, B, T, opts));
+  TRY(rx_model_refresh_work(m));
+  TRY(rx_model_set_inputs(m, tokens->data, mask ? mask->data : NULL));
+  return logprobs_run(m, logp, entropy);
+}
+
+int rx_model_check_cu_seqlens(const rx_tensor *cu, int64_t N, const char *op) {
+  char a[96];
+  if (rx_check_tensor(cu, op, "cu_seqlens", 1)) return RX_EINVAL;
+  if (cu->dtype != RX_I32 || cu->device != RX_CPU || cu->shape[0] < 2)
+    return rx_fail(RX_EINVAL, "%s: cu_seqlens must be a cpu i32 [S+1] tensor with S >= 1 rows, got %s %s", op,
+                   rx_dtype_name(cu->dtype), rx_shape_str(cu, a, sizeof a));
+  const int32_t *c = cu->data;
+  const int64_t S = cu->shape[0] - 1;
+  if (c[0] != 0 || c[S] != N)
+    return rx_fail(RX_EINVAL, "%s: cu_seqlens runs from %d to %d, expected 0 to the %lld tokens", op, c[0], c[S], (long long)N);
+  for (int64_t r = 0; r < S; r++)
+    if (c[r + 1] <= c[r])
+      return rx_fail(RX_EINVAL, "%s: row %lld of cu_seqlens is empty or negative ([%d, %d)): every packed row needs a token",
+                     op, (long long)r, c[r], c[r + 1]);
+  return RX_OK;
+}
+
+int rx_model_logprobs_packed(rx_model *m, const rx_tensor *tokens, const rx_tensor *cu_seqlens, rx_tensor *logp,
+                             rx_tensor *entropy, const rx_forward_opts *opts) {
+  int64_t B = 0, T = 0;
+  char a[96];
+  TRY(rx_model_check_tokens(m, tokens, NULL, &B, &T));
+  if (B != 1) return rx_fail(RX_EINVAL, "logprobs_packed: tokens %s must be [1,N], the rows end to end", rx_shape_str(tokens, a, sizeof a));
+  TRY(rx_model_check_cu_seqlens(cu_seqlens, T, "logprobs_packed"));
+  TRY(check_outputs(m, B, T, logp, entropy));
+  TRY(rx_model_plan(m, B, T, opts));
+  TRY(rx_model_refresh_work(m));
+  TRY(rx_model_set_packed_inputs(m, tokens->data, cu_seqlens->data, cu_seqlens->shape[0] - 1));
+  return logprobs_run(m, logp, entropy);
+}
+
 /* ------------------------------------------------------------------ backward */
 
 /* Gradients of layer l given dx = dL/d res[l+1]; leaves dL/d res[l] in dx. */
@@ -640,7 +749,8 @@ static int layer_backward(rx_model *m, int64_t l, layer_acts *a) {
   TRY(rx_add(&p->dx, &p->dx, &p->dtmp));
   /* attention: x_mid = x + o(attention(rope(q), rope(k), v)) */
   TRY(rx_model_linear_backward(m, l, RX_PROJ_O, &p->datt, &p->dx, &a->att));
-  TRY(rx_attention_backward(&p->dq4, &p->dk4, &p->dv4, &p->datt4, &a->q4, &a->k4, &a->v4, &a->att4, &a->lse, &p->mask, 0.0));
+  TRY(rx_attention_backward_seq(&p->dq4, &p->dk4, &p->dv4, &p->datt4, &a->q4, &a->k4, &a->v4, &a->att4, &a->lse,
+                                rx_plan_mask(p), rx_plan_cu(p), 0.0));
   TRY(rx_rope_backward_freq(&p->dq4, &p->dq4, &p->positions, m->inv_freq));
   TRY(rx_rope_backward_freq(&p->dk4, &p->dk4, &p->positions, m->inv_freq));
   if (m->cfg.qk_norm) {   /* weight gradients first: the input gradient then overwrites dq / dk in place */

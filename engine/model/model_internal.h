@@ -25,6 +25,12 @@ typedef struct plan {
   layer_acts *acts;          /* layer_sets of them */
   rx_tensor xf, rstdf;       /* final norm output and its rstd */
   rx_tensor tokens, mask, positions, targets, row_logp, row_lse, row_entropy, row_dlogp, row_dentropy;
+  /* Packed rows (padding-free training; B = 1, T = N tokens): S > 0 rows end to end, their
+   * boundaries cu [S+1] (carved with room for N+1), attention within each row, positions
+   * restarting at each row. S = 0: the padded [B,T] layout with mask. */
+  rx_tensor cu;
+  int64_t S;
+  int32_t *h_cu;
   rx_tensor head_max, head_sum, head_sz;   /* the head's running max and sums per row (head.c) */
   /* backward scratch */
   rx_tensor dx, dxn, dtmp, dh, dgate, dup, datt, datt4, dq, dk, dv, dq4, dk4, dv4, dxf, dq_rows, dk_rows;
@@ -109,6 +115,7 @@ typedef struct layer_io {
   const rx_tensor *positions;  /* i32 [N]: RoPE positions */
   const rx_tensor *mask;       /* i32 [B, Tk]: the keys each query row may see (besides causality) */
   const layer_kv *kv;          /* NULL: attend to this call's own keys and values */
+  const rx_tensor *cu_seqlens; /* packed rows' boundaries [S+1] (B = 1), or NULL: each batch row one row */
 } layer_io;
 
 /* The decoder layer, written once for training, prefill and decoding (layer.c): pre-norm
@@ -126,6 +133,12 @@ int rx_model_set_inputs(rx_model *m, const int32_t *tokens, const int32_t *mask)
 /* After rx_model_set_inputs: row b's RoPE positions start at offset[b] instead of 0 (a batch that
  * continues rows whose earlier tokens sit in a KV cache, generate.c's rx_generate_continue). */
 int rx_model_shift_positions(rx_model *m, const int32_t *offset);
+/* The same for S packed rows of a [1, N] plan: tokens [N], boundaries cu [S+1] (checked by the
+ * caller): positions restart at each row, no target crosses a boundary. */
+int rx_model_set_packed_inputs(rx_model *m, const int32_t *tokens, const int32_t *cu, int64_t S);
+/* The attention's mask and boundaries of the planned batch (one of them NULL). */
+static inline const rx_tensor *rx_plan_mask(const plan *p) { return p->S ? NULL : &p->mask; }
+static inline const rx_tensor *rx_plan_cu(const plan *p) { return p->S ? &p->cu : NULL; }
 /* Embedding, every layer (with the KV-cache hook kv when given), final norm into xf. */
 int rx_model_forward_hidden(rx_model *m, const layer_kv *kv);
 int rx_model_backward_trunk(rx_model *m);   /* dL/d plan.dxf -> the parameters' gradients */
@@ -163,6 +176,8 @@ int64_t rx_lora_grad_bytes(const rx_model *m);
 int rx_model_head_forward(rx_model *m);
 int rx_model_head_backward(rx_model *m, int with_entropy);
 
+/* cu_seqlens is a cpu i32 [S+1] tensor of rows of at least one token from 0 to N; op names the caller. */
+int rx_model_check_cu_seqlens(const rx_tensor *cu, int64_t N, const char *op);
 int rx_model_check_tokens(rx_model *m, const rx_tensor *tokens, const rx_tensor *mask, int64_t *B, int64_t *T);
 
 #endif

@@ -2,6 +2,7 @@
  * The contract is in remax.h and docs/attention.md; the CPU kernels are in cpu/attention.inc. */
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 #include "ops.h"
 #include "cpu/attention.h"
 
@@ -80,6 +81,52 @@ static int check_inputs(const char *op, const rx_tensor *q, const rx_tensor *k, 
   return RX_OK;
 }
 
+/* The packed rows' boundaries: i32 [S+1] on q's device, 0 = cu[0] <= cu[1] <= ... <= cu[S] = Tq,
+ * with B = 1 and Tq = Tk (the rows lie end to end along the time axis). A device tensor is
+ * read back once to check it (S+1 integers). Fills dims->cu_seqlens with a host pointer for
+ * the CPU kernel (the tensor's own data) or the device pointer for CUDA, and dims->S. */
+static _Thread_local int32_t *cu_host;
+static _Thread_local int64_t cu_host_cap;
+
+static int check_cu_seqlens(const char *op, const rx_tensor *cu, const rx_tensor *q, rx_attn_dims *dims) {
+  char a[96], b[96];
+  dims->cu_seqlens = NULL;
+  dims->S = 0;
+  if (!cu) return RX_OK;
+  if (rx_check_tensor(cu, op, "cu_seqlens", 1)) return RX_EINVAL;
+  if (cu->dtype != RX_I32) return rx_fail(RX_EINVAL, "%s: cu_seqlens has dtype %s, expected i32", op, rx_dtype_name(cu->dtype));
+  if (cu->device != q->device)
+    return rx_fail(RX_EINVAL, "%s: cu_seqlens is on device %d, expected %d (q's)", op, cu->device, q->device);
+  if (cu->shape[0] < 2) return rx_fail(RX_EINVAL, "%s: cu_seqlens has shape %s, expected [S+1] with S >= 1", op, rx_shape_str(cu, a, sizeof a));
+  if (dims->B != 1 || dims->Tq != dims->Tk)
+    return rx_fail(RX_EINVAL, "%s: packed rows (cu_seqlens) need q [1,N,H,D] and k [1,N,KV,D], got q %s", op,
+                   rx_shape_str(q, b, sizeof b));
+  const int64_t n = cu->shape[0];
+  const int32_t *h = cu->data;
+  if (cu->device != RX_CPU) {
+    if (n > cu_host_cap) {
+      free(cu_host);
+      cu_host = malloc(sizeof(int32_t) * (size_t)n);
+      cu_host_cap = cu_host ? n : 0;
+      if (!cu_host) return rx_fail(RX_ENOMEM, "%s: out of memory for %lld cu_seqlens", op, (long long)n);
+    }
+    rx_tensor hv;
+    rx_view_init(&hv, cu_host, RX_I32, RX_CPU, 1, cu->shape);
+    if (rx_tensor_copy(&hv, cu)) return rx_fail_context(RX_EDEVICE, "%s: cu_seqlens", op);
+    h = cu_host;
+  }
+  if (h[0] != 0 || h[n - 1] != dims->Tq)
+    return rx_fail(RX_EINVAL, "%s: cu_seqlens runs from %d to %d, expected 0 to N = %lld (the tokens of q %s)", op, h[0],
+                   h[n - 1], (long long)dims->Tq, rx_shape_str(q, b, sizeof b));
+  for (int64_t r = 0; r + 1 < n; r++)
+    if (h[r + 1] < h[r])
+      return rx_fail(RX_EINVAL, "%s: cu_seqlens[%lld] = %d is less than cu_seqlens[%lld] = %d (boundaries must not decrease)",
+                     op, (long long)(r + 1), h[r + 1], (long long)r, h[r]);
+  dims->cu_seqlens = cu->data;
+  dims->S = n - 1;
+  return RX_OK;
+}
+
 /* The kernels' transient scratch (scores of one tile per thread, Delta for the backward). It is
  * kept between calls and only grows: attention runs once per layer per step (and per decoded
  * token), and a fresh large allocation each time costs page faults that showed in profiles. */
@@ -114,15 +161,27 @@ static int check_lse(const rx_tensor *lse, const char *op, const rx_tensor *q) {
 static const rx_cuda_attn_dims *cuda_dims(const rx_attn_dims *d) {
   static _Thread_local rx_cuda_attn_dims c;
   c = (rx_cuda_attn_dims){.B = d->B, .Tq = d->Tq, .Tk = d->Tk, .H = d->H, .KV = d->KV, .D = d->D,
-                          .k_batch_stride = d->k_batch_stride, .v_batch_stride = d->v_batch_stride, .scale = d->scale};
+                          .k_batch_stride = d->k_batch_stride, .v_batch_stride = d->v_batch_stride, .scale = d->scale,
+                          .cu_seqlens = d->cu_seqlens, .S = d->S};
   return &c;
 }
 
 int rx_attention_forward(rx_tensor *out, rx_tensor *lse, const rx_tensor *q, const rx_tensor *k,
                          const rx_tensor *v, const rx_tensor *mask, double scale) {
+  return rx_attention_forward_seq(out, lse, q, k, v, mask, NULL, scale);
+}
+
+int rx_attention_backward(rx_tensor *dq, rx_tensor *dk, rx_tensor *dv, const rx_tensor *dout,
+                          const rx_tensor *q, const rx_tensor *k, const rx_tensor *v,
+                          const rx_tensor *out, const rx_tensor *lse, const rx_tensor *mask, double scale) {
+  return rx_attention_backward_seq(dq, dk, dv, dout, q, k, v, out, lse, mask, NULL, scale);
+}
+
+int rx_attention_forward_seq(rx_tensor *out, rx_tensor *lse, const rx_tensor *q, const rx_tensor *k,
+                             const rx_tensor *v, const rx_tensor *mask, const rx_tensor *cu_seqlens, double scale) {
   const char *op = "attention_forward";
   rx_attn_dims dims;
-  if (check_inputs(op, q, k, v, mask, scale, &dims)) return RX_EINVAL;
+  if (check_inputs(op, q, k, v, mask, scale, &dims) || check_cu_seqlens(op, cu_seqlens, q, &dims)) return RX_EINVAL;
   if (check_like_q(out, op, "out", q) || check_lse(lse, op, q)) return RX_EINVAL;
   const int32_t *keep = mask ? mask->data : NULL;
   rx_note_write(out); rx_note_write(lse);
@@ -138,7 +197,7 @@ int rx_attention_forward(rx_tensor *out, rx_tensor *lse, const rx_tensor *q, con
       return RX_OK;
     }
     case RX_CUDA:   /* a decode step (one query per row): split along the cache (cuda/decode_attention.cu) */
-      if (dims.Tq == 1 && dims.H / dims.KV <= RX_CUDA_DECODE_MAX_GROUP)
+      if (dims.Tq == 1 && !dims.cu_seqlens && dims.H / dims.KV <= RX_CUDA_DECODE_MAX_GROUP)
         return rx_cuda_decode_attention(out->data, lse->data, q->data, k->data, v->data, keep, cuda_dims(&dims), q->dtype);
       return rx_cuda_attention_forward(out->data, lse->data, q->data, k->data, v->data, keep, cuda_dims(&dims), q->dtype);
     default:
@@ -146,12 +205,13 @@ int rx_attention_forward(rx_tensor *out, rx_tensor *lse, const rx_tensor *q, con
   }
 }
 
-int rx_attention_backward(rx_tensor *dq, rx_tensor *dk, rx_tensor *dv, const rx_tensor *dout,
-                          const rx_tensor *q, const rx_tensor *k, const rx_tensor *v,
-                          const rx_tensor *out, const rx_tensor *lse, const rx_tensor *mask, double scale) {
+int rx_attention_backward_seq(rx_tensor *dq, rx_tensor *dk, rx_tensor *dv, const rx_tensor *dout,
+                              const rx_tensor *q, const rx_tensor *k, const rx_tensor *v,
+                              const rx_tensor *out, const rx_tensor *lse, const rx_tensor *mask,
+                              const rx_tensor *cu_seqlens, double scale) {
   const char *op = "attention_backward";
   rx_attn_dims dims;
-  if (check_inputs(op, q, k, v, mask, scale, &dims)) return RX_EINVAL;
+  if (check_inputs(op, q, k, v, mask, scale, &dims) || check_cu_seqlens(op, cu_seqlens, q, &dims)) return RX_EINVAL;
   if (check_like_q(dout, op, "dout", q) || check_like_q(out, op, "out", q) || check_lse(lse, op, q)) return RX_EINVAL;
   if (dq && check_like_q(dq, op, "dq", q)) return RX_EINVAL;
   /* dk and dv are contiguous [B,Tk,KV,D] even when k and v are strided cache views. */

@@ -1,6 +1,7 @@
 /* test_attention.c: causal grouped-query attention against a plain reference (materialised
  * scores, mask, softmax, weighted sum), its backward against central finite differences in
- * float64, sentinel-guarded outputs, thread-count independence, and the argument errors. */
+ * float64, sentinel-guarded outputs, thread-count independence, and the argument errors; packed
+ * rows (cu_seqlens) against each row alone and against finite differences. */
 #include <omp.h>
 #include "check.h"
 
@@ -410,6 +411,177 @@ static void bad_arguments_fail_with_names(void) {
   for (size_t j = 0; j < sizeof all / sizeof all[0]; j++) rx_tensor_free(all[j]);
 }
 
+/* ---------------------------------------------------------------- packed rows (cu_seqlens) */
+
+/* S rows of the given lengths end to end: q [1,N,H,D], k, v [1,N,KV,D], cu [S+1]. */
+typedef struct {
+  int64_t S, N, H, KV, D;
+  int32_t dtype;
+  const int64_t *len;
+  rx_tensor *q, *k, *v, *cu, *R;
+  guarded out, lse;
+} packed;
+
+static packed make_packed(const int64_t *len, int64_t S, int64_t H, int64_t KV, int64_t D, int32_t dtype, uint64_t seed) {
+  packed p = {.S = S, .H = H, .KV = KV, .D = D, .dtype = dtype, .len = len};
+  for (int64_t r = 0; r < S; r++) p.N += len[r];
+  int64_t qs[4] = {1, p.N, H, D}, ks[4] = {1, p.N, KV, D}, ls[3] = {1, H, p.N}, cs[1] = {S + 1};
+  CHECK_OK(rx_tensor_new(&p.q, dtype, RX_CPU, 4, qs));
+  CHECK_OK(rx_tensor_new(&p.k, dtype, RX_CPU, 4, ks));
+  CHECK_OK(rx_tensor_new(&p.v, dtype, RX_CPU, 4, ks));
+  CHECK_OK(rx_tensor_new(&p.R, dtype, RX_CPU, 4, qs));
+  CHECK_OK(rx_tensor_new(&p.cu, RX_I32, RX_CPU, 1, cs));
+  CHECK_OK(rx_tensor_normal(p.q, seed, 0, 0, 1));
+  CHECK_OK(rx_tensor_normal(p.k, seed, 1u << 20, 0, 1));
+  CHECK_OK(rx_tensor_normal(p.v, seed, 2u << 20, 0, 1));
+  CHECK_OK(rx_tensor_normal(p.R, seed, 3u << 20, 0, 1));
+  int32_t *cu = p.cu->data;
+  cu[0] = 0;
+  for (int64_t r = 0; r < S; r++) cu[r + 1] = cu[r] + (int32_t)len[r];
+  p.out = guarded_new(dtype, 4, qs);
+  p.lse = guarded_new(dtype, 3, ls);
+  rx_tensor_fill(p.out.t, 7);
+  rx_tensor_fill(p.lse.t, 7);
+  return p;
+}
+
+static void free_packed(packed *p) {
+  CHECK(guarded_free(p->out) && guarded_free(p->lse), "packed out / lse sentinels overwritten");
+  rx_tensor_free(p->q); rx_tensor_free(p->k); rx_tensor_free(p->v); rx_tensor_free(p->cu); rx_tensor_free(p->R);
+}
+
+static double packed_loss(packed *p, double *buf_out, double *buf_r) {
+  CHECK_OK(rx_attention_forward_seq(p->out.t, p->lse.t, p->q, p->k, p->v, NULL, p->cu, 0));
+  rx_tensor_read_f64(p->out.t, buf_out);
+  rx_tensor_read_f64(p->R, buf_r);
+  double l = 0;
+  for (int64_t j = 0; j < p->R->numel; j++) l += buf_out[j] * buf_r[j];
+  return l;
+}
+
+/* Packed rows against each row alone: forward against the double reference of that row; the
+ * backward against the backward of that row run as a [1,len] batch (itself checked against
+ * finite differences above). Rows cross tile boundaries (64) and include one-token rows. */
+static void check_packed_case(const int64_t *len, int64_t S, int64_t H, int64_t KV, int64_t D, int32_t dtype,
+                              const char *label) {
+  packed p = make_packed(len, S, H, KV, D, dtype, 500 + (uint64_t)S);
+  const int64_t N = p.N, qs[4] = {1, N, H, D}, ks[4] = {1, N, KV, D};
+  guarded dq = guarded_new(dtype, 4, qs), dk = guarded_new(dtype, 4, ks), dv = guarded_new(dtype, 4, ks);
+  rx_tensor_fill(dq.t, 7); rx_tensor_fill(dk.t, 7); rx_tensor_fill(dv.t, 7);
+  CHECK_OK(rx_attention_forward_seq(p.out.t, p.lse.t, p.q, p.k, p.v, NULL, p.cu, 0));
+  CHECK_OK(rx_attention_backward_seq(dq.t, dk.t, dv.t, p.R, p.q, p.k, p.v, p.out.t, p.lse.t, NULL, p.cu, 0));
+  double *all[10];
+  const int64_t nq = N * H * D, nk = N * KV * D;
+  const int64_t sizes[10] = {nq, nk, nk, nq, nq, N * H, nq, nk, nk, nq};
+  for (int j = 0; j < 10; j++) all[j] = malloc((size_t)sizes[j] * sizeof(double));
+  rx_tensor_read_f64(p.q, all[0]); rx_tensor_read_f64(p.k, all[1]); rx_tensor_read_f64(p.v, all[2]);
+  rx_tensor_read_f64(p.out.t, all[3]); rx_tensor_read_f64(p.R, all[4]); rx_tensor_read_f64(p.lse.t, all[5]);
+  rx_tensor_read_f64(dq.t, all[6]); rx_tensor_read_f64(dk.t, all[7]); rx_tensor_read_f64(dv.t, all[8]);
+  const double tol = dtype == RX_F64 ? 1e-12 : 1e-5;
+  int64_t a = 0;
+  for (int64_t r = 0; r < S; r++) {
+    const int64_t L = len[r];
+    shape s = {1, L, L, H, KV, D};
+    double *ro = malloc((size_t)(L * H * D) * sizeof(double)), *rl = malloc((size_t)(L * H) * sizeof(double));
+    double *pl = malloc((size_t)(L * H) * sizeof(double));
+    reference_forward(ro, rl, all[0] + a * H * D, all[1] + a * KV * D, all[2] + a * KV * D, NULL, s, 1.0 / sqrt((double)D));
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t i = 0; i < L; i++) pl[h * L + i] = all[5][h * N + a + i];
+    double eo = check_nrmse(all[3] + a * H * D, ro, L * H * D), el = check_nrmse(pl, rl, L * H);
+    CHECK(eo < tol && el < tol, "%s: row %lld (length %lld): out nrmse %.3g, lse nrmse %.3g against the reference",
+          label, (long long)r, (long long)L, eo, el);
+    /* the row alone, as a batch of one */
+    rx_tensor *qv, *kv, *vv, *Rv, *lo, *ll, *gq, *gk, *gv;
+    const int64_t rq[4] = {1, L, H, D}, rk[4] = {1, L, KV, D}, rls[3] = {1, H, L};
+    CHECK_OK(rx_tensor_narrow(&qv, p.q, 1, a, L));
+    CHECK_OK(rx_tensor_narrow(&kv, p.k, 1, a, L));
+    CHECK_OK(rx_tensor_narrow(&vv, p.v, 1, a, L));
+    CHECK_OK(rx_tensor_narrow(&Rv, p.R, 1, a, L));
+    CHECK_OK(rx_tensor_new(&lo, dtype, RX_CPU, 4, rq));
+    CHECK_OK(rx_tensor_new(&ll, dtype, RX_CPU, 3, rls));
+    CHECK_OK(rx_tensor_new(&gq, dtype, RX_CPU, 4, rq));
+    CHECK_OK(rx_tensor_new(&gk, dtype, RX_CPU, 4, rk));
+    CHECK_OK(rx_tensor_new(&gv, dtype, RX_CPU, 4, rk));
+    CHECK_OK(rx_attention_forward(lo, ll, qv, kv, vv, NULL, 0));
+    CHECK_OK(rx_attention_backward(gq, gk, gv, Rv, qv, kv, vv, lo, ll, NULL, 0));
+    double *b1 = malloc((size_t)(L * H * D) * sizeof(double)), *b2 = malloc((size_t)(L * KV * D) * sizeof(double));
+    double *b3 = malloc((size_t)(L * KV * D) * sizeof(double));
+    rx_tensor_read_f64(gq, b1); rx_tensor_read_f64(gk, b2); rx_tensor_read_f64(gv, b3);
+    double e1 = check_nrmse(all[6] + a * H * D, b1, L * H * D), e2 = check_nrmse(all[7] + a * KV * D, b2, L * KV * D);
+    double e3 = check_nrmse(all[8] + a * KV * D, b3, L * KV * D);
+    CHECK(e1 < tol && e2 < tol && e3 < tol, "%s: row %lld (length %lld): dq, dk, dv nrmse %.3g %.3g %.3g against the row alone",
+          label, (long long)r, (long long)L, e1, e2, e3);
+    rx_tensor *tf[] = {qv, kv, vv, Rv, lo, ll, gq, gk, gv};
+    for (size_t j = 0; j < sizeof tf / sizeof tf[0]; j++) rx_tensor_free(tf[j]);
+    free(ro); free(rl); free(pl); free(b1); free(b2); free(b3);
+    a += L;
+  }
+  CHECK(guarded_free(dq) && guarded_free(dk) && guarded_free(dv), "%s: packed dq/dk/dv sentinels overwritten", label);
+  for (int j = 0; j < 10; j++) free(all[j]);
+  free_packed(&p);
+}
+
+static void packed_rows_match_each_row_alone(void) {
+  const int64_t a[] = {5, 1, 70, 3, 130, 64}, b[] = {1}, c[] = {200, 2, 65};
+  check_packed_case(a, 6, 4, 2, 8, RX_F64, "f64 GQA 4/2, rows 5 1 70 3 130 64");
+  check_packed_case(a, 6, 4, 2, 8, RX_F32, "f32 GQA 4/2, rows 5 1 70 3 130 64");
+  check_packed_case(b, 1, 2, 1, 4, RX_F64, "f64 one row of one token");
+  check_packed_case(c, 3, 4, 1, 16, RX_F32, "f32 GQA 4/1, rows 200 2 65");
+}
+
+/* The packed backward against central differences of L = sum(out * R) in float64. */
+static void packed_backward_matches_finite_differences(void) {
+  const int64_t len[] = {3, 1, 6, 2};
+  packed p = make_packed(len, 4, 4, 2, 4, RX_F64, 31);
+  const int64_t qs[4] = {1, p.N, p.H, p.D}, ks[4] = {1, p.N, p.KV, p.D};
+  guarded g[3] = {guarded_new(RX_F64, 4, qs), guarded_new(RX_F64, 4, ks), guarded_new(RX_F64, 4, ks)};
+  CHECK_OK(rx_attention_forward_seq(p.out.t, p.lse.t, p.q, p.k, p.v, NULL, p.cu, 0));
+  CHECK_OK(rx_attention_backward_seq(g[0].t, g[1].t, g[2].t, p.R, p.q, p.k, p.v, p.out.t, p.lse.t, NULL, p.cu, 0));
+  rx_tensor *in[3] = {p.q, p.k, p.v};
+  const char *names[3] = {"q", "k", "v"};
+  double *bo = malloc((size_t)p.R->numel * sizeof(double)), *br = malloc((size_t)p.R->numel * sizeof(double));
+  for (int w = 0; w < 3; w++) {
+    double worst = 0, h = 1e-5;
+    int64_t at = -1;
+    for (int64_t j = 0; j < in[w]->numel; j++) {
+      double x, gr;
+      rx_tensor_get(in[w], j, &x);
+      rx_tensor_set(in[w], j, x + h);
+      const double lp = packed_loss(&p, bo, br);
+      rx_tensor_set(in[w], j, x - h);
+      const double lm = packed_loss(&p, bo, br);
+      rx_tensor_set(in[w], j, x);
+      rx_tensor_get(g[w].t, j, &gr);
+      const double fd = (lp - lm) / (2 * h), e = fabs(fd - gr) / fmax(1, fabs(fd));
+      if (e > worst) { worst = e; at = j; }
+    }
+    CHECK(worst < 1e-7, "packed: d%s[%lld] differs from finite differences by %.3g", names[w], (long long)at, worst);
+    CHECK(guarded_free(g[w]), "packed d%s sentinels overwritten", names[w]);
+  }
+  free(bo); free(br);
+  free_packed(&p);
+}
+
+static void packed_bad_boundaries_fail_with_names(void) {
+  const int64_t len[] = {3, 4};
+  packed p = make_packed(len, 2, 2, 1, 4, RX_F32, 3);
+  int32_t *cu = p.cu->data;
+  cu[2] = 6;
+  CHECK_FAILS(rx_attention_forward_seq(p.out.t, p.lse.t, p.q, p.k, p.v, NULL, p.cu, 0),
+              "cu_seqlens runs from 0 to 6, expected 0 to N = 7");
+  cu[2] = 7; cu[1] = 8;
+  CHECK_FAILS(rx_attention_forward_seq(p.out.t, p.lse.t, p.q, p.k, p.v, NULL, p.cu, 0),
+              "cu_seqlens[2] = 7 is less than cu_seqlens[1] = 8");
+  cu[1] = 3;
+  rx_tensor *q2, *k2, *o2, *l2;
+  const int64_t qs[4] = {7, 1, 2, 4}, ks[4] = {7, 1, 1, 4}, ls[3] = {7, 2, 1};
+  rx_tensor_new(&q2, RX_F32, RX_CPU, 4, qs); rx_tensor_new(&k2, RX_F32, RX_CPU, 4, ks);
+  rx_tensor_new(&o2, RX_F32, RX_CPU, 4, qs); rx_tensor_new(&l2, RX_F32, RX_CPU, 3, ls);
+  CHECK_FAILS(rx_attention_forward_seq(o2, l2, q2, k2, k2, NULL, p.cu, 0), "packed rows (cu_seqlens) need q [1,N,H,D]");
+  rx_tensor_free(q2); rx_tensor_free(k2); rx_tensor_free(o2); rx_tensor_free(l2);
+  free_packed(&p);
+}
+
 int main(void) {
   RUN(forward_matches_reference);
   RUN(forward_decodes_against_cache_view);
@@ -419,5 +591,8 @@ int main(void) {
   RUN(backward_skips_null_gradients);
   RUN(results_do_not_depend_on_threads);
   RUN(bad_arguments_fail_with_names);
+  RUN(packed_rows_match_each_row_alone);
+  RUN(packed_backward_matches_finite_differences);
+  RUN(packed_bad_boundaries_fail_with_names);
   return check_summary("test_attention");
 }

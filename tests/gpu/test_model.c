@@ -125,6 +125,49 @@ static void step_both(rx_model *mc, rx_model *mg, rx_tensor **mom, rx_tensor *co
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) rx_tensor_free(all[i]);
 }
 
+/* Packed rows (rx_model_logprobs_packed: the three rows' real tokens end to end) on the device
+ * against the CPU: log-probabilities, entropies and every gradient, from the same weights. */
+static void check_packed(rx_model *mc, rx_model *mg, const char *name) {
+  enum { N = 9 + 6 + 7 };
+  const int64_t n = rx_model_param_count(mc), ts[2] = {1, N}, cs[1] = {B + 1};
+  rx_tensor *tok, *cu, *lp_c, *ent_c, *dlp, *dent;
+  gpu_must(rx_tensor_new(&tok, RX_I32, RX_CPU, 2, ts), NULL);
+  gpu_must(rx_tensor_new(&cu, RX_I32, RX_CPU, 1, cs), NULL);
+  gpu_must(rx_tensor_new(&lp_c, RX_F32, RX_CPU, 2, ts), NULL);
+  gpu_must(rx_tensor_new(&ent_c, RX_F32, RX_CPU, 2, ts), NULL);
+  gpu_must(rx_tensor_new(&dlp, RX_F32, RX_CPU, 2, ts), NULL);
+  gpu_must(rx_tensor_new(&dent, RX_F32, RX_CPU, 2, ts), NULL);
+  int32_t *kt = tok->data, *kc = cu->data, k = 0;
+  kc[0] = 0;
+  for (int b = 0; b < B; b++) {
+    for (int t = 0; t < T; t++)
+      if (mask[b * T + t]) kt[k++] = tokens[b * T + t];
+    kc[b + 1] = k;
+  }
+  gpu_must(rx_tensor_normal(dlp, 13, 0, 0.0, 1.0), dlp);
+  gpu_must(rx_tensor_normal(dent, 15, 0, 0.0, 0.3), dent);
+  rx_tensor *lp_g = to_gpu(lp_c, RX_F32), *ent_g = to_gpu(ent_c, RX_F32);
+  rx_forward_opts fo = {1, 0, 4, 7};
+  CHECK_OK(rx_model_logprobs_packed(mc, tok, cu, lp_c, ent_c, &fo));
+  CHECK_OK(rx_model_logprobs_packed(mg, tok, cu, lp_g, ent_g, &fo));
+  const double e_lp = err(lp_g, lp_c), e_ent = err(ent_g, ent_c);
+  CHECK(e_lp <= tol && e_ent <= tol, "%s packed: logprobs / entropies differ from the cpu by %g / %g", name, e_lp, e_ent);
+  rx_model_zero_grad(mc);
+  rx_model_zero_grad(mg);
+  CHECK_OK(rx_model_backward_entropy(mc, dlp, dent));
+  CHECK_OK(rx_model_backward_entropy(mg, dlp, dent));
+  double sums[2] = {0, 0}, worst = 0;
+  for (int64_t i = 0; i < n; i++) worst = fmax(worst, err_sums(rx_model_grad(mg, i), rx_model_grad(mc, i), sums));
+  const double all = sqrt(sums[0] / sums[1]);
+  CHECK(worst <= tensor_tol && all <= tol, "%s packed: gradients differ from the cpu by %g (worst tensor), %g (all)", name,
+        worst, all);
+  fprintf(stderr, "%s packed on the device: logprobs %.2g, entropy %.2g, gradients %.2g\n", name, e_lp, e_ent, all);
+  rx_model_zero_grad(mc);
+  rx_model_zero_grad(mg);
+  rx_tensor *free_[] = {tok, cu, lp_c, ent_c, dlp, dent, lp_g, ent_g};
+  for (size_t i = 0; i < sizeof free_ / sizeof free_[0]; i++) rx_tensor_free(free_[i]);
+}
+
 static void check_variant(int variant, int32_t dtype) {
   rx_model_config c = config(variant), g = c;
   g.device = RX_CUDA;
@@ -174,6 +217,7 @@ static void check_variant(int variant, int32_t dtype) {
   /* bf16: the gradients are compared at the first step only, where both models hold the same
    * weights; after an AdamW step (whose sign-like updates magnify bf16's gradient error into
    * different weights) the log-probabilities and the weights are */
+  check_packed(mc, mg, variant_name[variant]);
   for (int64_t s = 0; s < STEPS; s++) step_both(mc, mg, mom, flat, matrices, s, dtype == RX_F32 || s == 0, variant_name[variant]);
   double worst = 0;
   const char *worst_name = "";

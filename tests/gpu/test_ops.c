@@ -375,6 +375,49 @@ static void test_attention(void) {
   attention_case(1, 20, 20, 20, 2, 1, 256, 0);     /* the largest head dim */
 }
 
+/* Packed rows (cu_seqlens) on the device against the CPU: rows of several lengths end to end in
+ * q [1,N,H,D], including rows shorter than a block's queries and rows crossing blocks. */
+static void attention_packed_case(const int32_t *len, int64_t S, int64_t H, int64_t KV, int64_t D) {
+  char what[120];
+  int64_t N = 0;
+  for (int64_t r = 0; r < S; r++) N += len[r];
+  snprintf(what, sizeof what, "packed attention S=%lld N=%lld H=%lld KV=%lld D=%lld", (long long)S, (long long)N,
+           (long long)H, (long long)KV, (long long)D);
+  int64_t sq[4] = {1, N, H, D}, skv[4] = {1, N, KV, D}, sl[3] = {1, H, N};
+  pair q = input(4, sq, 60 + D, -1, 1), k = input(4, skv, 61 + D, -1, 1), v = input(4, skv, 62 + D, -1, 1);
+  pair dout = input(4, sq, 63 + D, -1, 1);
+  int32_t *cu = malloc((size_t)(S + 1) * sizeof(int32_t));
+  cu[0] = 0;
+  for (int64_t r = 0; r < S; r++) cu[r + 1] = cu[r] + len[r];
+  rx_tensor *cc = cpu_i32(S + 1, cu), *cg = to_gpu(cc, RX_I32);
+  rx_tensor *out = cpu_zeros(4, sq), *lse = cpu_zeros(3, sl), *dq = cpu_zeros(4, sq), *dk = cpu_zeros(4, skv),
+            *dv = cpu_zeros(4, skv);
+  gpu_guarded gout = gpu_guarded_new(dt, 4, sq, NULL), glse = gpu_guarded_new(RX_F32, 3, sl, NULL);
+  gpu_guarded gdq = gpu_guarded_new(dt, 4, sq, NULL), gdk = gpu_guarded_new(dt, 4, skv, NULL),
+              gdv = gpu_guarded_new(dt, 4, skv, NULL);
+  CHECK_OK(rx_attention_forward_seq(out, lse, q.c, k.c, v.c, NULL, cc, 0));
+  CHECK_OK(rx_attention_forward_seq(gout.t, glse.t, q.g, k.g, v.g, NULL, cg, 0));
+  CHECK_OK(rx_attention_backward_seq(dq, dk, dv, dout.c, q.c, k.c, v.c, out, lse, NULL, cc, 0));
+  CHECK_OK(rx_attention_backward_seq(gdq.t, gdk.t, gdv.t, dout.g, q.g, k.g, v.g, gout.t, glse.t, NULL, cg, 0));
+  double tol = gpu_tol(dt);
+  snprintf(what + strlen(what), sizeof what - strlen(what), ": out");
+  EXPECT_CLOSE(gout, out, tol, what);
+  EXPECT_CLOSE(glse, lse, dt == RX_BF16 ? 2e-2 : 1e-5, "packed attention lse");
+  EXPECT_CLOSE(gdq, dq, tol, "packed attention dq");
+  EXPECT_CLOSE(gdk, dk, tol, "packed attention dk");
+  EXPECT_CLOSE(gdv, dv, tol, "packed attention dv");
+  free(cu);
+  rx_tensor_free(cc); rx_tensor_free(cg);
+  rx_tensor_free(out); rx_tensor_free(lse); rx_tensor_free(dq); rx_tensor_free(dk); rx_tensor_free(dv);
+  pair_free(q); pair_free(k); pair_free(v); pair_free(dout);
+}
+
+static void test_attention_packed(void) {
+  const int32_t a[] = {5, 1, 40, 3, 17}, b[] = {33, 2, 50};
+  attention_packed_case(a, 5, 4, 2, 16);   /* GQA, rows shorter than a block's 16 queries */
+  attention_packed_case(b, 3, 2, 1, 64);   /* MQA, rows crossing blocks */
+}
+
 static void test_attention_determinism(void) {
   int64_t sq[4] = {2, 96, 4, 64}, skv[4] = {2, 96, 2, 64}, sl[3] = {2, 4, 96};
   pair q = input(4, sq, 40, -1, 1), k = input(4, skv, 41, -1, 1), v = input(4, skv, 42, -1, 1), dout = input(4, sq, 43, -1, 1);
@@ -450,6 +493,7 @@ int main(void) {
     if (capped) continue;
     RUN(test_attention);
     RUN(test_attention_determinism);
+    RUN(test_attention_packed);
   }
   if (!capped) {
     dt = RX_F32;

@@ -125,6 +125,10 @@ function M.reference(model)
       if opts and opts.train then error("lora reference: no train forwards (the reference is frozen)", 2) end
       return M.without_adapters(model, model.logprobs, model, tokens, mask, opts)
     end,
+    logprobs_packed = function(_, rows, opts)   -- padding-free training (remax.step.pack)
+      if opts and opts.train then error("lora reference: no train forwards (the reference is frozen)", 2) end
+      return M.without_adapters(model, model.logprobs_packed, model, rows, opts)
+    end,
   }
 end
 

@@ -436,6 +436,69 @@ function Model:logprobs(tokens, mask, opts)
   return logp, ent, mask
 end
 
+-- The same over packed rows (padding-free): rows (Lua lists of ids, each at least one token)
+-- laid end to end as [1, N], each computed as if alone (attention within the row, positions
+-- restarting at 0). Returns logp [1, N] (0 at each row's first token), entropy [1, N] or nil,
+-- and the rows' first indices starts[r] (0-based: row r is logp[0, starts[r] .. starts[r+1]-1],
+-- starts[#rows + 1] = N). model:backward then takes dlogp (and dentropy) [1, N].
+function Model:logprobs_packed(rows, opts)
+  opts = opts or {}
+  if type(rows) ~= "table" or #rows == 0 then error("logprobs_packed: expected a non-empty list of token rows", 2) end
+  local N, starts = 0, { 0 }
+  for r, row in ipairs(rows) do
+    if type(row) ~= "table" or #row == 0 then
+      error(("logprobs_packed: row %d is %s, expected a list of at least one token id"):format(r,
+        type(row) == "table" and "empty" or type(row)), 2)
+    end
+    N = N + #row
+    starts[r + 1] = N
+  end
+  local tok, cu = tensor.new({ 1, N }, "i32"), tensor.new({ #rows + 1 }, "i32")
+  local tp, cp = ffi.cast("int32_t*", tok.data), ffi.cast("int32_t*", cu.data)
+  for r, row in ipairs(rows) do
+    local at = starts[r]
+    cp[r - 1] = at
+    for t, id in ipairs(row) do
+      if type(id) ~= "number" or id ~= math.floor(id) then
+        error(("logprobs_packed: row %d, position %d: %s is not an integer token id"):format(r, t, tostring(id)), 2)
+      end
+      tp[at + t - 1] = id
+    end
+  end
+  cp[#rows] = N
+  local dtype = stats_dtype(self)
+  local logp = tensor.new({ 1, N }, dtype)
+  local ent = opts.entropy and tensor.new({ 1, N }, dtype) or nil
+  local fo = ffi.new("rx_forward_opts")
+  fo.train = opts.train and 1 or 0
+  fo.checkpoint = opts.checkpoint and 1 or 0
+  fo.head_chunk_rows = opts.head_chunk_rows or 0
+  fo.head_chunk_vocab = opts.head_chunk_vocab or 0
+  check(C.rx_model_logprobs_packed(self.handle, tok, cu, logp, ent, fo), 2)
+  self.last_shape = { 1, N }
+  return logp, ent, starts
+end
+
+-- Sizes the activation plan once for micro-batches of up to `tokens` tokens (packed rows):
+-- later forwards reuse it instead of growing it step by step.
+function Model:reserve(tokens, opts)
+  opts = opts or {}
+  local fo = ffi.new("rx_forward_opts")
+  fo.train = opts.train and 1 or 0
+  fo.checkpoint = opts.checkpoint and 1 or 0
+  check(C.rx_model_reserve(self.handle, tokens, fo), 2)
+end
+
+-- Bytes of the activation plan and of the head's logits tile for a (B, T) forward of a model
+-- of config c (model:cfg()), as the engine computes them (rx_model_plan_bytes).
+function M.plan_bytes(c, B, T, opts)
+  opts = opts or {}
+  local fo = ffi.new("rx_forward_opts", { opts.train and 1 or 0, opts.train and opts.checkpoint and 1 or 0, 0, 0 })
+  local acts, head = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+  check(C.rx_model_plan_bytes(c, B, T, fo, acts, head), 3)
+  return tonumber(acts[0]), tonumber(head[0])
+end
+
 -- Accumulates d(sum(dlogp * logp))/d(params) for the last train forward; with dentropy (same
 -- shape), d(sum(dlogp * logp + dentropy * entropy))/d(params) (an entropy bonus).
 function Model:backward(dlogp, dentropy)

@@ -111,6 +111,8 @@ M.groups = {
     { "per_device_train_batch_size", 8, "integer", "prompts per micro-batch (each brings num_generations rows)" },
     { "gradient_accumulation_steps", 1, "integer", "micro-batches per optimizer step; prompts per step = this * per_device_train_batch_size" },
     { "gradient_checkpointing", false, "boolean", "recompute activations in the backward pass (less memory)" },
+    { "padding_free", true, "boolean", "train on packed rows: each micro-batch's rows end to end, attention within each row, no padding (verl's use_remove_padding); false pads every row to the micro-batch's longest (docs/trainer.md, Padding-free training)" },
+    { "max_tokens_per_microbatch", nil, "integer", "with padding_free: a micro-batch's rows are split into packs of at most this many tokens (prompt + completion), balanced, one forward and backward each, so activation memory is set by this budget (verl's ppo_max_token_len_per_gpu); unset: one pack per micro-batch; a row longer than it is refused" },
     { "zero_stage", 0, "integer", "with several ranks (mpirun/srun): 1 shards AdamW's moments and the master weights over the ranks (ZeRO-1), 2 also reduce-scatters the gradients (ZeRO-2); 0: every rank holds everything (docs/distributed.md)" },
     { "dist_timeout", 1800, "number", "with several ranks: seconds a collective waits for the other ranks before every rank that waits stops, naming the ranks that did not come and the step (NCCL's collectives too); 1800 is torch.distributed's 30 minutes (docs/distributed.md)" },
     { "max_steps", 100, "integer", "optimizer steps to train" },

@@ -21,6 +21,8 @@ M.rules = {
   { { "kl_estimator" }, function(c) return rl_algo(c) and c.beta > 0 end, "beta = 0: there is no KL term" },
   { { "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules" }, function(c) return c.use_lora end,
     "use_lora = false" },
+  { { "max_tokens_per_microbatch" }, function(c) return c.padding_free end,
+    "padding_free = false pads each micro-batch instead of packing it" },
   { { "beta", "num_generations", "num_iterations", "loss_type", "generate_greedy" },
     rl_algo, "algo = sft trains on the answers, without sampled completions" },
 }

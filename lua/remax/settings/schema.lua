@@ -41,6 +41,7 @@ M.limits = {
   learning_rate = "[0, 1]", warmup_ratio = "[0, 1]", weight_decay = "[0, inf)",
   adam_beta1 = "[0, 1)", adam_beta2 = "[0, 1)", adam_epsilon = "(0, 1]", max_grad_norm = "[0, inf)",
   per_device_train_batch_size = "[1, 2^20]", gradient_accumulation_steps = "[1, 2^20]",
+  max_tokens_per_microbatch = "[1, 2^31)",
   zero_stage = "[0, 2]", dist_timeout = "(0, 1e9]", num_train_epochs = "(0, 1e6]",
   max_steps = I31, max_time = "[0, inf)", max_bad_steps = I31,
   -- run

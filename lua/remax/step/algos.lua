@@ -531,8 +531,11 @@ function M.entropy_bonus(entropies, opts)
   if opts.agg == "token-mean" then
     scale = 1 / math.max(opts.num_tokens, 1)
   else
-    local n = 0
-    for r, e in ipairs(entropies) do for t = 1, #e do if on(r, t) then n = n + 1 end end end
+    local n = opts.count   -- given when the micro-batch's rows run in several packs (remax.step.pack)
+    if not n then
+      n = 0
+      for r, e in ipairs(entropies) do for t = 1, #e do if on(r, t) then n = n + 1 end end end
+    end
     scale = 1 / (math.max(n, 1) * (opts.chunks or 1))
   end
   local d, loss = {}, 0

@@ -5,38 +5,16 @@
 --
 --   fit.activation_bytes(model:cfg(), B, T, {train = true, checkpoint = false}) -> bytes
 --   fit.check_train(model, B, T, {checkpoint =, what =})   -- error naming the sizes, or nothing
+local model = require("remax.bind.model")
+
 local M = {}
 
 -- Bytes of the activation plan rx_model_plan (engine/model/model.c, carve_plan) carves for a
--- (B, T) forward, plus the head's logits tile. Every buffer is linear in N = B * T; each is
--- rounded up to 64 bytes as the engine does. tests/lua/fit_spec.lua checks this against the
--- engine's own count after real forwards, so a change to the plan shows up there.
+-- (B, T) forward, plus the head's logits tile, as the engine computes them
+-- (rx_model_plan_bytes): the sizes live in one place, the engine. Packed rows of N tokens plan
+-- as (1, N). c: the model's config (model:cfg()).
 function M.activation_bytes(c, B, T, opts)
-  opts = opts or {}
-  local train, checkpoint = opts.train and true or false, opts.train and opts.checkpoint and true or false
-  local L, C, I, V = tonumber(c.num_hidden_layers), tonumber(c.hidden_size), tonumber(c.intermediate_size), tonumber(c.vocab_size)
-  local H, KV, D = tonumber(c.num_attention_heads), tonumber(c.num_key_value_heads), tonumber(c.head_dim)
-  local dt = tonumber(c.dtype)
-  local es = dt == 1 and 8 or (dt == 2 or dt == 3) and 2 or 4   -- RX_F64 = 1, RX_BF16 = 2, RX_F16 = 3, RX_F32
-  local N = B * T
-  local HD, KD = H * D, KV * D
-  local function buf(numel, size) return math.ceil(numel * (size or es) / 64) * 64 end
-  local bytes = (L + 1) * buf(N * C)
-  local sets = train and not checkpoint and L or 1
-  local per_set = buf(N) + buf(N * C) + buf(N * HD) + 2 * buf(N * KD) + buf(N * HD) + buf(B * H * T) + buf(N * C)
-    + buf(N) + buf(N * C) + 3 * buf(N * I)
-  if tonumber(c.qk_norm) ~= 0 then per_set = per_set + buf(N * HD) + buf(N * KD) + buf(N * H) + buf(N * KV) end
-  bytes = bytes + sets * per_set
-  -- xf, rstdf; tokens, mask, positions, targets (i32); the head's rows: logp, lse, entropy, dlogp,
-  -- dentropy, running max (compute dtype) and its two running sums (f64, engine/model/head.c)
-  bytes = bytes + buf(N * C) + buf(N) + 4 * buf(N, 4) + 6 * buf(N) + 2 * buf(N, 8)
-  if train then bytes = bytes + 4 * buf(N * C) + 3 * buf(N * I) + 2 * buf(N * HD) + 2 * buf(N * KD) end
-  -- the head's logits: tiles of rows by vocabulary slices of ~32 MB (rx_model_plan)
-  local budget = 32 * 2 ^ 20
-  local rows = math.max(1024, math.floor(budget / (V * es)))
-  if rows > N then rows = N end
-  local cols = math.min(V, math.max(16, math.floor(math.floor(budget / (rows * es)) / 16) * 16))
-  return bytes, rows * cols * es
+  return model.plan_bytes(c, B, T, opts)
 end
 
 -- Bytes of memory available to this process now (MemAvailable), or nil when unknown.

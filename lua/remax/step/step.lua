@@ -28,6 +28,7 @@ local tensor = require("remax.bind.tensor")
 local optim = require("remax.bind.optim")
 local chat = require("remax.text.chat")
 local fit = require("remax.step.fit")
+local micro = require("remax.step.micro")
 local rollout = require("remax.step.rollout")
 local evaluate = require("remax.step.evaluate")
 local episodes = require("remax.step.episodes")   -- multi-turn: tools and environments (issue 37)
@@ -231,98 +232,10 @@ function Step:advantage(ro)
   return ro
 end
 
--- prompt .. completion token lists of rows, and where each completion starts.
-local function row_seqs(rows)
-  local seqs, starts = {}, {}
-  for n, row in ipairs(rows) do
-    local s = {}
-    for i = 1, #row.prompt_ids do s[i] = row.prompt_ids[i] end
-    for i = 1, #row.completion do s[#row.prompt_ids + i] = row.completion[i] end
-    seqs[n], starts[n] = s, #row.prompt_ids
-  end
-  return seqs, starts
-end
-
--- The completion part of each row of a [B, T] tensor (logprobs, entropies) as Lua lists.
-local function completion_values(x, rows, starts)
-  local lens = {}
-  for n, row in ipairs(rows) do lens[n] = #row.completion end
-  return episodes.model_rows(x:row_spans(starts, lens), rows)   -- an episode: its model tokens only
-end
-
--- The log-probabilities of rows under the current weights, from a forward that computes what
--- the training forward computes on the same micro-batch (same rows, same padding), so the
--- first of num_iterations updates sees a ratio of exactly 1. Stored as row.old.
-function Step:set_old_logprobs(rows)
-  local seqs, starts = row_seqs(rows)
-  local logp = self.model:logprobs(seqs, nil, { train = true, checkpoint = self.cfg.gradient_checkpointing })
-  local old = completion_values(logp, rows, starts)
-  for n, row in ipairs(rows) do row.old = old[n] end
-end
-
--- Forward, loss weights and backward for one micro-batch of rows; returns stats.
--- chunk.tokens: the loss tokens of the micro-batch (bnpo's normaliser, skipped rows included).
-function Step:micro_step(rows, totals, chunk)
-  local cfg = self.cfg
-  chunk = chunk or {}
-  local seqs, starts = row_seqs(rows)
-  local sft = cfg.algo == "sft"
-  local use_ref = cfg.kl_mode == "k3"
-  -- the reference first: with LoRA it is the policy's own model, whose last forward before the
-  -- backward must be the training one
-  local refs
-  if use_ref then
-    if rows[1].ref_lp then
-      refs = {}
-      for n, row in ipairs(rows) do refs[n] = row.ref_lp end
-    else
-      refs = completion_values(self.ref:logprobs(seqs), rows, starts)
-      if cfg.num_iterations > 1 then for n, row in ipairs(rows) do row.ref_lp = refs[n] end end
-    end
-  end
-  local T = 0
-  for _, s in ipairs(seqs) do if #s > T then T = #s end end
-  fit.check_train(self.model, #seqs, T, { checkpoint = cfg.gradient_checkpointing, what = ("step %d"):format(chunk.step or 0) })
-  local logp, ent = self.model:logprobs(seqs, nil, { train = true, checkpoint = cfg.gradient_checkpointing,
-    entropy = true })
-  local B, T = logp:size(1), logp:size(2)
-  local lps, ents = completion_values(logp, rows, starts), completion_values(ent, rows, starts)
-  local masks
-  if cfg.top_entropy_quantile < 1 and not sft then
-    local masked = {}
-    for n, row in ipairs(rows) do masked[n] = row.masked end
-    masks = algos.entropy_masks(ents, masked, cfg.top_entropy_quantile)
-  end
-  local parts = {}
-  local ent_sum, ent_n = 0, 0
-  for n, row in ipairs(rows) do
-    parts[n] = { adv = row.adv, logp = lps[n], ref = refs and refs[n], old = row.old, mask = masks and masks[n],
-      masked = row.masked }
-    if not row.masked then
-      for _, e in ipairs(ents[n]) do ent_sum, ent_n = ent_sum + e, ent_n + 1 end
-    end
-  end
-  local weights, stats = algos.token_weights(parts, {
-    beta = (cfg.kl_mode == "none" or cfg.kl_mode == "return") and 0 or cfg.beta, kl = cfg.kl_estimator, agg = cfg.aggregation,
-    num_rows = totals.rows, num_tokens = totals.tokens, max_length = cfg.max_completion_length,
-    chunk_tokens = chunk.tokens, chunks = totals.chunks,
-    epsilon = cfg.epsilon, epsilon_high = cfg.epsilon_high, delta = cfg.delta, level = cfg.importance_sampling_level,
-  })
-  stats.entropy_sum, stats.entropy_n = ent_sum, ent_n
-  local dent
-  if cfg.entropy_coef ~= 0 and not sft then
-    local masked = {}
-    for n, row in ipairs(rows) do masked[n] = row.masked end
-    local bonus
-    dent, bonus = algos.entropy_bonus(ents, { coef = cfg.entropy_coef, masks = masks, masked = masked,
-      agg = cfg.aggregation, num_tokens = totals.tokens, chunks = totals.chunks })
-    stats.loss = stats.loss + bonus
-  end
-  episodes.spread_rows(rows, weights, dent)   -- an episode's weights over its whole sequence: 0 on observations
-  self.model:backward(tensor.from_row_spans(weights, starts, B, T, logp:dtype_name()),
-    dent and tensor.from_row_spans(dent, starts, B, T, logp:dtype_name()) or nil)
-  return stats
-end
+-- One micro-batch's forward(s) and backward(s), padded or packed (padding-free training), and the
+-- old log-probabilities of num_iterations > 1 from the same layout: remax.step.micro.
+function Step:set_old_logprobs(rows, what) return micro.old_logprobs(self, rows, what) end
+function Step:micro_step(rows, totals, chunk, acc) return micro.run(self, rows, totals, chunk, acc) end
 
 -- Micro-batches of whole prompts, per_device_train_batch_size of them each: a prompt's rows
 -- never split, so every row's advantage sits with its own prompt's other rows. Returns
@@ -363,7 +276,7 @@ function Step:update(ro)
   totals.rows, totals.tokens, totals.chunks = self.dist:sum(totals.rows, totals.tokens, totals.chunks)
   local mu = (ro.train_rows or cfg.algo == "sft") and 1 or cfg.num_iterations
   if mu > 1 then
-    for _, c in ipairs(chunks) do if #c.rows > 0 then self:set_old_logprobs(c.rows) end end
+    for _, c in ipairs(chunks) do if #c.rows > 0 then self:set_old_logprobs(c.rows, ("step %d"):format(ro.step or 0)) end end
   end
   local step = assert(ro.step, "Step:update: the rollout's step number is required")
   local out = { loss = 0, grad_norm = 0, iterations = 0, clip_low = 0, clip_high = 0, clip_n = 0, finite = true,
@@ -371,14 +284,11 @@ function Step:update(ro)
   for it = 1, mu do
     self.model:zero_grad()
     local loss, kl_sum, tokens, trained, ent_sum, ent_n = 0, 0, 0, 0, 0, 0
-    local earlier = false
+    local acc = { earlier = false }   -- micro_step holds and adds the gradients of each pack
     for _, c in ipairs(chunks) do
       if #c.rows > 0 then
-        if earlier then self.model:hold_grads() end
         c.step = step
-        local st = self:micro_step(c.rows, totals, c)
-        if earlier then self.model:add_held_grads() end
-        earlier = true
+        local st = self:micro_step(c.rows, totals, c, acc)
         loss, kl_sum, tokens = loss + st.loss, kl_sum + st.kl_sum, tokens + st.tokens
         ent_sum, ent_n = ent_sum + st.entropy_sum, ent_n + st.entropy_n
         out.clip_low, out.clip_high, out.clip_n = out.clip_low + st.clip_low, out.clip_high + st.clip_high,

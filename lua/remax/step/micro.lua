@@ -1,0 +1,213 @@
+-- remax.step.micro: one micro-batch of the Step's update (remax.step.step): the forward, the loss
+-- weights (remax.step.algos) and the backward of its rows, padded to the longest row or, with
+-- padding_free (the default), packed (remax.step.pack) and split into packs of at most
+-- max_tokens_per_microbatch tokens; and the old log-probabilities of num_iterations > 1 from
+-- the same layout. Functions of the Step (self); the only Step field written here is
+-- self.reserved (the token budget the activation plan was sized for).
+local algos = require("remax.step.algos")
+local tensor = require("remax.bind.tensor")
+local fit = require("remax.step.fit")
+local pack = require("remax.step.pack")
+local episodes = require("remax.step.episodes")
+
+local M = {}
+
+-- prompt .. completion token lists of rows, and where each completion starts.
+local function row_seqs(rows)
+  local seqs, starts, lens = {}, {}, {}
+  for n, row in ipairs(rows) do
+    local s = {}
+    for i = 1, #row.prompt_ids do s[i] = row.prompt_ids[i] end
+    for i = 1, #row.completion do s[#row.prompt_ids + i] = row.completion[i] end
+    seqs[n], starts[n], lens[n] = s, #row.prompt_ids, #row.completion
+  end
+  return seqs, starts, lens
+end
+
+-- The completion part of each row of a [B, T] tensor (logprobs, entropies) as Lua lists; of an
+-- episode (multi-turn), its model tokens only (remax.step.episodes).
+local function completion_values(x, rows, starts)
+  local lens = {}
+  for n, row in ipairs(rows) do lens[n] = #row.completion end
+  return episodes.model_rows(x:row_spans(starts, lens), rows)
+end
+
+-- pack.forward's per-row completion values, an episode's model tokens only.
+local function packed_forward(model, rows, seqs, starts, lens, opts)
+  local a, b, fwd = pack.forward(model, seqs, starts, lens, opts)
+  return episodes.model_rows(a, rows), b and episodes.model_rows(b, rows), fwd
+end
+
+-- The log-probabilities of rows under the current weights, from a forward that computes what
+-- the training forward computes on the same micro-batch (same rows, same padding), so the
+-- first of num_iterations updates sees a ratio of exactly 1. Stored as row.old.
+function M.old_logprobs(self, rows, what)
+  if self.cfg.padding_free then   -- packing: the same packs as the training forward (micro_step)
+    for _, sub in ipairs(M.packs(self, rows, what)) do
+      local seqs, starts, lens = row_seqs(sub)
+      local old = packed_forward(self.model, sub, seqs, starts, lens, { train = true, checkpoint = self.cfg.gradient_checkpointing })
+      for n, row in ipairs(sub) do row.old = old[n] end
+    end
+    return
+  end
+  local seqs, starts = row_seqs(rows)
+  local logp = self.model:logprobs(seqs, nil, { train = true, checkpoint = self.cfg.gradient_checkpointing })
+  local old = completion_values(logp, rows, starts)
+  for n, row in ipairs(rows) do row.old = old[n] end
+end
+
+-- The packs of a micro-batch's rows: with padding_free, balanced packs of at most
+-- max_tokens_per_microbatch tokens (one pack without a budget); else the micro-batch itself.
+-- what: where a refusal happened ("step 3").
+function M.packs(self, rows, what)
+  if not self.cfg.padding_free then return { rows } end
+  local lens = {}
+  for n, row in ipairs(rows) do lens[n] = #row.prompt_ids + #row.completion end
+  local out = {}
+  for p, idx in ipairs(pack.split(lens, self.cfg.max_tokens_per_microbatch, what)) do
+    local sub = {}
+    for j, i in ipairs(idx) do sub[j] = rows[i] end
+    out[p] = sub
+  end
+  return out
+end
+
+-- Forward, loss weights and backward for one pack of rows of a micro-batch (micro_step);
+-- returns stats. chunk.tokens: the loss tokens of the micro-batch (bnpo's normaliser, skipped
+-- rows included); pre: what micro_step computed over the whole micro-batch (masks, count).
+local function pack_step(self, rows, totals, chunk, pre, acc)
+  local cfg = self.cfg
+  chunk, pre, acc = chunk or {}, pre or {}, acc or {}
+  local seqs, starts, clens = row_seqs(rows)
+  local packed = cfg.padding_free
+  local sft = cfg.algo == "sft"
+  local use_ref = cfg.kl_mode == "k3"
+  -- the reference first: with LoRA it is the policy's own model, whose last forward before the
+  -- backward must be the training one
+  local refs
+  if use_ref then
+    if rows[1].ref_lp then
+      refs = {}
+      for n, row in ipairs(rows) do refs[n] = row.ref_lp end
+    else
+      refs = packed and packed_forward(self.ref, rows, seqs, starts, clens) or completion_values(self.ref:logprobs(seqs), rows, starts)
+      if cfg.num_iterations > 1 then for n, row in ipairs(rows) do row.ref_lp = refs[n] end end
+    end
+  end
+  local T, N = 0, 0
+  for _, s in ipairs(seqs) do T, N = math.max(T, #s), N + #s end
+  local what = ("step %d"):format(chunk.step or 0)
+  if packed then fit.check_train(self.model, 1, N, { checkpoint = cfg.gradient_checkpointing, what = what })
+  else fit.check_train(self.model, #seqs, T, { checkpoint = cfg.gradient_checkpointing, what = what }) end
+  local fopts = { train = true, checkpoint = cfg.gradient_checkpointing, entropy = true }
+  local logp, ent, lps, ents, fwd, B
+  if packed then
+    lps, ents, fwd = packed_forward(self.model, rows, seqs, starts, clens, fopts)
+  else
+    logp, ent = self.model:logprobs(seqs, nil, fopts)
+    B, T = logp:size(1), logp:size(2)
+    lps, ents = completion_values(logp, rows, starts), completion_values(ent, rows, starts)
+  end
+  local masks
+  if pre.masks then
+    masks = {}
+    for n, row in ipairs(rows) do masks[n] = pre.masks[row] end
+  elseif cfg.top_entropy_quantile < 1 and not sft then
+    local masked = {}
+    for n, row in ipairs(rows) do masked[n] = row.masked end
+    masks = algos.entropy_masks(ents, masked, cfg.top_entropy_quantile)
+  end
+  local parts = {}
+  local ent_sum, ent_n = 0, 0
+  for n, row in ipairs(rows) do
+    parts[n] = { adv = row.adv, logp = lps[n], ref = refs and refs[n], old = row.old, mask = masks and masks[n],
+      masked = row.masked, returns = row.returns }   -- returns: gamma's per-token return (algos.gamma_returns)
+    if not row.masked then
+      for _, e in ipairs(ents[n]) do ent_sum, ent_n = ent_sum + e, ent_n + 1 end
+    end
+  end
+  local weights, stats = algos.token_weights(parts, {
+    beta = (cfg.kl_mode == "none" or cfg.kl_mode == "return") and 0 or cfg.beta, kl = cfg.kl_estimator, agg = cfg.aggregation,
+    num_rows = totals.rows, num_tokens = totals.tokens, max_length = cfg.max_completion_length,
+    chunk_tokens = chunk.tokens, chunks = totals.chunks,
+    epsilon = cfg.epsilon, epsilon_high = cfg.epsilon_high, delta = cfg.delta, level = cfg.importance_sampling_level,
+  })
+  stats.entropy_sum, stats.entropy_n = ent_sum, ent_n
+  local dent
+  if cfg.entropy_coef ~= 0 and not sft then
+    local masked = {}
+    for n, row in ipairs(rows) do masked[n] = row.masked end
+    local bonus
+    dent, bonus = algos.entropy_bonus(ents, { coef = cfg.entropy_coef, masks = masks, masked = masked,
+      agg = cfg.aggregation, num_tokens = totals.tokens, chunks = totals.chunks, count = pre.count })
+    stats.loss = stats.loss + bonus
+  end
+  episodes.spread_rows(rows, weights, dent)   -- an episode's weights over its whole sequence: 0 on observations
+  if acc.earlier then self.model:hold_grads() end   -- this pack's gradient from zero, then added
+  if packed then
+    self.model:backward(pack.gradient(fwd, weights), dent and pack.gradient(fwd, dent) or nil)
+  else
+    self.model:backward(tensor.from_row_spans(weights, starts, B, T, logp:dtype_name()),
+      dent and tensor.from_row_spans(dent, starts, B, T, logp:dtype_name()) or nil)
+  end
+  if acc.earlier then self.model:add_held_grads() end
+  acc.earlier = true
+  return stats
+end
+
+
+-- One micro-batch (a normalisation unit: its loss tokens are chunk.tokens) as one or more packs,
+-- each a forward and a backward, their gradients summed as the micro-batches' are (acc.earlier:
+-- a gradient is already held). What the loss needs from the whole micro-batch (top-entropy
+-- masks, the entropy bonus's token count) is computed over all its rows first, so packing
+-- changes nothing but the summation order. Returns the summed stats.
+function M.run(self, rows, totals, chunk, acc)
+  local cfg = self.cfg
+  chunk, acc = chunk or {}, acc or {}
+  local what = ("step %d"):format(chunk.step or 0)
+  local packs = M.packs(self, rows, what)
+  local budget = cfg.padding_free and cfg.max_tokens_per_microbatch
+  if budget and self.reserved ~= budget then   -- the activation plan sized for the budget once
+    local ck = cfg.gradient_checkpointing
+    fit.check_train(self.model, 1, budget, { checkpoint = ck, what = ("max_tokens_per_microbatch = %d"):format(budget) })
+    self.model:reserve(budget, { train = true, checkpoint = ck })
+    self.reserved = budget
+  end
+  local pre = {}
+  if #packs > 1 and cfg.algo ~= "sft" then
+    local masked = {}
+    for n, row in ipairs(rows) do masked[n] = row.masked end
+    if cfg.top_entropy_quantile < 1 then   -- the quantile is over the whole micro-batch's tokens
+      local ents = {}
+      for _, sub in ipairs(packs) do
+        local seqs, starts, lens = row_seqs(sub)
+        local _, e = packed_forward(self.model, sub, seqs, starts, lens, { entropy = true })
+        for n, row in ipairs(sub) do ents[row] = e[n] end
+      end
+      local list = {}
+      for n, row in ipairs(rows) do list[n] = ents[row] end
+      local masks = algos.entropy_masks(list, masked, cfg.top_entropy_quantile)
+      pre.masks = {}
+      for n, row in ipairs(rows) do pre.masks[row] = masks[n] end
+    end
+    local count = 0   -- the entropy bonus's tokens of the micro-batch
+    for _, row in ipairs(rows) do
+      if not row.masked then
+        local m = pre.masks and pre.masks[row]
+        for t = 1, episodes.loss_tokens(row) do if not m or m[t] == 1 then count = count + 1 end end
+      end
+    end
+    pre.count = count
+  end
+  local total
+  for _, sub in ipairs(packs) do
+    local st = pack_step(self, sub, totals, chunk, pre, acc)
+    if not total then total = st
+    else
+      for k, v in pairs(st) do total[k] = total[k] + v end
+    end
+  end
+  return total
+end
+
+return M

@@ -1,0 +1,177 @@
+-- Padding-free training (remax.step.pack, issue 38): packed rows give what padded rows give, for
+-- every loss type, KL mode and estimator, with LoRA and num_iterations 2; a row's values do not
+-- depend on its neighbours; a budget below the longest row is refused, naming the numbers.
+local config = require("remax.settings.config")
+local trainer = require("remax.run.run")
+local pack = require("remax.step.pack")
+local remax = require("remax")
+local ffi = require("ffi")
+
+local support = require("support")
+
+local TINY = support.tiny_model({ hidden_size = 16, intermediate_size = 32, num_hidden_layers = 2, num_attention_heads = 2,
+  num_key_value_heads = 1, max_position_embeddings = 64 })
+
+local function new_trainer(dir, extra)
+  local s = support.run_settings(dir, {
+    model_config = TINY, num_generations = 3, max_completion_length = 6, per_device_train_batch_size = 2,
+    gradient_accumulation_steps = 2, learning_rate = 0, max_grad_norm = 0, max_steps = 2, seed = 5, hot_reload = false,
+    skip_zero_advantage = false, temperature = 1.5,
+  }, extra)
+  return trainer.new(config.resolve(s, {}), { quiet = true, signals = false })
+end
+
+-- The trained tensors' gradients (the adapters' with LoRA) as one list of numbers.
+local function grads_of(model)
+  local out = {}
+  for _, g in ipairs(model:trainable_grads()) do
+    local p = ffi.cast("float*", g.data)
+    for i = 0, tonumber(g.numel) - 1 do out[#out + 1] = p[i] end
+  end
+  return out
+end
+
+local function rel(a, b)
+  local num, den = 0, 0
+  assert.are.equal(#a, #b)
+  for i = 1, #a do num, den = num + (a[i] - b[i]) ^ 2, den + b[i] ^ 2 end
+  return math.sqrt(num / math.max(den, 1e-300))
+end
+
+-- One RL step's update on a trainer; returns the update's numbers and the gradients left.
+local function step(t)
+  local ro = t:rollout(t:next_batch())
+  t:score(ro)
+  t:advantage(ro)
+  local up = t:update(ro)
+  return up, grads_of(t.model), ro
+end
+
+describe("padding-free training", function()
+  local dir = support.train_dir(8, { prompt_format = '{"prompt": "question %d", "answer": "%d"}' })
+
+  it("splits rows into balanced packs under the budget, and refuses a row longer than it", function()
+    local packs = pack.split({ 9, 3, 7, 5, 4, 2 }, 12)
+    local seen, loads = {}, {}
+    for p, idx in ipairs(packs) do
+      loads[p] = 0
+      for j, i in ipairs(idx) do
+        seen[i] = (seen[i] or 0) + 1
+        loads[p] = loads[p] + ({ 9, 3, 7, 5, 4, 2 })[i]
+        if j > 1 then assert.is_true(idx[j - 1] < i, "rows in their order") end
+      end
+      assert.is_true(loads[p] <= 12)
+    end
+    for i = 1, 6 do assert.are.equal(1, seen[i], "every row in exactly one pack") end
+    assert.are.equal(3, #packs, "30 tokens in packs of 12: 3")
+    assert.are.same({ { 1, 2, 3 } }, pack.split({ 5, 6, 7 }, nil))
+    local ok, msg = pcall(pack.split, { 4, 13, 2 }, 12, "step 3")
+    assert.is_false(ok)
+    assert.matches("step 3: max_tokens_per_microbatch = 12 is smaller than row 2's 13 tokens", msg, 1, true)
+    assert.are.equal(0.5, pack.padding_share({ 1, 3 }) + 1 / 6)
+  end)
+
+  it("gives a row the same logprobs and entropies whatever its neighbours (packed = padded, alone)", function()
+    local c = {}
+    for k, v in pairs(TINY) do c[k] = v end
+    c.vocab_size = 300
+    local m = remax.model.new(c, { seed = 3 })
+    local rows = { { 5, 9, 11, 2 }, { 7 }, { 3, 3, 3, 8, 1, 200, 4 }, { 42, 17 } }
+    local lp, ent, starts = m:logprobs_packed(rows, { entropy = true })
+    local plp, pent = m:logprobs(rows, nil, { entropy = true })
+    local a, e = lp:totable()[1], ent:totable()[1]
+    local pa, pe = plp:totable(), pent:totable()
+    local worst = 0
+    for r, row in ipairs(rows) do
+      local alone = m:logprobs({ row }):totable()[1]
+      assert.are.equal(0, a[starts[r] + 1], "a row's first token has no log-probability")
+      for t = 1, #row do
+        local x = a[starts[r] + t]
+        worst = math.max(worst, math.abs(x - pa[r][t]), math.abs(x - alone[t]), math.abs(e[starts[r] + t] - pe[r][t]))
+      end
+    end
+    assert.is_true(worst < 1e-5, "packed differs from padded / alone by " .. worst)
+    -- the rows in another order, another grouping: the same values
+    local lp2, _, st2 = m:logprobs_packed({ rows[3], rows[1] })
+    local b = lp2:totable()[1]
+    for t = 1, #rows[1] do assert.is_true(math.abs(b[st2[2] + t] - a[starts[1] + t]) < 1e-6) end
+  end)
+
+  it("trains packed as padded: every loss type, KL mode and estimator, LoRA, num_iterations 2", function()
+    local cases = {
+      { loss_type = "grpo", algo = "grpo" }, { loss_type = "bnpo", algo = "grpo" }, { loss_type = "dr_grpo", algo = "grpo" },
+      { loss_type = "dapo", algo = "grpo" }, { loss_agg_mode = "seq-mean-token-sum" },
+      { beta = 0.1, kl_estimator = "k3" }, { beta = 0.1, kl_estimator = "k1" },
+      { use_lora = true, lora_r = 2, lora_dropout = 0, beta = 0.1 },
+      { num_iterations = 2, learning_rate = 1e-3, max_grad_norm = 1.0 },
+      { num_iterations = 2, importance_sampling_level = "sequence", learning_rate = 1e-3 },
+      { top_entropy_quantile = 0.5, entropy_coef = 0.05 },
+      { top_entropy_quantile = 0.5, entropy_coef = 0.05, loss_type = "dapo", algo = "grpo" },
+    }
+    local worst = 0
+    for i, extra in ipairs(cases) do
+      local function run(free, budget)
+        local s = { run_name = ("c%d-%s-%s"):format(i, tostring(free), tostring(budget)), padding_free = free,
+          max_tokens_per_microbatch = budget }
+        for k, v in pairs(extra) do s[k] = v end
+        return step(new_trainer(dir, s))
+      end
+      local up0, g0 = run(false)
+      local up1, g1 = run(true)        -- one pack per micro-batch
+      local up2, g2, ro = run(true, 24)  -- micro-batches split into several packs
+      local longest = 0
+      for _, r in ipairs(ro.rows) do longest = math.max(longest, #ro.prompt_ids[r.prompt] + #r.tokens) end
+      assert.is_true(longest <= 24, "the budget holds the longest row")
+      local e1, e2 = rel(g1, g0), rel(g2, g0)
+      worst = math.max(worst, e1, e2)
+      local label = ("case %d (%s)"):format(i, table.concat((function()
+        local l = {} for k, v in pairs(extra) do l[#l + 1] = k .. "=" .. tostring(v) end return l end)(), " "))
+      assert.is_true(e1 < 1e-6 and e2 < 1e-6, ("%s: gradients differ by %.3g / %.3g (relative)"):format(label, e1, e2))
+      for _, k in ipairs({ "loss", "kl", "entropy", "grad_norm" }) do
+        if up0[k] then
+          local d = math.max(math.abs(up1[k] - up0[k]), math.abs(up2[k] - up0[k])) / math.max(math.abs(up0[k]), 1e-12)
+          assert.is_true(d < 1e-5, ("%s: %s differs by %.3g"):format(label, k, d))
+        end
+      end
+      assert.are.equal(up0.tokens_trained, up2.tokens_trained)
+    end
+    print(("packed = padded: worst relative gradient difference %.3g"):format(worst))
+  end)
+
+  it("ends 3 steps of the default recipe's settings with the same weights packed and padded", function()
+    -- recipes/gsm8k.lua's algorithm settings on the tiny model (ReMax, 4 samples + greedy, lr 1e-4,
+    -- clipping at 1, no KL), 3 steps; docs/trainer.md states the bound measured here
+    local function run(free)
+      local t = new_trainer(dir, { run_name = "recipe-" .. tostring(free), padding_free = free, algo = "remax",
+        num_generations = 4, temperature = 1.0, learning_rate = 1e-4, max_grad_norm = 1.0, beta = 0, max_steps = 3,
+        per_device_train_batch_size = 4, gradient_accumulation_steps = 1 })
+      local init = {}
+      for name, p in pairs(t.model:params()) do init[name] = p:totable() end
+      t:train()
+      return t, init
+    end
+    local a, init = run(false)
+    local b = run(true)
+    local num, den, moved = 0, 0, 0
+    local pa, pb = a.model:params(), b.model:params()
+    for name, p in pairs(pa) do
+      local x, y, w0 = p:totable(), pb[name]:totable(), init[name]
+      local function walk(u, v, z)
+        if type(u) == "table" then for i = 1, #u do walk(u[i], v[i], z[i]) end return end
+        num, den, moved = num + (u - v) ^ 2, den + u ^ 2, moved + (u - z) ^ 2
+      end
+      walk(x, y, w0)
+    end
+    local rel_w, rel_move = math.sqrt(num / den), math.sqrt(num / moved)
+    print(("3 steps packed vs padded: weights differ by %.3g of their norm, %.3g of how far they moved"):format(rel_w, rel_move))
+    assert.is_true(moved > 0, "the weights moved")
+    assert.is_true(rel_w < 1e-8 and rel_move < 1e-5, ("weights differ by %.3g (%.3g of the move)"):format(rel_w, rel_move))
+  end)
+
+  it("refuses a budget below the longest row, naming the setting, the length and the budget", function()
+    local t = new_trainer(dir, { run_name = "tight", max_tokens_per_microbatch = 4 })
+    local ok, msg = pcall(step, t)
+    assert.is_false(ok)
+    assert.matches("max_tokens_per_microbatch = 4 is smaller than row %d+'s %d+ tokens", tostring(msg))
+  end)
+end)
