@@ -464,7 +464,7 @@ function M.resolve(recipe, overrides, opts)
   for k in pairs(overrides or {}) do given[k] = true end
   -- num_train_epochs without max_steps: the trainer sets max_steps once it knows the data's size
   cfg.steps_from_epochs = cfg.num_train_epochs ~= nil and not given.max_steps
-  cfg.inert_notes = require("remax.settings.inert").check(cfg, given, M.keys)   -- printed once when a run starts
+  cfg.inert_notes = require("remax.settings.inert").check(cfg, given, M.keys, M.show)   -- printed once when a run starts
   for _, note in ipairs(require("remax.settings.inert").trl_notes(cfg, given, overrides)) do   -- TRL values that mean otherwise here
     cfg.inert_notes[#cfg.inert_notes + 1] = note
   end

@@ -2,7 +2,7 @@
 -- ReMax, epsilon with num_iterations = 1, lora_r without use_lora, ...). A run given one says so
 -- once, at the start, instead of silently ignoring it. See docs/trainer.md.
 --
---   local lines = inert.check(cfg, given)   -- given[key] = true for keys the recipe or command line set
+--   local lines = inert.check(cfg, given, config.keys, config.show)   -- given[key] = true for keys the recipe or command line set
 --
 -- It also says where a value copied from TRL means something else here (M.trl_notes, and
 -- M.data_notes once the data is loaded): see docs/trainer.md, "Coming from TRL".
@@ -38,8 +38,10 @@ end
 
 -- The lines to print: one per setting that was given a value other than its default and does
 -- nothing under this config.
-function M.check(cfg, given, keys)
-  keys = keys or require("remax.settings.config").keys
+function M.check(cfg, given, keys, show)
+  -- keys and show: remax.settings.config's declarations and value printer (passed in: config
+  -- requires this module, so this one does not require config back)
+  assert(keys and show, "inert.check(cfg, given, config.keys, config.show)")
   local out = {}
   for _, rule in ipairs(M.rules) do
     if not rule[2](cfg) then
@@ -47,7 +49,7 @@ function M.check(cfg, given, keys)
         local decl = keys[k]
         if given[k] and decl and not same(cfg[k], decl.default) then
           out[#out + 1] = ("note: %s = %s has no effect here: %s"):format(k,
-            require("remax.settings.config").show(cfg[k]), rule[3])
+            show(cfg[k]), rule[3])
         end
       end
     end
