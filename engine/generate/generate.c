@@ -611,7 +611,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   int any_penalty = 0;   /* the device sampler then keeps each row's tokens and a penalised copy of its logits */
   for (int64_t r = 0; r < R; r++) any_penalty |= penalty_on(req->rows[r].repetition_penalty);
   generate_sizes z;
-  generate_memory(c, R, P, Pmax, req->max_new_tokens, any_penalty, &z);
+  generate_memory(c, R, P, Pmax, S - Pmax, any_penalty, &z);   /* S: new tokens and append_capacity */
   const int64_t cache = z.cache, decode = z.decode, prefill = z.prefill, sampler = z.sampler;
   const int64_t need = cache + decode + prefill;
   int64_t avail = available_memory();
