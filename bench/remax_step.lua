@@ -74,13 +74,15 @@ local ok, err = pcall(function()
   end
   -- the reference's forwards, timed where the update makes them
   local ref_seconds = 0
-  if t.stepper.ref then
-    local logprobs = t.stepper.ref.logprobs
-    t.stepper.ref.logprobs = function(self, ...)
-      local t0 = now()
-      local out = logprobs(self, ...)   -- read back: synchronised
-      ref_seconds = ref_seconds + now() - t0
-      return out
+  if t.stepper.ref then   -- padded (logprobs) or packed (logprobs_packed, padding_free) forwards
+    for _, name in ipairs({ "logprobs", "logprobs_packed" }) do
+      local forward = t.stepper.ref[name]
+      t.stepper.ref[name] = function(self, ...)
+        local t0 = now()
+        local a, b, c = forward(self, ...)   -- read back: synchronised
+        ref_seconds = ref_seconds + now() - t0
+        return a, b, c
+      end
     end
   end
   local sums = { generate = 0, score = 0, ref_logprobs = 0, update = 0, step = 0 }

@@ -13,7 +13,7 @@
 -- that teaches it is still to be written), so with it this recipe runs but its episodes rarely
 -- call the tool. The template below is the qa format with the tool's results as "Result:" lines
 -- and the call format in the system message.
-local gsm8k = require("remax.tasks.gsm8k")
+local gsm8k = require("remax").tasks.gsm8k
 
 -- the calculator: + - * / and parentheses over numbers, nothing else reaches load()
 local function calculate(args)
