@@ -126,31 +126,7 @@ end
 
 -- The byte offset of the first byte that is not valid UTF-8 (overlong forms, surrogates and
 -- code points past U+10FFFF included), or nil when s is valid.
-function M.utf8_error(s)
-  if not s:find("[\128-\255]") then return nil end
-  local i, n, byte = 1, #s, string.byte
-  while i <= n do
-    local c = byte(s, i)
-    if c < 0x80 then i = i + 1
-    else
-      local len, lo, hi = 0, 0x80, 0xBF
-      if c >= 0xC2 and c <= 0xDF then len = 2
-      elseif c >= 0xE0 and c <= 0xEF then
-        len = 3
-        if c == 0xE0 then lo = 0xA0 elseif c == 0xED then hi = 0x9F end
-      elseif c >= 0xF0 and c <= 0xF4 then
-        len = 4
-        if c == 0xF0 then lo = 0x90 elseif c == 0xF4 then hi = 0x8F end
-      else return i end
-      for k = 1, len - 1 do
-        local d = byte(s, i + k)
-        if not d or d < (k == 1 and lo or 0x80) or d > (k == 1 and hi or 0xBF) then return i end
-      end
-      i = i + len
-    end
-  end
-  return nil
-end
+M.utf8_error = require("remax.text.chat").utf8_error   -- one UTF-8 check for prompts, data and templates
 
 local function check_utf8(text, where, what)
   if type(text) ~= "string" then return end
