@@ -118,6 +118,7 @@ local function sorted_keys(t)
   table.sort(keys)
   return keys
 end
+M.sorted_keys = sorted_keys   -- a row's column names in order, for messages (preferences.lua too)
 
 local function is_object(v)
   if type(v) ~= "table" then return false end

@@ -18,12 +18,7 @@ local data = require("remax.step.data")
 
 local M = {}
 
-local function sorted_keys(t)
-  local keys = {}
-  for k in pairs(t) do keys[#keys + 1] = tostring(k) end
-  table.sort(keys)
-  return keys
-end
+local sorted_keys = data.sorted_keys
 
 -- A canonical text of a side (string or messages), to tell identical sides apart.
 local function canonical(v)
