@@ -155,7 +155,7 @@ describe("chat", function()
     tok.chat_template_path = "model/chat_template.jinja"
     local ok, err = pcall(chat.render, "x", { tokenizer = tok })
     assert.is_false(ok)
-    assert.matches("remax.chat: model/chat_template.jinja is not valid UTF-8: byte 33 (line 2) is 0xE9", err, 1, true)
+    assert.matches("model/chat_template.jinja: not valid UTF-8: byte 33 (line 2) is 0xE9", err, 1, true)
     -- the same bytes as UTF-8 render
     assert.are.equal("x\n", chat.render("x", { tokenizer = fake_tokenizer("{{ messages[0].content }}\n{# caf\195\169 #}") }))
     ok, err = pcall(chat.render, "x", { template = 42 })

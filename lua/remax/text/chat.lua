@@ -147,7 +147,7 @@ local function tokenizer_template(tok)
   local bad = utf8_error(tok.chat_template)
   if bad then   -- transformers reads a template as UTF-8 and stops on this too
     local _, newlines = tok.chat_template:sub(1, bad - 1):gsub("\n", "")
-    error(("remax.chat: %s is not valid UTF-8: byte %d (line %d) is 0x%02X; save the template as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+    error(("%s: not valid UTF-8: byte %d (line %d) is 0x%02X; save the template as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
       :format(where, bad, newlines + 1, tok.chat_template:byte(bad)), 0)
   end
   local t = jinja.compile(tok.chat_template, where)
