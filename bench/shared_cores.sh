@@ -8,30 +8,37 @@
 # each under three settings:
 #   today             libgomp's default spin (GOMP_SPINCOUNT=300000, ~3 ms) and every core per rank:
 #                     what remax did before its own defaults (REMAX_THREADS_NOTE=off turns them off)
-#   remax             the program's defaults (engine/host/main.c): GOMP_SPINCOUNT=1000, each
+#   remax             the program's defaults (engine/host/main.c): GOMP_SPINCOUNT=10000 and threads_adapt (the engine drops to
+#                     the cores other processes leave), each
 #                     local rank its share of the cores
-#   spin10k           GOMP_SPINCOUNT=10000 (a longer spin, for comparison)
+#   noadapt           the program's defaults with threads_adapt off (REMAX_THREADS_ADAPT=0)
+#   spin10k           GOMP_SPINCOUNT=10000 (the default spin, set by hand)
 #   passive           OMP_WAIT_POLICY=passive (no spin)
 # and prints tokens/s with the ratio to the same setting's quiet run and to today's quiet run.
-#   bench/shared_cores.sh       ROWS=8 NEW=64 BATCH=4 SEQ=128 STEPS=2 SETTINGS="today remax" bench/shared_cores.sh
+#   bench/shared_cores.sh       ROWS=8 NEW=256 BATCH=4 SEQ=128 STEPS=6 REPS=3 SETTINGS="today remax" bench/shared_cores.sh
+# Each number is the median of REPS runs.
 # The numbers in docs/benchmarks.md come from a machine other jobs also used: noisy.
 set -eu
 cd "$(dirname "$0")/.."
-rows=${ROWS:-8}; new=${NEW:-64}; batch=${BATCH:-4}; seq=${SEQ:-128}; steps=${STEPS:-2}
+rows=${ROWS:-8}; new=${NEW:-256}; batch=${BATCH:-4}; seq=${SEQ:-128}; steps=${STEPS:-6}; reps=${REPS:-3}
 ./remax version >/dev/null   # build once, outside the timing
 decode="bench/generate.lua --shape small --rows $rows --prompt 32 --new $new"
 train="bench/train_step.lua --shape small --batch $batch --seq $seq --steps $steps"
 setting_env() {
   case $1 in
-    today) echo "REMAX_THREADS_NOTE=off GOMP_SPINCOUNT=300000" ;;
+    today) echo "REMAX_THREADS_NOTE=off REMAX_THREADS_ADAPT=0 GOMP_SPINCOUNT=300000" ;;
+    noadapt) echo "REMAX_THREADS_ADAPT=0" ;;
     remax) echo "" ;;
     spin10k) echo "GOMP_SPINCOUNT=10000" ;;
     passive) echo "OMP_WAIT_POLICY=passive" ;;
   esac
 }
 tps() { sed -n 's/.*"tokens_per_s":\([0-9.e+-]*\).*/\1/p' | awk '{ s += $1 } END { printf "%.1f", s }'; }
-one() { # one SETTING BENCH: tokens/s of one run
+one1() { # one1 SETTING BENCH: tokens/s of one run
   env -u OMP_NUM_THREADS -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT $(setting_env "$1") ./build/remax run $2 | tps
+}
+one() { # one SETTING BENCH: the median tokens/s of REPS runs
+  i=0; while [ $i -lt "$reps" ]; do one1 "$1" "$2"; echo; i=$((i + 1)); done | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'
 }
 ranks() { # ranks SETTING BENCH: tokens/s summed over 2 ranks
   env -u OMP_NUM_THREADS -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT $(setting_env "$1") \

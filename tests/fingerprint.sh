@@ -13,7 +13,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: tests/fingerprint.sh OUT}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1
+export OMP_NUM_THREADS=${FINGERPRINT_THREADS:-1}   # FINGERPRINT_THREADS=2: the same runs on 2 threads
 common="--max_steps 3 --per_device_train_batch_size 4 --num_generations 2 --max_completion_length 40
   --eval_size 8 --eval_steps 2 --per_device_eval_batch_size 8 --save_steps 2 --log_completions 1
   --hot_reload false --seed 7 --output_dir $tmp"

@@ -26,6 +26,7 @@ static const option table[RX_OPT_COUNT] = {
   [RX_OPT_HOST_SAMPLER] = {"host_sampler", "on off", "off", "REMAX_HOST_SAMPLER", one_means_on},
   [RX_OPT_CUDA_ALLOC] = {"cuda_alloc", "caching plain", "caching", "REMAX_CUDA_ALLOC", raw},
   [RX_OPT_CUDA_SYNC] = {"cuda_sync", "on off", "off", "REMAX_CUDA_SYNC", zero_means_off},
+  [RX_OPT_THREADS_ADAPT] = {"threads_adapt", "on off", "on", "REMAX_THREADS_ADAPT", zero_means_off},
 };
 
 /* The values set through the API (NULL: not set); the environment's, read once. */

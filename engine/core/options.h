@@ -15,6 +15,7 @@ enum {
   RX_OPT_HOST_SAMPLER,   /* on | off: cuda rows sampled on the host (REMAX_HOST_SAMPLER=1: on) */
   RX_OPT_CUDA_ALLOC,     /* caching | plain: the device allocator (REMAX_CUDA_ALLOC); before the first allocation */
   RX_OPT_CUDA_SYNC,      /* on | off: synchronise after every kernel, so a fault names its op (REMAX_CUDA_SYNC=1) */
+  RX_OPT_THREADS_ADAPT,  /* on | off: CPU threads follow the cores other processes leave (REMAX_THREADS_ADAPT=0: off) */
   RX_OPT_COUNT
 };
 

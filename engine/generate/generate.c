@@ -12,6 +12,7 @@
  * streams as the host's sampler), so only each row's token and its log-probability come back;
  * REMAX_HOST_SAMPLER=1 reads the logits back as f32 and samples on the host instead. */
 #include "core/options.h"
+#include "core/threads.h"
 #include "model/model_internal.h"
 #include "fastmath.h"
 #include "philox.h"
@@ -563,7 +564,7 @@ static void generate_memory(const rx_model_config *c, int64_t R, int64_t P, int6
   const int64_t L = c->num_hidden_layers, C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
   const int64_t H = c->num_attention_heads, KD = c->num_key_value_heads * c->head_dim, HD = H * c->head_dim;
   const int64_t es = rx_dtype_size(c->dtype), S = Pmax + max_new;
-  const int64_t nthreads = omp_get_max_threads();
+  const int64_t nthreads = rx_threads_cap();   /* per-thread scratch holds any count rx_threads_adapt picks */
   z->cache = 2 * L * R * S * KD * es;
   z->sampler = nthreads * V * (int64_t)(2 * sizeof(float) + sizeof(int32_t) + sizeof(cand));
   const int64_t penalty_bytes = device_sampler_on(c) && any_penalty ? R * S * 4 + R * V * 4 : 0;
@@ -606,8 +607,9 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
     return rx_fail(RX_EINVAL, "generate: prompt of %lld tokens + %lld new tokens + append_capacity %lld exceeds "
                    "max_position_embeddings = %lld", (long long)Pmax, (long long)req->max_new_tokens,
                    (long long)req->append_capacity, (long long)c->max_position_embeddings);
+  if (c->device == RX_CPU) rx_threads_adapt();   /* before the prefill: the cores other processes leave */
   /* size everything first, refuse before allocating */
-  const int64_t nthreads = omp_get_max_threads();
+  const int64_t nthreads = rx_threads_cap();   /* per-thread scratch holds any count rx_threads_adapt picks */
   int any_penalty = 0;   /* the device sampler then keeps each row's tokens and a penalised copy of its logits */
   for (int64_t r = 0; r < R; r++) any_penalty |= penalty_on(req->rows[r].repetition_penalty);
   generate_sizes z;
@@ -1025,6 +1027,7 @@ static int graph_step(rx_generator *g, layer_acts *acts, const rx_tensor *pos) {
 int rx_generate_step(rx_generator *g, int32_t *done) {
   TRY(compact(g));
   if (g->active == 0 || (!g->continuable && g->generated >= g->req.max_new_tokens)) { *done = 1; return RX_OK; }
+  if (g->m->cfg.device == RX_CPU) rx_threads_adapt();   /* the cores other processes leave */
   if (g->slot >= g->S) TRY(repack(g));
   if (g->slot >= g->S) {   /* the cache is full even without holes: the rows decoding end at their length */
     for (int64_t r = 0; r < g->active; r++) g->done[r] = 1, g->res->finish[g->place_row[r]] = RX_FINISH_LENGTH;

@@ -47,14 +47,16 @@ static int find_home(char *home, size_t n) {
 /* OpenMP's defaults for a machine whose cores are shared (another process, or other ranks).
  * libgomp reads its environment when it loads, before main, so a change here takes effect by
  * starting the program again (main execs itself once). The user's own settings always stand.
- *  - Wait policy: libgomp's default spins 300,000 times before a waiting thread sleeps; against
- *    one busy process on 2 cores that made decoding ~10x slower. A short spin (GOMP_SPINCOUNT
- *    below, measured by bench/shared_cores.sh: docs/benchmarks.md) keeps the quiet speed and
- *    yields the core when it is taken. Unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set.
+ *  - Wait policy: libgomp's default spins 300,000 times (~3 ms) before a waiting thread sleeps;
+ *    against one busy process on 2 cores that made decoding ~10x slower. The engine itself now
+ *    drops to the cores other processes leave (engine/core/threads.c, setting threads_adapt), so
+ *    the spin only has to cover what that misses: 10,000 (~0.1 ms) keeps the quiet speed, where
+ *    1,000 lost ~30% of it in quiet decoding (bench/shared_cores.sh: docs/benchmarks.md).
+ *    Unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set.
  *  - Threads under mpirun/srun: each local rank takes its share of the cores (as torchrun does),
  *    unless OMP_NUM_THREADS is set.
  * REMAX_THREADS_NOTE tells the Lua side (the start line, `remax version`) what was chosen. */
-#define RX_GOMP_SPINCOUNT "1000"
+#define RX_GOMP_SPINCOUNT "10000"
 
 static long local_ranks(const char **from) {
   static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE",

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "model/model_internal.h"
+#include "core/threads.h"
 
 /* ------------------------------------------------------------------ parameters */
 
@@ -601,6 +602,7 @@ int rx_model_set_packed_inputs(rx_model *m, const int32_t *in_tok, const int32_t
 
 int rx_model_forward_hidden(rx_model *m, const layer_kv *kv) {
   plan *p = &m->plan;
+  if (m->cfg.device == RX_CPU) rx_threads_adapt();   /* the cores other processes leave */
   const int64_t L = m->cfg.num_hidden_layers;
   TRY(rx_embedding_forward(&p->res[0], &p->tokens, rx_model_w(m, m->embed)));
   for (int64_t l = 0; l < L; l++) {
@@ -773,6 +775,7 @@ int rx_model_backward(rx_model *m, const rx_tensor *dlogp) { return rx_model_bac
 
 int rx_model_backward_entropy(rx_model *m, const rx_tensor *dlogp, const rx_tensor *dentropy) {
   plan *p = &m->plan;
+  if (m->cfg.device == RX_CPU) rx_threads_adapt();
   char a[96];
   if (!p->valid) return rx_fail(RX_EINVAL, "backward: no train forward to differentiate (call logprobs with train = true first)");
   TRY(ensure_grads(m));

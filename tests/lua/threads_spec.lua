@@ -1,6 +1,7 @@
 -- The remax program's OpenMP defaults for shared cores (issue 36, item 3; engine/host/main.c):
 -- a short spin before a waiting thread sleeps unless the user chose a wait policy, and under
--- mpirun/srun each local rank's share of the cores unless OMP_NUM_THREADS is set; both said by
+-- mpirun/srun each local rank's share of the cores unless OMP_NUM_THREADS is set; the engine's own
+-- drop to the cores other processes leave (threads_adapt: tests/c/test_threads.c); all said by
 -- `remax version` and the run's start line (remax.run.compute).
 local support = require("support")
 
@@ -34,8 +35,11 @@ end
 describe("OpenMP defaults of the remax program", function()
   it("starts with a short spin count (libgomp reads it at load), unless the user set a wait policy", function()
     local out = probe()
-    assert.matches("spin=1000 ", out, 1, true)
-    assert.matches("OpenMP threads spin 1000 times before they sleep", out, 1, true)
+    assert.matches("spin=10000 ", out, 1, true)
+    assert.matches("OpenMP threads spin 10000 times before they sleep", out, 1, true)
+    assert.matches("fewer threads while other processes hold cores (threads_adapt)", out, 1, true)
+    out = probe("REMAX_THREADS_ADAPT=0")
+    assert.matches("threads_adapt off: every thread always", out, 1, true)
     out = probe("OMP_WAIT_POLICY=active")
     assert.matches("spin=nil ", out, 1, true)
     assert.matches("OpenMP wait policy as set (OMP_WAIT_POLICY=active)", out, 1, true)

@@ -1,5 +1,5 @@
 -- remax.bind.options: the engine's behaviour switches (remax.h's rx_set_option): the run's
--- Engine settings (bf16_gemm, bf16_dot, cuda_graphs, host_sampler, cuda_alloc, cuda_sync) are
+-- Engine settings (bf16_gemm, bf16_dot, cuda_graphs, host_sampler, cuda_alloc, cuda_sync, threads_adapt) are
 -- handed to the engine here, once, before a model loads. An option's environment variable, when
 -- set, overrides the setting as a developer's switch: overrides() names those in force.
 local ffi = require("ffi")
@@ -17,6 +17,7 @@ M.from_settings = {
   host_sampler = on_off("host_sampler"),
   cuda_alloc = function(cfg) return cfg.cuda_alloc end,
   cuda_sync = on_off("cuda_sync"),
+  threads_adapt = on_off("threads_adapt"),
 }
 
 -- Sets one engine option; a bad name or value raises the engine's message (it names both).

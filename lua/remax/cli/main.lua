@@ -274,7 +274,7 @@ function M.main(cmd, ...)
       remax.bf16_train_pays() and "bf16" or "f32"))
     local compute = require("remax.run.compute")
     print(("GEMMs: f32 training: %s; bf16 training: %s"):format(compute.gemms("f32"), remax.bf16_train_kernels()))
-    print(("threads: %d OpenMP thread(s)%s"):format(compute.threads(),
+    print(("threads: %d OpenMP thread(s), %s%s"):format(compute.threads(), compute.adapt_note(),
       os.getenv("REMAX_THREADS_NOTE") and ("; " .. os.getenv("REMAX_THREADS_NOTE")) or ""))
     local overrides = require("remax.bind.options").overrides()
     if overrides then print("engine options set by the environment (developer overrides): " .. overrides) end

@@ -38,11 +38,17 @@ function M.gemms(dtype, device)
   return ("OpenBLAS sgemm (%s kernels)"):format(remax.blas_core())
 end
 
+-- Whether the CPU's thread count follows the cores other processes leave (threads_adapt).
+function M.adapt_note()
+  local on = require("remax.bind.options").get("threads_adapt") == "on"
+  return on and "fewer threads while other processes hold cores (threads_adapt)" or "threads_adapt off: every thread always"
+end
+
 -- "GEMMs ...; N threads (...)": one line.
 function M.describe(dtype, device)
   local note = os.getenv("REMAX_THREADS_NOTE")
-  return ("GEMMs (%s): %s; %d OpenMP thread(s)%s"):format(dtype or "f32", M.gemms(dtype, device), M.threads(),
-    note and note ~= "" and ("; " .. note) or "")
+  return ("GEMMs (%s): %s; %d OpenMP thread(s), %s%s"):format(dtype or "f32", M.gemms(dtype, device), M.threads(),
+    M.adapt_note(), note and note ~= "" and ("; " .. note) or "")
 end
 
 return M

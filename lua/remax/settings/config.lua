@@ -144,6 +144,7 @@ M.groups = {
     { "host_sampler", false, "boolean", "cuda: sample each row's next token on the host instead of the device (REMAX_HOST_SAMPLER=1 overrides)" },
     { "cuda_alloc", "caching", "enum:caching|plain", "cuda: the caching device allocator, or one cudaMalloc per tensor (plain: for memory checkers); fixed at the first device allocation (REMAX_CUDA_ALLOC overrides)" },
     { "cuda_sync", false, "boolean", "cuda: synchronise after every kernel so a fault is reported by the op that made it (slow; REMAX_CUDA_SYNC=1 overrides)" },
+    { "threads_adapt", true, "boolean", "cpu: before each decode step and forward/backward, use only the cores other busy processes leave (between 1 and OMP_NUM_THREADS or every core; REMAX_THREADS_ADAPT=0 overrides)" },
   } },
 }
 
