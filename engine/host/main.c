@@ -109,8 +109,8 @@ static int thread_defaults(void) {
 
 static int traceback(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
-  if (getenv("REMAX_DEBUG")) {
-    luaL_traceback(L, L, msg, 1);   /* full stack when debugging */
+  if (getenv("REMAX_DEBUG") && !(msg && strstr(msg, "stack traceback:"))) {
+    luaL_traceback(L, L, msg, 1);   /* full stack when debugging (once: the Lua side may have added it) */
     return 1;
   }
   lua_pushstring(L, msg ? msg : "(error object is not a string)");

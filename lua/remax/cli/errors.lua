@@ -86,7 +86,8 @@ function M.handler(e)
   local info = debug.getinfo(2, "Sl")
   if info and info.currentline and info.currentline > 0 then raised_at = info.short_src .. ":" .. info.currentline end
   local msg = M.message(e, raised_at)
-  if os.getenv("REMAX_DEBUG") then msg = debug.traceback(msg, 2) end
+  -- once: the innermost catch (remax.step.guard's handler, the Run's) keeps where it was raised
+  if os.getenv("REMAX_DEBUG") and not tostring(msg):find("stack traceback:", 1, true) then msg = debug.traceback(msg, 2) end
   return msg
 end
 

@@ -70,7 +70,7 @@ function M.new(cfg, opts)
   self:setup_run()
   for _, note in ipairs(cfg.inert_notes or {}) do self:say(note) end   -- settings that do nothing here
   if options.overrides() then self:say("engine options set by the environment (developer overrides): " .. options.overrides()) end
-  local ok, err = pcall(function()
+  local ok, err = xpcall(function()
     -- prompts_per_step: this rank's; the sampler draws the global batch and each rank takes its share
     self.prompts_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
     self.global_prompts_per_step = self.prompts_per_step * self.dist.size
@@ -94,7 +94,7 @@ function M.new(cfg, opts)
     if cfg.hot_reload then reload.snapshot(self) end
     if self.resume_state then self:restore(self.resume_state) end
     self:share_state()
-  end)
+  end, guard.traceback)   -- REMAX_DEBUG=1 keeps the traceback
   if not ok then
     -- a failed start leaves no half-made run folder behind (a resumed or replaced run's folder stays)
     if self.fresh_run_dir then
@@ -319,7 +319,7 @@ function methods.train(self, loop)
   -- does; and the run folder's lock goes when the run ends (remax.run.folder)
   if not self.in_train then
     self.in_train = true
-    local ok, out = pcall(methods.train, self, loop)
+    local ok, out = xpcall(methods.train, guard.traceback, self, loop)   -- REMAX_DEBUG=1 keeps the traceback
     self.in_train = nil
     if not ok and self.fresh_run_dir and self.step == 0 and not self.last_saved and self.run and self.run.discard then
       pcall(self.run.discard, self.run)

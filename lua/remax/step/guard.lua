@@ -28,11 +28,15 @@ function M.trapped_exit(code)
   error(setmetatable({ code = code, where = where }, Exit), 0)
 end
 
--- With REMAX_DEBUG set, an error caught here keeps the Lua traceback of where it was raised.
+-- With REMAX_DEBUG set, an error caught here keeps the Lua traceback of where it was raised
+-- (an xpcall handler; the Run's own catches use it too).
 local function handler(e)
-  if type(e) == "string" and os.getenv("REMAX_DEBUG") then return debug.traceback(e, 2) end
+  if type(e) == "string" and os.getenv("REMAX_DEBUG") and not e:find("stack traceback:", 1, true) then
+    return debug.traceback(e, 2)
+  end
   return e
 end
+M.traceback = handler
 
 -- f(...) under pcall with os.exit trapped (and put back after, whatever it was).
 function M.pcall(f, ...)

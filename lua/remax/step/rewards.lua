@@ -203,7 +203,8 @@ function M.call_with_timeout(limit, fn, ...)
 end
 
 function M.call_with_timeout_untrapped(limit, fn, ...)
-  if not limit or limit <= 0 then return pcall(fn, ...) end
+  local traceback = require("remax.step.guard").traceback   -- REMAX_DEBUG=1: where the reward raised it
+  if not limit or limit <= 0 then return xpcall(fn, traceback, ...) end
   local clock = M.clock
   local t0 = clock()
   local jit_was_on = jit.status()
@@ -223,7 +224,7 @@ function M.call_with_timeout_untrapped(limit, fn, ...)
   end
   _G.pcall = function(f, ...) return pass(g_pcall(f, ...)) end
   _G.xpcall = function(f, h, ...) return pass(g_xpcall(f, h, ...)) end
-  local ok, value = g_pcall(fn, ...)
+  local ok, value = g_xpcall(fn, traceback, ...)
   _G.pcall, _G.xpcall = g_pcall, g_xpcall
   if old_hook then debug.sethook(old_hook, old_mask, old_count) else debug.sethook() end
   if jit_was_on then jit.on() end
