@@ -422,10 +422,19 @@ static int load_config(rx_tokenizer *t, const char *cfg_path) {
   }
   const rx_json *ct = root->kind == RX_JSON_OBJECT ? rx_json_get(root, "chat_template") : NULL;
   if (ct && ct->kind == RX_JSON_ARRAY) {   /* [{"name": "default", "template": ...}, ...] */
-    for (const rx_json *c = ct->child; c; c = c->next) {
-      const rx_json *name = rx_json_get(c, "name"), *tpl = rx_json_get(c, "template");
+    const rx_json *list = ct;
+    for (const rx_json *c = list->child; c; c = c->next) {
+      const rx_json *name = c->kind == RX_JSON_OBJECT ? rx_json_get(c, "name") : NULL;
+      const rx_json *tpl = c->kind == RX_JSON_OBJECT ? rx_json_get(c, "template") : NULL;
       if (name && name->kind == RX_JSON_STRING && !strcmp(name->str, "default") && tpl && tpl->kind == RX_JSON_STRING) ct = tpl;
     }
+    if (ct == list) ct = NULL;   /* no "default" template: as transformers, none unless one is named (chat_template setting) */
+  } else if (ct && ct->kind != RX_JSON_STRING && ct->kind != RX_JSON_NULL) {
+    /* transformers would fail on it when rendering; say so now, naming the file and the key */
+    rc = rx_fail(RX_EFORMAT, "%s: chat_template must be a string (a Jinja template) or a list of {\"name\", \"template\"}, got %s",
+                 cfg_path, rx_json_kind_name(ct->kind));
+    rx_json_free(doc);
+    return rc;
   }
   if (ct && ct->kind == RX_JSON_STRING) t->chat_template = dup_str(ct->str, ct->len);
   rx_json_free(doc);
