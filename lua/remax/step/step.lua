@@ -176,15 +176,14 @@ function Step:score_ahead(ro)
   rewards.send(self.rewards, completions, batch, { step = ro.step, state = self:reward_state(ro.step), timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate) })
 end
 
--- Policy (and reference) log-probabilities of the completion tokens of rows, without gradients.
+-- Policy (and reference) log-probabilities of the completion tokens of rows, without gradients:
+-- padded, or packed with padding_free (remax.step.micro's row_logprobs).
 function Step:row_logprobs(model, ro, which)
   local seqs, lens, starts = ro:sequences(which)
-  local lp = model:logprobs(seqs):totable()
+  local lp = micro.row_logprobs(self, model, seqs, starts, lens, ("step %d"):format(ro.step or 0))
   local out = {}
   for n = 1, #which do
-    local v = {}
-    for t = 1, lens[n] do v[t] = lp[n][starts[n] + t] end
-    out[n] = episodes.model_only(v, ro.rows[which[n]].loss_mask)   -- an episode: its model tokens only
+    out[n] = episodes.model_only(lp[n], ro.rows[which[n]].loss_mask)   -- an episode: its model tokens only
   end
   return out
 end
@@ -274,6 +273,9 @@ function Step:update(ro)
   for _, r in ipairs(rows) do if not r.masked then totals.tokens = totals.tokens + episodes.loss_tokens(r) end end
   -- the loss is over the global batch
   totals.rows, totals.tokens, totals.chunks = self.dist:sum(totals.rows, totals.tokens, totals.chunks)
+  -- padding_free: the rows of every rank's micro-batches balanced by tokens (each keeps its
+  -- micro-batch's normalisers; a collective)
+  chunks = micro.balance(self, chunks)
   local mu = (ro.train_rows or cfg.algo == "sft") and 1 or cfg.num_iterations
   if mu > 1 then
     for _, c in ipairs(chunks) do if #c.rows > 0 then self:set_old_logprobs(c.rows, ("step %d"):format(ro.step or 0)) end end
