@@ -134,10 +134,12 @@ function Step:score(ro, opts)
   if self.dist.size == 1 or (opts and opts.alone) then
     per, total, unscored, none = rewards.score(self.rewards, self.cfg.reward_weights, completions, batch, {
       step = ro.step, state = self:reward_state(ro.step), timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate), on_failure = function() self:failed() end,
+      padding_free = self.cfg.padding_free,   -- reward models: packed or padded forwards
     })
   else
     local ok, a, b, c, d = pcall(rewards.score, self.rewards, self.cfg.reward_weights, completions, batch,
-      { step = ro.step, state = self:reward_state(ro.step), timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate) })
+      { step = ro.step, state = self:reward_state(ro.step), timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate),
+        padding_free = self.cfg.padding_free })
     local all_ok, msg, rank = self.dist:agree(ok, a)
     if not all_ok then
       self:failed()
@@ -545,7 +547,8 @@ function Step:trial(r, train_rows)
       for i = 1, n do batch[k][i] = col[i] end
     end
   end
-  rewards.run_one(r, comps, batch, { timeout = rewards.limit(self.cfg.reward_timeout), state = self:reward_state(ro.step or 0) })
+  rewards.run_one(r, comps, batch, { timeout = rewards.limit(self.cfg.reward_timeout), state = self:reward_state(ro.step or 0),
+    padding_free = self.cfg.padding_free })
 end
 
 -- What the engine holds for training, in MiB: the policy (weights, gradients, activations, head
