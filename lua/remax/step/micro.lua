@@ -1,9 +1,11 @@
 -- remax.step.micro: one micro-batch of the Step's update (remax.step.step): the forward, the loss
 -- weights (remax.step.algos) and the backward of its rows, padded to the longest row or, with
 -- padding_free (the default), packed (remax.step.pack) and split into packs of at most
--- max_tokens_per_microbatch tokens; and the old log-probabilities of num_iterations > 1 from
--- the same layout. Functions of the Step (self); the only Step field written here is
--- self.reserved (the token budget the activation plan was sized for).
+-- max_tokens_per_microbatch tokens; the old log-probabilities of num_iterations > 1 from the
+-- same layout; the token balance of the step's rows over every rank's micro-batches (balance);
+-- and the k1 advantage's log-probabilities (row_logprobs). Functions of the Step (self); the
+-- only Step field written here is self.reserved (the token budget the activation plan was
+-- sized for).
 local algos = require("remax.step.algos")
 local tensor = require("remax.bind.tensor")
 local fit = require("remax.step.fit")
