@@ -243,6 +243,8 @@ function Step:micro_step(rows, totals, chunk, acc) return micro.run(self, rows, 
 -- chunks[c] = {rows = rows to train, tokens = loss tokens of all its rows}. Rows left out of
 -- the forward: masked rows (no loss), and with skip_zero_advantage (beta = 0, every token
 -- trains) rows whose advantage is exactly 0 (no gradient); both still count in the averages.
+-- With padding_free, Step:update then balances the rows over every rank's micro-batches by
+-- tokens, each keeping its micro-batch's normalisers (remax.step.micro's balance).
 function Step:micro_batches(rows)
   local cfg = self.cfg
   local skip = cfg.skip_zero_rows
