@@ -5,10 +5,14 @@
 --   ./remax run bench/packing.lua --shape small --rows 32 --dist uniform
 --   ./remax run bench/packing.lua --shape qwen0.5b --layers 4 --rows 8 --dist uniform
 --   ./remax run bench/packing.lua --shape small --dist recipe    # lengths of recipes/gsm8k.lua's first rollout
+-- The 0.5B measurement (--shape 0.5b = qwen0.5b, all 24 layers; a quiet machine, ~1 h on 2 cores):
+--   ./remax run bench/packing.lua --shape 0.5b --dist uniform --rows 16 --steps 2
+--   ./remax run bench/packing.lua --shape 0.5b --dist uniform --rows 16 --steps 2 --budget 2048
+--   ./remax run bench/packing.lua --shape 0.5b --dist recipe --take 40 --steps 1
 -- --dist uniform: prompt --prompt tokens + completions uniform in [--min, --max] (seeded);
 -- --dist recipe: the (prompt + completion) lengths of one rollout of recipes/gsm8k.lua (its
 -- default model, models/tiny-gsm8k; generated here first, ~40 s). --mb: rows per micro-batch
--- (default all); --budget: max_tokens_per_microbatch for the packed side (default none: one
+-- (default all); --take N: the recipe's first N rows (default all); --budget: max_tokens_per_microbatch for the packed side (default none: one
 -- pack per micro-batch). A step is zero_grad + every micro-batch's forward and backward (the
 -- optimizer step is the same for both layouts and left out). Best of --steps after a warm-up.
 local remax = require("remax")
@@ -17,7 +21,8 @@ local now = require("remax.bind.clock").now
 local common = dofile(arg[0]:match("^(.-)[^/]*$") .. "common.lua")
 
 local opts = common.options({ shape = "small", layers = 0, rows = 32, prompt = 64, min = 16, max = 512, dist = "uniform",
-  mb = 0, budget = 0, steps = 2, checkpoint = false }, arg)
+  mb = 0, budget = 0, steps = 2, checkpoint = false, take = 0 }, arg)
+if opts.shape == "0.5b" then opts.shape = "qwen0.5b" end
 
 local lens = {}
 if opts.dist == "recipe" then
@@ -27,7 +32,9 @@ if opts.dist == "recipe" then
   s.eval_size, s.hot_reload, s.output_dir = 0, false, os.tmpname() .. ".d"
   local t = trainer.new(config.resolve(s, {}), { quiet = true, signals = false })
   local ro = t:rollout(t:next_batch())
-  for _, r in ipairs(ro.rows) do lens[#lens + 1] = #ro.prompt_ids[r.prompt] + #r.tokens end
+  for _, r in ipairs(ro.rows) do
+    if opts.take == 0 or #lens < opts.take then lens[#lens + 1] = #ro.prompt_ids[r.prompt] + #r.tokens end
+  end
   os.execute("rm -rf '" .. s.output_dir .. "'")
 elseif opts.dist == "uniform" then
   local rng = remax.data.rng(0, 7)

@@ -16,7 +16,7 @@ local function new_trainer(dir, extra)
   local s = support.run_settings(dir, {
     model_config = TINY, num_generations = 3, max_completion_length = 6, per_device_train_batch_size = 2,
     gradient_accumulation_steps = 2, learning_rate = 0, max_grad_norm = 0, max_steps = 2, seed = 5, hot_reload = false,
-    skip_zero_advantage = false, temperature = 1.5,
+    skip_zero_advantage = false, temperature = 1.5, dtype = "f32",   -- f32: the bounds below are f32's (auto picks bf16 where oneDNN has it)
   }, extra)
   return trainer.new(config.resolve(s, {}), { quiet = true, signals = false })
 end
@@ -166,6 +166,151 @@ describe("padding-free training", function()
     print(("3 steps packed vs padded: weights differ by %.3g of their norm, %.3g of how far they moved"):format(rel_w, rel_move))
     assert.is_true(moved > 0, "the weights moved")
     assert.is_true(rel_w < 1e-8 and rel_move < 1e-5, ("weights differ by %.3g (%.3g of the move)"):format(rel_w, rel_move))
+  end)
+
+  it("balances the step's rows over every rank's micro-batches by tokens, each keeping its normalisers", function()
+    local micro = require("remax.step.micro")
+    local function row(p, n, tag) local ids = {} for i = 1, p do ids[i] = 1 end local c = {} for i = 1, n do c[i] = 2 end
+      return { prompt_ids = ids, completion = c, adv = 1, tag = tag } end
+    -- rank 0: two micro-batches of long rows; rank 1: one of short rows (3 slots in all)
+    local chunks = {
+      [0] = { { rows = { row(4, 20, "a1"), row(4, 18, "a2") }, tokens = 38 + 7 }, { rows = { row(4, 16, "b1"), row(4, 14, "b2") }, tokens = 30 } },
+      [1] = { { rows = { row(2, 3, "c1"), row(2, 3, "c2") }, tokens = 6 + 2 } },
+    }
+    local dist = require("remax.bind.dist")
+    local sent = {}
+    local function as_rank(rank, gather)
+      local world = { size = 2, rank = rank, concat = function(_, list)
+        if not gather then sent[rank] = dist.encode(list[1]); error("sent", 0) end
+        return { dist.decode(sent[0]), dist.decode(sent[1]) }   -- what every rank receives
+      end }
+      local self = { cfg = { padding_free = true, top_entropy_quantile = 1, algo = "grpo" }, dist = world }
+      return micro.balance(self, chunks[rank])
+    end
+    pcall(as_rank, 0)
+    pcall(as_rank, 1)
+    local out = as_rank(0, true)
+    assert.are.equal(2, #out, "rank 0 keeps as many micro-batches as it had")
+    local loads, where = {}, {}
+    for c, ch in ipairs(out) do
+      loads[c] = 0
+      for _, r in ipairs(ch.rows) do loads[c] = loads[c] + #r.prompt_ids + #r.completion; where[r.tag] = r end
+    end
+    -- rows of 24, 22, 20, 18 tokens on rank 0 and 5, 5 on rank 1 over 3 slots, the longest first
+    -- into the emptiest: {a1, c2} 29, {a2, c1} 27 (rank 0), {b1, b2} 38 (rank 1); before: 84 and 10
+    assert.are.same({ 29, 27 }, loads)
+    assert.is_nil(where.b1)
+    assert.are.same({ tokens = 45, count = 38 }, where.a1.unit)   -- bnpo's and the entropy bonus's counts of its micro-batch
+    assert.are.same({ tokens = 45, count = 38 }, where.a2.unit)
+    assert.are.same({ tokens = 8, count = 6 }, where.c2.unit)     -- moved from rank 1 with rank 1's counts
+    -- rank 1 computes the same assignment from the same global list: its slot holds the rest
+    local back = as_rank(1, true)
+    local tags = {}
+    for _, r in ipairs(back[1].rows) do tags[#tags + 1] = r.tag end
+    assert.are.same({ "b1", "b2" }, tags)
+    assert.are.same({ tokens = 30, count = 30 }, back[1].rows[1].unit)
+    -- padded, or a top-entropy mask (a quantile over a micro-batch's entropies): rows stay
+    local same = micro.balance({ cfg = { padding_free = false, top_entropy_quantile = 1, algo = "grpo" }, dist = { size = 2 } }, chunks[0])
+    assert.are.equal(chunks[0], same)
+    assert.are.equal(chunks[0], micro.balance({ cfg = { padding_free = true, top_entropy_quantile = 0.5, algo = "grpo" }, dist = { size = 2 } }, chunks[0]))
+    assert.are.same({ { 1 }, { 2 }, { 3, 4 } }, pack.assign({ 9, 5, 4, 2 }, 3))
+    assert.are.same({ { 1, 4 }, { 2, 3 } }, pack.assign({ 9, 5, 4, 2 }, 2))
+  end)
+
+  it("computes the k1 KL-in-reward packed as padded", function()
+    local t = new_trainer(dir, { run_name = "k1", beta = 0.2, kl_estimator = "k1", learning_rate = 1e-2, max_grad_norm = 1,
+      per_device_train_batch_size = 4, gradient_accumulation_steps = 1 })
+    step(t)   -- one update, so the policy is no longer the reference
+    local ro = t:rollout(t:next_batch())
+    t:score(ro)
+    local cfg = t.stepper.cfg
+    local res = {}
+    local packed_calls = 0
+    for _, model in ipairs({ t.stepper.model, t.stepper:load_reference() }) do
+      local real = model.logprobs_packed
+      model.logprobs_packed = function(...) packed_calls = packed_calls + 1; return real(...) end
+    end
+    local all = {}
+    for k = 1, #ro.rows do all[k] = k end
+    local function run(free, budget)
+      cfg.padding_free, cfg.max_tokens_per_microbatch = free, budget
+      local before = packed_calls
+      t:advantage(ro)
+      local n = packed_calls - before   -- the policy's and the reference's forwards packed: one pack each, or several
+      assert.is_true((not free and n == 0) or (free and not budget and n == 2) or (budget and n > 2), ("%d packed forwards"):format(n))
+      return { kl = ro.kl_k1, reward = ro.reward, lp = t.stepper:row_logprobs(t.stepper.model, ro, all),
+        ref = t.stepper:row_logprobs(t.stepper:load_reference(), ro, all) }
+    end
+    local pad, free, budget = run(false), run(true), run(true, 24)   -- 24: one row per pack
+    -- the log-probabilities within 1e-6 relative; the KL (a difference of nearly equal sums)
+    -- within 1e-6 of the sum of its terms' sizes; the rewards it is folded into likewise
+    local worst_lp, worst_kl, any = 0, 0, false
+    for k = 1, #ro.rows do
+      local scale = 0
+      for tt, v in ipairs(pad.lp[k]) do
+        scale = scale + math.abs(v) + math.abs(pad.ref[k][tt])
+        for _, o in ipairs({ free, budget }) do
+          worst_lp = math.max(worst_lp, math.abs(o.lp[k][tt] - v) / math.abs(v), math.abs(o.ref[k][tt] - pad.ref[k][tt]) / math.abs(pad.ref[k][tt]))
+        end
+      end
+      if pad.kl[k] ~= 0 then any = true end
+      for _, o in ipairs({ free, budget }) do
+        worst_kl = math.max(worst_kl, math.abs(o.kl[k] - pad.kl[k]) / scale,
+          math.abs(o.reward[k] - pad.reward[k]) / (cfg.beta * scale))
+      end
+    end
+    print(("k1 KL-in-reward packed vs padded: log-probabilities %.3g relative, KL and reward %.3g of their terms"):format(worst_lp, worst_kl))
+    assert.is_true(any, "the policy moved away from the reference")
+    assert.is_true(worst_lp < 1e-6, ("log-probabilities packed differ from padded by %.3g"):format(worst_lp))
+    assert.is_true(worst_kl < 1e-6, ("k1 KL packed differs from padded by %.3g"):format(worst_kl))
+  end)
+
+  it("scores with a reward model packed as padded", function()
+    local reward_model = require("remax.bind.reward_model")
+    local rewards = require("remax.step.rewards")
+    local cjson = require("cjson")
+    local rdir = support.tmpdir()
+    remax.tokenizer.write_byte_level(rdir)
+    local tok = remax.tokenizer.load(rdir)
+    local dec = { architectures = { "Qwen2ForCausalLM" }, vocab_size = tok.vocab_size, hidden_size = 16, intermediate_size = 24,
+      num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, rms_norm_eps = 1e-6, rope_theta = 10000,
+      tie_word_embeddings = false, max_position_embeddings = 256 }
+    local m = remax.model.new(dec, { seed = 9, init_std = 0.3 })
+    local tensors = { ["score.weight"] = remax.tensor.new({ 1, 16 }, "f32"):normal_(10, 0, 0, 0.5) }
+    for name, p in pairs(m:params()) do if name ~= "lm_head.weight" then tensors[name] = p end end
+    remax.safetensors.save(rdir .. "/model.safetensors", tensors, { format = "pt" })
+    local c = {}
+    for k, v in pairs(dec) do c[k] = v end
+    c.architectures, c.id2label, c.pad_token_id = { "Qwen2ForSequenceClassification" }, { ["0"] = "LABEL_0" }, tok.pad_id
+    support.write(rdir .. "/config.json", cjson.encode(c))
+    local prompts = { "What is 2+2?", "x", "A longer question, with more words in it?", "q", "Hi" }
+    local completions = { "4", "yy", "No, it is five.", "zz" .. tok.pad_token, "Hello there" }
+    local batch = { prompt = prompts }
+    -- f64: the layouts differ only in summation order (1e-12); f32: within f32's (1e-5)
+    for _, case in ipairs({ { dtype = "f64", bound = 1e-12 }, { dtype = "f32", bound = 1e-5 } }) do
+      local r = reward_model.reward("model:" .. rdir, { dtype = case.dtype })
+      local rm = r.reward_model
+      assert.is_true(rm.padding_free, "packed by default")
+      local calls = { packed = 0, padded = 0 }
+      rm.score_ids_packed = function(...) calls.packed = calls.packed + 1; return reward_model.RewardModel.score_ids_packed(...) end
+      rm.score_ids = function(...) calls.padded = calls.padded + 1; return reward_model.RewardModel.score_ids(...) end
+      local packed = rewards.run_one(r, completions, batch, { padding_free = true })
+      assert.are.same({ packed = 1, padded = 0 }, calls)
+      local padded = rewards.run_one(r, completions, batch, { padding_free = false })
+      assert.are.same({ packed = 1, padded = 1 }, calls)
+      assert.is_false(rm.padding_free, "the run's padding_free reaches the reward model")
+      local rows = {}
+      for i = 1, #prompts do rows[i] = rm:encode(rm:render(prompts[i], completions[i])) end
+      local in_twos = rm:score_ids_packed(rows, 2)
+      local worst = 0
+      for i = 1, #prompts do
+        worst = math.max(worst, math.abs(packed[i] - padded[i]) / math.abs(padded[i]),
+          math.abs(in_twos[i] - padded[i]) / math.abs(padded[i]))
+      end
+      print(("reward model packed vs padded (%s): %.3g relative"):format(case.dtype, worst))
+      assert.is_true(worst < case.bound, ("%s: reward model scores packed differ from padded by %.3g"):format(case.dtype, worst))
+      assert.are_not.equal(packed[1], packed[2])
+    end
   end)
 
   it("refuses a budget below the longest row, naming the setting, the length and the budget", function()

@@ -89,7 +89,7 @@ function M.load(dir, opts)
   st:close()
   local okt, tok = pcall(require("remax.bind.tokenizer").load, dir)
   if not okt then error(("reward model %s: %s"):format(dir, tostring(tok)), 0) end
-  local self = setmetatable({ dir = dir, model = model, tok = tok, head = head,
+  local self = setmetatable({ dir = dir, model = model, tok = tok, head = head, padding_free = opts.padding_free ~= false,
     pad_id = json_value(cfg.pad_token_id), max_length = json_value(cfg.max_position_embeddings) }, RewardModel)
   self.template = tok.chat_template and chat.detect(tok.chat_template) and { tokenizer = tok } or { template = "plain" }
   return self
@@ -147,7 +147,44 @@ function RewardModel:score_ids(rows, batch_size, pad_left)
   return out
 end
 
--- Scores of completions of prompts (strings or message lists), one number each.
+-- The same scores through packed forwards (padding-free): batch_size rows end to end per
+-- forward, attention within each row, the hidden state read at each row's scoring position
+-- (rx_model_hidden_at_packed). No padding is computed; the numbers are the padded ones up to
+-- summation order.
+function RewardModel:score_ids_packed(rows, batch_size)
+  batch_size = batch_size or M.DEFAULT_BATCH_SIZE
+  local out = {}
+  local hidden = tonumber(self.model:cfg().hidden_size)
+  local dtype = tonumber(self.model:cfg().dtype)
+  for first = 1, #rows, batch_size do
+    local last = math.min(#rows, first + batch_size - 1)
+    local S, N = last - first + 1, 0
+    for i = first, last do N = N + #rows[i] end
+    local tok, cu = tensor.new({ 1, N }, "i32"), tensor.new({ S + 1 }, "i32")
+    local tp, cp = ffi.cast("int32_t*", tok.data), ffi.cast("int32_t*", cu.data)
+    local index = ffi.new("int64_t[?]", S)
+    local at = 0
+    for b = 1, S do
+      local ids = rows[first + b - 1]
+      cp[b - 1] = at
+      for t, id in ipairs(ids) do tp[at + t - 1] = id end
+      index[b - 1] = M.score_index(ids, self.pad_id) - 1
+      at = at + #ids
+    end
+    cp[S] = N
+    local h = tensor.new({ S, hidden }, dtype)
+    local rc = C.rx_model_hidden_at_packed(self.model.handle, tok, cu, index, h)
+    if rc ~= 0 then error(("reward model %s: %s"):format(self.dir, rx.last_error()), 0) end
+    if dtype == tonumber(C.RX_BF16) then h = h:to("f32") end
+    local s = tensor.new({ S, 1 }, tonumber(h.dtype))
+    check(C.rx_matmul_forward(s, h, self.head, nil), 2)
+    for b = 1, S do out[first + b - 1] = s:get(b, 1) end
+  end
+  return out
+end
+
+-- Scores of completions of prompts (strings or message lists), one number each: packed
+-- (score_ids_packed) unless self.padding_free is false (padding_free = false: padded batches).
 function RewardModel:score(prompts, completions, batch_size)
   local rows = {}
   for i, c in ipairs(completions) do
@@ -161,7 +198,8 @@ function RewardModel:score(prompts, completions, batch_size)
     end
     rows[i] = ids
   end
-  return self:score_ids(rows, batch_size)
+  if self.padding_free == false then return self:score_ids(rows, batch_size) end
+  return self:score_ids_packed(rows, batch_size)
 end
 
 -- "model:path" or {model = path, weight =, batch_size =, name =} -> a reward {name=, fn=,
@@ -182,6 +220,7 @@ function M.reward(spec, opts)
     error(("reward model %s: batch_size = %s must be an integer >= 1"):format(path, tostring(batch_size)), 0)
   end
   local rm = M.load(path, { dtype = opts.dtype, device = opts.device })
+  rm.padding_free = opts.padding_free ~= false   -- the Step sets it from the run's padding_free (rewards.run_one)
   local r = { name = name or ("rm:" .. (path:gsub("/+$", ""):match("([^/]+)$") or path)), weight = weight,
     model_dir = path, reward_model = rm, where = "reward model " .. path, file = nil }
   r.fn = function(completions, batch)

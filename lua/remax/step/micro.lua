@@ -1,9 +1,11 @@
 -- remax.step.micro: one micro-batch of the Step's update (remax.step.step): the forward, the loss
 -- weights (remax.step.algos) and the backward of its rows, padded to the longest row or, with
 -- padding_free (the default), packed (remax.step.pack) and split into packs of at most
--- max_tokens_per_microbatch tokens; and the old log-probabilities of num_iterations > 1 from
--- the same layout. Functions of the Step (self); the only Step field written here is
--- self.reserved (the token budget the activation plan was sized for).
+-- max_tokens_per_microbatch tokens; the old log-probabilities of num_iterations > 1 from the
+-- same layout; the token balance of the step's rows over every rank's micro-batches (balance);
+-- and the k1 advantage's log-probabilities (row_logprobs). Functions of the Step (self); the
+-- only Step field written here is self.reserved (the token budget the activation plan was
+-- sized for).
 local algos = require("remax.step.algos")
 local tensor = require("remax.bind.tensor")
 local fit = require("remax.step.fit")
@@ -126,21 +128,46 @@ local function pack_step(self, rows, totals, chunk, pre, acc)
       for _, e in ipairs(ents[n]) do ent_sum, ent_n = ent_sum + e, ent_n + 1 end
     end
   end
-  local weights, stats = algos.token_weights(parts, {
-    beta = (cfg.kl_mode == "none" or cfg.kl_mode == "return") and 0 or cfg.beta, kl = cfg.kl_estimator, agg = cfg.aggregation,
-    num_rows = totals.rows, num_tokens = totals.tokens, max_length = cfg.max_completion_length,
-    chunk_tokens = chunk.tokens, chunks = totals.chunks,
-    epsilon = cfg.epsilon, epsilon_high = cfg.epsilon_high, delta = cfg.delta, level = cfg.importance_sampling_level,
-  })
+  -- the rows by normalisation unit: the micro-batch each came from (row.unit, set by M.balance
+  -- when rows moved to balance tokens), else this micro-batch; each unit's normalisers as padded
+  local units, by = {}, {}
+  local here = { tokens = chunk.tokens, count = pre.count }
+  for n, row in ipairs(rows) do
+    local u = row.unit or here
+    if not by[u] then by[u] = {}; units[#units + 1] = u end
+    table.insert(by[u], n)
+  end
+  local function pick(list, idx)
+    if not list then return nil end
+    local out = {}
+    for j, n in ipairs(idx) do out[j] = list[n] end
+    return out
+  end
+  local weights, stats = {}, nil
+  for _, u in ipairs(units) do
+    local idx = by[u]
+    local w, st = algos.token_weights(#units == 1 and parts or pick(parts, idx), {
+      beta = (cfg.kl_mode == "none" or cfg.kl_mode == "return") and 0 or cfg.beta, kl = cfg.kl_estimator, agg = cfg.aggregation,
+      num_rows = totals.rows, num_tokens = totals.tokens, max_length = cfg.max_completion_length,
+      chunk_tokens = u.tokens, chunks = totals.chunks,
+      epsilon = cfg.epsilon, epsilon_high = cfg.epsilon_high, delta = cfg.delta, level = cfg.importance_sampling_level,
+    })
+    for j, n in ipairs(idx) do weights[n] = w[j] end
+    if not stats then stats = st else for k, v in pairs(st) do stats[k] = stats[k] + v end end
+  end
   stats.entropy_sum, stats.entropy_n = ent_sum, ent_n
   local dent
   if cfg.entropy_coef ~= 0 and not sft then
     local masked = {}
     for n, row in ipairs(rows) do masked[n] = row.masked end
-    local bonus
-    dent, bonus = algos.entropy_bonus(ents, { coef = cfg.entropy_coef, masks = masks, masked = masked,
-      agg = cfg.aggregation, num_tokens = totals.tokens, chunks = totals.chunks, count = pre.count })
-    stats.loss = stats.loss + bonus
+    dent = {}
+    for _, u in ipairs(units) do
+      local idx = by[u]
+      local d, bonus = algos.entropy_bonus(pick(ents, idx), { coef = cfg.entropy_coef, masks = pick(masks, idx),
+        masked = pick(masked, idx), agg = cfg.aggregation, num_tokens = totals.tokens, chunks = totals.chunks, count = u.count })
+      for j, n in ipairs(idx) do dent[n] = d[j] end
+      stats.loss = stats.loss + bonus
+    end
   end
   episodes.spread_rows(rows, weights, dent)   -- an episode's weights over its whole sequence: 0 on observations
   if acc.earlier then self.model:hold_grads() end   -- this pack's gradient from zero, then added
@@ -174,7 +201,7 @@ function M.run(self, rows, totals, chunk, acc)
     self.reserved = budget
   end
   local pre = {}
-  if #packs > 1 and cfg.algo ~= "sft" then
+  if #packs > 1 and cfg.algo ~= "sft" and not rows[1].unit then   -- balanced rows carry their unit's count
     local masked = {}
     for n, row in ipairs(rows) do masked[n] = row.masked end
     if cfg.top_entropy_quantile < 1 then   -- the quantile is over the whole micro-batch's tokens
@@ -208,6 +235,83 @@ function M.run(self, rows, totals, chunk, acc)
     end
   end
   return total
+end
+
+-- Token balance (padding_free; docs/distributed.md, "Token balance"): the step's micro-batches
+-- of every rank are slots, in rank order (rank r holds the slots of its own micro-batches), and
+-- the rows of all of them are assigned to the slots by tokens (prompt + completion, pack.assign),
+-- so every rank's and every micro-batch's forward holds about the same number of tokens. Each
+-- row keeps the normalisers of the micro-batch it came from (row.unit: bnpo's loss tokens, the
+-- entropy bonus's token count), so every loss type's normalisation is the padded one's; the
+-- step's global counts are summed before and do not change. A collective (every rank calls it):
+-- every rank gets every rank's rows (remax.bind.dist's concat) and computes the same assignment.
+-- Not done without padding_free, nor with top_entropy_quantile < 1 (the mask is a quantile over
+-- a micro-batch's entropies: its rows stay together). chunks: Step:micro_batches's; returns
+-- this rank's chunks (as many as before), {rows = rows to train}.
+function M.balance(self, chunks)
+  local cfg = self.cfg
+  if not cfg.padding_free or (cfg.top_entropy_quantile < 1 and cfg.algo ~= "sft") then return chunks end
+  local world = self.dist
+  local units, mine = {}, {}
+  for c, ch in ipairs(chunks) do
+    local count = 0   -- the entropy bonus's tokens of the micro-batch: its trained rows' loss tokens
+    for _, r in ipairs(ch.rows) do count = count + episodes.loss_tokens(r) end
+    units[c] = { tokens = ch.tokens, count = count }
+    for _, r in ipairs(ch.rows) do
+      local copy = {}
+      for k, v in pairs(r) do if k ~= "unit" then copy[k] = v end end
+      copy.u = c
+      mine[#mine + 1] = copy
+    end
+  end
+  local parts = { { units = units, rows = mine } }
+  if world.size > 1 then parts = world:concat(parts) end
+  local all, lens, slot0, offset = {}, {}, nil, 0
+  for r, p in ipairs(parts) do
+    if r == world.rank + 1 then slot0 = offset end
+    local u = {}
+    for c, x in ipairs(p.units) do u[c] = { tokens = x.tokens, count = x.count } end
+    for _, row in ipairs(p.rows) do
+      row.unit, row.u = u[row.u], nil
+      all[#all + 1] = row
+      lens[#all] = #row.prompt_ids + #row.completion
+    end
+    offset = offset + #p.units
+  end
+  local slots = pack.assign(lens, offset)
+  local out = {}
+  for c = 1, #chunks do
+    local list = {}
+    for j, i in ipairs(slots[slot0 + c]) do list[j] = all[i] end
+    out[c] = { rows = list }
+  end
+  return out
+end
+
+-- Log-probabilities (no gradients) of the completion tokens of prompt .. completion rows seqs,
+-- completions starting at starts[n] and lens[n] long, as Lua lists: padded, or with
+-- padding_free packed in packs of at most max_tokens_per_microbatch tokens (the k1 advantage's
+-- forwards, the policy's and the reference's). what: where a refusal happened.
+function M.row_logprobs(self, model, seqs, starts, lens, what)
+  local out = {}
+  if self.cfg.padding_free then
+    local tot = {}
+    for n, s in ipairs(seqs) do tot[n] = #s end
+    for _, idx in ipairs(pack.split(tot, self.cfg.max_tokens_per_microbatch, what)) do
+      local ss, st, ln = {}, {}, {}
+      for j, n in ipairs(idx) do ss[j], st[j], ln[j] = seqs[n], starts[n], lens[n] end
+      local lps = pack.forward(model, ss, st, ln)
+      for j, n in ipairs(idx) do out[n] = lps[j] end
+    end
+    return out
+  end
+  local lp = model:logprobs(seqs):totable()
+  for n = 1, #seqs do
+    local v = {}
+    for t = 1, lens[n] do v[t] = lp[n][starts[n] + t] end
+    out[n] = v
+  end
+  return out
 end
 
 return M

@@ -64,6 +64,27 @@ function M.split(lens, budget, what)
   return packs
 end
 
+-- Rows of lengths lens[i] (in a global order every rank sees the same) to `slots` slots,
+-- balancing the tokens each slot holds: rows longest first (ties: the lower index), each to the
+-- slot holding the fewest tokens so far (ties: the lower slot). Deterministic: the same lens
+-- give the same assignment on every rank. Returns out[s] = {i, ...} in the rows' order.
+function M.assign(lens, slots)
+  local out, load = {}, {}
+  for s = 1, slots do out[s], load[s] = {}, 0 end
+  if slots == 0 then return out end
+  local order = {}
+  for i = 1, #lens do order[i] = i end
+  table.sort(order, function(a, b) if lens[a] ~= lens[b] then return lens[a] > lens[b] end return a < b end)
+  for _, i in ipairs(order) do
+    local best = 1
+    for s = 2, slots do if load[s] < load[best] then best = s end end
+    load[best] = load[best] + lens[i]
+    table.insert(out[best], i)
+  end
+  for s = 1, slots do table.sort(out[s]) end
+  return out
+end
+
 -- The packed forward of rows seqs (prompt .. completion lists) whose completions start at
 -- starts[r] (the prompt's length) and run lens[r] tokens: the completions' log-probabilities
 -- (and entropies with opts.entropy) as Lua lists per row, like the padded forward's

@@ -96,7 +96,7 @@ function M.normalize(spec, index, opts)
   local reward_model = require("remax.bind.reward_model")
   local reward_worker = require("remax.step.reward_worker")
   if reward_model.is_spec(spec) then
-    return reward_model.reward(spec, { dtype = opts.dtype, device = opts.device })
+    return reward_model.reward(spec, { dtype = opts.dtype, device = opts.device, padding_free = opts.padding_free })
   elseif reward_worker.is_spec(spec) then   -- "py:", "cmd:", "http://": outside Lua
     return reward_worker.reward(spec, { base = opts.base, max_line_bytes = opts.max_line_bytes })
   elseif type(spec) == "string" then
@@ -262,6 +262,8 @@ end
 -- Run one reward on all completions, checking what it returns. Returns the scores list.
 function M.run_one(r, completions, batch, opts)
   local limit = opts and opts.timeout
+  -- a reward model scores packed rows unless the run pads (padding_free = false)
+  if r.reward_model and opts and opts.padding_free ~= nil then r.reward_model.padding_free = opts.padding_free end
   local n = #completions
   local ok, scores, seconds
   if r.external then   -- a worker or server keeps its own deadline; its errors are whole messages

@@ -1,7 +1,9 @@
 -- remax.step.rollout: one step's generated completions as a type of its own, and the only place
 -- that knows their layout. Rows are prompt-major: prompt i has `slots` rows, its G sampled rows
 -- (slots 1..G) and then, when the plan has one, its greedy row (slot G + 1); row k of prompt i and
--- slot s is (i - 1) * slots + s. A prompt's rows never split across ranks.
+-- slot s is (i - 1) * slots + s. A prompt's rows never split across ranks for generation,
+-- scoring and advantages (with padding_free the update then balances the training rows over
+-- the ranks by tokens: remax.step.micro's balance).
 --
 --   local plan = rollout.plan(4, true, 1.0)       -- 4 samples at temperature 1 + 1 greedy row
 --   local ro = rollout.new(plan, {prompts = rows, prompt_ids = ids, rows = model:generate(...).rows})

@@ -134,10 +134,12 @@ function Step:score(ro, opts)
   if self.dist.size == 1 or (opts and opts.alone) then
     per, total, unscored, none = rewards.score(self.rewards, self.cfg.reward_weights, completions, batch, {
       step = ro.step, state = self:reward_state(ro.step), timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate), on_failure = function() self:failed() end,
+      padding_free = self.cfg.padding_free,   -- reward models: packed or padded forwards
     })
   else
     local ok, a, b, c, d = pcall(rewards.score, self.rewards, self.cfg.reward_weights, completions, batch,
-      { step = ro.step, state = self:reward_state(ro.step), timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate) })
+      { step = ro.step, state = self:reward_state(ro.step), timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate),
+        padding_free = self.cfg.padding_free })
     local all_ok, msg, rank = self.dist:agree(ok, a)
     if not all_ok then
       self:failed()
@@ -176,15 +178,14 @@ function Step:score_ahead(ro)
   rewards.send(self.rewards, completions, batch, { step = ro.step, state = self:reward_state(ro.step), timeout = rewards.limit(self.cfg.reward_timeout, ro.time_generate) })
 end
 
--- Policy (and reference) log-probabilities of the completion tokens of rows, without gradients.
+-- Policy (and reference) log-probabilities of the completion tokens of rows, without gradients:
+-- padded, or packed with padding_free (remax.step.micro's row_logprobs).
 function Step:row_logprobs(model, ro, which)
   local seqs, lens, starts = ro:sequences(which)
-  local lp = model:logprobs(seqs):totable()
+  local lp = micro.row_logprobs(self, model, seqs, starts, lens, ("step %d"):format(ro.step or 0))
   local out = {}
   for n = 1, #which do
-    local v = {}
-    for t = 1, lens[n] do v[t] = lp[n][starts[n] + t] end
-    out[n] = episodes.model_only(v, ro.rows[which[n]].loss_mask)   -- an episode: its model tokens only
+    out[n] = episodes.model_only(lp[n], ro.rows[which[n]].loss_mask)   -- an episode: its model tokens only
   end
   return out
 end
@@ -242,6 +243,8 @@ function Step:micro_step(rows, totals, chunk, acc) return micro.run(self, rows, 
 -- chunks[c] = {rows = rows to train, tokens = loss tokens of all its rows}. Rows left out of
 -- the forward: masked rows (no loss), and with skip_zero_advantage (beta = 0, every token
 -- trains) rows whose advantage is exactly 0 (no gradient); both still count in the averages.
+-- With padding_free, Step:update then balances the rows over every rank's micro-batches by
+-- tokens, each keeping its micro-batch's normalisers (remax.step.micro's balance).
 function Step:micro_batches(rows)
   local cfg = self.cfg
   local skip = cfg.skip_zero_rows
@@ -274,6 +277,9 @@ function Step:update(ro)
   for _, r in ipairs(rows) do if not r.masked then totals.tokens = totals.tokens + episodes.loss_tokens(r) end end
   -- the loss is over the global batch
   totals.rows, totals.tokens, totals.chunks = self.dist:sum(totals.rows, totals.tokens, totals.chunks)
+  -- padding_free: the rows of every rank's micro-batches balanced by tokens (each keeps its
+  -- micro-batch's normalisers; a collective)
+  chunks = micro.balance(self, chunks)
   local mu = (ro.train_rows or cfg.algo == "sft") and 1 or cfg.num_iterations
   if mu > 1 then
     for _, c in ipairs(chunks) do if #c.rows > 0 then self:set_old_logprobs(c.rows, ("step %d"):format(ro.step or 0)) end end
@@ -543,7 +549,8 @@ function Step:trial(r, train_rows)
       for i = 1, n do batch[k][i] = col[i] end
     end
   end
-  rewards.run_one(r, comps, batch, { timeout = rewards.limit(self.cfg.reward_timeout), state = self:reward_state(ro.step or 0) })
+  rewards.run_one(r, comps, batch, { timeout = rewards.limit(self.cfg.reward_timeout), state = self:reward_state(ro.step or 0),
+    padding_free = self.cfg.padding_free })
 end
 
 -- What the engine holds for training, in MiB: the policy (weights, gradients, activations, head
