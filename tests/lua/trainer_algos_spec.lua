@@ -108,8 +108,11 @@ describe("trainer algorithms", function()
         assert.are.equal(ro.adv[r.prompt][r.slot], row.adv, "advantage of its own prompt and slot")
         assert.are.same(r.tokens, row.completion)
         assert.are.same(ro.prompt_ids[r.prompt], row.prompt_ids)
-        assert.is_true(seen[row.prompt] == nil or seen[row.prompt] == chunks, "a prompt's rows share one micro-batch")
-        seen[row.prompt] = chunks
+        -- padding_free balances rows across micro-batches by tokens; each row keeps the micro-batch
+        -- it was drawn into (row.unit) as its normalisation unit
+        local unit = row.unit or chunks
+        assert.is_true(seen[row.prompt] == nil or seen[row.prompt] == unit, "a prompt's rows share one normalisation unit")
+        seen[row.prompt] = unit
       end
       return real(self, rows, totals, chunk)
     end
