@@ -20,6 +20,10 @@ end
 
 local TOOLS_PY = [[
 import time, os, sys
+from typing import Literal, Optional
+def pick(kind: Literal["a", "b"], n: Optional[int], note: "str | None" = None) -> str:
+    """Pick one."""
+    return kind
 def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression.
 
@@ -120,14 +124,16 @@ describe("tools outside Lua", function()
   local py = "py:" .. d .. "/tools.py:"
 
   it("run a TRL-style Python function as-is, its schema from its signature and docstring", function()
-    local t, reg = tools.check({ py .. "calculator", search = py .. "search" })
+    local t, reg = tools.check({ py .. "calculator", search = py .. "search", py .. "pick" })
     finally(function() reg:close() end)
     local s = tools.schemas(t)
     assert.are.same({ type = "function", ["function"] = { name = "calculator", description = "Evaluate an arithmetic expression.",
       parameters = { type = "object", required = { "expression" },
         properties = { expression = { type = "string", description = "the expression, such as 12*7+3" } } } } }, s[1])
     assert.are.same({ type = "object", required = { "query" }, properties = { query = { type = "string" },
-      limit = { type = "integer" }, exact = { type = "boolean" } } }, s[2]["function"].parameters)
+      limit = { type = "integer" }, exact = { type = "boolean" } } }, s[3]["function"].parameters)
+    assert.are.same({ type = "object", required = { "kind" }, properties = { kind = { type = "string", enum = { "a", "b" } },
+      n = { type = "integer" }, note = { type = "string" } } }, s[2]["function"].parameters)
     assert.are.same({ "42", true }, { (tools.call(t, { name = "calculator", arguments = { expression = "6*7" } }, 5, reg)) , true })
     assert.are.equal('["x", "x"]', (tools.call(t, { name = "search", arguments = { query = "x", limit = 2 } }, 5, reg)))
     -- the recipe's own schema wins, and the Lua-side checks run before anything is sent
@@ -161,7 +167,7 @@ describe("tools outside Lua", function()
 
   it("refuse a missing function or file at the start, naming the tool", function()
     local err = support.error_of(tools.check, { x = py .. "nothere" })
-    assert.matches("tools.x.fn: LookupError: .*tools.py has no function or class 'nothere' %(have: calculator, die, garbage, nap, search%)", err)
+    assert.matches("tools.x.fn: LookupError: .*tools.py has no function or class 'nothere' %(have: calculator, die, garbage, nap, pick, search%)", err)
     err = support.error_of(tools.check, { x = "py:no/such/file.py:f" })
     assert.matches("tools.x.fn = py:no/such/file.py:f: no such file", err, 1, true)
     err = support.error_of(tools.check, { x = { fn = "ftp://x" } })

@@ -56,7 +56,8 @@ answer({"ready": True})
 def get(name):
     obj = getattr(mod, name, None)
     if not callable(obj):
-        have = sorted(k for k, v in vars(mod).items() if callable(v) and not k.startswith("_"))
+        have = sorted(k for k, v in vars(mod).items()
+                      if callable(v) and not k.startswith("_") and getattr(v, "__module__", None) == mod.__name__)
         raise LookupError("%s has no function or class '%s' (have: %s)" % (path, name, ", ".join(have) or "none"))
     return obj
 JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object",
@@ -64,7 +65,7 @@ JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", l
 def type_schema(t):
     origin = typing.get_origin(t) if hasattr(typing, "get_origin") else getattr(t, "__origin__", None)
     args = getattr(t, "__args__", None) or ()
-    if origin is typing.Union:
+    if origin is typing.Union or type(t).__name__ == "UnionType":   # Optional[int], int | None
         rest = [a for a in args if a is not type(None)]
         return type_schema(rest[0]) if len(rest) == 1 else {}
     if origin is getattr(typing, "Literal", None) and args:
@@ -110,7 +111,8 @@ def describe(fn):
         props[p.name] = s
         if p.default is p.empty:
             ann = hints.get(p.name)
-            optional = getattr(ann, "__origin__", None) is typing.Union and type(None) in getattr(ann, "__args__", ())
+            optional = (getattr(ann, "__origin__", None) is typing.Union or type(ann).__name__ == "UnionType") \
+                and type(None) in getattr(ann, "__args__", ())
             if not optional:
                 required.append(p.name)
     params = {"type": "object", "properties": props}
