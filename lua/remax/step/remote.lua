@@ -1,6 +1,6 @@
--- remax.step.remote: tools and environments outside Lua, spoken to in JSON with request ids, so
--- that many calls are on their way at once and the rollout keeps decoding while they run
--- (docs/environments.md, "Tools and environments in Python, or behind HTTP").
+-- remax.step.remote: tools and environments outside Lua (py:, cmd:, http://), JSON with request ids.
+-- Many calls are on their way at once, answered in any order, and the rollout keeps decoding
+-- while they run (docs/environments.md, "Tools and environments in Python, or behind HTTP").
 --
 --   "py:FILE.py:NAME"   a function (a tool) or a class (an environment) of a Python file, run in a
 --                       long-lived python3 worker, one per file, each request in its own thread
