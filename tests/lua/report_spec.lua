@@ -186,3 +186,65 @@ describe("report_to", function()
     assert.are.equal(1, starts)
   end)
 end)
+
+describe("the HTML report's episodes", function()
+  -- completions.jsonl of two steps of tool-using episodes; the report shows the last step's
+  local function episode(reward, greedy, tool_text, extra)
+    local e = { turns = 2, tool_calls = 1, tool_errors = tool_text:find("^Error") and 1 or 0, tool_time = 0.01, model_tokens = 9,
+      obs_tokens = 5, errors = tool_text:find("^Error") and { timeout = 1 } or {}, turn_rewards = {} }
+    for k, v in pairs(extra or {}) do e[k] = v end
+    return { prompt = "What is 6*7?", completion = "It is 42.", reward = reward, advantage = reward - 0.5, greedy = greedy,
+      rewards = {}, messages = {
+        { role = "assistant", content = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>' },
+        { role = "tool", name = "calculator", content = tool_text },
+        { role = "assistant", content = "It is 42." } }, episode = e }
+  end
+
+  it("shows a few episodes of the last step: the greedy one, the best, the worst, with their turns and tool results", function()
+    local run = runs.open(dir() .. "/r", { config = {} })
+    run:log_metrics(1, { reward = 0.1 })
+    run:log_completions(1, { episode(0.3, false, "step-one result") })
+    run:log_metrics(2, { reward = 0.5 })
+    local rows = { episode(0.5, false, "42"), episode(0.9, false, "<b>42</b>"), episode(0.2, false, "Error: tool 'calculator' timed out after 10 s"),
+      episode(0.4, false, "middle"), episode(0.6, false, "also middle"), episode(0.55, true, "42 (greedy)", { env_reward = 0.25, turn_rewards = { 0.25 } }) }
+    run:log_completions(2, rows)
+    run:plot()
+    local html = support.read(run.dir .. "/index.html")
+    assert.truthy(html:find("<h2>Episodes (step 2)</h2>", 1, true))
+    assert.is_nil(html:find("step-one result", 1, true))      -- only the last step
+    assert.is_nil(html:find("<b>42</b>", 1, true))            -- escaped
+    assert.truthy(html:find("&lt;b&gt;42&lt;/b&gt;", 1, true))
+    assert.truthy(html:find("Error: tool &#39;calculator&#39; timed out after 10 s", 1, true))
+    assert.truthy(html:find("tool result (calculator)", 1, true))
+    assert.truthy(html:find("(timeout 1)", 1, true))
+    assert.truthy(html:find("environment reward 0.25", 1, true))
+    assert.truthy(html:find("6 episodes in this step", 1, true))
+    -- four shown, in order: greedy, best (0.9), worst (0.2), then the first not shown (0.5)
+    local shown = {}
+    for what, reward in html:gmatch("<p><b>(%a+ ?%a*)</b> reward ([%d%.]+),") do shown[#shown + 1] = what .. " " .. reward end
+    assert.are.same({ "greedy episode 0.55", "episode 0.9", "episode 0.2", "episode 0.5" }, shown)
+    -- it reads back as well-formed HTML (Python's parser, counting the episode blocks)
+    if has_python() then
+      local out = capture(("python3 -c '%s' '%s' 2>&1"):format([[
+import sys
+from html.parser import HTMLParser
+class P(HTMLParser):
+    def __init__(self):
+        super().__init__(); self.stack = []; self.eps = 0; self.bad = 0
+    def handle_starttag(self, tag, attrs):
+        if tag in ("meta", "img", "br"): return
+        self.stack.append(tag)
+        if tag == "div" and ("class", "ep") in attrs: self.eps += 1
+    def handle_endtag(self, tag):
+        if not self.stack or self.stack.pop() != tag: self.bad += 1
+p = P(); p.feed(open(sys.argv[1]).read()); print(p.eps, p.bad, len(p.stack))]], run.dir .. "/index.html"))
+      assert.are.equal("4 0 0", out:match("^%S+ %S+ %S+"))
+    end
+    -- a run without episodes has no such section
+    local plain = runs.open(dir() .. "/p", { config = {} })
+    plain:log_metrics(1, { reward = 0.1 })
+    plain:log_completions(1, { { prompt = "p", completion = "c", reward = 1 } })
+    plain:plot()
+    assert.is_nil(support.read(plain.dir .. "/index.html"):find("Episodes", 1, true))
+  end)
+end)

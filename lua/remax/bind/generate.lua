@@ -21,6 +21,9 @@
 -- appended to the row's KV cache by one batched prefill, rx_generate_continue) and nothing for the
 -- rows whose episode ends. opts.append_capacity (default 256) is the cache room for observations.
 -- Each row then has row.turn_ends = { length after each turn }, its tokens the model's alone.
+-- A row whose observation is not ready yet gets remax.bind.turns.WAIT instead: it stays paused
+-- while the others decode, and opts.on_wait(block) -> { [r] = ids | false } gives it later
+-- (called after every step while rows wait; block = true when no row decodes).
 local ffi = require("ffi")
 local rx = require("remax.bind.ffi")
 local C = rx.C
@@ -218,19 +221,24 @@ function M.run(self, prompts, opts)
   local turns = on_turn_end and require("remax.bind.turns").new(gen, { tokens = out_tok, lengths = lengths, finish = finish,
     max_new = max_new, rows = rows, R = R, V = V, done = done }, on_turn_end, turn_start, function(r)
       matched[r], checked[r] = nil, nil
-    end, function() if #stop_strings > 0 then check_stop_strings() end end)
+    end, function() if #stop_strings > 0 then check_stop_strings() end end, opts.on_wait)
   if turns then turns.stop_string = function(r) return matched[r] end end
   local function end_turns() turns:run() end
   if #stop_strings > 0 then check_stop_strings() end
   if on_turn_end then end_turns() end
   if opts.on_token then opts.on_token(step, out_tok, lengths, max_new) end
-  while done[0] == 0 do
-    local rc = C.rx_generate_step(gen, done)
-    if rc ~= 0 then error(rx.last_error(), 2) end
-    step = step + 1
-    if #stop_strings > 0 then check_stop_strings() end
-    if on_turn_end then end_turns() end
-    if opts.on_token then opts.on_token(step, out_tok, lengths, max_new) end
+  while true do
+    while done[0] == 0 do
+      local rc = C.rx_generate_step(gen, done)
+      if rc ~= 0 then error(rx.last_error(), 2) end
+      step = step + 1
+      if #stop_strings > 0 then check_stop_strings() end
+      if on_turn_end then end_turns() end
+      if opts.on_token then opts.on_token(step, out_tok, lengths, max_new) end
+    end
+    -- no row decodes, but rows wait for their observations: wait for them (on_wait, blocking)
+    if not (turns and turns:any_waiting()) then break end
+    turns:run(true)
   end
   C.rx_generate_end(ffi.gc(gen, nil))
   local out = { rows = {}, cache_bytes = tonumber(res.cache_bytes), decode_steps = tonumber(res.decode_steps),

@@ -522,6 +522,7 @@ function Run:plot()
     end
     add("</table>")
   end
+  add(require("remax.run.report").episodes_html(self.completions_path, html_escape))   -- multi-turn runs: a few episodes
   local config_text = read_text(self.dir .. "/config.json")
   if config_text then
     add("<h2>Config</h2><pre>" .. html_escape(config_text) .. "</pre>")

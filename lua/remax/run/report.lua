@@ -164,4 +164,112 @@ function M.close(reporters)
   for _, r in ipairs(reporters or {}) do r:close() end
 end
 
+---------------------------------------------------------------------------------------------
+-- Episodes in the HTML report (index.html, remax.run.folder's Run:plot): a few multi-turn
+-- episodes of the last step that has any, from completions.jsonl's episode records (turns,
+-- tool calls and their results, observations, the reward). Self-contained: episodes_html(path,
+-- escape, opts) -> the HTML section, or "" when the file holds no episode.
+
+M.EPISODES_SHOWN = 4      -- episodes in the report
+M.EPISODE_TEXT_MAX = 2000 -- characters of one message shown (the rest is cut, marked)
+
+-- The episode records of the last step that has any (lines without "episode" are not decoded).
+function M.last_episodes(path)
+  local f = io.open(path, "rb")
+  if not f then return {}, nil end
+  local json = require("remax.formats.json")
+  local step, list = nil, {}
+  for line in f:lines() do
+    if line:find('"episode":{', 1, true) then
+      local ok, rec = pcall(json.decode, line, path)
+      if ok and type(rec) == "table" and type(rec.episode) == "table" then
+        if rec.step ~= step then step, list = rec.step, {} end
+        list[#list + 1] = rec
+      end
+    end
+  end
+  f:close()
+  return list, step
+end
+
+-- Which episodes to show: the greedy one, then the best and the worst by reward, then the rest in order.
+function M.pick_episodes(list, n)
+  n = n or M.EPISODES_SHOWN
+  local order, taken = {}, {}
+  local function take(i) if i and not taken[i] and #order < n then taken[i] = true; order[#order + 1] = list[i] end end
+  for i, r in ipairs(list) do if r.greedy then take(i) break end end
+  local best, worst
+  for i, r in ipairs(list) do
+    if type(r.reward) == "number" and r.reward == r.reward then
+      if not best or r.reward > list[best].reward then best = i end
+      if not worst or r.reward < list[worst].reward then worst = i end
+    end
+  end
+  take(best); take(worst)
+  for i = 1, #list do take(i) end
+  return order
+end
+
+local function number_text(v)
+  if type(v) ~= "number" then return "-" end
+  if v ~= v then return "NaN" end
+  if v == math.floor(v) and math.abs(v) < 1e15 then return ("%d"):format(v) end
+  return ("%.4g"):format(v)
+end
+
+function M.episodes_html(path, escape, opts)
+  opts = opts or {}
+  local list, step = M.last_episodes(path)
+  if #list == 0 then return "" end
+  local max = opts.text_max or M.EPISODE_TEXT_MAX
+  local function text(s)
+    s = type(s) == "string" and s or require("remax.formats.json").encode(s)
+    if #s > max then return escape(s:sub(1, max)) .. ("<i>... (%d more bytes)</i>"):format(#s - max) end
+    return escape(s)
+  end
+  local h = {}
+  local function add(x) h[#h + 1] = x end
+  add(("<h2>Episodes (step %s)</h2>"):format(escape(number_text(step))))
+  add("<style>.ep{border:1px solid #ccc;margin:1em 0;padding:.5em 1em}.msg{white-space:pre-wrap;margin:4px 0;padding:4px 8px;"
+    .. "font-family:monospace;border-left:4px solid #bbb}.assistant{border-color:#4a7;background:#f3faf5}.tool{border-color:#a74;"
+    .. "background:#fbf6f1}.user{border-color:#47a;background:#f2f5fb}.role{color:#666;font-size:85%}</style>")
+  for _, r in ipairs(M.pick_episodes(list, opts.shown)) do
+    local e = r.episode
+    local errs = {}
+    for kind, n in pairs(type(e.errors) == "table" and e.errors or {}) do errs[#errs + 1] = ("%s %s"):format(kind, number_text(n)) end
+    table.sort(errs)
+    add("<div class=\"ep\">")
+    add(("<p><b>%s</b> reward %s, advantage %s; %s turn%s, %s tool call%s, %s tool error%s%s, %s model / %s observation tokens%s%s</p>"):format(
+      r.greedy and "greedy episode" or "episode", escape(number_text(r.reward)), escape(number_text(r.advantage)),
+      escape(number_text(e.turns)), e.turns == 1 and "" or "s", escape(number_text(e.tool_calls)), e.tool_calls == 1 and "" or "s",
+      escape(number_text(e.tool_errors)), e.tool_errors == 1 and "" or "s", #errs > 0 and (" (" .. escape(table.concat(errs, ", ")) .. ")") or "",
+      escape(number_text(e.model_tokens)), escape(number_text(e.obs_tokens)),
+      e.env_reward ~= nil and (", environment reward " .. escape(number_text(e.env_reward))) or "",
+      e.truncated and ", truncated" or ""))
+    if e.env_error then add(("<p>environment error: %s</p>"):format(text(e.env_error))) end
+    if type(e.turn_rewards) == "table" and #e.turn_rewards > 0 then
+      local t = {}
+      for i, v in ipairs(e.turn_rewards) do t[i] = number_text(v) end
+      add(("<p>per-turn rewards: %s</p>"):format(escape(table.concat(t, ", "))))
+    end
+    local prompt = r.prompt
+    if type(prompt) == "table" then
+      for _, m in ipairs(prompt) do
+        add(("<div class=\"msg user\"><span class=\"role\">%s (prompt)</span>\n%s</div>"):format(escape(tostring(m.role)), text(m.content or "")))
+      end
+    elseif prompt ~= nil then
+      add(("<div class=\"msg user\"><span class=\"role\">prompt</span>\n%s</div>"):format(text(prompt)))
+    end
+    for _, m in ipairs(type(r.messages) == "table" and r.messages or {}) do
+      local role = tostring(m.role)
+      local cls = (role == "assistant" or role == "tool") and role or "user"
+      local label = role == "tool" and ("tool result" .. (m.name and (" (" .. tostring(m.name) .. ")") or "")) or role
+      add(("<div class=\"msg %s\"><span class=\"role\">%s</span>\n%s</div>"):format(cls, escape(label), text(m.content or "")))
+    end
+    add("</div>")
+  end
+  add(("<p>%d episode%s in this step; completions.jsonl has them all.</p>"):format(#list, #list == 1 and "" or "s"))
+  return table.concat(h, "\n")
+end
+
 return M

@@ -235,7 +235,7 @@ end
 -- run_dir, eval_only, resume_model_dir, recipe_dir, prompts_per_step (global).
 function M.pieces(cfg, ctx)
   if cfg.algo == "reward" then return M.reward_pieces(cfg, ctx) end
-  local p = { cfg = cfg, world = ctx.world, load_reference = M.load_reference }
+  local p = { cfg = cfg, world = ctx.world, load_reference = M.load_reference, recipe_dir = ctx.recipe_dir }
   ctx.is_root = ctx.world.is_root
   setup_model(p, cfg, ctx)
   -- the frozen reference: the starting weights, loaded only when the KL term is used

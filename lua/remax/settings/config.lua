@@ -37,8 +37,8 @@ M.groups = {
     { "stop_strings", nil, "strings", "text that ends a completion where it appears in the completion's decoded text (vLLM's stop; any number of tokens): the tokens up to the one that completes it are kept, and the reward sees their text, as TRL with vLLM" },
   } },
   { "Episodes", {   -- multi-turn rollouts: tools and environments (docs/environments.md)
-    { "tools", nil, "table", "recipe only: tools the model may call, name -> { description =, parameters = JSON schema, fn = function(args) -> result }; listed through the chat template's tools variable; a turn with tool calls gets their results and the episode goes on" },
-    { "environment", nil, "environment", "recipe only: { reset = function(sample, state) -> messages, step = function(state, assistant_text) -> messages, done, reward }, or a function(sample) -> one (a factory); per-turn rewards are summed into the reward \"environment\"" },
+    { "tools", nil, "table", "recipe only: tools the model may call, name -> { description =, parameters = JSON schema, fn = function(args) -> result, or \"py:FILE.py:FUNCTION\" (schema from its signature and docstring), \"cmd:PROGRAM\", \"http://HOST:PORT/PATH\" (run while the other rows decode) }; listed through the chat template's tools variable; a turn with tool calls gets their results and the episode goes on" },
+    { "environment", nil, "environment", "recipe only: { reset = function(sample, state) -> messages, step = function(state, assistant_text) -> messages, done, reward }, or a function(sample) -> one (a factory), or \"py:FILE.py:CLASS\" / \"cmd:PROGRAM\" / \"http://HOST:PORT/PATH\" (reset/step requests per episode id); per-turn rewards are summed into the reward \"environment\"" },
     { "max_turns", 4, "integer", "an episode ends after this many assistant turns" },
     { "max_episode_length", nil, "integer", "an episode ends when the prompt, its turns and observations reach this many tokens (default: max_prompt_length + max_completion_length + 256); max_completion_length bounds the model's tokens over all turns" },
     { "tool_timeout", 10, "number", "seconds one tool call may take before the episode gets a timeout error as its result (0: no limit)" },
@@ -320,7 +320,9 @@ local function check(decl, v, where)
         "; a Jinja template is the tokenizer's: put it in chat_template.jinja beside tokenizer.json and use chat_template = tokenizer" or ""))
     end
   elseif t == "environment" then
-    if type(v) ~= "table" and type(v) ~= "function" then bad("a table {reset=, step=} or a function(sample) -> one") end
+    if type(v) ~= "table" and type(v) ~= "function" and not (type(v) == "string" and (v:match("^py:") or v:match("^cmd:") or v:match("^https?://"))) then
+      bad("a table {reset=, step=}, a function(sample) -> one, py:FILE.py:CLASS, cmd:PROGRAM or http://HOST:PORT/PATH")
+    end
   elseif t == "call_format" then
     if type(v) ~= "function" and v ~= "qwen" and v ~= "llama3" then bad("qwen, llama3 or a function(text) -> calls") end
   elseif t == "advantage" then

@@ -6,12 +6,27 @@
 -- state is a table that belongs to one episode (reset fills it; nothing is shared between
 -- episodes). Either function may be a coroutine body: a Lua environment that wants to keep its
 -- place between turns can `coroutine.wrap` one and call it from step.
+--
+-- An environment outside Lua is a string: "py:FILE.py:CLASS" (one instance of the class per
+-- episode, in the file's worker), "cmd:PROGRAM" or "http://HOST:PORT/PATH", spoken to with
+-- reset/step/close requests keyed by an episode id (remax.step.remote). Its reset and step are
+-- started here (reset_start, step_start) and read when their answer came (reset_finish,
+-- step_finish), so other rows keep decoding meanwhile.
 local chat = require("remax.text.chat")
+local remote = require("remax.step.remote")
 
 local M = {}
 
-function M.check(env, where)
+-- opts.registry (made when needed, returned second), opts.base: as tools.check's.
+function M.check(env, where, opts)
   where = where or "environment"
+  opts = opts or {}
+  if remote.is_spec(env) then
+    opts.registry = opts.registry or remote.registry({ base = opts.base, max_line = opts.max_line })
+    local ch = opts.registry:channel(env, where)
+    local name = env:match("^py:") and env:match(":([%a_][%w_]*)$") or nil
+    return { remote = { channel = ch, name = name, spec = env }, episodes = 0 }, opts.registry
+  end
   if type(env) == "function" then return { factory = env } end
   if type(env) ~= "table" then
     error(("%s must be a table {reset = function(sample, state), step = function(state, text)} or a function(sample) -> one, got %s")
@@ -24,6 +39,10 @@ end
 
 -- The environment of one episode (a factory's product is checked here).
 function M.instance(env, sample)
+  if env.remote then   -- one episode of a remote environment: its id names its state on the other side
+    env.episodes = env.episodes + 1
+    return { remote = env.remote, episode = ("e%d"):format(env.episodes) }
+  end
   if env.factory then
     local ok, inst = pcall(env.factory, sample)
     if not ok then return nil, "the environment factory failed: " .. tostring(inst) end
@@ -54,8 +73,55 @@ function M.reset(env, sample, state)
   return m
 end
 
+-- A remote episode's reset: the handle (registry:request), then its first messages or nil, error.
+function M.reset_start(inst, sample, registry, timeout)
+  local cols = {}
+  for k, v in pairs(sample or {}) do if type(k) == "string" then cols[k] = v end end
+  return registry:request(inst.remote.channel, { type = "reset", name = inst.remote.name, episode = inst.episode,
+    sample = cols }, timeout)
+end
+
+local function remote_why(h, what, timeout)
+  if h.kind == "timeout" then return ("environment %s timed out after %g s"):format(what, timeout) end
+  return ("environment %s failed: %s"):format(what, h.err)
+end
+
+function M.reset_finish(h, sample, timeout)
+  if h.err then return nil, remote_why(h, "reset", timeout) end
+  local v = h.value.messages
+  if v == nil then return M.messages(sample.prompt) end
+  local m, err = M.messages(v)
+  if not m or #m == 0 then return nil, "environment reset returned no messages" .. (err and (": " .. err) or "") end
+  return m
+end
+
+function M.step_start(inst, text, registry, timeout)
+  return registry:request(inst.remote.channel, { type = "step", name = inst.remote.name, episode = inst.episode,
+    text = text }, timeout)
+end
+
+-- A remote step's answer -> observation messages, done, reward, error (as M.step).
+function M.step_finish(h, timeout)
+  if h.err then return nil, true, nil, remote_why(h, "step", timeout) end
+  local v = h.value
+  local m, err = M.messages(v.messages)
+  if not m then return nil, true, nil, "environment step returned bad messages: " .. err end
+  local reward = v.reward
+  if reward ~= nil and type(reward) ~= "number" then
+    return nil, true, nil, "environment step returned a reward of type " .. type(reward) .. ", expected a number"
+  end
+  return m, v.done == true, reward
+end
+
+-- The end of a remote episode: its state on the other side is dropped (not waited for).
+function M.close(inst, registry)
+  if inst and inst.remote and registry then registry:request(inst.remote.channel, { type = "close", name = inst.remote.name,
+    episode = inst.episode }, 30) end
+end
+
 -- env.step -> observation messages, done, reward, error (an error ends the episode).
-function M.step(env, state, text)
+function M.step(env, state, text, registry, timeout)
+  if env.remote then return M.step_finish(registry:wait(M.step_start(env, text, registry, timeout)), timeout) end
   local ok, obs, done, reward = pcall(env.step, state, text)
   if not ok then return nil, true, nil, "environment step failed: " .. tostring(obs) end
   local m, err = M.messages(obs)

@@ -17,6 +17,7 @@ local tools_mod = require("remax.step.tools")
 local tool_calls = require("remax.step.tool_calls")
 local environment = require("remax.step.environment")
 local rollout = require("remax.step.rollout")
+local turns = require("remax.bind.turns")
 local now = require("remax.bind.clock").now
 
 local M = {}
@@ -28,8 +29,11 @@ function M.wanted(cfg) return cfg.tools ~= nil or cfg.environment ~= nil end
 function M.setup(step)
   if step.episode_setup then return step.episode_setup end
   local cfg = step.cfg
-  local s = { tools = cfg.tools and tools_mod.check(cfg.tools, "tools") or nil,
-    env = cfg.environment and environment.check(cfg.environment, "environment") or nil }
+  -- tools and environments outside Lua share one registry of workers and servers
+  local ropts = { base = step.recipe_dir, max_line = cfg.reward_max_line_bytes }
+  local s = { tools = cfg.tools and tools_mod.check(cfg.tools, "tools", ropts) or nil,
+    env = cfg.environment and environment.check(cfg.environment, "environment", ropts) or nil }
+  s.registry = ropts.registry
   s.format = cfg.tool_call_format or tool_calls.format_for(step.template_name)
   step.episode_setup = s
   return s
@@ -81,39 +85,64 @@ local function new_episode(messages, state, env)
     errors = {}, reward = nil, turn_rewards = {}, obs = {}, model_tokens = 0, obs_tokens = 0, env_errors = 0 }
 end
 
--- The observation of one turn: tool results when the turn calls tools, else the environment's
--- reply; done when neither has more to say.
-local function observe(s, ep, text, timeout)
+-- An environment's answer to a turn -> its observation, done (an error ends the episode).
+local function env_answer(ep, obs, done, reward, err)
+  if err then
+    ep.env_errors = ep.env_errors + 1
+    ep.env_error = err
+    return nil, true
+  end
+  if reward then
+    ep.reward = (ep.reward or 0) + reward
+    ep.turn_rewards[#ep.turn_rewards + 1] = reward
+  end
+  return obs, done
+end
+
+-- Starts the observation of one turn: the tool calls when the turn calls tools, else the
+-- environment's step. Lua tools and environments answer now; those outside Lua answer later
+-- (job_ready, then job_finish), while the other rows decode.
+local function observe_start(s, ep, text, timeout)
   if s.tools then
     local calls = tool_calls.parse(text, s.format)
     if #calls > 0 then
-      local msgs = {}
-      for _, call in ipairs(calls) do
-        local result, ok, seconds, kind = tools_mod.call(s.tools, call, timeout)
-        ep.tool_calls, ep.tool_time = ep.tool_calls + 1, ep.tool_time + seconds
-        if not ok then
-          ep.tool_errors = ep.tool_errors + 1
-          ep.errors[kind] = (ep.errors[kind] or 0) + 1
-        end
-        msgs[#msgs + 1] = { role = "tool", content = result, name = call.name }
-      end
-      return msgs, false
+      local started = {}
+      for i, call in ipairs(calls) do started[i] = { name = call.name, p = tools_mod.start(s.tools, call, timeout, s.registry) } end
+      return { calls = started }
     end
   end
   if ep.env then
-    local obs, done, reward, err = environment.step(ep.env, ep.state, text)
-    if err then
-      ep.env_errors = ep.env_errors + 1
-      ep.env_error = err
-      return nil, true
-    end
-    if reward then
-      ep.reward = (ep.reward or 0) + reward
-      ep.turn_rewards[#ep.turn_rewards + 1] = reward
-    end
-    return obs, done
+    if ep.env.remote then return { env = environment.step_start(ep.env, text, s.registry, timeout) } end
+    return { obs = { env_answer(ep, environment.step(ep.env, ep.state, text)) } }
   end
-  return nil, true   -- tools only, and no call: the answer
+  return { obs = { nil, true } }   -- tools only, and no call: the answer
+end
+
+local function job_ready(job)
+  if job.calls then
+    for _, c in ipairs(job.calls) do if not (c.p.done or c.p.handle.done) then return false end end
+    return true
+  end
+  return not job.env or job.env.done
+end
+
+-- A ready job -> the observation messages, done; the episode's counters updated.
+local function job_finish(ep, job, timeout)
+  if job.calls then
+    local msgs = {}
+    for _, c in ipairs(job.calls) do
+      local result, ok, seconds, kind = tools_mod.collect(c.p)
+      ep.tool_calls, ep.tool_time = ep.tool_calls + 1, ep.tool_time + seconds
+      if not ok then
+        ep.tool_errors = ep.tool_errors + 1
+        ep.errors[kind] = (ep.errors[kind] or 0) + 1
+      end
+      msgs[#msgs + 1] = { role = "tool", content = result, name = c.name }
+    end
+    return msgs, false
+  end
+  if job.env then return env_answer(ep, environment.step_finish(job.env, timeout)) end
+  return job.obs[1], job.obs[2]
 end
 
 -- The rollout of a plan's rows as episodes; the same shape as Step:rollout's, each row with
@@ -131,19 +160,39 @@ function M.rollout(step, prompt_rows, opts)
   local timeout = cfg.tool_timeout or 10
   local render = function(msgs, gen) return chat.render(msgs, template_opts(step, s.tools, gen)) end
   local prompt_ids, prompts_truncated, eps, first = {}, 0, {}, {}
-  local keys = {}
+  -- each slot is its own episode with its own state, all from the same first messages; the
+  -- resets of an environment outside Lua are all sent first, then read
+  local resets = {}
   for i, row in ipairs(prompt_rows) do
-    -- each slot is its own episode with its own state, all from the same first messages
+    for sl = 1, slots do
+      local k = (i - 1) * slots + sl
+      local env, err = nil, nil
+      if s.env then
+        env, err = environment.instance(s.env, row)
+        if not env then error(("episode of prompt %d: %s"):format(i, err), 0) end
+      end
+      eps[k] = new_episode(nil, {}, env)
+      if env and env.remote then resets[k] = environment.reset_start(env, row, s.registry, timeout) end
+    end
+  end
+  for i, row in ipairs(prompt_rows) do
     local msgs
     for sl = 1, slots do
-      local env, err = nil, nil
-      if s.env then env, err = environment.instance(s.env, row) end
-      local state = {}
-      local m
-      if env then m, err = environment.reset(env, row, state) else m = chat.messages(row.prompt) end
-      if not m then error(("episode of prompt %d: %s"):format(i, err), 0) end
+      local ep = eps[(i - 1) * slots + sl]
+      local m, err
+      if resets[(i - 1) * slots + sl] then
+        m, err = environment.reset_finish(s.registry:wait(resets[(i - 1) * slots + sl]), row, timeout)
+      elseif ep.env then
+        m, err = environment.reset(ep.env, row, ep.state)
+      else
+        m = chat.messages(row.prompt)
+      end
+      if not m then
+        for _, e in ipairs(eps) do environment.close(e.env, s.registry) end
+        error(("episode of prompt %d: %s"):format(i, err), 0)
+      end
       msgs = msgs or m
-      eps[(i - 1) * slots + sl] = new_episode(m, state, env)
+      ep.messages = m
     end
     first[i] = msgs
     local ids = chat.encode(tok, msgs, template_opts(step, s.tools, true))
@@ -155,18 +204,11 @@ function M.rollout(step, prompt_rows, opts)
     end
     prompt_ids[i] = ids
   end
-  local function on_turn_end(events)
-    local appends = {}
-    for _, e in ipairs(events) do
-      local k = e.row
-      local ep = eps[k]
-      local text = tok:decode(e.tokens, { skip_special_tokens = true })
-      local assistant = { role = "assistant", content = text }
-      local before = ep.messages
-      ep.messages = concat(before, { assistant })
-      ep.turns = ep.turns + 1
-      ep.model_tokens = ep.model_tokens + #e.tokens
-      local obs, done = observe(s, ep, text, timeout)
+  -- the observation of row k's turn (e: its event; before: the messages before the turn) ->
+  -- the token ids to append, or nil when the episode ends
+  local function turn_ids(k, e, before, assistant, obs, done)
+    local ep = eps[k]
+    do
       if not done and obs and #obs > 0 and ep.turns < max_turns then
         local model_end
         if not e.stop_string and #e.tokens > 0 then
@@ -183,25 +225,61 @@ function M.rollout(step, prompt_rows, opts)
           ep.messages = concat(ep.messages, obs)
           ep.obs[ep.turns] = ids
           ep.obs_tokens = ep.obs_tokens + #ids
-          appends[k] = ids
+          return ids
         end
       elseif not done and ep.turns >= max_turns then
         ep.max_turns_hit = true
       end
     end
+    return nil
+  end
+  -- rows whose observation runs outside Lua: they stay paused (turns.WAIT) while the others
+  -- decode, and on_wait continues them when the answers came
+  local waiting = {}
+  local function on_turn_end(events)
+    local appends = {}
+    for _, e in ipairs(events) do
+      local k = e.row
+      local ep = eps[k]
+      local text = tok:decode(e.tokens, { skip_special_tokens = true })
+      local assistant = { role = "assistant", content = text }
+      local before = ep.messages
+      ep.messages = concat(before, { assistant })
+      ep.turns = ep.turns + 1
+      ep.model_tokens = ep.model_tokens + #e.tokens
+      local job = observe_start(s, ep, text, timeout)
+      if job_ready(job) then
+        appends[k] = turn_ids(k, e, before, assistant, job_finish(ep, job, timeout))
+      else
+        waiting[k] = { e = e, before = before, assistant = assistant, job = job }
+        appends[k] = turns.WAIT
+      end
+    end
     return appends
+  end
+  local function on_wait(block)
+    s.registry:poll(block and (now() + 3600) or nil)
+    local got = {}
+    for k, w in pairs(waiting) do
+      if job_ready(w.job) then
+        waiting[k] = nil
+        got[k] = turn_ids(k, w.e, w.before, w.assistant, job_finish(eps[k], w.job, timeout)) or false
+      end
+    end
+    return got
   end
   local t0 = now()
   local out = step.model:generate(prompt_ids, {
     max_new_tokens = cfg.max_completion_length, temperature = plan.temperatures, top_p = cfg.top_p, top_k = cfg.top_k,
     min_p = cfg.min_p, repetition_penalty = cfg.repetition_penalty, stop_strings = cfg.stop_strings,
     detokenize = cfg.stop_strings and function(ids) return tok:decode(ids, { skip_special_tokens = true }) end,
-    stop = step.stop, seed = step:seed_for(opts.step), on_turn_end = on_turn_end,
+    stop = step.stop, seed = step:seed_for(opts.step), on_turn_end = on_turn_end, on_wait = s.registry and on_wait,
     append_capacity = cfg.append_capacity or math.max(64, (max_episode or 0) - cfg.max_completion_length),
     on_token = step:progress() and step:progress():ticker("episodes: token %d/%d"),
   })
   local seconds = now() - t0
   local obs_total = 0
+  local last_steps = {}   -- the turns the budget cut, judged by an environment outside Lua: all sent, then read
   for k, r in ipairs(out.rows) do
     local ep = eps[k]
     M.assemble(r, ep)
@@ -215,11 +293,18 @@ function M.rollout(step, prompt_rows, opts)
       ep.model_tokens = ep.model_tokens + #tail
       -- the environment still judges the turn the budget cut (its reward counts; no observation follows)
       if ep.env and not ep.env_error then
-        local _, _, reward, err = environment.step(ep.env, ep.state, text)
-        if err then ep.env_errors, ep.env_error = ep.env_errors + 1, err end
-        if reward then ep.reward, ep.turn_rewards[#ep.turn_rewards + 1] = (ep.reward or 0) + reward, reward end
+        if ep.env.remote then
+          last_steps[k] = environment.step_start(ep.env, text, s.registry, timeout)
+        else
+          env_answer(ep, environment.step(ep.env, ep.state, text))
+        end
       end
     end
+  end
+  for k, h in pairs(last_steps) do env_answer(eps[k], environment.step_finish(s.registry:wait(h), timeout)) end
+  for _, ep in ipairs(eps) do environment.close(ep.env, s.registry) end
+  for k, r in ipairs(out.rows) do
+    local ep = eps[k]
     local last = ep.messages[#ep.messages]
     r.text = (last and last.role == "assistant") and last.content or ""
     r.messages = ep.messages

@@ -214,6 +214,22 @@ function M.http_receive(conn, deadline, limit)
   error(a, 0)
 end
 
+-- The answer in `data`, the bytes read so far on a connection (closed: whether the peer has
+-- closed it): the body, or nil, why, kind as http_receive, or nil, "incomplete" when more bytes
+-- are needed. For readers that must not block (tools running while the model decodes).
+function M.parse_response(data, closed, limit)
+  local given = false
+  local fake = { read_some = function()
+    if not given then given = true; if #data > 0 then return data end end
+    if closed then return nil, "closed" end
+    return nil, "incomplete"
+  end, close = function() end }
+  local payload, why, kind = M.http_receive(fake, nil, limit)
+  if payload then return payload end
+  if why == "incomplete" then return nil, "incomplete" end
+  return nil, why, kind
+end
+
 function M.http_post(url, body, deadline, limit)
   local conn, why, kind = M.http_send(url, body, deadline)
   if not conn then return nil, why, kind end

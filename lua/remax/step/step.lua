@@ -50,7 +50,8 @@ function M.new(pieces, cfg, hooks)
     stop = pieces.stop, template = pieces.template, template_name = pieces.template_name,
     model_source = pieces.model_source, model_opts = pieces.model_opts, fresh_config = pieces.fresh_config,
     ref = pieces.ref, load_ref = pieces.load_reference, rewards = pieces.rewards,
-    accuracy_name = pieces.accuracy_name, opt = pieces.opt, hooks = hooks, baseline_state = nil }, Step)
+    accuracy_name = pieces.accuracy_name, opt = pieces.opt, hooks = hooks, baseline_state = nil,
+    recipe_dir = pieces.recipe_dir }, Step)   -- recipe_dir: where py: tools and environments are also looked for
   -- the schedule counts optimizer updates: num_iterations of them per step
   self.reward_info = rewards.state_info(cfg, pieces.train_ds, pieces.world)   -- for reward_state
   self.total_updates = cfg.max_steps * cfg.num_iterations

@@ -8,26 +8,68 @@
 -- tools.check(t, where) -> the normalised table (errors name the tool and key);
 -- tools.schemas(t) -> the list the chat template's `tools` variable takes ({type="function",
 -- ["function"]={name, description, parameters}}, sorted by name); tools.call(t, call, timeout)
--- -> result text, ok, seconds, kind ("ok", "malformed", "unknown", "bad_args", "error", "timeout").
+-- -> result text, ok, seconds, kind ("ok", "malformed", "unknown", "bad_args", "error", "timeout",
+-- "worker").
+--
+-- A tool's fn may also be a string: "py:FILE.py:FUNCTION" (a Python function, run in the
+-- worker of that file; its signature and docstring give the schema unless the recipe gives one),
+-- "cmd:PROGRAM" or "http://HOST:PORT/PATH" (remax.step.remote). A tool given as just such a
+-- string (calculator = "py:tools.py:calculator", or a list entry "py:tools.py:calculator") is
+-- the same. Those calls are started with tools.start and collected with tools.collect, so the
+-- model keeps decoding while they run.
 local json = require("remax.formats.json")
 local now = require("remax.bind.clock").now
+local remote = require("remax.step.remote")
 
 local M = {}
 
 local TYPES = { string = true, number = true, integer = true, boolean = true, object = true, array = true, ["null"] = true }
 
-function M.check(t, where)
+-- opts.registry: a remax.step.remote registry for the tools outside Lua (made here when needed,
+-- and returned second); opts.base: the recipe's folder (py: files are also looked for there).
+function M.check(t, where, opts)
   where = where or "tools"
+  opts = opts or {}
   if type(t) ~= "table" then error(("%s must be a table name -> {description=, parameters=, fn=}, got %s"):format(where, type(t)), 0) end
   local out = {}
+  local entries = {}
   for name, spec in pairs(t) do
+    if type(name) == "number" and remote.is_spec(spec) then   -- a list entry "py:tools.py:calculator": the function's name
+      local fname = spec:match(":([%a_][%w_]*)$")
+      if not spec:match("^py:") or not fname then
+        error(("%s[%d] = %s: a tool in the list form must be py:FILE.py:FUNCTION (give an HTTP or cmd: tool a name: name = { fn = ... })")
+          :format(where, name, spec), 0)
+      end
+      name = fname
+    end
+    entries[#entries + 1] = { name, spec }
+  end
+  local describe = {}   -- channel -> { names } whose schema the worker gives
+  for _, e in ipairs(entries) do
+    local name, spec = e[1], e[2]
     if type(name) ~= "string" or not name:match("^[%a_][%w_%-]*$") then
       error(("%s: tool name %s must be an identifier"):format(where, tostring(name)), 0)
     end
+    if out[name] then error(("%s: two tools are named '%s'"):format(where, name), 0) end
     local w = ("%s.%s"):format(where, name)
-    if type(spec) == "function" then spec = { fn = spec } end
+    if type(spec) == "function" or remote.is_spec(spec) then spec = { fn = spec } end
     if type(spec) ~= "table" then error(("%s must be a table {description=, parameters=, fn=}, got %s"):format(w, type(spec)), 0) end
-    if type(spec.fn) ~= "function" then error(("%s.fn must be a function(args) -> result, got %s"):format(w, type(spec.fn)), 0) end
+    local far
+    if type(spec.fn) == "string" then
+      if not remote.is_spec(spec.fn) then
+        error(("%s.fn = %s: expected a function(args) -> result, py:FILE.py:FUNCTION, cmd:PROGRAM or http://HOST:PORT/PATH")
+          :format(w, spec.fn), 0)
+      end
+      opts.registry = opts.registry or remote.registry({ base = opts.base, max_line = opts.max_line })
+      local ch = opts.registry:channel(spec.fn, w .. ".fn")
+      far = { channel = ch, name = spec.fn:match("^py:") and spec.fn:match(":([%a_][%w_]*)$") or name }
+      if spec.fn:match("^py:") and spec.parameters == nil then
+        describe[ch] = describe[ch] or {}
+        table.insert(describe[ch], { tool = name, fn = far.name, spec = spec, w = w })
+      end
+    elseif type(spec.fn) ~= "function" then
+      error(("%s.fn must be a function(args) -> result, got %s"):format(w, type(spec.fn)), 0)
+    end
     if spec.description ~= nil and type(spec.description) ~= "string" then
       error(("%s.description must be a string"):format(w), 0)
     end
@@ -45,14 +87,31 @@ function M.check(t, where)
         error(("%s.parameters.required[%d] = '%s' is not one of its properties"):format(w, i, tostring(req)), 0)
       end
     end
-    out[name] = { name = name, description = spec.description or "", parameters = params, fn = spec.fn }
+    out[name] = { name = name, description = spec.description or "", parameters = params, fn = spec.fn, remote = far }
   end
-  return out
+  -- the schemas of Python tools the recipe gives none for: from their signatures and docstrings
+  for ch, list in pairs(describe) do
+    local names = {}
+    for _, d in ipairs(list) do names[#names + 1] = d.fn end
+    local h = opts.registry:wait(opts.registry:request(ch, { type = "describe", names = names }, remote.START_TIMEOUT))
+    if h.err then error(("%s: %s"):format(list[1].w .. ".fn", h.err), 0) end
+    for _, d in ipairs(list) do
+      local got = type(h.value.tools) == "table" and h.value.tools[d.fn]
+      if type(got) ~= "table" then error(("%s.fn: the worker gave no schema for '%s'"):format(d.w, d.fn), 0) end
+      local tool = out[d.tool]
+      if d.spec.description == nil and type(got.description) == "string" then tool.description = got.description end
+      local params = type(got.parameters) == "table" and got.parameters or { type = "object", properties = {} }
+      if type(params.properties) ~= "table" then params.properties = {} end
+      params.type = "object"
+      tool.parameters = params
+    end
+  end
+  return out, opts.registry
 end
 
 function M.names(t)
   local names = {}
-  for name in pairs(t) do names[#names + 1] = name end
+  for name in pairs(t) do if type(name) == "string" then names[#names + 1] = name end end
   table.sort(names)
   return names
 end
@@ -131,16 +190,68 @@ local function call_limited(fn, args, timeout)
   return unpack(res)
 end
 
--- One call ({name=, arguments=} or {error=}) -> result text, ok, seconds, kind.
-function M.call(t, call, timeout)
+-- The checks before a call: nil, or result text, ok, seconds, kind of a call that fails them.
+local function precheck(t, call)
   if call.error then return "Error: " .. call.error, false, 0, "malformed" end
   local tool = t[call.name]
-  if not tool then
+  if type(call.name) ~= "string" or not tool then
     return ("Error: unknown tool '%s' (available: %s)"):format(tostring(call.name), table.concat(M.names(t), ", ")), false, 0,
       "unknown"
   end
   local problem = M.args_problem(tool, call.arguments or {})
   if problem then return ("Error: bad arguments for '%s': %s"):format(call.name, problem), false, 0, "bad_args" end
+end
+
+-- A remote call's answer (its handle resolved) -> result text, ok, seconds, kind.
+local function remote_result(name, h, timeout)
+  if h.kind == "timeout" then
+    return ("Error: tool '%s' timed out after %g s"):format(name, timeout), false, h.seconds or timeout, "timeout"
+  end
+  if h.err then
+    return ("Error: tool '%s' failed: %s"):format(name, h.err), false, h.seconds or 0, h.kind == "error" and "error" or "worker"
+  end
+  local r = h.value.result
+  if r == nil and h.value.error == nil then
+    return ("Error: tool '%s' failed: the answer has no \"result\""):format(name), false, h.seconds or 0, "worker"
+  end
+  return as_text(r), true, h.seconds or 0, "ok"
+end
+
+-- Starts one call: { done = true, result, ok, seconds, kind } for a Lua tool (it runs now) or a
+-- call that fails its checks, or { done = false, handle } for a tool outside Lua, whose answer
+-- tools.collect gives once the handle is done (registry:poll).
+function M.start(t, call, timeout, registry)
+  local tool = not call.error and type(call.name) == "string" and t[call.name]
+  if tool and tool.remote and not precheck(t, call) then
+    local h = registry:request(tool.remote.channel, { type = "tool", name = tool.remote.name,
+      arguments = call.arguments or {} }, timeout)
+    return { done = false, handle = h, name = call.name, timeout = timeout }
+  end
+  local result, ok, seconds, kind = M.call(t, call, timeout)
+  return { done = true, result = result, ok = ok, seconds = seconds, kind = kind }
+end
+
+-- A started call -> nil while it runs, else result text, ok, seconds, kind.
+function M.collect(p)
+  if p.done then return p.result, p.ok, p.seconds, p.kind end
+  if not p.handle.done then return nil end
+  p.result, p.ok, p.seconds, p.kind = remote_result(p.name, p.handle, p.timeout)
+  p.done = true
+  return p.result, p.ok, p.seconds, p.kind
+end
+
+-- One call ({name=, arguments=} or {error=}) -> result text, ok, seconds, kind. A tool outside
+-- Lua is waited for (registry: the one tools.check made).
+function M.call(t, call, timeout, registry)
+  local r, ok0, s0, k0 = precheck(t, call)
+  if r then return r, ok0, s0, k0 end
+  local tool = t[call.name]
+  if tool.remote then
+    if not registry then error("tools.call: the tool '" .. call.name .. "' runs outside Lua and needs its registry", 0) end
+    local h = registry:wait(registry:request(tool.remote.channel, { type = "tool", name = tool.remote.name,
+      arguments = call.arguments or {} }, timeout))
+    return remote_result(call.name, h, timeout)
+  end
   local t0 = now()
   local ok, result = call_limited(tool.fn, call.arguments or {}, timeout)
   local seconds = now() - t0
