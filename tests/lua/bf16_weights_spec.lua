@@ -210,7 +210,7 @@ describe("frozen copies in training", function()
     local s = { model = dir .. "/m", data = dir .. "/d.jsonl", rewards = { dir .. "/r.lua" }, chat_template = "plain",
       num_generations = 2, max_completion_length = 6, per_device_train_batch_size = 4, learning_rate = 1e-3,
       max_steps = 2, eval_size = 0, output_dir = dir .. "/runs", save_steps = 0, log_completions = 0, seed = 3,
-      beta = 0.1 }
+      beta = 0.1, dtype = "f32" }   -- f32 compute (dtype auto is bf16 on CPUs with AVX-512 BF16): the subject is frozen_dtype
     for k, v in pairs(extra or {}) do s[k] = v end
     local t = trainer.new(config.resolve(s), { quiet = true, signals = false })
     t:train()
@@ -237,7 +237,8 @@ describe("frozen copies in training", function()
     local results = {}
     for _, fd in ipairs({ "auto", "f32" }) do
       local s = { model = dir .. "/m", data = dir .. "/d.jsonl", eval_data = dir .. "/d.jsonl", eval_size = 8,
-        rewards = { dir .. "/r.lua" }, chat_template = "plain", max_completion_length = 6, frozen_dtype = fd, seed = 3 }
+        rewards = { dir .. "/r.lua" }, chat_template = "plain", max_completion_length = 6, frozen_dtype = fd, seed = 3,
+        dtype = "f32" }
       local t = trainer.new(config.resolve(s), { quiet = true, signals = false, eval_only = true })
       assert.are.equal(fd == "auto" and "bf16" or "f32", t.model:weight_dtype())
       results[fd] = t:evaluate({})
