@@ -87,7 +87,7 @@ static void same_tokens(int variant) {
   rx_model *mc, *mg;
   models(variant, RX_F32, &mc, &mg);
   for (uint64_t seed = 1; seed <= 4; seed++) {
-    if (seed == 4) setenv("REMAX_HOST_SAMPLER", "1", 1);
+    if (seed == 4) CHECK_OK(rx_set_option("host_sampler", "on"));
     request_buf q;
     request(&q, seed);
     result_buf c, g;
@@ -118,7 +118,7 @@ static void same_tokens(int variant) {
     if (seed == 1) printf("  %s: %lld decode steps, %d rows stopped, log p within %.2g\n", variant_name[variant],
                           (long long)c.res.decode_steps, stopped, worst_lp);
   }
-  unsetenv("REMAX_HOST_SAMPLER");
+  CHECK_OK(rx_set_option("host_sampler", "off"));
   rx_model_free(mc);
   rx_model_free(mg);
 }
@@ -136,9 +136,9 @@ static void graphs_equal_plain(int variant) {
   bind(&a);
   bind(&b);
   CHECK_OK(rx_model_generate(mg, &q.req, &a.res));
-  setenv("REMAX_CUDA_GRAPHS", "0", 1);
+  CHECK_OK(rx_set_option("cuda_graphs", "off"));
   CHECK_OK(rx_model_generate(mg, &q.req, &b.res));
-  unsetenv("REMAX_CUDA_GRAPHS");
+  CHECK_OK(rx_set_option("cuda_graphs", "on"));
   double worst = 0;
   int same = 1;
   for (int64_t r = 0; r < q.req.num_rows; r++) {
