@@ -100,3 +100,32 @@ describe("the over-optimisation summary", function()
     assert.has_error(function() plot.overoptimisation({ x = {}, y = {} }, { x = {}, y = {} }) end)
   end)
 end)
+
+describe("the run's report", function()
+  local runs = require("remax.run.folder")
+  it("draws every reward function's sampled mean on one chart when a run logs two or more", function()
+    local root = tmpdir()
+    local run = runs.open(root .. "/r", { config = {} })
+    for s = 1, 4 do
+      run:log_metrics(s, { reward = s, ["reward/rm:rm"] = s / 2, ["reward/gsm8k_accuracy"] = 0.5 - s / 10,
+        ["reward/rm:rm/std"] = 9 })
+    end
+    local files = run:plot()
+    table.sort(files)
+    assert.are.same({ "index.html", "reward.svg", "rewards.svg" }, files)
+    local svg = support.read(root .. "/r/rewards.svg")
+    local _, lines = svg:gsub("<polyline", "")
+    assert.are.equal(2, lines)   -- the two functions; a nested key (.../std) is not a function's mean
+    assert.truthy(svg:find("rm:rm", 1, true))
+    assert.truthy(svg:find("gsm8k_accuracy", 1, true))
+    assert.truthy(support.read(root .. "/r/index.html"):find('src="rewards.svg"', 1, true))
+    run:close()
+    -- one reward function: its line is the reward chart's already, no second chart
+    local one = runs.open(root .. "/one", { config = {} })
+    for s = 1, 3 do one:log_metrics(s, { reward = s, ["reward/gsm8k"] = s }) end
+    files = one:plot()
+    table.sort(files)
+    assert.are.same({ "index.html", "reward.svg" }, files)
+    one:close()
+  end)
+end)
