@@ -190,7 +190,7 @@ end
 -- truth are series {x = steps, y = values} (the reward model's score and the hidden true
 -- preference per step). Over the steps both have (finite values), each is smoothed by a trailing
 -- running mean of opts.window points (default 4); the truth's peak is the first step of its
--- largest smoothed value. Returns { steps, score_smooth, truth_smooth, truth_peak_step,
+-- largest smoothed value among the steps with a full window (from the window-th on). Returns { steps, score_smooth, truth_smooth, truth_peak_step,
 -- truth_peak, score_at_peak, score_after_peak (at the last step), truth_after_peak,
 -- overoptimised } where overoptimised is true when the peak is before the last step and the
 -- smoothed score still rose after it (the score keeps rising, the truth stopped or fell).
@@ -219,8 +219,10 @@ function M.overoptimisation(score, truth, opts)
     return out
   end
   local ss, ts = smooth(sv), smooth(tv)
-  local peak = 1
-  for i = 2, #ts do if ts[i] > ts[peak] + 1e-12 then peak = i end end
+  -- the peak among the steps with a full window (a lone first value is not a trend)
+  local first = math.min(window, #ts)
+  local peak = first
+  for i = first + 1, #ts do if ts[i] > ts[peak] + 1e-12 then peak = i end end
   local last = #ts
   return { steps = steps, score_smooth = ss, truth_smooth = ts, truth_peak_step = steps[peak], truth_peak = ts[peak],
     score_at_peak = ss[peak], score_after_peak = ss[last], truth_after_peak = ts[last],
