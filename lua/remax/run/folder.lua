@@ -434,6 +434,10 @@ M.charts = {
   { file = "clip.svg", title = "Clipped importance ratios", ylabel = "fraction of tokens",
     series = { { key = "clip_ratio/low_mean", name = "low" }, { key = "clip_ratio/high_mean", name = "high" },
       { key = "clip_ratio/region_mean", name = "region" } } },
+  -- every reward function's mean over the sampled completions (reward/<name>), on one chart: a
+  -- learned reward beside a weight-0 measured truth shows over-optimisation (recipes/rlhf/)
+  { file = "rewards.svg", title = "Reward per function (sampled mean)", ylabel = "reward",
+    series_of = function(rows) return require("remax.run.plot").reward_keys(rows) end, min_series = 2 },
 }
 
 local function html_escape(s)
@@ -460,7 +464,7 @@ function Run:plot()
   local written, charts = {}, {}
   for _, chart in ipairs(M.charts) do
     local series, present = {}, false
-    for _, s in ipairs(chart.series) do
+    for _, s in ipairs(chart.series_of and chart.series_of(rows) or chart.series) do
       local xs, ys, seen = {}, {}, false
       for _, row in ipairs(rows) do
         local v = row[s.key]
@@ -474,6 +478,7 @@ function Run:plot()
         series[#series + 1] = { name = s.name, x = xs, y = ys }
       end
     end
+    if present and chart.min_series and #series < chart.min_series then present = false end
     if present and chart.skip_when_zero then
       present = false
       for _, se in ipairs(series) do

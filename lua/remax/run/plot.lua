@@ -186,4 +186,66 @@ function M.svg_lines(series, opts)
   return table.concat(o, "\n")
 end
 
+-- Over-optimisation of a learned reward (recipes/rlhf/chain.lua, the run's report): score and
+-- truth are series {x = steps, y = values} (the reward model's score and the hidden true
+-- preference per step). Over the steps both have (finite values), each is smoothed by a trailing
+-- running mean of opts.window points (default 4); the truth's peak is the first step of its
+-- largest smoothed value among the steps with a full window (from the window-th on). Returns { steps, score_smooth, truth_smooth, truth_peak_step,
+-- truth_peak, score_at_peak, score_after_peak (at the last step), truth_after_peak,
+-- overoptimised } where overoptimised is true when the peak is before the last step and the
+-- smoothed score still rose after it (the score keeps rising, the truth stopped or fell).
+function M.overoptimisation(score, truth, opts)
+  opts = opts or {}
+  local window = opts.window or 4
+  local at = {}
+  for i, x in ipairs(score.x or {}) do
+    if finite(x) and finite(score.y[i]) then at[x] = score.y[i] end
+  end
+  local steps, sv, tv = {}, {}, {}
+  local order = {}
+  for i, x in ipairs(truth.x or {}) do
+    if finite(x) and finite(truth.y[i]) and at[x] ~= nil then order[#order + 1] = { x, truth.y[i] } end
+  end
+  table.sort(order, function(a, b) return a[1] < b[1] end)
+  if #order == 0 then error("overoptimisation: the score and the truth share no step with finite values", 2) end
+  for i, p in ipairs(order) do steps[i], sv[i], tv[i] = p[1], at[p[1]], p[2] end
+  local function smooth(v)
+    local out, sum = {}, 0
+    for i = 1, #v do
+      sum = sum + v[i]
+      if i > window then sum = sum - v[i - window] end
+      out[i] = sum / math.min(i, window)
+    end
+    return out
+  end
+  local ss, ts = smooth(sv), smooth(tv)
+  -- the peak among the steps with a full window (a lone first value is not a trend)
+  local first = math.min(window, #ts)
+  local peak = first
+  for i = first + 1, #ts do if ts[i] > ts[peak] + 1e-12 then peak = i end end
+  local last = #ts
+  return { steps = steps, score_smooth = ss, truth_smooth = ts, truth_peak_step = steps[peak], truth_peak = ts[peak],
+    score_at_peak = ss[peak], score_after_peak = ss[last], truth_after_peak = ts[last],
+    overoptimised = peak < last and ss[last] > ss[peak] }
+end
+
+-- The per-reward-function series of a run's metrics rows: every "reward/<name>" key (the mean
+-- of that function's score over the step's sampled completions) as {key =, name =}, sorted by
+-- name (the run's report draws them on one chart: a learned reward beside a measured truth).
+function M.reward_keys(rows)
+  local seen, keys = {}, {}
+  for _, row in ipairs(rows or {}) do
+    for k, v in pairs(row) do
+      if type(k) == "string" and type(v) == "number" and not seen[k] and k:match("^reward/[^/]+$") then
+        seen[k] = true
+        keys[#keys + 1] = k
+      end
+    end
+  end
+  table.sort(keys)
+  local out = {}
+  for i, k in ipairs(keys) do out[i] = { key = k, name = k:sub(8) } end
+  return out
+end
+
 return M

@@ -103,6 +103,17 @@ local function decoder_of(cfg, dir)
     .. "train (%s)"):format(dir, tostring(arch), table.concat(known, ", ")), 0)
 end
 
+-- algo = reward trains on one process: data-parallel reward-model training (the pairs split over
+-- ranks, the score head's gradient reduced with the model's) is not built. world: a
+-- remax.bind.dist world (or anything with .size); nil or a world of one passes.
+function M.check_world(world)
+  local n = world and world.size or 1
+  if n > 1 then
+    error(("algo = \"reward\" runs on one process: this run has %d ranks (mpirun -np %d); data-parallel "
+      .. "reward-model training is not supported yet: start it without mpirun/srun"):format(n, n), 0)
+  end
+end
+
 -- The reward model to train: dir (the model folder: a causal LM, whose head is replaced by a
 -- new score head, or a sequence classifier, whose head is kept); opts.resume_dir (a checkpoint
 -- of this run: the classifier folder, or with LoRA the adapters), opts.model_opts
@@ -111,12 +122,10 @@ end
 -- file_config, classifier_arch, from_classifier }.
 function M.load(cfg, dir, opts)
   opts = opts or {}
+  M.check_world(opts.world)
   if type(dir) ~= "string" then
     error("algo = reward needs a model folder (model = DIR: a causal LM or a sequence classifier); a model_config "
       .. "random init has no tokenizer to save with it", 0)
-  end
-  if opts.world and opts.world.size > 1 then
-    error(("algo = reward runs on one process for now (this run has %d ranks)"):format(opts.world.size), 0)
   end
   local pieces = opts
   local file_cfg = model_mod.read_config(dir)
