@@ -8,7 +8,7 @@
 -- M.data_notes once the data is loaded): see docs/trainer.md, "Coming from TRL".
 local M = {}
 
-local function rl_algo(cfg) return cfg.algo ~= "sft" end
+local function rl_algo(cfg) return cfg.algo ~= "sft" and cfg.algo ~= "reward" end   -- sampled completions
 
 -- {keys, applies(cfg) -> bool, what makes them matter}
 M.rules = {
@@ -24,7 +24,7 @@ M.rules = {
   { { "max_tokens_per_microbatch" }, function(c) return c.padding_free end,
     "padding_free = false pads each micro-batch instead of packing it" },
   { { "beta", "num_generations", "num_iterations", "loss_type", "generate_greedy" },
-    rl_algo, "algo = sft trains on the answers, without sampled completions" },
+    rl_algo, "this algo (sft: the answers; reward: preference pairs) trains without sampled completions" },
 }
 
 local function same(a, b)
