@@ -6,7 +6,7 @@
 -- calculator all give the episode an error message as the result (docs/environments.md).
 --
 --   ./remax run recipes/gsm8k_tools.lua
---   ./remax eval recipes/gsm8k_tools.lua --model runs/<name>/checkpoints/step-40
+--   ./remax eval recipes/gsm8k_tools.lua --model runs/<name>/checkpoints/step-30
 --   ./remax run recipes/gsm8k_tools.lua --model ~/models/Qwen2.5-0.5B-Instruct --chat_template tokenizer
 --       (a tokenizer template renders the tool list through its `tools` variable)
 --
