@@ -53,16 +53,16 @@ return {
   log_completions = 5,
   seed = 2,
 
-  -- the built-in loop, with held-out tool use measured before and after
-  -- (also written to the run folder as tool_use.json)
+  -- the built-in loop, with held-out tool use measured before (a fresh run) and after, also
+  -- written to the run folder as tool_use.json
   loop = function(run)
-    local before = run.eval_ds and demo.held_out(run)
+    local before = run.eval_ds and run.step == 0 and demo.held_out(run) or nil
     if before then run:say("tool use before: " .. demo.describe(before)) end
     while run:should_continue() do
       run:check_reload()
       run:train_step()
     end
-    if not before or (run.step < run.cfg.max_steps and not run:out_of_time()) then return end   -- interrupted
+    if not run.eval_ds or (run.step < run.cfg.max_steps and not run:out_of_time()) then return end   -- interrupted
     local after = demo.held_out(run)
     run:say("tool use after:  " .. demo.describe(after))
     demo.save(run, { before = before, after = after, step = run.step })
