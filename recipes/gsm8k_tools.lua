@@ -1,66 +1,38 @@
 -- gsm8k_tools: ReMax on GSM8K-style problems with a calculator tool. A turn may call
---   <tool_call>{"name": "calculator", "arguments": {"expression": "12*7+3"}}</tool_call>
+--   <tool_call>{"name": "calculator", "arguments": {"expression": "12 * 7"}}</tool_call>
 -- and the episode goes on with the result appended to the same KV cache. A turn without a call is
 -- the answer, scored by rewards/gsm8k.lua. The greedy episode (greedy in every turn, with the same
 -- tool) is ReMax's baseline. Malformed calls, unknown tools, bad arguments, a failing or hanging
 -- calculator all give the episode an error message as the result (docs/environments.md).
 --
 --   ./remax run recipes/gsm8k_tools.lua
+--   ./remax eval recipes/gsm8k_tools.lua --model runs/<name>/checkpoints/step-30
 --   ./remax run recipes/gsm8k_tools.lua --model ~/models/Qwen2.5-0.5B-Instruct --chat_template tokenizer
 --       (a tokenizer template renders the tool list through its `tools` variable)
 --
--- Not done yet: the built-in models/tiny-gsm8k was never taught the call format (an SFT stage
--- that teaches it is still to be written), so with it this recipe runs but its episodes rarely
--- call the tool. The template below is the qa format with the tool's results as "Result:" lines
--- and the call format in the system message.
+-- Without --model this trains models/tiny-gsm8k-tools (recipes/tiny_sft_tools.lua taught
+-- models/tiny-gsm8k the call format): greedy answers directly, often wrong; about a third of the
+-- samples call the calculator, one call per step, and are mostly right. The reward for the right
+-- answer teaches the model to use the tool. The prompt, the qa template with "Result:" lines and
+-- the calculator are remax.tasks.gsm8k_tools's. Besides the run's own held-out accuracy, the
+-- loop below measures held-out tool use before and after (greedy episodes: the share that call
+-- the calculator, and that use it correctly: every call answered and the final answer is the
+-- last result); the weight-0 reward tool_use logs the same for the training episodes
+-- (reward/tool_use, reward_greedy/tool_use). README, "Tools: the calculator demonstration".
+local demo = require("remax").tasks.gsm8k_tools
 local gsm8k = require("remax").tasks.gsm8k
-
--- the calculator: + - * / and parentheses over numbers, nothing else reaches load()
-local function calculate(args)
-  local e = args.expression
-  if not e:match("^[%d%s%.%+%-%*/%(%)]+$") then error("only numbers and + - * / ( ) are allowed", 0) end
-  local f = load("return " .. e, "expression", "t", {})
-  if not f then error("cannot read " .. e, 0) end
-  local v = f()
-  if type(v) ~= "number" or v ~= v then error("no number", 0) end
-  return v == math.floor(v) and ("%d"):format(v) or ("%.6g"):format(v)
-end
-
-local SYSTEM = 'You may call a calculator: write <tool_call>{"name": "calculator", "arguments": {"expression": "..."}}' ..
-  '</tool_call> and wait for its result. End with the final answer as #### <number>.'
-
--- qa with tool results: "Question: ...\nAnswer: ...\nResult: ...\nAnswer: "
-local function template(messages, opts)
-  local out = {}
-  for _, m in ipairs(messages) do
-    if m.role == "system" then out[#out + 1] = m.content .. "\n"
-    elseif m.role == "assistant" then out[#out + 1] = "Answer: " .. m.content .. "\n"
-    elseif m.role == "tool" then out[#out + 1] = "Result: " .. m.content .. "\n"
-    else out[#out + 1] = "Question: " .. m.content .. "\n" end
-  end
-  if opts.add_generation_prompt ~= false then out[#out + 1] = "Answer: " end
-  return table.concat(out)
-end
 
 return {
   algo = "remax",
-  rewards = { "gsm8k" },
+  model = "models/tiny-gsm8k-tools",
+  rewards = { "gsm8k", demo.tool_use },
+  reward_weights = { 1, 0 },         -- tool_use is a metric, not a reward
   data = gsm8k.synthetic({ steps = { 1, 2 }, max_number = 12 }),
-  map_row = function(row)
-    if type(row.prompt) == "string" then
-      row.prompt = { { role = "system", content = SYSTEM }, { role = "user", content = row.prompt } }
-    end
-    return row
-  end,
-  chat_template = template,
-  tools = {
-    calculator = {
-      description = "Evaluate an arithmetic expression with + - * / and parentheses",
-      parameters = { type = "object", properties = { expression = { type = "string" } }, required = { "expression" } },
-      fn = calculate,
-    },
-  },
+  map_row = demo.map_row,            -- the system message, then the question
+  chat_template = demo.template,
+  tools = demo.tools,
   tool_call_format = "qwen",
+  stop_strings = demo.STOP,          -- a turn ends where its call closes
   tool_timeout = 2,
   max_turns = 4,
   max_episode_length = 1024,
@@ -69,15 +41,30 @@ return {
   temperature = 1.0,
   max_prompt_length = 512,
   max_completion_length = 320,      -- the model's tokens over all turns
-  per_device_train_batch_size = 16,
+  per_device_train_batch_size = 32,
   learning_rate = 1e-4,
   lr_scheduler_type = "constant",
   beta = 0.0,
   max_steps = 30,
-  eval_size = 200,
+  eval_size = 300,
   eval_steps = 10,
-  per_device_eval_batch_size = 128,
+  per_device_eval_batch_size = 150,
   save_steps = 10,
   log_completions = 5,
   seed = 2,
+
+  -- the built-in loop, with held-out tool use measured before (a fresh run) and after, also
+  -- written to the run folder as tool_use.json
+  loop = function(run)
+    local before = run.eval_ds and run.step == 0 and demo.held_out(run) or nil
+    if before then run:say("tool use before: " .. demo.describe(before)) end
+    while run:should_continue() do
+      run:check_reload()
+      run:train_step()
+    end
+    if not run.eval_ds or (run.step < run.cfg.max_steps and not run:out_of_time()) then return end   -- interrupted
+    local after = demo.held_out(run)
+    run:say("tool use after:  " .. demo.describe(after))
+    demo.save(run, { before = before, after = after, step = run.step })
+  end,
 }
