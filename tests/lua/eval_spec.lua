@@ -122,7 +122,8 @@ describe("evaluation", function()
     -- min-p and the repetition penalty on: the sampled rows go through every rule of the sampler
     support.write(dir .. "/r.lua", ("return { data = %q, eval_data = %q, rewards = { %q }, chat_template = 'plain', "
       .. "eval_size = 6, max_completion_length = 6, temperature = 1.2, min_p = 0.02, repetition_penalty = 1.3, "
-      .. "seed = 5, output_dir = %q }"):format(dir .. "/p.jsonl", dir .. "/p.jsonl", dir .. "/lower.lua", dir .. "/runs"))
+      .. "seed = 5, dtype = 'f32', output_dir = %q }"):format(dir .. "/p.jsonl", dir .. "/p.jsonl", dir .. "/lower.lua",
+      dir .. "/runs"))   -- f32 on both: dtype auto is bf16 on CPUs with AVX-512 BF16
     local function eval(device)
       local err_file = support.tmpfile()
       local p = io.popen(("%s eval %s --model %s --samples 3 --device %s 2>%s; echo \"rc=$?\""):format(q(binary()),
