@@ -409,7 +409,7 @@ static void too_large_is_refused(void) {
   int64_t offsets[2] = {0, 2}, *row_prompt = calloc(ROWS, sizeof(int64_t));
   rx_sampling *rows = calloc(ROWS, sizeof(rx_sampling));
   for (int64_t r = 0; r < ROWS; r++) rows[r] = (rx_sampling){0.0, 1.0, 0, 1 << 19, (uint64_t)r, 0, 0};
-  rx_generate_request q = {1, prompt, offsets, ROWS, row_prompt, rows, NULL, 0, 1, 1 << 19};
+  rx_generate_request q = {1, prompt, offsets, ROWS, row_prompt, rows, NULL, 0, 1, 1 << 19, 0};
   rx_generate_result res = {0};   /* never written: the request fails first */
   CHECK_FAILS(rx_model_generate(m, &q, &res), "GiB of device memory (cuda) is available");
   CHECK(strstr(rx_last_error(), "rows of these prompts would fit") != NULL, "%s", rx_last_error());
