@@ -163,6 +163,14 @@ describe("tool calls", function()
     assert.are.same({ { "10", true, "ok" } }, results("CALC(5)", mine))
     assert.are.same("Error: the tool call parser failed: bad", tools.call(t, tool_calls.parse("x", function() error("bad", 0) end)[1]))
   end)
+  it("writes a tool without parameters as properties {} in the template's JSON, as transformers does", function()
+    local t = { chat_template = read("tests/fixtures/chat_templates/qwen2.5.jinja"), eos_token = "<|im_end|>" }
+    local list = tools.schemas(tools.check({ now = { description = "the time", fn = function() return "noon" end } }))
+    local text = chat.render({ { role = "user", content = "time?" } },
+      { tokenizer = t, add_generation_prompt = true, template_args = { tools = list } })
+    assert.matches('"properties": {}', text, 1, true)
+    assert.is_nil(text:find('"properties": []', 1, true), text)
+  end)
   it("refuses bad tool tables naming the tool and key", function()
     assert.has_error(function() tools.check({ calc = { description = "d" } }) end, "tools.calc.fn must be a function(args) -> result, got nil")
     assert.has_error(function() tools.check({ calc = { fn = print, parameters = { type = "array" } } }) end,

@@ -120,7 +120,16 @@ function M.schemas(t)
   local list = {}
   for _, name in ipairs(M.names(t)) do
     local s = t[name]
-    list[#list + 1] = { type = "function", ["function"] = { name = name, description = s.description, parameters = s.parameters } }
+    local params = s.parameters
+    if type(params) == "table" and type(params.properties) == "table" and next(params.properties) == nil then
+      -- no parameters: the template's tojson must write "properties": {} (a dict), as transformers
+      -- does, not the [] that an empty Lua table would give
+      local copy = {}
+      for k, v in pairs(params) do copy[k] = v end
+      copy.properties = require("remax.text.jinja").dict({})
+      params = copy
+    end
+    list[#list + 1] = { type = "function", ["function"] = { name = name, description = s.description, parameters = params } }
   end
   return list
 end
