@@ -177,15 +177,8 @@ for line in sys.stdin:
     threading.Thread(target=handle, args=(req,), daemon=True).start()
 ]==]
 
-function M.is_spec(s)
-  return type(s) == "string" and (s:match("^py:") or s:match("^cmd:") or s:match("^https?://")) and true or false
-end
-
-local function file_exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() return true end
-  return false
-end
+-- A py:, cmd: or http(s):// string: the rewards' forms (remax.step.reward_worker).
+function M.is_spec(s) return type(s) == "string" and require("remax.step.reward_worker").is_spec(s) end
 
 local function clip(s, n)
   s = tostring(s)
@@ -197,12 +190,8 @@ end
 function M.py_target(spec, base, where)
   local file, name = spec:sub(4):match("^(.-%.py):([%a_][%w_]*)$")
   if not file then error(("%s = %s: expected py:FILE.py:NAME (a function or class of the file)"):format(where, spec), 0) end
-  if file_exists(file) then return file, name end
-  local tried = { file }
-  for _, p in ipairs(base and { base .. "/" .. file, base .. "/../" .. file } or {}) do
-    if file_exists(p) then return p, name end
-    tried[#tried + 1] = p
-  end
+  local found, tried = require("remax.step.reward_worker").find_file(file, base)
+  if found then return found, name end
   error(("%s = %s: no such file (looked at %s)"):format(where, spec, table.concat(tried, ", ")), 0)
 end
 

@@ -20,6 +20,7 @@
 local ipc = require("remax.bind.ipc")
 local cjson = require("cjson").new()
 local json = require("remax.formats.json")
+local fs = require("remax.bind.fs")
 
 local M = {}
 
@@ -80,12 +81,6 @@ for line in sys.stdin:
 function M.is_spec(spec)
   if type(spec) == "table" then return type(spec.worker) == "string" end
   return type(spec) == "string" and (spec:match("^py:") or spec:match("^cmd:") or spec:match("^https?://")) and true or false
-end
-
-local function file_exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() return true end
-  return false
 end
 
 local function basename(p) return (p:match("([^/]+)$") or p) end
@@ -388,16 +383,21 @@ function M.program_name(command)
   return n ~= "" and n or "cmd"
 end
 
--- A "py:" file given relative to the recipe is found there too.
-local function find_py(path, base)
-  if file_exists(path) then return path end
+-- A "py:" file given relative to the recipe is found there too (beside it, or one folder up):
+-- the path found, or nil and the paths tried. Tools and environments (remax.step.remote) use it.
+function M.find_file(path, base)
+  if fs.exists(path) then return path end
   local tried = { path }
-  if base then
-    for _, p in ipairs({ base .. "/" .. path, base .. "/../" .. path }) do
-      if file_exists(p) then return p end
-      tried[#tried + 1] = p
-    end
+  for _, p in ipairs(base and { base .. "/" .. path, base .. "/../" .. path } or {}) do
+    if fs.exists(p) then return p end
+    tried[#tried + 1] = p
   end
+  return nil, tried
+end
+
+local function find_py(path, base)
+  local found, tried = M.find_file(path, base)
+  if found then return found end
   error(("reward py:%s: no such file (looked at %s)"):format(path, table.concat(tried, ", ")), 0)
 end
 
