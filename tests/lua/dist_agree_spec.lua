@@ -7,12 +7,7 @@ local cli = require("remax.cli.main")
 local support = require("support")
 local tmpdir, write, read = support.tmpdir, support.write, support.try_read
 
-local function mpi_missing()
-  if os.execute("command -v mpirun >/dev/null 2>&1") ~= 0 then return "mpirun is not installed" end
-  if not read(cli.build_dir() .. "/libremax_mpi.so") then return "remax was built without MPI (no libremax_mpi.so)" end
-  return nil
-end
-local skip = mpi_missing()
+local skip = support.mpi_missing()
 if skip then print("dist_agree_spec: skipping: " .. skip) end
 
 local REWARD = [[

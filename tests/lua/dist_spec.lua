@@ -210,15 +210,7 @@ end)
 
 ---------------------------------------------------------------------------- two processes
 
-local function mpi_missing()
-  if os.execute("command -v mpirun >/dev/null 2>&1") ~= 0 then return "mpirun is not installed (apt-get install openmpi-bin libopenmpi-dev)" end
-  if not exists(cli.build_dir() .. "/libremax_mpi.so") then
-    return "remax was built without MPI (no libremax_mpi.so: CMake did not find libopenmpi-dev)"
-  end
-  return nil
-end
-
-local skip = mpi_missing()
+local skip = support.mpi_missing()
 if skip then print("dist_spec: skipping the mpirun tests: " .. skip) end
 
 local REWARD = [[
@@ -264,48 +256,9 @@ end
 
 -- Runs remax (under mpirun -np ranks when ranks > 1); returns output, exit code.
 local function remax(ranks, args, env)
-  local prefix = "OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none " .. (env or "") .. " "
-  local cmd
-  if ranks > 1 then
-    cmd = ("%smpirun --allow-run-as-root --oversubscribe -np %d -x OMP_NUM_THREADS -x FAIL_RANK -x FAIL_CALL "
-      .. "-x KILL_RANK -x KILL_STAMP %s/remax %s"):format(prefix, ranks, cli.build_dir(), args)
-  else
-    cmd = ("%s%s/remax %s"):format(prefix, cli.build_dir(), args)
-  end
-  local p = assert(io.popen(cmd .. " 2>&1; echo \"rc=$?\""))
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("rc=(%d+)%s*$"))
-  return out, rc
+  return support.run_remax(ranks, args, env, { "FAIL_RANK", "FAIL_CALL", "KILL_RANK", "KILL_STAMP" })
 end
-
-local function jsonl(path)
-  local cjson = require("cjson")
-  local out = {}
-  for line in (read(path) or ""):gmatch("[^\n]+") do out[#out + 1] = cjson.decode(line) end
-  return out
-end
-
--- Largest |a - b| / max(|a|, |b|, 1e-3) over every weight of two checkpoints; and whether all bits agree.
-local function compare_weights(dir_a, dir_b)
-  local st = require("remax.bind.safetensors")
-  local a, b = st.open(dir_a), st.open(dir_b)
-  local worst, same = 0, true
-  for _, name in ipairs(a:names()) do
-    local ta, tb = a:read(name, "f64"), b:read(name, "f64")
-    local pa, pb = ffi.cast("double*", ta.data), ffi.cast("double*", tb.data)
-    for i = 0, tonumber(ta.numel) - 1 do
-      local x, y = pa[i], pb[i]
-      if x ~= y then
-        same = false
-        worst = math.max(worst, math.abs(x - y) / math.max(math.abs(x), math.abs(y), 1e-3))
-      end
-    end
-  end
-  a:close()
-  b:close()
-  return worst, same
-end
+local jsonl, compare_weights = support.jsonl, support.compare_weights
 
 local function same_rollouts(one, two)
   local a, b = jsonl(one .. "/completions.jsonl"), jsonl(two .. "/completions.jsonl")

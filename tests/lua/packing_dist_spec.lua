@@ -6,7 +6,6 @@
 -- process with 2 accumulation steps: the token balance is a function of the global batch, so
 -- the two add the same packs' gradients in the same order and end with the same bits. Skips, saying why, without mpirun or
 -- the MPI backend (libremax_mpi.so).
-local ffi = require("ffi")
 local cli = require("remax.cli.main")
 local cjson = require("cjson")
 
@@ -14,17 +13,8 @@ local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 local read = support.try_read
 
-local function exists(path) return read(path) ~= nil end
 
-local function mpi_missing()
-  if os.execute("command -v mpirun >/dev/null 2>&1") ~= 0 then return "mpirun is not installed (apt-get install openmpi-bin libopenmpi-dev)" end
-  if not exists(cli.build_dir() .. "/libremax_mpi.so") then
-    return "remax was built without MPI (no libremax_mpi.so: CMake did not find libopenmpi-dev)"
-  end
-  return nil
-end
-
-local skip = mpi_missing()
+local skip = support.mpi_missing()
 if skip then print("packing_dist_spec: skipping: " .. skip) end
 
 -- Prompts of varied lengths (so the ranks' rows hold different token counts) and a reward with
@@ -58,49 +48,8 @@ return {
   return dir .. "/r.lua"
 end
 
-local function remax(ranks, args)
-  local prefix = "OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none "
-  local cmd
-  if ranks > 1 then
-    cmd = ("%smpirun --allow-run-as-root --oversubscribe -np %d -x OMP_NUM_THREADS %s/remax %s"):format(prefix, ranks,
-      cli.build_dir(), args)
-  else
-    cmd = ("%s%s/remax %s"):format(prefix, cli.build_dir(), args)
-  end
-  local p = assert(io.popen(cmd .. " 2>&1; echo \"rc=$?\""))
-  local out = p:read("*a")
-  p:close()
-  return out, tonumber(out:match("rc=(%d+)%s*$"))
-end
-
-local function jsonl(path)
-  local out = {}
-  for line in (read(path) or ""):gmatch("[^\n]+") do out[#out + 1] = cjson.decode(line) end
-  return out
-end
-
--- The largest |a - b| / max(|a|, |b|, 1e-3) over every weight of two checkpoints, the L2
--- difference over the L2 norm, and whether every bit agrees.
-local function compare_weights(dir_a, dir_b)
-  local st = require("remax.bind.safetensors")
-  local a, b = st.open(dir_a), st.open(dir_b)
-  local worst, same, num, den = 0, true, 0, 0
-  for _, name in ipairs(a:names()) do
-    local ta, tb = a:read(name, "f64"), b:read(name, "f64")
-    local pa, pb = ffi.cast("double*", ta.data), ffi.cast("double*", tb.data)
-    for i = 0, tonumber(ta.numel) - 1 do
-      local x, y = pa[i], pb[i]
-      num, den = num + (x - y) ^ 2, den + x ^ 2
-      if x ~= y then
-        same = false
-        worst = math.max(worst, math.abs(x - y) / math.max(math.abs(x), math.abs(y), 1e-3))
-      end
-    end
-  end
-  a:close()
-  b:close()
-  return worst, math.sqrt(num / den), same
-end
+local function remax(ranks, args) return support.run_remax(ranks, args) end
+local jsonl, compare_weights = support.jsonl, support.compare_weights
 
 local describe_mpi = skip and pending or describe
 
@@ -144,7 +93,7 @@ describe_mpi("padding-free training under mpirun -np 2", function()
         assert.is_true(d < 1e-6, ("step %d: %s padded %.9g, packed %.9g"):format(i, k, x, y))
       end
     end
-    local worst, l2 = compare_weights(path("pad2") .. "/checkpoints/step-2", path("pack2") .. "/checkpoints/step-2")
+    local worst, _, l2 = compare_weights(path("pad2") .. "/checkpoints/step-2", path("pack2") .. "/checkpoints/step-2")
     print(("packing_dist_spec: 2 ranks ZeRO-2 packed vs padded: loss/grad_norm/entropy within %.3g, weights within %.3g (largest), %.3g (L2)")
       :format(worst_loss, worst, l2))
     -- the bound is on the weights' L2 norm: AdamW's first steps move every element by about the
@@ -157,7 +106,7 @@ describe_mpi("padding-free training under mpirun -np 2", function()
     local c1, cw = jsonl(path("pack1") .. "/completions.jsonl"), jsonl(path("packw") .. "/completions.jsonl")
     assert.are.equal(#c1, #cw)
     for i = 1, #c1 do assert.are.equal(c1[i].completion, cw[i].completion) end
-    local w1, _, bits = compare_weights(path("pack1") .. "/checkpoints/step-2", path("packw") .. "/checkpoints/step-2")
+    local w1, bits = compare_weights(path("pack1") .. "/checkpoints/step-2", path("packw") .. "/checkpoints/step-2")
     print(("packing_dist_spec: packed 2 ranks vs 1 process: %s (largest %.3g)"):format(bits and "bit-identical" or "differ", w1))
     assert.is_true(bits, ("packed on 2 ranks and in one process differ by %.3g"):format(w1))
   end)

@@ -22,11 +22,7 @@ describe("algo = reward and the number of processes", function()
     end
   end)
 
-  local function mpi_missing()
-    if os.execute("command -v mpirun >/dev/null 2>&1") ~= 0 then return "mpirun is not installed" end
-    if not support.try_read(cli.build_dir() .. "/libremax_mpi.so") then return "remax was built without MPI" end
-  end
-  local skip = mpi_missing()
+  local skip = support.mpi_missing()
   if skip then print("rlhf_chain_spec: skipping the mpirun test: " .. skip) end
 
   ;(skip and pending or it)("mpirun -np 2 stops before training, with the error, and leaves no run folder", function()

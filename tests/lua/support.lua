@@ -182,4 +182,69 @@ return { name = "lower", fn = function(completions, batch)
 end }
 ]]
 
+
+---------------------------------------------------------------------------- several processes
+
+-- Why the mpirun specs cannot run here (nil: they can).
+function M.mpi_missing()
+  if os.execute("command -v mpirun >/dev/null 2>&1") ~= 0 then return "mpirun is not installed (apt-get install openmpi-bin libopenmpi-dev)" end
+  if not M.try_read(require("remax.cli.main").build_dir() .. "/libremax_mpi.so") then
+    return "remax was built without MPI (no libremax_mpi.so: CMake did not find libopenmpi-dev)"
+  end
+  return nil
+end
+
+-- Runs the built remax with args, under `mpirun -np ranks` when ranks > 1, one thread per rank;
+-- env: "NAME=value ..." set for it, pass: the variables mpirun hands on ({ "FAIL_RANK", ... }).
+-- Returns its output (stderr too) and exit code.
+function M.run_remax(ranks, args, env, pass)
+  local build = require("remax.cli.main").build_dir()
+  local prefix = "OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none " .. (env or "") .. " "
+  local cmd
+  if ranks > 1 then
+    local x = { "-x OMP_NUM_THREADS" }
+    for _, name in ipairs(pass or {}) do x[#x + 1] = "-x " .. name end
+    cmd = ("%smpirun --allow-run-as-root --oversubscribe -np %d %s %s/remax %s"):format(prefix, ranks, table.concat(x, " "),
+      build, args)
+  else
+    cmd = ("%s%s/remax %s"):format(prefix, build, args)
+  end
+  local p = assert(io.popen(cmd .. " 2>&1; echo \"rc=$?\""))
+  local out = p:read("*a")
+  p:close()
+  return out, tonumber(out:match("rc=(%d+)%s*$"))
+end
+
+-- The records of a JSON-lines file ({} when it is missing).
+function M.jsonl(path)
+  local cjson = require("cjson")
+  local out = {}
+  for line in (M.try_read(path) or ""):gmatch("[^\n]+") do out[#out + 1] = cjson.decode(line) end
+  return out
+end
+
+-- Two checkpoints' weights: the largest |a - b| / max(|a|, |b|, 1e-3), whether every bit agrees,
+-- and the L2 norm of the difference over the L2 norm of the first.
+function M.compare_weights(dir_a, dir_b)
+  local ffi = require("ffi")
+  local st = require("remax.bind.safetensors")
+  local a, b = st.open(dir_a), st.open(dir_b)
+  local worst, same, num, den = 0, true, 0, 0
+  for _, name in ipairs(a:names()) do
+    local ta, tb = a:read(name, "f64"), b:read(name, "f64")
+    local pa, pb = ffi.cast("double*", ta.data), ffi.cast("double*", tb.data)
+    for i = 0, tonumber(ta.numel) - 1 do
+      local x, y = pa[i], pb[i]
+      num, den = num + (x - y) ^ 2, den + x ^ 2
+      if x ~= y then
+        same = false
+        worst = math.max(worst, math.abs(x - y) / math.max(math.abs(x), math.abs(y), 1e-3))
+      end
+    end
+  end
+  a:close()
+  b:close()
+  return worst, same, math.sqrt(num / den)
+end
+
 return M
