@@ -95,6 +95,67 @@ function M.has_python()
   return out:match("1") ~= nil
 end
 
+---------------------------------------------------------------------------- the references
+
+-- The tests' references are the ecosystem's own code (Hugging Face tokenizers and transformers,
+-- PEFT, TensorBoard, gguf-py, llama.cpp through llama-cpp-python, torch), installed by
+-- tests/references.sh into .cache/venv from tests/requirements.txt.
+M.REFERENCE_HOME = (os.getenv("PWD") or ".") .. "/.cache"
+M.REFERENCE_PYTHON = M.REFERENCE_HOME .. "/venv/bin/python"
+M.REFERENCE_INSTALL = "tests/references.sh (pip install -r tests/requirements.txt into .cache/venv)"
+
+local importable = {}
+-- The reference Python when it imports every module named (reference("transformers", "torch")),
+-- else nil and why. Specs call it inside `it` and skip themselves with that reason:
+--   local py = support.reference("tokenizers"); if not py then return end
+-- A missing reference is never a pass: the test is reported pending ("skipped: ..."), naming
+-- the install line, and with REMAX_REFERENCES_REQUIRED=1 (CI) it fails instead.
+function M.reference(...)
+  local modules = table.concat({ ... }, ", ")
+  if importable[modules] == nil then
+    local p = io.popen(("%s -c %s 2>&1"):format(shell_quote(M.REFERENCE_PYTHON), shell_quote("import " .. modules)))
+    local out = p:read("*a")
+    local ok = p:close()
+    importable[modules] = (ok == true or ok == 0) and true or (out:match("[^\n]*Error[^\n]*") or out:sub(1, 200))
+  end
+  if importable[modules] == true then return M.REFERENCE_PYTHON end
+  local why = ("skipped: the reference %s cannot be imported from %s (%s); install it with %s"):format(
+    modules, M.REFERENCE_PYTHON, tostring(importable[modules]), M.REFERENCE_INSTALL)
+  if os.getenv("REMAX_REFERENCES_REQUIRED") == "1" then error(why:gsub("^skipped", "missing"), 2) end
+  if pending then pending(why) end
+  return nil, why
+end
+
+-- A file of the llama.cpp source that llama-cpp-python's sdist carries (.cache/llama.cpp/...:
+-- models/ggml-vocab-*.gguf with .inp/.out, models/templates/*.jinja), or nil after skipping as
+-- reference() does.
+function M.llama_cpp_file(rel)
+  local path = M.REFERENCE_HOME .. "/llama.cpp/" .. rel
+  local f = io.open(path, "rb")
+  if f then f:close() return path end
+  local why = ("skipped: %s is missing (llama.cpp's source from llama-cpp-python's sdist); install it with %s"):format(
+    path, M.REFERENCE_INSTALL)
+  if os.getenv("REMAX_REFERENCES_REQUIRED") == "1" then error(why:gsub("^skipped", "missing"), 2) end
+  if pending then pending(why) end
+  return nil, why
+end
+
+-- Runs the reference Python on a script file with arguments; returns its stdout, and stops the
+-- test with its output when it fails.
+function M.run_reference(script, ...)
+  local args = {}
+  for i, a in ipairs({ ... }) do args[i] = shell_quote(a) end
+  local err = M.tmpfile()
+  local p = io.popen(("%s %s %s 2>%s"):format(shell_quote(M.REFERENCE_PYTHON), shell_quote(script),
+    table.concat(args, " "), shell_quote(err)))
+  local out = p:read("*a")
+  local ok = p:close()
+  if not (ok == true or ok == 0) then
+    error(("reference %s failed: %s\n%s"):format(script, M.read(err):sub(-3000), out:sub(1, 1000)), 2)
+  end
+  return out
+end
+
 ---------------------------------------------------------------------------- training fixtures
 
 -- A JSON-lines prompt file of n rows at path: row i is `format` with i for each %d in it, by
