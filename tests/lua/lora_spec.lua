@@ -1,5 +1,6 @@
--- LoRA from Lua: PEFT's file layout, save/load round trips, merged checkpoints, the reference
--- model with adapters off, and LoRA training in the trainer (frozen base, exact resume).
+-- LoRA from Lua: save/load round trips, merged checkpoints, the reference model with adapters
+-- off, and LoRA training in the trainer (frozen base, exact resume). PEFT itself reads the
+-- adapters remax writes, and remax reads the ones PEFT writes: tests/lua/hf_reference_spec.lua.
 local remax = require("remax")
 local cjson = require("cjson")
 local ffi = require("ffi")
@@ -13,7 +14,6 @@ local tmpdir = support.tmpdir
 
 local read = support.read
 
--- the tiny Qwen2 of tests/fixtures/peft/README.md
 local TINY = support.tiny_model({ vocab_size = 40, hidden_size = 16, intermediate_size = 24, max_position_embeddings = 128,
   tie_word_embeddings = false })
 
@@ -30,36 +30,6 @@ local function perturb(m, seed)
 end
 
 describe("lora", function()
-  it("writes PEFT's adapter files: tensor names, shapes and config keys as PEFT does", function()
-    local fixture = cjson.decode(read("tests/fixtures/peft/tiny_qwen2_all_linear_r4.json"))
-    local m = model_mod.new(TINY, { seed = 1 })
-    lora.apply(m, { r = 4, alpha = 8, dropout = 0.1, target_modules = "all-linear" })
-    local dir = tmpdir()
-    m:save(dir)
-    local st = remax.safetensors.open(dir .. "/adapter_model.safetensors")
-    local names = st:names()
-    local want = {}
-    for name in pairs(fixture.tensors) do want[#want + 1] = name end
-    table.sort(names)
-    table.sort(want)
-    assert.are.same(want, names)
-    for _, name in ipairs(names) do assert.are.same(fixture.tensors[name], st:info(name).shape, name) end
-    assert.are.equal("F32", st:info(names[1]).format)
-    st:close()
-    local cfg = cjson.decode(read(dir .. "/adapter_config.json"))
-    local keys, want_keys = {}, {}
-    for k in pairs(cfg) do keys[#keys + 1] = k end
-    for k in pairs(fixture.adapter_config) do want_keys[#want_keys + 1] = k end
-    table.sort(keys)
-    table.sort(want_keys)
-    assert.are.same(want_keys, keys)
-    for _, k in ipairs({ "r", "lora_alpha", "lora_dropout", "peft_type", "task_type", "bias", "target_modules" }) do
-      assert.are.same(fixture.adapter_config[k], cfg[k], k)
-    end
-    -- the base stays where it is: no model.safetensors next to the adapters
-    assert.is_nil(io.open(dir .. "/model.safetensors", "rb"))
-  end)
-
   it("starts equal to the base, round-trips its adapters bit for bit, and refuses mismatched ones", function()
     local base = model_mod.new(TINY, { seed = 3 })
     local m = model_mod.new(TINY, { seed = 3 })
@@ -70,6 +40,7 @@ describe("lora", function()
     assert.are_not.equal(bytes(base:logprobs(rows)), bytes(lp))
     local dir = tmpdir()
     m:save(dir)
+    assert.is_nil(io.open(dir .. "/model.safetensors", "rb"))   -- the base stays where it is
     local again = model_mod.new(TINY, { seed = 3 })
     lora.load(again, dir)
     assert.are.equal(bytes(lp), bytes(again:logprobs(rows)))
@@ -92,6 +63,18 @@ describe("lora", function()
     local ok2, err2 = pcall(lora.apply, model_mod.new(TINY), { target_modules = { "q_proj", "qkv" } })
     assert.is_false(ok2)
     assert.matches("'qkv' is not a linear layer of this model %(valid: q_proj", err2)
+    -- target_modules as PEFT saves all-linear on a small model: full module paths, read as the
+    -- module names when every layer is named, refused when a layer is missing
+    local cfg = cjson.decode(read(dir .. "/adapter_config.json"))
+    cfg.target_modules = { "model.layers.1.self_attn.v_proj", "model.layers.0.mlp.down_proj", "model.layers.0.self_attn.q_proj",
+      "model.layers.1.mlp.down_proj", "model.layers.1.self_attn.q_proj", "model.layers.0.self_attn.v_proj" }
+    support.write(dir .. "/adapter_config.json", cjson.encode(cfg))
+    assert.are.equal(bytes(lp), bytes(lora.load(model_mod.new(TINY, { seed = 3 }), dir):logprobs(rows)))
+    table.remove(cfg.target_modules, 1)
+    support.write(dir .. "/adapter_config.json", cjson.encode(cfg))
+    local ok3, err3 = pcall(lora.load, model_mod.new(TINY, { seed = 3 }), dir)
+    assert.is_false(ok3)
+    assert.matches("target_modules names v_proj in some layers only %(not in layer 1%); remax puts adapters on every layer", err3)
   end)
 
   it("saves a merged full model that a plain load reproduces", function()

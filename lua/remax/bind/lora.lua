@@ -271,11 +271,41 @@ function M.load_weights(model, dir)
   if count then C.rx_model_lora_set_forward_count(model.handle, count) end
 end
 
+-- adapter_config.json's target_modules as module names. PEFT matches a name against the end of
+-- a module's path, and saves "all-linear" on a small model (under 20 modules) as the full paths
+-- it expanded to ("model.layers.0.self_attn.q_proj", ...): those are read as their module names
+-- when they name every one of the model's layers (remax puts adapters on every layer).
+function M.config_targets(cfg, num_layers)
+  local list = cfg.target_modules
+  if type(list) ~= "table" then return list end
+  local names, layers, order = {}, {}, {}
+  for _, entry in ipairs(list) do
+    local layer, module
+    if type(entry) == "string" then layer, module = entry:match("^model%.layers%.(%d+)%.[%w_]+%.([%w_]+)$") end
+    if layer and index_of[module] then
+      if not layers[module] then layers[module] = {}; order[#order + 1] = module end
+      layers[module][tonumber(layer)] = true
+    else
+      names[#names + 1] = entry
+    end
+  end
+  for _, module in ipairs(order) do
+    local missing = {}
+    for l = 0, num_layers - 1 do if not layers[module][l] then missing[#missing + 1] = l end end
+    if #missing > 0 then
+      error(("%s: target_modules names %s in some layers only (not in layer %s); remax puts adapters on every layer")
+        :format(cfg.path, module, table.concat(missing, ", ")), 0)
+    end
+    names[#names + 1] = module
+  end
+  return names
+end
+
 -- Adds the adapters a PEFT folder describes (adapter_config.json) and loads their weights.
 -- expect (optional): {r=, alpha=, target_modules=} that must match (a resumed run's settings).
 function M.load(model, dir, expect)
   local cfg = M.read_config(dir)
-  local _, names = M.targets(cfg.target_modules, cfg.path .. ": target_modules")
+  local _, names = M.targets(M.config_targets(cfg, tonumber(model:cfg().num_hidden_layers)), cfg.path .. ": target_modules")
   if expect then
     local _, want = M.targets(expect.target_modules)
     if cfg.r ~= expect.r or cfg.lora_alpha ~= expect.alpha or table.concat(names, ",") ~= table.concat(want, ",") then

@@ -149,7 +149,7 @@ function M.open(run, list, opts)
   local want, out = M.wanted(list), {}
   if want.tensorboard then
     local w = require("remax.run.tensorboard").open(run.dir .. "/tensorboard",
-      { resume_step = opts.resume_step and opts.resume_step + 1 or nil })
+      { start_step = (opts.resume_step or 0) + 1 })
     out[#out + 1] = setmetatable({ w = w, name = "tensorboard" }, Tb)
   end
   if want.csv then out[#out + 1] = open_csv(run) end

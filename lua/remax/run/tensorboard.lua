@@ -10,10 +10,15 @@
 -- is an Event protobuf: wall_time (1, double), step (2, int64), file_version (3, string: the
 -- first record says "brain.Event:2"), summary (5: Summary { repeated Value value = 1 } with Value
 -- { string tag = 1; float simple_value = 2 }), session_log (7: SessionLog { SessionStatus status = 1 },
--- START = 1; field 6 is the deprecated log_message). A START at a resumed step tells TensorBoard
--- to drop what an earlier process logged at that step or later (its purge of orphaned data).
--- TensorBoard reads a folder's files in name order, so a new file's name sorts after the ones
--- already there (its time part is at least one second past theirs).
+-- START = 1; field 6 is the deprecated log_message).
+--
+-- Every file starts a session, as TensorFlow's writers do: after the version record, a START at
+-- the first step the process logs (1, or the step after a resumed run's checkpoint). The
+-- TensorBoard server (plugin_event_accumulator) takes a run's first START as its beginning and
+-- each later one as a restart, dropping what earlier processes logged at that step or later (its
+-- purge of orphaned data); so a resumed run's START must not be the folder's first. TensorBoard
+-- reads a folder's files in name order, so a new file's name sorts after the ones already there
+-- (its time part is at least one second past theirs).
 local ffi = require("ffi")
 
 local M = {}
@@ -114,8 +119,9 @@ local function hostname()
   return (h and h ~= "") and h:gsub("[^%w%-%.]", "_") or "localhost"
 end
 
--- Opens a new event file in folder `dir` (created when missing). opts.resume_step: write a
--- SessionLog START at that step, so TensorBoard drops older events past it.
+-- Opens a new event file in folder `dir` (created when missing) and starts a session in it: a
+-- SessionLog START at opts.start_step (default 1), the first step this writer logs, so
+-- TensorBoard drops what earlier files logged at that step or later.
 function M.open(dir, opts)
   opts = opts or {}
   require("remax.bind.fs").mkdir_p(dir)
@@ -135,7 +141,7 @@ function M.open(dir, opts)
   if not f then error(("tensorboard: cannot create %s (%s)"):format(path, tostring(err)), 0) end
   local w = setmetatable({ path = path, f = f }, Writer)
   w:write(M.event({ wall_time = now(), file_version = "brain.Event:2" }))
-  if opts.resume_step then w:write(M.event({ wall_time = now(), step = opts.resume_step, start = true })) end
+  w:write(M.event({ wall_time = now(), step = opts.start_step or 1, start = true }))
   return w
 end
 
