@@ -238,6 +238,10 @@ local function corpus()
     { { role = "user", content = "Q1" }, { role = "assistant", content = "<think>\nstep 1\n</think>\n\nA1" },
       { role = "user", content = "Q2" }, { role = "assistant", content = "<think>\nr2\n</think>\n\nA2" } },
     { { role = "user", content = "Q" }, { role = "assistant", content = "<think>plan</think>answer" } },
+    -- an assistant turn's reasoning under each of its names (Qwen3 renders the last turn's)
+    { { role = "user", content = "Q1" }, { role = "assistant", content = "A1", reasoning_content = "r1" } },
+    { { role = "user", content = "Q2" }, { role = "assistant", content = "A2", reasoning = "r2" } },
+    { { role = "user", content = "Q3" }, { role = "assistant", content = "A3", thinking = "r3" } },
     { sys, { role = "user", content = "Q" }, { role = "user", content = "<tool_response>\nok\n</tool_response>" } },
     { { role = "user", content = "multi\nline\n\ncontent\n" }, { role = "assistant", content = "  padded  " },
       { role = "user", content = "tail" } },
