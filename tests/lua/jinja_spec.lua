@@ -30,10 +30,10 @@ local function json(v)
   if t == "boolean" then return tostring(v) end
   if t == "table" and getmetatable(v) and v.v then return string.format("%.17g", v.v) .. (v.v == math.floor(v.v) and ".0" or "") end
   assert(t == "table", "json: cannot encode " .. t)
-  local keys = jinja.keys(v)
-  if keys then
+  local items = jinja.items(v)
+  if items then
     local parts = {}
-    for i, k in ipairs(keys) do parts[i] = json(k) .. ":" .. json(v.map[k]) end
+    for i, e in ipairs(items) do parts[i] = json(e[1]) .. ":" .. json(e[2]) end
     return "{" .. table.concat(parts, ",") .. "}"
   end
   if getmetatable(v) and v.n then   -- a template list

@@ -55,10 +55,9 @@ def gguf_path(name):
 
 
 def stamp(name):
-    import tokenizers
-    import transformers
+    from importlib.metadata import version
     return {"gguf": os.path.basename(gguf_path(name)), "size": os.path.getsize(gguf_path(name)),
-            "transformers": transformers.__version__, "tokenizers": tokenizers.__version__, "repairs": REPAIRS[name]}
+            "transformers": version("transformers"), "tokenizers": version("tokenizers"), "repairs": REPAIRS[name]}
 
 
 def convert(name, out):

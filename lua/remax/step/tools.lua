@@ -156,9 +156,9 @@ end
 
 -- The worker's schema (its keys in order) with the recipe's name and description in place.
 local function with_name(schema, name, description)
-  local kv = {}
-  for i, k in ipairs(jinja.keys(schema)) do
-    kv[i] = { k, k == "name" and name or k == "description" and description or schema.map[k] }
+  local kv = jinja.items(schema)
+  for _, e in ipairs(kv) do
+    if e[1] == "name" then e[2] = name elseif e[1] == "description" then e[2] = description end
   end
   return jinja.dict(kv)
 end

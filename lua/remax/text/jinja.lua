@@ -275,11 +275,11 @@ function M.to_lua(v)
   return v
 end
 
--- The keys of a template dict, in order (nil for anything else).
-function M.keys(v)
+-- The entries of a template dict in order, { {key, value}, ... } (nil for anything else).
+function M.items(v)
   if kind(v) ~= "dict" then return nil end
   local out = {}
-  for i, key in ipairs(v.keys) do out[i] = key end
+  for i, key in ipairs(v.keys) do out[i] = { key, v.map[key] } end
   return out
 end
 
