@@ -286,8 +286,9 @@ static int onig_spaces(const char *pattern, size_t plen, char **out, size_t *out
       continue;
     }
     if (in_class && c == '[' && i + 1 < plen && pattern[i + 1] == ':') {   /* [:alpha:] */
-      const char *end = strstr(pattern + i + 2, ":]");
-      size_t upto = end && (size_t)(end - pattern) + 2 <= plen ? (size_t)(end - pattern) + 2 : plen;
+      size_t upto = i + 2;
+      while (upto + 1 < plen && !(pattern[upto] == ':' && pattern[upto + 1] == ']')) upto++;
+      upto = upto + 1 < plen ? upto + 2 : plen;
       while (i < upto) {
         if (n + 2 > cap) {
           char *bigger = realloc(o, cap * 2);
