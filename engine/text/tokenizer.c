@@ -247,6 +247,69 @@ static int flag(const rx_json *obj, const char *key, int dflt) {
 
 /* ---------------------------------------------------------------- loading */
 
+#ifdef RX_HAVE_PCRE2
+/* Hugging Face tokenizers run the file's regex with Oniguruma, whose \s (Unicode) is U+0009-U+000D,
+ * U+0085 and the separators Zs, Zl, Zp. PCRE2's \s (UCP) also takes U+180E (Mongolian vowel
+ * separator, a format character since Unicode 6.3), so text with U+180E next to spaces would split
+ * differently. pattern with every \s and \S written as Oniguruma's set: outside a class as a class
+ * of its own, inside one (\s only) as its members. *out is malloc'ed. */
+static const char ONIG_SPACE[] = "\\t-\\r\\x{85}\\p{Z}";
+static int onig_spaces(const char *pattern, size_t plen, char **out, size_t *outlen) {
+  size_t cap = plen * 4 + 64, n = 0, add = sizeof ONIG_SPACE + 3;
+  char *o = malloc(cap);
+  if (!o) return -1;
+  int in_class = 0;
+  for (size_t i = 0; i < plen; i++) {
+    if (n + add + 2 > cap) {
+      char *bigger = realloc(o, cap * 2);
+      if (!bigger) { free(o); return -1; }
+      o = bigger;
+      cap *= 2;
+    }
+    char c = pattern[i];
+    if (c == '\\' && i + 1 < plen) {
+      char e = pattern[i + 1];
+      if (e == 's' || (e == 'S' && !in_class)) {
+        n += (size_t)sprintf(o + n, in_class ? "%s" : (e == 's' ? "[%s]" : "[^%s]"), ONIG_SPACE);
+      } else {
+        o[n++] = c;
+        o[n++] = e;
+      }
+      i++;
+      continue;
+    }
+    if (!in_class && c == '[') {   /* a ']' right after '[' or '[^' is a member */
+      in_class = 1;
+      o[n++] = c;
+      if (i + 1 < plen && pattern[i + 1] == '^') o[n++] = pattern[++i];
+      if (i + 1 < plen && pattern[i + 1] == ']') o[n++] = pattern[++i];
+      continue;
+    }
+    if (in_class && c == '[' && i + 1 < plen && pattern[i + 1] == ':') {   /* [:alpha:] */
+      size_t upto = i + 2;
+      while (upto + 1 < plen && !(pattern[upto] == ':' && pattern[upto + 1] == ']')) upto++;
+      upto = upto + 1 < plen ? upto + 2 : plen;
+      while (i < upto) {
+        if (n + 2 > cap) {
+          char *bigger = realloc(o, cap * 2);
+          if (!bigger) { free(o); return -1; }
+          o = bigger;
+          cap *= 2;
+        }
+        o[n++] = pattern[i++];
+      }
+      i--;
+      continue;
+    }
+    if (in_class && c == ']') in_class = 0;
+    o[n++] = c;
+  }
+  *out = o;
+  *outlen = n;
+  return 0;
+}
+#endif
+
 static int add_step_regex(rx_tokenizer *t, const char *where, const char *pattern, size_t plen, int literal,
                           split_behavior behavior) {
   if (t->n_steps == MAX_STEPS) return rx_fail(RX_EFORMAT, "%s: %s: more than %d pre-tokenizer steps", t->path, where, MAX_STEPS);
@@ -258,7 +321,11 @@ static int add_step_regex(rx_tokenizer *t, const char *where, const char *patter
   int errcode;
   PCRE2_SIZE erroff;
   uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : 0);
-  s->re = pcre2_compile((PCRE2_SPTR)pattern, plen, opts, &errcode, &erroff, NULL);
+  char *onig = NULL;
+  size_t onig_len = plen;
+  if (!literal && onig_spaces(pattern, plen, &onig, &onig_len)) return rx_fail(RX_ENOMEM, "%s: out of memory for the regex", t->path);
+  s->re = pcre2_compile((PCRE2_SPTR)(onig ? onig : pattern), onig_len, opts, &errcode, &erroff, NULL);
+  free(onig);
   if (!s->re) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(errcode, msg, sizeof msg);

