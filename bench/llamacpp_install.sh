@@ -10,8 +10,9 @@
 # llama.cpp's default CPU settings otherwise (no BLAS, no GPU backend), static libraries, only
 # the llama-batched-bench target (it pulls libllama, ggml and llama.cpp's common library), into
 # .cache/llamacpp-build (git-ignored), kept: rebuilt only when the program is missing or the
-# source's version (.cache/llama.cpp's llama.cpp build number) changed. About 5 minutes on 2 idle
-# cores (docs/benchmarks.md).
+# source changed (a hash of its files' names and sizes: the sdist's copy has no .git). `cmake --build`
+# took 577 s (7 min of CPU time) on 2 cores that other builds shared (load 3-5); about 4 minutes
+# on 2 idle ones (estimated from the CPU time). 11 MB program, 68 MB build tree.
 set -eu
 cd "$(dirname "$0")/.."
 src=.cache/llama.cpp
