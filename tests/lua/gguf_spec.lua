@@ -5,7 +5,8 @@
 -- llama-cpp-python (libllama's C API: next-token log-probs, llama_tokenize / llama_token_to_piece,
 -- llama_chat_apply_template). The real tokenizers are transformers' conversion of llama.cpp's
 -- vocab files (models/ggml-vocab-qwen2.gguf and -llama-bpe.gguf, from llama-cpp-python's sdist),
--- as tokenizer_spec.lua has them (.cache/tokenizers). Crash safety, refusals and the command need no reference.
+-- as tokenizer_spec.lua has them (.cache/tokenizers). Crash safety and the refusal of paths that
+-- are not regular files need no reference.
 local remax = require("remax")
 local cjson = require("cjson")
 local ffi = require("ffi")
@@ -123,9 +124,9 @@ local CONVERSATIONS = {
 
 ---------------------------------------------------------------------------- the fixture
 
--- One case per file: what made it, and after the reference ran, .gguf (gguf-py's reading:
--- .kv[key] = { types, value or count }, .keys in file order, .tensors[name], .list in file order)
--- and .llama (llama.cpp's results).
+-- One case per file: what made it, and after the reference ran, .gguf (gguf-py's reading: .keys
+-- and .tensors in file order, .kv[key] = { key, types, value or count }, .tensors_by_name[name])
+-- and .llama (llama.cpp's results); llamacpp_ref.py's header says what each holds.
 local function case_values(c, info)   -- gguf-py's values of a tensor (dequantized), as a Lua list
   local p = ffi.cast("const float *", c.blob) + info.at
   local out = {}
