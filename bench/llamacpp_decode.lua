@@ -3,14 +3,13 @@
 -- of it at each weight dtype. Every row decodes exactly `new` tokens after a `prompt`-token
 -- prompt; each side times one run after a short warm-up, prefill included; tokens/s = rows * new
 -- / seconds. With --repeat K the whole set runs K times, remax and the peer alternating pair by
--- pair, and the summary gives each figure's median and spread, the ratios taken round by round. The peer (--peer) is llama.cpp's own batched decoder, llama-batched-bench built
--- natively from the source node-llama-cpp ships (bench/llamacpp_install.sh --batched; every row
--- in one batch, as remax decodes): "batched", the default; or node-llama-cpp 3.21.1's prebuilt
--- binary evaluating the sequences one at a time: "node" (slower from 8 rows on); "prebuilt": the
--- same llama-batched-bench on the libraries node-llama-cpp ships prebuilt (bench/llamacpp_install.sh
--- --batched-prebuilt: seconds to build where the native build takes 10-90 minutes); or "none"
--- (remax alone: its bf16 weights against its f32 ones). Not a test.
---   bench/llamacpp_decode.sh                       # the wrapper: threads, OpenBLAS kernels, the build
+-- pair, and the summary gives each figure's median and spread, the ratios taken round by round.
+-- The peer (--peer) is llama.cpp's own batched decoder, llama-batched-bench (every row in one
+-- batch, as remax decodes), built natively by bench/llamacpp_install.sh from the llama.cpp source
+-- of llama-cpp-python's sdist: "batched", the default (REMAX_LLAMACPP_BATCHED names the program;
+-- bench/llamacpp_decode.sh sets it); or "none" (remax alone: its bf16 weights against its f32
+-- ones). Not a test.
+--   bench/llamacpp_decode.sh                       # the wrapper: threads, OpenBLAS kernels, the builds
 --   ./remax run bench/llamacpp_decode.lua --shape qwen0.5b --rows 1,8,16,32 --dtypes f32,bf16 --peer batched --repeat 3
 -- remax's weights at a dtype are its weight_dtype (f32, bf16); a dtype remax cannot keep
 -- weights in (f16, q8_0) is skipped, saying why: llama.cpp alone at it is no comparison.
@@ -32,17 +31,11 @@ local function list(v)
   return out
 end
 
-local llamacpp = os.getenv("REMAX_LLAMACPP_HOME") or ".cache/llamacpp"
-if opts.peer ~= "none" and not fs.exists(llamacpp .. "/node_modules/node-llama-cpp/package.json") then
-  error("node-llama-cpp is not installed in " .. llamacpp .. ": run bench/llamacpp_install.sh", 0)
-end
-
-local batched = llamacpp .. (opts.peer == "prebuilt" and "/prebuilt/llama-batched-bench" or "/batched/bin/llama-batched-bench")
-if (opts.peer == "batched" or opts.peer == "prebuilt") and not fs.exists(batched) then
-  error(("llama-batched-bench is not built in %s: run bench/llamacpp_install.sh --%s"):format(batched,
-    opts.peer == "batched" and "batched" or "batched-prebuilt"), 0)
-elseif opts.peer ~= "batched" and opts.peer ~= "prebuilt" and opts.peer ~= "node" and opts.peer ~= "none" then
-  error("--peer " .. tostring(opts.peer) .. ": expected batched, prebuilt, node or none", 0)
+local batched = os.getenv("REMAX_LLAMACPP_BATCHED") or ".cache/llamacpp-build/bin/llama-batched-bench"
+if opts.peer == "batched" and not fs.exists(batched) then
+  error(("llama-batched-bench is not built in %s: run bench/llamacpp_install.sh"):format(batched), 0)
+elseif opts.peer ~= "batched" and opts.peer ~= "none" then
+  error("--peer " .. tostring(opts.peer) .. ": expected batched or none", 0)
 end
 
 local function sh(cmd)
@@ -63,8 +56,7 @@ local tok = remax.tokenizer.load(tok_dir)
 print(("remax %s (OpenBLAS kernels: %s; bf16 kernels: %s), %s, %d threads each; shape %s, prompt %d, new %d; peer %s"):format(
   remax.version(), require("ffi").string(remax.ffi.C.rx_blas_core()), require("ffi").string(remax.ffi.C.rx_bf16_kernels()),
   sh("lscpu | sed -n 's/^Model name: *//p'"), opts.threads, opts.shape, opts.prompt, opts.new,
-  opts.peer == "batched" and "llama-batched-bench (native build)" or opts.peer == "prebuilt" and
-    "llama-batched-bench (node-llama-cpp's prebuilt libraries)" or opts.peer == "node" and "node-llama-cpp" or "none"))
+  opts.peer == "batched" and "llama-batched-bench (native build, " .. batched .. ")" or "none"))
 
 -- The remax model that decodes with weights stored in a dtype (its weight_dtype: f32, or bf16
 -- since remax keeps frozen weights in bf16), holding the f32 model's weights rounded, or nil and
@@ -88,38 +80,17 @@ local function remax_decode(m, prompts)
   return out.tokens_generated / seconds, seconds
 end
 
-local function llamacpp_decode(path, prompts)
-  local req = work .. "/request.json"
-  local f = assert(io.open(req, "wb"))
-  f:write(cjson.encode({ model = path, prompts = prompts, new = opts.new, threads = opts.threads, warmup = opts.warmup }))
-  f:close()
-  local out = sh(("REMAX_LLAMACPP_HOME=%s node %sllamacpp_peer.mjs decode %s"):format(llamacpp, here, req))
-  local ok, r = pcall(cjson.decode, out)
-  if not ok then error("llamacpp_peer decode failed: " .. out, 0) end
-  return r
-end
-
 -- llama-batched-bench: rows sequences of `prompt` tokens each (not shared), then `new` tokens
 -- each, all in one batch per step, after its own warm-up; llama.cpp's default CPU settings.
 local function batched_decode(path, rows)
-  -- (the prebuilt libraries log nothing, the result line included, unless verbose)
-  local cmd = ("%s -m %s -c %d -b 2048 -ub 512 -npp %d -ntg %d -npl %d -t %d -tb %d --output-format jsonl%s 2>&1")
-    :format(batched, path, rows * (opts.prompt + opts.new), opts.prompt, opts.new, rows, opts.threads, opts.threads,
-      opts.peer == "prebuilt" and " -v" or "")
+  local cmd = ("%s -m %s -c %d -b 2048 -ub 512 -npp %d -ntg %d -npl %d -t %d -tb %d --output-format jsonl 2>&1")
+    :format(batched, path, rows * (opts.prompt + opts.new), opts.prompt, opts.new, rows, opts.threads, opts.threads)
   local out = sh(cmd)
   local line = out:match('({"n_kv_max"[^\n]*})')
   local ok, r = pcall(cjson.decode, line or "")
   if not ok or not r.t then error("llama-batched-bench failed: " .. out:sub(-2000), 0) end
   return { tokens = rows * opts.new, tokens_per_s = rows * opts.new / r.t, seconds = r.t, threads = r.n_threads,
-    flash_attention = r.flash_attn, kernels = opts.peer == "prebuilt" and "prebuilt CPU variant" or "GGML_NATIVE" }
-end
-
--- the widest vector extension llama.cpp's CPU build reports using
-local function simd(info)
-  for _, f in ipairs({ "AVX512_BF16", "AVX512", "AVX2", "AVX", "SSE3" }) do
-    if info:find(f .. " = 1", 1, true) then return f end
-  end
-  return "?"
+    flash_attention = r.flash_attn, kernels = "GGML_NATIVE" }
 end
 
 -- Every dtype's remax model and GGUF file first; then `repeat` rounds, each running every
@@ -154,15 +125,14 @@ for round = 1, opts["repeat"] do
     local prompts = common.prompts(cfg, rows, opts.prompt)
     for _, dtype in ipairs(dtypes) do
       local r_tps = remax_decode(models[dtype], prompts)
-      local l = (opts.peer == "batched" or opts.peer == "prebuilt") and batched_decode(paths[dtype], rows)
-        or opts.peer == "node" and llamacpp_decode(paths[dtype], prompts)
+      local l = opts.peer == "batched" and batched_decode(paths[dtype], rows)
         or { tokens = rows * opts.new, tokens_per_s = 0 / 0, threads = 0, kernels = "no peer" }
       assert(l.tokens == rows * opts.new, "llama.cpp decoded " .. tostring(l.tokens) .. " tokens")
       local g = got[dtype][rows]
       g.remax[#g.remax + 1], g.peer[#g.peer + 1] = r_tps, l.tokens_per_s
       print(("round %d  %-9s %-5s rows=%-3d remax %8.1f tok/s   llama.cpp %8.1f tok/s   ratio %.2fx   (llama.cpp: %d threads, flash attention %s, %s kernels)")
         :format(round, opts.shape, dtype, rows, r_tps, l.tokens_per_s, r_tps / l.tokens_per_s, l.threads,
-          tostring(l.flash_attention), l.kernels or simd(l.cpu)))
+          tostring(l.flash_attention), l.kernels))
       io.stdout:flush()
     end
   end
