@@ -1,6 +1,10 @@
 -- remax: the Lua library over the C engine. `local remax = require("remax")`.
 local M = {}
 
+-- Old module names (require("remax.lora"), require("remax.train.config"), ...) keep working, with
+-- a note, for whoever loads the package face (remax.deprecated holds the table).
+require("remax.deprecated").register()
+
 -- The public face: every documented module, under a name that stays put when files move
 -- (recipes and docs use require("remax").<name>; tests/lua/api_spec.lua pins the list).
 local lazy = {
