@@ -10,7 +10,7 @@ M.aliases = {
   ["remax.algos"] = "remax.step.algos",
   ["remax.chat"] = "remax.text.chat",
   ["remax.config"] = "remax.settings.config",
-  ["remax.data"] = "remax.step.data",
+  ["remax.data"] = "remax.formats.data",
   ["remax.dist"] = "remax.bind.dist",
   ["remax.fit"] = "remax.step.fit",
   ["remax.gguf"] = "remax.formats.gguf",
@@ -31,7 +31,7 @@ M.aliases = {
   -- the train/ names, from before the Run / Step split
   ["remax.train.algos"] = "remax.step.algos",
   ["remax.train.config"] = "remax.settings.config",
-  ["remax.train.data"] = "remax.step.data",
+  ["remax.train.data"] = "remax.formats.data",
   ["remax.train.evaluate"] = "remax.step.evaluate",
   ["remax.train.fit"] = "remax.step.fit",
   ["remax.train.guard"] = "remax.step.guard",
@@ -55,6 +55,8 @@ M.aliases = {
   ["remax.bind.gguf"] = "remax.formats.gguf",
   ["remax.bind.hf_cache"] = "remax.formats.hf_cache",
   ["remax.bind.hf_files"] = "remax.formats.hf_files",
+  -- moved so that requires only go down (issue 43)
+  ["remax.step.data"] = "remax.formats.data",   -- tasks/ make datasets
 }
 
 local said = {}

@@ -19,7 +19,7 @@ local lazy = {
   tokenizer = "remax.bind.tokenizer",
   dist = "remax.bind.dist",
   chat = "remax.text.chat", jinja = "remax.text.jinja",
-  data = "remax.step.data",
+  data = "remax.formats.data",
   runs = "remax.run.folder", progress = "remax.run.progress", plot = "remax.run.plot",
   tensorboard = "remax.run.tensorboard",
   config = "remax.settings.config", algos = "remax.step.algos", trainer = "remax.run.run", recipe = "remax.settings.recipe",
