@@ -21,7 +21,7 @@ M.aliases = {
   ["remax.plot"] = "remax.run.plot",
   ["remax.progress"] = "remax.run.progress",
   ["remax.recipe"] = "remax.settings.recipe",
-  ["remax.reward_model"] = "remax.bind.reward_model",
+  ["remax.reward_model"] = "remax.step.model_reward",
   ["remax.rewards"] = "remax.step.rewards",
   ["remax.runs"] = "remax.run.folder",
   ["remax.safetensors"] = "remax.bind.safetensors",
@@ -54,9 +54,10 @@ M.aliases = {
   -- formats that lived among the bindings
   ["remax.bind.gguf"] = "remax.formats.gguf",
   ["remax.bind.hf_cache"] = "remax.formats.hf_cache",
-  ["remax.bind.hf_files"] = "remax.formats.hf_files",
   -- moved so that requires only go down (issue 43)
-  ["remax.step.data"] = "remax.formats.data",   -- tasks/ make datasets
+  ["remax.step.data"] = "remax.formats.data",        -- tasks/ make datasets
+  ["remax.formats.hf_files"] = "remax.bind.hf_files",   -- the model and tokenizer bindings check those files
+  ["remax.bind.reward_model"] = "remax.step.model_reward",   -- "model:" rewards; their C calls are bind/classifier's
 }
 
 local said = {}

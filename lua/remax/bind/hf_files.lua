@@ -1,7 +1,9 @@
--- remax.formats.hf_files: the small JSON files of a Hugging Face folder that remax reads besides
+-- remax.bind.hf_files: the small JSON files of a Hugging Face folder that remax reads besides
 -- the weights and tokenizer.json -- config.json's token ids, generation_config.json,
 -- tokenizer_config.json -- checked for what remax uses, with a warning for what it ignores
--- that changes the meaning. Every message names the file and the key.
+-- that changes the meaning. Every message names the file and the key. Plain Lua, but here beside
+-- the bindings that load a folder (remax.bind.model, remax.bind.tokenizer), which run these
+-- checks: bind/ is the bottom layer, below formats/.
 --
 --   hf_files.check_model_config(cfg, "m/config.json")        -- raises on nonsense
 --   local gen = hf_files.generation_config("m", vocab_size)   -- nil when absent
