@@ -199,11 +199,14 @@ local function c_access_of(toks)
     local field, at
     if t.kind == "name" and ffi_names[t.text] and toks[k + 1] and toks[k + 1].text == "." and toks[k + 2] then
       field, at = toks[k + 2].text, k + 3
-    elseif t.kind == "name" and t.text == "require" then   -- require("ffi").C
-      local s, close = toks[k + 1], k + 1
-      if s and s.text == "(" then s, close = toks[k + 2], k + 3 end
-      if s and s.kind == "string" and s.text == "ffi" and toks[close] and toks[close].text == "." and toks[close + 1] then
-        field, at = toks[close + 1].text, close + 2
+    elseif t.kind == "name" and t.text == "require" then   -- require("ffi").C, require "ffi".C
+      local s, dot = toks[k + 1], k + 2
+      if s and s.text == "(" then
+        s, dot = toks[k + 2], k + 4
+        if not (toks[k + 3] and toks[k + 3].text == ")") then s = nil end
+      end
+      if s and s.kind == "string" and s.text == "ffi" and toks[dot] and toks[dot].text == "." and toks[dot + 1] then
+        field, at = toks[dot + 1].text, dot + 2
       end
     end
     if field and FFI_C[field] then
