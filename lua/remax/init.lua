@@ -1,6 +1,10 @@
 -- remax: the Lua library over the C engine. `local remax = require("remax")`.
 local M = {}
 
+-- Old module names (require("remax.lora"), require("remax.train.config"), ...) keep working, with
+-- a note, for whoever loads the package face (remax.deprecated holds the table).
+require("remax.deprecated").register()
+
 -- The public face: every documented module, under a name that stays put when files move
 -- (recipes and docs use require("remax").<name>; tests/lua/api_spec.lua pins the list).
 local lazy = {
@@ -9,13 +13,13 @@ local lazy = {
   optim = "remax.bind.optim",
   model = "remax.bind.model",
   lora = "remax.bind.lora",
-  reward_model = "remax.bind.reward_model",
+  reward_model = "remax.step.model_reward",
   safetensors = "remax.bind.safetensors",
   gguf = "remax.formats.gguf",
   tokenizer = "remax.bind.tokenizer",
   dist = "remax.bind.dist",
   chat = "remax.text.chat", jinja = "remax.text.jinja",
-  data = "remax.step.data",
+  data = "remax.formats.data",
   runs = "remax.run.folder", progress = "remax.run.progress", plot = "remax.run.plot",
   tensorboard = "remax.run.tensorboard",
   config = "remax.settings.config", algos = "remax.step.algos", trainer = "remax.run.run", recipe = "remax.settings.recipe",

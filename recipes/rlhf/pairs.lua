@@ -14,7 +14,7 @@ local remax = require("remax")
 local synth = require("remax.tasks.gsm8k_synth")
 local chat = require("remax.text.chat")
 local rewards = require("remax.step.rewards")
-local data = require("remax.step.data")
+local data = remax.data
 local cjson = require("cjson")
 local fs = require("remax.bind.fs")
 

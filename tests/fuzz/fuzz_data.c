@@ -1,4 +1,4 @@
-/* fuzz_data.c: libFuzzer target over the dataset loader (lua/remax/step/data.lua, lua-cjson) in an
+/* fuzz_data.c: libFuzzer target over the dataset loader (lua/remax/formats/data.lua, lua-cjson) in an
  * embedded LuaJIT state: JSONL and JSON-array files with bad lines, huge lines, invalid UTF-8,
  * deep nesting and NUL bytes. Any file either loads, and then every row has a prompt that the
  * chat templates render and the byte-level tokenizer encodes, and the sampler hands out
@@ -13,7 +13,7 @@
 #include "fuzz_lua.h"
 
 static const char CHECK[] =
-    "local data, chat = require('remax.step.data'), require('remax.text.chat')\n"
+    "local data, chat = require('remax.formats.data'), require('remax.text.chat')\n"
     "local tok = require('remax.bind.tokenizer').load('tests/fixtures/byte_tokenizer')\n"
     "return function(path)\n"
     "  local ok, ds = pcall(data.load, path)\n"

@@ -39,9 +39,10 @@ describe("require('remax')", function()
 
   it("keeps the old module names working, with a deprecation note on stderr once per name", function()
     for _, name in ipairs(OLD) do
-      -- in a fresh process: the note, once, naming the new spelling, and the same module
+      -- in a fresh process that loaded the face: the note, once, naming the new spelling, and
+      -- the same module (tests/lua/aliases_spec.lua: the alias table, the program's scripts)
       local cmd = ("luajit -e 'package.path = \"lua/?.lua;lua/?/init.lua;\" .. package.path; "
-        .. "local a = require(\"remax.%s\"); package.loaded[\"remax.%s\"] = nil; local b = require(\"remax.%s\"); "
+        .. "require(\"remax\"); local a = require(\"remax.%s\"); package.loaded[\"remax.%s\"] = nil; local b = require(\"remax.%s\"); "
         .. "assert(a == b and a == require(\"remax\").%s); io.stdout:write(\"same\")' 2>&1"):format(name, name, name, name)
       local p = io.popen(cmd)
       local out = p:read("*a")

@@ -7,21 +7,18 @@ local M = {}
 
 M.BEGIN, M.END = "<!-- lua-files: tests/lua/architecture_doc.lua -->", "<!-- /lua-files -->"
 
--- lua/remax's modules in folder order (shims for old names left out), each {path, lines, owns}.
+-- lua/remax's modules in folder order, each {path, lines, owns}.
 function M.files()
   local list = {}
   local p = io.popen("find lua/remax -name '*.lua' | sort")
   for path in p:lines() do
-    local lines, first, second = 0, nil, nil
+    local lines, first = 0, nil
     for line in io.lines(path) do
       lines = lines + 1
-      if lines == 1 then first = line elseif lines == 2 then second = line end
+      if lines == 1 then first = line end
     end
-    local shim = second and second:match('^return require%("remax%.deprecated"%)')
-    if not shim then
-      local owns = (first or ""):gsub("^%-%-%s*[%w%._]+:%s*", "")
-      list[#list + 1] = { path = path, lines = lines, owns = owns }
-    end
+    local owns = (first or ""):gsub("^%-%-%s*[%w%._]+:%s*", "")
+    list[#list + 1] = { path = path, lines = lines, owns = owns }
   end
   p:close()
   return list

@@ -1,7 +1,7 @@
 -- Bad data and settings (issue 15, part 4): each gives one clear message naming the file, line,
 -- key or reward, and no lost work -- the dataset loader, reward results, reward_timeout, prompts
 -- over max_prompt_length (kept by their last tokens, counted in the metrics).
-local data = require("remax.step.data")
+local data = require("remax.formats.data")
 local rewards = require("remax.step.rewards")
 local config = require("remax.settings.config")
 local trainer = require("remax.run.run")

@@ -293,7 +293,7 @@ rewards.run_one(r, { "a" }, { prompt = { "1" } }, { timeout = 600 })
 ]]
       elseif case == "sigterm-probe" then
         body = [[
-local data = require("remax.step.data")
+local data = require("remax.formats.data")
 local r = rewards.normalize("py:" .. D .. "/busy.py", 1, {})
 rewards.probe({ r }, { { prompt = "p", answer = "1" } }, "rows", data.collate, 600)
 ]]

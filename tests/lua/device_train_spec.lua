@@ -228,7 +228,7 @@ describe("training on cuda", function()
     for k, v in pairs(dec) do cfg[k] = v end
     cfg.architectures, cfg.id2label, cfg.pad_token_id = { "Qwen2ForSequenceClassification" }, { ["0"] = "LABEL_0" }, tok.pad_id
     support.write(dir .. "/config.json", require("cjson").encode(cfg))
-    local reward_model = require("remax.bind.reward_model")
+    local reward_model = require("remax.step.model_reward")
     local on_cpu, on_gpu = reward_model.load(dir), reward_model.load(dir, { device = "cuda" })
     assert.are.equal("cuda", on_gpu.model:device_name())
     local prompts, completions = { "2+2?", "a longer question, 3+5?" }, { "4", "eight" }

@@ -266,7 +266,7 @@ describe("padding-free training", function()
   end)
 
   it("scores with a reward model packed as padded", function()
-    local reward_model = require("remax.bind.reward_model")
+    local reward_model = require("remax.step.model_reward")
     local rewards = require("remax.step.rewards")
     local cjson = require("cjson")
     local rdir = support.tmpdir()

@@ -6,7 +6,7 @@
 local remax = require("remax")
 local cjson = require("cjson")
 local model_mod = remax.model
-local reward_model = require("remax.bind.reward_model")
+local reward_model = require("remax.step.model_reward")
 local rewards = require("remax.step.rewards")
 local tensor = remax.tensor
 

@@ -9,7 +9,7 @@ local config = require("remax.settings.config")
 local trainer = require("remax.run.run")
 local rm_step = require("remax.step.reward_model")
 local prefs = require("remax.step.preferences")
-local reward_model = require("remax.bind.reward_model")
+local reward_model = require("remax.step.model_reward")
 local tensor = remax.tensor
 
 local support = require("support")

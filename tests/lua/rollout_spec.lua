@@ -73,7 +73,7 @@ describe("rollout", function()
 
   it("lines the reward inputs up with the rows", function()
     local ro = make({ "a", "b" }, 1, true, 0)
-    local collate = require("remax.step.data").collate
+    local collate = require("remax.formats.data").collate
     local completions, batch = ro:reward_inputs(collate)
     assert.are.same({ "a1", "a2", "b1", "b2" }, completions)
     assert.are.same({ "a", "a", "b", "b" }, batch.prompt)

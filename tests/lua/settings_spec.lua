@@ -5,7 +5,7 @@ local config = require("remax.settings.config")
 local schema = require("remax.settings.schema")
 local errors = require("remax.cli.errors")
 local rewards = require("remax.step.rewards")
-local data = require("remax.step.data")
+local data = require("remax.formats.data")
 local support = require("support")
 local tmpdir, write = support.tmpdir, support.write
 local cjson = require("cjson")
@@ -150,9 +150,9 @@ describe("the files of a model folder", function()
     assert.matches(path .. ": bos_token = '<s>' is not a token of " .. d .. "/tokenizer.json but add_bos_token = true",
       err_of(tokenizer.load, d), 1, true)
     d = folder("tokenizer_config.json", function(c) c.bos_token = "<s>"; c.add_bos_token = false end)
-    require("remax.formats.hf_files").quiet = true
+    require("remax.bind.hf_files").quiet = true
     assert.is_truthy(tokenizer.load(d))   -- ignored, with a warning
-    require("remax.formats.hf_files").quiet = nil
+    require("remax.bind.hf_files").quiet = nil
   end)
 
   it("names a tokenizer.json with an empty vocabulary", function()

@@ -23,6 +23,9 @@ for _, decl in ipairs({
   "char *getcwd(char *buf, size_t size);",
   "int stat(const char *path, void *buf);",
   "int __xstat(int ver, const char *path, void *buf);",
+  "int64_t write(int fd, const void *buf, size_t n);",
+  "int getpid(void);",
+  "int64_t readlink(const char *path, char *buf, size_t size);",
 }) do pcall(ffi.cdef, decl) end
 local C = ffi.C
 
@@ -134,6 +137,60 @@ local function write_atomic(path, text)
   end
   crash_point("write_atomic: after rename: " .. path)
   fsync_path(dirname(path))
+end
+
+-- A large file written piece by piece and installed whole (the GGUF export): the bytes go to
+-- path.tmp.<pid> (mode 0644 less the umask); sync() fsyncs it, close() closes it, install()
+-- renames it over path and fsyncs the folder, remove() deletes it (path stays as it was).
+-- Errors name the file and the errno.
+local Atomic = {}
+Atomic.__index = Atomic
+
+function M.open_atomic(path)
+  local tmp = ("%s.tmp.%d"):format(path, C.getpid())
+  -- O_WRONLY | O_CREAT | O_TRUNC; the mode goes through the varargs as an int (a Lua number would be a double)
+  local fd = C.open(tmp, 0x241, ffi.new("int", 420))
+  if fd < 0 then error(("cannot create %s (%s)"):format(tmp, errno_text(ffi.errno())), 0) end
+  return setmetatable({ fd = fd, tmp = tmp, path = path }, Atomic)
+end
+
+-- Writes n bytes at ptr (a pointer or a string) to the file, or raises naming it and the errno.
+function Atomic:write(ptr, n)
+  local p = ffi.cast("const uint8_t *", ptr)
+  local done = 0
+  while done < n do
+    local chunk = math.min(n - done, 2 ^ 30)
+    local w = tonumber(C.write(self.fd, p + done, chunk))
+    if w < 0 then
+      local code = ffi.errno()
+      if code ~= 4 then error(("cannot write %s (%s)"):format(self.tmp, errno_text(code)), 0) end   -- 4: EINTR
+    else
+      done = done + w
+    end
+  end
+end
+
+function Atomic:sync()
+  if C.fsync(self.fd) ~= 0 then error(("fsync of %s failed (%s)"):format(self.tmp, errno_text(ffi.errno())), 0) end
+end
+
+function Atomic:close() C.close(self.fd) end
+function Atomic:remove() C.unlink(self.tmp) end
+
+function Atomic:install()
+  local rok, rerr, rcode = os.rename(self.tmp, self.path)
+  if not rok then
+    C.unlink(self.tmp)
+    error(("cannot rename %s to %s (%s; errno %s)"):format(self.tmp, self.path, tostring(rerr), tostring(rcode)), 0)
+  end
+  fsync_path(dirname(self.path))
+end
+
+-- The target of a symbolic link, or nil when path is not one.
+function M.link_target(path)
+  local buf = ffi.new("char[4096]")
+  local n = tonumber(C.readlink(path, buf, 4095))
+  return n > 0 and ffi.string(buf, n) or nil
 end
 
 local function read_text(path)

@@ -50,6 +50,37 @@ local function fnv1a64(ids, slot)
   return h
 end
 
+-- The sampling plan of a generation call: G sampled rows at temperature, plus one greedy row
+-- (temperature 0) when greedy; temperatures is the per-slot list M.run takes, slots its
+-- rows_per_prompt (remax.step.rollout lays its rows out by it).
+function M.plan(G, greedy, temperature)
+  local temps = {}
+  for s = 1, G do temps[s] = temperature end
+  if greedy then temps[#temps + 1] = 0 end
+  return { num_generations = G, greedy = greedy and true or false, slots = #temps, temperatures = temps }
+end
+
+-- The memory a generation call needs, as the engine counts it (rx_generate_memory_bytes: what
+-- rx_generate_begin checks): rows rows of prompts prompts of up to max_prompt prompt tokens and
+-- max_new new ones, for a model of config c (an rx_model_config); penalty: whether
+-- repetition_penalty is on. Returns the bytes and the KV cache's share of them.
+function M.memory_bytes(c, rows, prompts, max_prompt, max_new, penalty)
+  local cache = ffi.new("int64_t[1]")
+  local total = C.rx_generate_memory_bytes(c, rows, prompts, max_prompt, max_new, penalty and 1 or 0, cache)
+  return tonumber(total), tonumber(cache[0])
+end
+
+-- Bytes of memory available to this process now (MemAvailable, what rx_generate_begin checks a
+-- request against), or nil when unknown.
+function M.available_bytes()
+  local f = io.open("/proc/meminfo", "r")
+  if not f then return nil end
+  local text = f:read("*a")
+  f:close()
+  local kb = text:match("MemAvailable:%s*(%d+) kB")
+  return kb and tonumber(kb) * 1024 or nil
+end
+
 -- The one check of sampling settings at the Lua boundary (model:generate, and the trainer's
 -- config through remax.settings.config; the engine checks again as the last guard): nil when
 -- temperature, top_k, top_p, min_p, repetition_penalty and max_new_tokens (entries of s; a

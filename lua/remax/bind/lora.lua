@@ -320,10 +320,9 @@ function M.load(model, dir, expect)
   return model
 end
 
--- A full Hugging Face model with W + (alpha/r) B A in place of every adapted W: config.json,
--- model.safetensors and the tokenizer files, loadable as a plain model (remax or transformers).
-function M.save_merged(model, dir, opts)
-  opts = opts or {}
+-- W + (alpha/r) B A for every adapted weight of a model with LoRA adapters: name -> a new
+-- tensor (the model is unchanged).
+function M.merged(model)
   local merged = {}
   for i, name in ipairs(model.names) do
     local p = C.rx_model_param(model.handle, i - 1)
@@ -333,7 +332,14 @@ function M.save_merged(model, dir, opts)
       merged[name] = out
     end
   end
-  model:save_full(dir, { dtype = opts.dtype, replace = merged })
+  return merged
+end
+
+-- A full Hugging Face model with W + (alpha/r) B A in place of every adapted W: config.json,
+-- model.safetensors and the tokenizer files, loadable as a plain model (remax or transformers).
+function M.save_merged(model, dir, opts)
+  opts = opts or {}
+  model:save_full(dir, { dtype = opts.dtype, replace = M.merged(model) })
 end
 
 -- A model from a PEFT adapter folder: the base from its base_model_name_or_path (a local

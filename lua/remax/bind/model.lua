@@ -61,7 +61,7 @@ function M.resolve_config(cfg, where)
     end
     return v
   end
-  require("remax.formats.hf_files").check_model_config(cfg, where)
+  require("remax.bind.hf_files").check_model_config(cfg, where)
   local archs = json_value(cfg.architectures)
   if archs ~= nil and type(archs) ~= "table" then
     error(("%s: key 'architectures' is a %s, expected a list of names"):format(where, type(archs)), 2)
@@ -497,6 +497,25 @@ function M.plan_bytes(c, B, T, opts)
   local acts, head = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
   check(C.rx_model_plan_bytes(c, B, T, fo, acts, head), 3)
   return tonumber(acts[0]), tonumber(head[0])
+end
+
+-- Whether a model of config c (model:cfg()) scales RoPE as Llama 3.1 does (rope_scaling
+-- "llama3"), and then, per frequency, the divisor that scaling applies (the plain frequency over
+-- the scaled one, from rx_rope_frequencies: what llama.cpp's rope_freqs holds), f32 [head_dim / 2].
+function M.rope_llama3(c) return c.rope_scaling == C.RX_ROPE_LLAMA3 end
+
+function M.rope_factors(c, level)
+  local n = tonumber(c.head_dim) / 2
+  local plain_cfg = ffi.new("rx_model_config")
+  ffi.copy(plain_cfg, c, ffi.sizeof("rx_model_config"))
+  plain_cfg.rope_scaling = C.RX_ROPE_DEFAULT
+  local plain, scaled = ffi.new("double[?]", n), ffi.new("double[?]", n)
+  check(C.rx_rope_frequencies(plain_cfg, plain), (level or 1) + 1)
+  check(C.rx_rope_frequencies(c, scaled), (level or 1) + 1)
+  local factors = tensor.new({ n }, "f32")
+  local fp = ffi.cast("float *", factors.data)
+  for i = 0, n - 1 do fp[i] = plain[i] / scaled[i] end
+  return factors
 end
 
 -- Accumulates d(sum(dlogp * logp))/d(params) for the last train forward; with dentropy (same

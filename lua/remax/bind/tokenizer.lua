@@ -44,7 +44,7 @@ function M.load(path)
   local dir = path:match("%.json$") and (path:match("^(.*)/[^/]*$") or ".") or path
   self.chat_template_path = self.chat_template and (dir .. "/tokenizer_config.json chat_template") or nil
   if self.vocab_size < 1 then error(("%s: the tokenizer has no tokens (an empty vocabulary)"):format(path), 0) end
-  require("remax.formats.hf_files").check_tokenizer_config(dir, self)
+  require("remax.bind.hf_files").check_tokenizer_config(dir, self)
   local f = io.open(dir .. "/chat_template.jinja", "rb")
   if f then
     self.chat_template = f:read("*a")
@@ -142,7 +142,7 @@ function M.stop_ids(tok, model_dir, opts)
   -- the tokenizer's
   local gen
   if model_dir then
-    local hf_files = require("remax.formats.hf_files")
+    local hf_files = require("remax.bind.hf_files")
     local mc = hf_files.read_json(model_dir .. "/config.json")
     local vocab = mc and type(mc.vocab_size) == "number" and mc.vocab_size or (tok and tok.vocab_size)
     gen = hf_files.generation_config(model_dir, vocab)

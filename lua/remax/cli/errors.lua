@@ -31,7 +31,7 @@ local function is_fault(text)
   return false
 end
 
--- "lua/remax/step/data.lua:164: text" -> "lua/remax/step/data.lua:164", "text" (a position in
+-- "lua/remax/formats/data.lua:164: text" -> "lua/remax/formats/data.lua:164", "text" (a position in
 -- remax's own Lua sources), else nil.
 function M.split_position(msg)
   local pos, rest = msg:match("^([^%s:]*remax/[^%s:]+%.lua:%d+): (.*)$")

@@ -293,6 +293,10 @@ function M.main(cmd, ...)
   return 2
 end
 
--- Run as the host's entry script (with arguments), or required as a module.
-if ... ~= "remax.cli.main" then return require("remax.cli.errors").run(M.main, ...) end
+-- Run as the host's entry script (with arguments), or required as a module. The program's Lua
+-- starts here: recipes and scripts it runs may still require old module names (remax.deprecated).
+if ... ~= "remax.cli.main" then
+  require("remax.deprecated").register()
+  return require("remax.cli.errors").run(M.main, ...)
+end
 return M

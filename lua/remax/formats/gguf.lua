@@ -10,17 +10,11 @@
 local ffi = require("ffi")
 local bit = require("bit")
 local cjson = require("cjson")
-local rx = require("remax.bind.ffi")
 local signals = require("remax.bind.signals")
 local fs = require("remax.bind.fs")
 local tensor = require("remax.bind.tensor")
-local C = rx.C
-
--- remax.bind.fs declares open, close, fsync, unlink and strerror
-for _, decl in ipairs({ "int64_t write(int fd, const void *buf, size_t n);", "int getpid(void);" }) do
-  pcall(ffi.cdef, decl)
-end
-local libc = ffi.C
+local model_mod = require("remax.bind.model")
+local lora = require("remax.bind.lora")
 
 local M = {}
 
@@ -365,10 +359,10 @@ function M.plan(model, opts)
   local c = model:cfg()
   local cfg = model.config or {}
   local arch_hf = cfg.architectures and cfg.architectures[1] or "Qwen2ForCausalLM"
-  local family = require("remax.bind.model").architectures[arch_hf]
+  local family = model_mod.architectures[arch_hf]
   local arch = family and M.architectures[family]
   if not arch then error(("gguf: architecture '%s' has no GGUF mapping"):format(tostring(arch_hf)), 0) end
-  local llama3_rope = c.rope_scaling == C.RX_ROPE_LLAMA3
+  local llama3_rope = model_mod.rope_llama3(c)
   if llama3_rope and arch ~= "llama" then
     error(("gguf: rope_scaling 'llama3' on a %s model: llama.cpp's %s graph has no rope factors (only its llama "
       .. "graph reads rope_freqs)"):format(arch_hf, arch), 0)
@@ -411,23 +405,14 @@ function M.plan(model, opts)
 
   if llama3_rope then
     -- rope_freqs: per frequency the divisor llama.cpp applies, plain / scaled from the engine
-    local n = head_dim / 2
-    local plain_cfg = ffi.new("rx_model_config")
-    ffi.copy(plain_cfg, c, ffi.sizeof("rx_model_config"))
-    plain_cfg.rope_scaling = C.RX_ROPE_DEFAULT
-    local plain, scaled = ffi.new("double[?]", n), ffi.new("double[?]", n)
-    rx.check(C.rx_rope_frequencies(plain_cfg, plain), 2)
-    rx.check(C.rx_rope_frequencies(c, scaled), 2)
-    local factors = tensor.new({ n }, "f32")
-    local fp = ffi.cast("float *", factors.data)
-    for i = 0, n - 1 do fp[i] = plain[i] / scaled[i] end
-    add("rope_freqs.weight", { n }, "f32", function() return factors end)
+    local factors = model_mod.rope_factors(c, 2)
+    add("rope_freqs.weight", { head_dim / 2 }, "f32", function() return factors end)
   end
 
   for i, hf in ipairs(model.names) do
     local name = M.tensor_name(hf)
     if not name then error(("gguf: parameter '%s' has no GGUF tensor name"):format(hf), 0) end
-    local p = C.rx_model_param(model.handle, i - 1)
+    local p = model:param(hf)
     local shape = p:size()
     local dims = {}
     for d = #shape, 1, -1 do dims[#dims + 1] = shape[d] end   -- ggml order: fastest first
@@ -445,7 +430,7 @@ function M.plan(model, opts)
     add(name, dims, ttype, function()
       local src = merged[hf] or p
       if permute_heads or ttype == "q8_0" or not src:is_contiguous() then
-        src = (tonumber(src.dtype) == tonumber(C.RX_F32) and src:is_contiguous()) and src or src:to("f32")
+        src = (tonumber(src.dtype) == tensor.dtype("f32") and src:is_contiguous()) and src or src:to("f32")
       end
       if permute_heads then src = M.permute_rows(src, permute_heads) end
       return src
@@ -456,24 +441,6 @@ function M.plan(model, opts)
 end
 
 -- ---------------------------------------------------------------- writing
-
-local errno_text = fs.errno_text
-
--- Writes n bytes at ptr to fd, or raises an error naming path and the errno.
-local function write_all(fd, ptr, n, path)
-  local p = ffi.cast("const uint8_t *", ptr)
-  local done = 0
-  while done < n do
-    local chunk = math.min(n - done, 2 ^ 30)
-    local w = tonumber(libc.write(fd, p + done, chunk))
-    if w < 0 then
-      local code = ffi.errno()
-      if code ~= 4 then error(("cannot write %s (%s)"):format(path, errno_text(code)), 0) end   -- 4: EINTR
-    else
-      done = done + w
-    end
-  end
-end
 
 local zeros = ffi.new("uint8_t[?]", M.ALIGNMENT)
 local function pad_to(n) return (M.ALIGNMENT - n % M.ALIGNMENT) % M.ALIGNMENT end
@@ -486,8 +453,7 @@ local function tensor_bytes(t)
     local buf, size = M.quantize_q8_0(src)
     return buf, size, buf
   end
-  local want = ({ f32 = C.RX_F32, f16 = C.RX_F16, bf16 = C.RX_BF16 })[t.type]
-  if tonumber(src.dtype) ~= tonumber(want) or not src:is_contiguous() then src = src:to(t.type) end
+  if tonumber(src.dtype) ~= tensor.dtype(t.type) or not src:is_contiguous() then src = src:to(t.type) end
   local size = tonumber(src.numel) * (t.type == "f32" and 4 or 2)
   return src.data, size, src
 end
@@ -514,55 +480,39 @@ function M.write(path, plan, extra_kv, opts)
   header = header .. string.rep("\0", pad_to(#header))
 
   fs.check_output(path, "gguf")   -- a device, fifo or folder is refused, never renamed over
-  local tmp = ("%s.tmp.%d"):format(path, libc.getpid())
-  -- O_WRONLY | O_CREAT | O_TRUNC; the mode goes through the varargs as an int (a Lua number would be a double)
-  local fd = libc.open(tmp, 0x241, ffi.new("int", 420))   -- 0644, less the umask
-  if fd < 0 then error(("cannot create %s (%s)"):format(tmp, errno_text(ffi.errno())), 0) end
+  local out = fs.open_atomic(path)   -- path.tmp.<pid>, renamed over path at the end
+  local tmp = out.tmp
   local installed = signals.install()
   local ok, err = pcall(function()
-    write_all(fd, header, #header, tmp)
+    out:write(header, #header)
     local done = 0
     for _, t in ipairs(plan.tensors) do
       if installed and signals.pending() then error(("interrupted: %s removed, %s left as it was"):format(tmp, path), 0) end
       local ptr, size, keep = tensor_bytes(t)
       if size ~= t.bytes then error(("gguf: %s: %d bytes made, %d planned"):format(t.name, size, t.bytes), 0) end
-      write_all(fd, ptr, size, tmp)
+      out:write(ptr, size)
       local pad = pad_to(size)
-      if pad > 0 then write_all(fd, zeros, pad, tmp) end
+      if pad > 0 then out:write(zeros, pad) end
       keep = nil
       done = done + size
       if opts.progress then opts.progress(done, total, t.name) end
     end
-    if libc.fsync(fd) ~= 0 then error(("fsync of %s failed (%s)"):format(tmp, errno_text(ffi.errno())), 0) end
+    out:sync()
   end)
-  libc.close(fd)
+  out:close()
   if installed then signals.clear() end
   if not ok then
-    libc.unlink(tmp)
+    out:remove()
     error(err, 0)
   end
-  local rok, rerr, rcode = os.rename(tmp, path)
-  if not rok then
-    libc.unlink(tmp)
-    error(("cannot rename %s to %s (%s; errno %s)"):format(tmp, path, tostring(rerr), tostring(rcode)), 0)
-  end
-  fs.fsync_path(fs.dirname(path))
+  out:install()
   return { bytes = #header + offset, tensors = #plan.tensors, metadata = #kv }
 end
 
 -- Merged W + (alpha/r) B A for every adapted weight of a model with LoRA adapters.
 local function lora_merged(model)
   if not model.lora then return {} end
-  local merged = {}
-  for i, name in ipairs(model.names) do
-    if model.lora.index[name:gsub("%.weight$", ".lora_A.weight")] then
-      local p = C.rx_model_param(model.handle, i - 1)
-      local out = tensor.new(p:size(), tonumber(p.dtype))
-      rx.check(C.rx_model_lora_merged(model.handle, i - 1, out), 2)
-      merged[name] = out
-    end
-  end
-  return merged
+  return lora.merged(model)
 end
 
 -- Writes model (with its tokenizer) to path as GGUF. opts: type ("f32", "bf16", "f16", "q8_0"),

@@ -9,17 +9,9 @@
 -- ~/.cache/huggingface/hub. A repository is models--<org>--<name>/ with refs/<revision> (a file
 -- holding a commit hash) and snapshots/<commit>/ (the files, usually links into blobs/).
 local fs = require("remax.bind.fs")
-local ffi = require("ffi")
-pcall(ffi.cdef, "int64_t readlink(const char *path, char *buf, size_t size);")
+local link_target = fs.link_target
 
 local M = {}
-
--- The target of a symbolic link, or nil when path is not one.
-local function link_target(path)
-  local buf = ffi.new("char[4096]")
-  local n = tonumber(ffi.C.readlink(path, buf, 4095))
-  return n > 0 and ffi.string(buf, n) or nil
-end
 
 -- The snapshot's files that are links to nothing (blobs removed, or a download cut short), as
 -- "name (-> target)"; a snapshot's files are links into blobs/.

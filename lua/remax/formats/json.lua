@@ -1,6 +1,7 @@
 -- remax.formats.json: JSON as remax writes it (config.json, metrics.jsonl, trainer state, the
 -- reward channels' lines) and reads it back.
 local cjson = require("cjson").new()   -- a private instance: its settings do not leak to others
+local ffi = require("ffi")   -- int64 cdata (ffi.istype) are written as numbers
 
 local M = {}
 

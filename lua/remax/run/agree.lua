@@ -7,8 +7,6 @@
 --
 --   agree.settings(world, cfg)     -- first thing after the world is known (trainer start)
 --   agree.model(world, model)      -- after the model is loaded, before rank 0's weights go out
-local ffi = require("ffi")
-
 local M = {}
 
 -- A value as canonical text: tables with their keys sorted, functions by where they are defined.
@@ -87,31 +85,10 @@ function M.check(world, items, what)
 end
 
 -- The library this process runs: its version, the kernels it picked and a hash of its file.
-local library_hash
 local function library_items()
   local build = require("remax.bind.build")
-  if not library_hash then
-    local maps = io.open("/proc/self/maps")
-    local text = maps and maps:read("*a") or ""
-    if maps then maps:close() end
-    local path = text:match("(/%S*libremax%.so)\n")
-    local f = path and io.open(path, "rb")
-    if f then
-      local data = f:read("*a")
-      f:close()
-      local h = ffi.new("uint64_t[1]", 0xcbf29ce484222325ULL)
-      local p8 = ffi.cast("const uint8_t*", data)
-      local words, w64 = math.floor(#data / 8), ffi.cast("const uint64_t*", p8)
-      local x = h[0]
-      for i = 0, words - 1 do x = bit.bxor(x, w64[i]) * 0x100000001b3ULL end
-      for i = words * 8, #data - 1 do x = bit.bxor(x, p8[i]) * 0x100000001b3ULL end
-      library_hash = ("%d bytes, hash %s"):format(#data, bit.tohex(x))
-    else
-      library_hash = "(file not found)"
-    end
-  end
   return {
-    { "remax version", build.version() }, { "libremax.so", library_hash },
+    { "remax version", build.version() }, { "libremax.so", build.library_file() },
     { "OpenBLAS kernels", build.blas_core() }, { "CUDA", build.cuda_backend() },
   }
 end
@@ -139,10 +116,9 @@ M.MODEL_FIELDS = { "vocab_size", "hidden_size", "intermediate_size", "num_hidden
 
 -- A short text for every tensor's name and shape: "N tensors, hash H".
 local function shapes(model)
-  local C = require("remax.bind.ffi").C
   local parts = {}
   for i, name in ipairs(model.names) do
-    local t = C.rx_model_param(model.handle, i - 1)
+    local t = model:param(name)
     local dims = {}
     for d = 0, t.ndim - 1 do dims[#dims + 1] = tostring(t.shape[d]):gsub("LL$", "") end
     parts[i] = name .. "[" .. table.concat(dims, ",") .. "]"
@@ -156,7 +132,7 @@ end
 function M.model(world, model)
   if world.size == 1 then return end
   local items = {}
-  local c = require("remax.bind.ffi").C.rx_model_get_config(model.handle)
+  local c = model:cfg()
   for _, k in ipairs(M.MODEL_FIELDS) do items[#items + 1] = { "model " .. k, M.show(tonumber(c[k])) } end
   items[#items + 1] = { "model tensors", shapes(model) }
   items[#items + 1] = { "model parameters", tostring(model:num_parameters()) }

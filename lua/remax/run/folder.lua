@@ -11,7 +11,6 @@
 -- Every file is written under a temporary name, fsynced and renamed; a checkpoint is built in a
 -- temporary folder that is renamed into place, so a crash never leaves half a checkpoint where a
 -- good one was. Leftover temporary folders are removed the next time the run is opened.
-local ffi = require("ffi")
 local cjson = require("cjson").new()   -- a private instance: its settings do not leak to others
 
 local M = {}

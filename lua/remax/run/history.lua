@@ -6,7 +6,7 @@
 -- "step" is the first step that ran with the new values. config.json always holds the settings
 -- in force after the newest reload; a resume undoes the changes of steps past its checkpoint, so
 -- it continues with the settings in force at the checkpoint. See docs/runs.md.
-local runs = require("remax.run.folder")
+local json = require("remax.formats.json")   -- the run folder's JSON lines (remax.run.folder uses the same)
 local fs = require("remax.bind.fs")
 
 local M = {}
@@ -18,14 +18,14 @@ function M.path(dir) return dir .. "/" .. M.FILE end
 -- The rows of a run folder's history, oldest first ({} when there is none).
 function M.read(dir)
   if not fs.exists(M.path(dir)) then return {} end
-  return runs.read_jsonl(M.path(dir))
+  return json.read_jsonl(M.path(dir))
 end
 
 -- Appends one reload's changes {{key =, was =, now =}, ...} that take effect at `step`.
 function M.append(dir, step, source, changes)
   local list = {}
   for i, c in ipairs(changes) do list[i] = { key = c.key, was = c.was, now = c.now } end
-  local line = runs.encode({ step = step, source = source, changes = list }, { precision = "shortest", where = M.FILE })
+  local line = json.encode({ step = step, source = source, changes = list }, { precision = "shortest", where = M.FILE })
   local f, err = io.open(M.path(dir), "ab")
   if not f then error(("hot reload: cannot append to %s (%s)"):format(M.path(dir), tostring(err)), 0) end
   f:write(line, "\n")
@@ -59,7 +59,7 @@ function M.truncate(dir, step)
   end
   if #kept == #rows then return end
   local lines = {}
-  for i, row in ipairs(kept) do lines[i] = runs.encode(row, { precision = "shortest", where = M.FILE }) .. "\n" end
+  for i, row in ipairs(kept) do lines[i] = json.encode(row, { precision = "shortest", where = M.FILE }) .. "\n" end
   fs.write_atomic(M.path(dir), table.concat(lines))
 end
 

@@ -8,21 +8,9 @@
 --   report.log(reporters, step, row);  report.close(reporters)
 local M = {}
 
-M.choices = { tensorboard = true, csv = true, none = true, all = true }
-M.services = { wandb = "Weights & Biases", mlflow = "MLflow", comet_ml = "Comet", neptune = "Neptune",
-  clearml = "ClearML", dagshub = "DagsHub", dvclive = "DVCLive", swanlab = "SwanLab", trackio = "Trackio",
-  azure_ml = "Azure ML", codecarbon = "CodeCarbon", flyte = "Flyte", aim = "Aim" }
-
--- The error for a report_to entry that is not offered, or nil when it is.
-function M.refusal(name)
-  if M.choices[name] then return nil end
-  if M.services[name] then
-    return ("report_to = %s: %s is not supported (the engine has no network dependency); every step's metrics are in "
-      .. "runs/<name>/metrics.jsonl, and report_to = tensorboard writes event files TensorBoard reads "
-      .. "(a script can forward metrics.jsonl to %s)"):format(name, M.services[name], M.services[name])
-  end
-  return ("report_to = %s: expected tensorboard, csv, none or all (a list: --report_to tensorboard,csv)"):format(name)
-end
+-- What report_to may name, and the refusal of anything else, are settings
+-- (remax.settings.schema.report_to_refusal); config.resolve checks them before a run opens.
+local schema = require("remax.settings.schema")
 
 -- The reporters a list asks for: { tensorboard = bool, csv = bool }.
 function M.wanted(list)
@@ -143,7 +131,7 @@ function Tb:close() self.w:close() end
 function M.open(run, list, opts)
   opts = opts or {}
   for _, name in ipairs(list or {}) do
-    local why = M.refusal(name)
+    local why = schema.report_to_refusal(name)
     if why then error(why, 0) end
   end
   local want, out = M.wanted(list), {}

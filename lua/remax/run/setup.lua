@@ -7,7 +7,7 @@ local model_mod = require("remax.bind.model")
 local tokenizer = require("remax.bind.tokenizer")
 local config = require("remax.settings.config")
 local rewards = require("remax.step.rewards")
-local data = require("remax.step.data")
+local data = require("remax.formats.data")
 local chat = require("remax.text.chat")
 local optim = require("remax.bind.optim")
 local fs = require("remax.bind.fs")
@@ -134,7 +134,7 @@ function M.template(cfg, tok)
 end
 
 -- A dataset from a data setting: a file (every row), or a recipe's function(split, n, cfg) ->
--- rows (or a remax.step.data dataset).
+-- rows (or a remax.formats.data dataset).
 local function load_data(source, split, n, cfg, map)
   if type(source) == "string" then return data.load(source, map) end
   local ok, out = pcall(source, split, n, cfg)

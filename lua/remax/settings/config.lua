@@ -480,7 +480,7 @@ end
 --                    (the log-ratio folded into the reward) or "return" (gamma set: the per-token
 --                    log-ratio in each token's return)
 --   needs_reference  whether the frozen reference model is loaded (kl_mode ~= "none")
---   sampling         the generation plan of a step (remax.step.rollout.plan): num_generations
+--   sampling         the generation plan of a step (remax.bind.generate.plan): num_generations
 --                    sampled rows at temperature, plus the greedy row with generate_greedy
 --   aggregation      how token losses are averaged: loss_type's (TRL's names), else loss_agg_mode
 --   dtype_reason     how dtype = auto was resolved (dtype itself then holds bf16 or f32, so that
@@ -494,8 +494,8 @@ function M.derive(cfg)
   -- gamma (the original ReMax's return): the KL is a per-token term of the return (algos.gamma_returns)
   cfg.kl_mode = (rl and cfg.beta > 0) and (cfg.gamma ~= nil and "return" or cfg.kl_estimator) or "none"
   cfg.needs_reference = cfg.kl_mode ~= "none"
-  cfg.sampling = require("remax.step.rollout").plan(cfg.num_generations, cfg.generate_greedy, cfg.temperature)
-  cfg.aggregation = cfg.loss_type and require("remax.step.algos").loss_types[cfg.loss_type] or cfg.loss_agg_mode
+  cfg.sampling = require("remax.bind.generate").plan(cfg.num_generations, cfg.generate_greedy, cfg.temperature)
+  cfg.aggregation = cfg.loss_type and schema.loss_types[cfg.loss_type] or cfg.loss_agg_mode
   cfg.skip_zero_rows = rl and cfg.beta == 0 and cfg.skip_zero_advantage and cfg.top_entropy_quantile >= 1
     and cfg.entropy_coef == 0
   if cfg.dtype == "auto" then cfg.dtype, cfg.dtype_reason = M.auto_dtype(cfg.device, cfg.bf16_gemm) end
@@ -555,7 +555,7 @@ function M.validate(cfg)
     bad(("delta = %s must be above 1 + epsilon_high = %s"):format(show(cfg.delta), show(1 + (cfg.epsilon_high or cfg.epsilon))), "delta")
   end
   if cfg.loss_type and cfg.loss_agg_mode ~= M.keys.loss_agg_mode.default then
-    local implied = require("remax.step.algos").loss_types[cfg.loss_type]
+    local implied = schema.loss_types[cfg.loss_type]
     if implied ~= cfg.loss_agg_mode then
       bad(("loss_type = %s implies its own aggregation; it cannot be combined with loss_agg_mode = %s (set one of them)")
         :format(cfg.loss_type, cfg.loss_agg_mode), "loss_type")
@@ -570,7 +570,7 @@ function M.validate(cfg)
     end
   end
   for _, r in ipairs(cfg.report_to or {}) do
-    local why = require("remax.run.report").refusal(r)
+    local why = schema.report_to_refusal(r)
     if why then bad(why, "report_to") end
   end
   -- issue 35: "none" (or "all") beside other entries says two things at once

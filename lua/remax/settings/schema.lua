@@ -188,6 +188,36 @@ function M.refusal(source, key, v, expected)
   return ("%s: %s = %s: expected %s"):format(source, key, show(v), expected)
 end
 
+-- TRL's loss_type -> the aggregation it implies here ("micro-token-mean" is TRL's bnpo: a token
+-- mean inside each micro-batch, then the mean over micro-batches; not a loss_agg_mode):
+-- config.derive sets cfg.aggregation from it, remax.step.algos computes each.
+M.loss_types = {
+  grpo = "seq-mean-token-mean",
+  bnpo = "micro-token-mean",
+  dr_grpo = "seq-mean-token-sum-norm",
+  dapo = "token-mean",
+}
+M.loss_type_names = { "grpo", "bnpo", "dr_grpo", "dapo" }
+
+-- report_to's entries (TRL's names): what remax writes (remax.run.report), and the services it
+-- refuses, by their names in words.
+M.report_to_choices = { tensorboard = true, csv = true, none = true, all = true }
+M.report_to_services = { wandb = "Weights & Biases", mlflow = "MLflow", comet_ml = "Comet", neptune = "Neptune",
+  clearml = "ClearML", dagshub = "DagsHub", dvclive = "DVCLive", swanlab = "SwanLab", trackio = "Trackio",
+  azure_ml = "Azure ML", codecarbon = "CodeCarbon", flyte = "Flyte", aim = "Aim" }
+
+-- The error for a report_to entry that is not offered, or nil when it is.
+function M.report_to_refusal(name)
+  if M.report_to_choices[name] then return nil end
+  local service = M.report_to_services[name]
+  if service then
+    return ("report_to = %s: %s is not supported (the engine has no network dependency); every step's metrics are in "
+      .. "runs/<name>/metrics.jsonl, and report_to = tensorboard writes event files TensorBoard reads "
+      .. "(a script can forward metrics.jsonl to %s)"):format(name, service, service)
+  end
+  return ("report_to = %s: expected tensorboard, csv, none or all (a list: --report_to tensorboard,csv)"):format(name)
+end
+
 ---------------------------------------------------------------------------- across settings
 
 -- The model's config without loading it: config.json of the model folder, or the recipe's
@@ -219,11 +249,8 @@ end
 function M.generation_bytes(cfg, rows, prompts)
   local c = model_config(cfg)
   if not c then return 0, 0 end
-  local C = require("remax.bind.ffi").C
-  local cache = require("ffi").new("int64_t[1]")
-  local total = C.rx_generate_memory_bytes(c, rows, prompts or rows, cfg.max_prompt_length, cfg.max_completion_length,
-    cfg.repetition_penalty ~= 1 and 1 or 0, cache)
-  return tonumber(total), tonumber(cache[0])
+  return require("remax.bind.generate").memory_bytes(c, rows, prompts or rows, cfg.max_prompt_length,
+    cfg.max_completion_length, cfg.repetition_penalty ~= 1)
 end
 
 local function gib(b) return ("%.1f GiB"):format(b / 2 ^ 30) end
@@ -248,7 +275,7 @@ function M.cross_check(cfg, source, opts)
     for _, k in ipairs(keys) do if source(k) ~= "default" then return k end end
     return keys[1]
   end
-  local available = M.available_bytes and M.available_bytes() or require("remax.step.fit").available_bytes()
+  local available = M.available_bytes and M.available_bytes() or require("remax.bind.generate").available_bytes()
   if available and available > 0 and not (opts and opts.memory == false) then
     local greedy = (rl and cfg.generate_greedy) and 1 or 0
     local per_prompt = (rl and cfg.num_generations or 0) + greedy

@@ -319,15 +319,10 @@ end
 -- loss_agg_mode values. seq-mean-token-sum-norm is verl's name for Dr. GRPO's normalisation.
 M.aggregations = { "seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm" }
 
--- TRL's loss_type -> the aggregation it implies here ("micro-token-mean" is TRL's bnpo: a token
--- mean inside each micro-batch, then the mean over micro-batches; not a loss_agg_mode).
-M.loss_types = {
-  grpo = "seq-mean-token-mean",
-  bnpo = "micro-token-mean",
-  dr_grpo = "seq-mean-token-sum-norm",
-  dapo = "token-mean",
-}
-M.loss_type_names = { "grpo", "bnpo", "dr_grpo", "dapo" }
+-- TRL's loss_type -> the aggregation it implies here, and the names in order: the settings'
+-- table (remax.settings.schema), which derives cfg.aggregation from it.
+local schema = require("remax.settings.schema")
+M.loss_types, M.loss_type_names = schema.loss_types, schema.loss_type_names
 
 local function valid_aggs()
   return table.concat(M.aggregations, ", ")

@@ -14,7 +14,7 @@
 -- same, a margin that is not a number.
 local cjson = require("cjson")
 local chat = require("remax.text.chat")
-local data = require("remax.step.data")
+local data = require("remax.formats.data")
 
 local M = {}
 
@@ -94,7 +94,7 @@ function M.build(records, map, source)
   return rows
 end
 
--- A dataset of pairs (remax.step.data's, with its sampler) from a JSONL / JSON file.
+-- A dataset of pairs (remax.formats.data's, with its sampler) from a JSONL / JSON file.
 function M.load(path, map)
   if type(path) ~= "string" then error("remax.preferences.load: path must be a string, got " .. type(path), 2) end
   return data.dataset(M.build(data.read_records(path), map, path), path)

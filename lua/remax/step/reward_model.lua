@@ -7,7 +7,7 @@
 --          + center_rewards_coefficient * mean((r_chosen + r_rejected)^2)
 --
 -- Each side is rendered and scored exactly as a "model:" reward scores a completion
--- (remax.bind.reward_model: the same render, encode and last-non-pad pooling), so the saved
+-- (remax.step.model_reward: the same render, encode and last-non-pad pooling), so the saved
 -- folder scores in a ReMax run what it scored here. The forward keeps activations
 -- (rx_model_hidden_train); the gradient of the score reaches the model through the hidden state
 -- of each row's pooled position only (rx_model_hidden_backward): no [B, T, vocab] logits exist.
@@ -19,18 +19,17 @@
 --   step:evaluate(rows) -> { accuracy =, margin =, reward = margin, n = }
 --   step:state() / step:restore(state); step:save(dir) (a Hugging Face sequence classifier)
 --
--- The score head is an f32 tensor on the cpu (as remax.bind.reward_model keeps it), trained by
+-- The score head is an f32 tensor on the cpu (as remax.step.model_reward keeps it), trained by
 -- its own AdamW beside the model's; clipping is over both (one global norm).
-local ffi = require("ffi")
 local cjson = require("cjson")
-local rx = require("remax.bind.ffi")
 local tensor = require("remax.bind.tensor")
 local optim = require("remax.bind.optim")
 local model_mod = require("remax.bind.model")
-local reward_model = require("remax.bind.reward_model")
+local classifier = require("remax.bind.classifier")
+local lora = require("remax.bind.lora")
+local reward_model = require("remax.step.model_reward")
 local chat = require("remax.text.chat")
 local now = require("remax.bind.clock").now
-local C, check = rx.C, rx.check
 
 local M = {}
 local Step = {}
@@ -154,7 +153,7 @@ function M.load(cfg, dir, opts)
   model.source_dir = dir
   local hidden = tonumber(model:cfg().hidden_size)
   -- f32 (f64 for an f64 model: the gradient checks)
-  local head_dtype = tonumber(model:cfg().dtype) == tonumber(C.RX_F64) and "f64" or "f32"
+  local head_dtype = tonumber(model:cfg().dtype) == tensor.dtype("f64") and "f64" or "f32"
   local head = tensor.new({ 1, hidden }, head_dtype)
   if classifier then
     local st = require("remax.bind.safetensors").open(load_dir)
@@ -174,7 +173,7 @@ function M.load(cfg, dir, opts)
     local std = json_value(file_cfg.initializer_range) or 0.02
     head:normal_(cfg.seed or 0, 0, 0, std)
   end
-  if cfg.use_lora then require("remax.bind.lora").setup(model, cfg, pieces.resume_dir) end
+  if cfg.use_lora then lora.setup(model, cfg, pieces.resume_dir) end
   local tok = require("remax.bind.tokenizer").load(dir)
   local pad_id = json_value(file_cfg.pad_token_id)
   if pad_id == nil then pad_id = tok.pad_id end
@@ -275,46 +274,41 @@ end
 
 -- Scores of token rows. train: a train forward whose backward (Step:backward) follows.
 -- Returns the scores (a list) and the pooled hidden states (f32 [B, hidden], on the cpu) and
--- the pooled index.
+-- the pooled positions (0-based, one per row).
 function Step:forward(rows, train)
   local m = self.model
-  local hidden = tonumber(m:cfg().hidden_size)
   local dtype = tonumber(m:cfg().dtype)
   local tok, mask = model_mod.pad_rows(rows)
-  local index = ffi.new("int64_t[?]", #rows)
-  for b, ids in ipairs(rows) do index[b - 1] = reward_model.score_index(ids, self.pad_id) - 1 end
-  local h = tensor.new({ #rows, hidden }, dtype)
-  local rc
+  local positions = {}
+  for b, ids in ipairs(rows) do positions[b] = reward_model.score_index(ids, self.pad_id) - 1 end
+  local h, err
   if train then
-    local fo = ffi.new("rx_forward_opts")
-    fo.train, fo.checkpoint = 1, self.cfg.gradient_checkpointing and 1 or 0
-    rc = C.rx_model_hidden_train(m.handle, tok, mask, index, h, fo)
+    h, err = classifier.hidden_train(m, tok, mask, positions, self.cfg.gradient_checkpointing)
   else
-    rc = C.rx_model_hidden_at(m.handle, tok, mask, index, h)
+    h, err = classifier.hidden_at(m, tok, mask, positions)
   end
-  if rc ~= 0 then error("reward model: " .. rx.last_error(), 0) end
+  if not h then error("reward model: " .. err, 0) end
   if dtype ~= tonumber(self.head.dtype) then h = h:to(tonumber(self.head.dtype)) end
-  local s = tensor.new({ #rows, 1 }, tonumber(self.head.dtype))
-  check(C.rx_matmul_forward(s, h, self.head, nil), 2)
+  local s = classifier.head(h, self.head, 2)
   local scores = {}
   for b = 1, #rows do scores[b] = s:get(b, 1) end
-  return scores, h, index
+  return scores, h, positions
 end
 
 -- After Step:forward(rows, true): accumulates the gradients of sum_b dscore[b] * score[b] into
 -- the head's (self.dhead) and the model's.
-function Step:backward(h, index, dscore)
+function Step:backward(h, positions, dscore)
   local B = #dscore
   local hdt = tonumber(self.head.dtype)
   local rows = {}
   for b = 1, B do rows[b] = { dscore[b] } end
   local ds = tensor.from(rows, hdt)
   local dh = tensor.new({ B, tonumber(h:size(2)) }, hdt)
-  check(C.rx_matmul_backward(dh, self.dhead, nil, ds, h, self.head), 2)
+  classifier.head_backward(dh, self.dhead, ds, h, self.head, 2)
   local dtype = tonumber(self.model:cfg().dtype)
   if dtype ~= hdt then dh = dh:to(dtype) end
-  local rc = C.rx_model_hidden_backward(self.model.handle, index, dh)
-  if rc ~= 0 then error("reward model: " .. rx.last_error(), 0) end
+  local ok, err = classifier.hidden_backward(self.model, positions, dh)
+  if not ok then error("reward model: " .. err, 0) end
 end
 
 ---------------------------------------------------------------------------- the step
@@ -334,14 +328,14 @@ function Step:micro_step(pairs_, n)
   for _, ids in ipairs(rows) do if #ids > T then T = #ids end end
   require("remax.step.fit").check_train(self.model, #rows, T, { checkpoint = self.cfg.gradient_checkpointing,
     what = "reward model pairs" })
-  local scores, h, index = self:forward(rows, true)
+  local scores, h, positions = self:forward(rows, true)
   local chosen, rejected = {}, {}
   for i = 1, #pairs_ do chosen[i], rejected[i] = scores[i], scores[#pairs_ + i] end
   local loss, dc, dr, right, diff_sum = M.bradley_terry(chosen, rejected, any_margin and margins or nil,
     { n = n, coef = self.cfg.center_rewards_coefficient })
   local d = {}
   for i = 1, #pairs_ do d[i], d[#pairs_ + i] = dc[i], dr[i] end
-  self:backward(h, index, d)
+  self:backward(h, positions, d)
   local sum_c, sum_r = 0, 0
   for i = 1, #pairs_ do sum_c, sum_r = sum_c + chosen[i], sum_r + rejected[i] end
   return { loss = loss, right = right, diff_sum = diff_sum, sum_c = sum_c, sum_r = sum_r, tokens = #rows * T }
@@ -445,18 +439,7 @@ end
 function Step:save(dir, opts)
   opts = opts or {}
   local extra = { [HEAD] = self.head }
-  local merged
-  if self.model.lora then
-    merged = {}
-    for i, name in ipairs(self.model.names) do
-      local p = C.rx_model_param(self.model.handle, i - 1)
-      if self.model.lora.index[name:gsub("%.weight$", ".lora_A.weight")] then
-        local out = tensor.new(p:size(), tonumber(p.dtype))
-        check(C.rx_model_lora_merged(self.model.handle, i - 1, out), 2)
-        merged[name] = out
-      end
-    end
-  end
+  local merged = self.model.lora and lora.merged(self.model) or nil
   local source = self.model.source_dir
   self.model:save_full(dir, { dtype = opts.dtype, replace = merged, extra = extra, config = self:classifier_config() })
   self.model.source_dir = source

@@ -8,7 +8,7 @@
 --
 -- A reward is {name=, fn=function(completions, batch) -> {number|nil, ...}}; nil = no score.
 -- A reward model is "model:path/to/rm" or {model = path, weight =, batch_size =, name =}
--- (remax.bind.reward_model). A reward's own weight applies when reward_weights is not given.
+-- (remax.step.model_reward). A reward's own weight applies when reward_weights is not given.
 local M = {}
 
 local function file_exists(path)
@@ -93,7 +93,7 @@ end
 function M.normalize(spec, index, opts)
   opts = opts or {}
   local r
-  local reward_model = require("remax.bind.reward_model")
+  local reward_model = require("remax.step.model_reward")
   local reward_worker = require("remax.step.reward_worker")
   if reward_model.is_spec(spec) then
     return reward_model.reward(spec, { dtype = opts.dtype, device = opts.device, padding_free = opts.padding_free })

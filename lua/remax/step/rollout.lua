@@ -18,14 +18,9 @@ local Rollout = {}
 Rollout.__index = Rollout
 M.Rollout = Rollout
 
--- The sampling plan of a generation call: G sampled rows at temperature, plus one greedy row
--- (temperature 0) when greedy; temperatures is the per-slot list model:generate takes.
-function M.plan(G, greedy, temperature)
-  local temps = {}
-  for s = 1, G do temps[s] = temperature end
-  if greedy then temps[#temps + 1] = 0 end
-  return { num_generations = G, greedy = greedy and true or false, slots = #temps, temperatures = temps }
-end
+-- The sampling plan of a generation call (remax.bind.generate.plan: the settings derive the
+-- step's, cfg.sampling, and a task's evaluation makes its own with it).
+M.plan = require("remax.bind.generate").plan
 
 -- A rollout from a plan and its parts: prompts (dataset rows), prompt_ids, rows (model:generate's
 -- rows, each with prompt, slot, tokens, finish, and text), and any other fields (step, times).
@@ -75,7 +70,7 @@ end
 
 -- The reward functions' inputs: the completions, and the batch (every dataset column of each
 -- row's prompt, plus prompt_ids, completion_ids, greedy, finish; completion_messages when the
--- prompt is a conversation), aligned with the rows. collate: remax.step.data.collate.
+-- prompt is a conversation), aligned with the rows. collate: remax.formats.data.collate.
 function Rollout:reward_inputs(collate)
   local completions, expanded = {}, {}
   for k, r in ipairs(self.rows) do

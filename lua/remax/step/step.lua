@@ -23,7 +23,7 @@
 -- multi-turn environment replaces Step:rollout's generation (docs/architecture.md, "Where to add").
 local algos = require("remax.step.algos")
 local rewards = require("remax.step.rewards")
-local data = require("remax.step.data")
+local data = require("remax.formats.data")
 local tensor = require("remax.bind.tensor")
 local optim = require("remax.bind.optim")
 local chat = require("remax.text.chat")

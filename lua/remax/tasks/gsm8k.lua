@@ -7,7 +7,7 @@
 --   local gsm8k = require("remax.tasks.gsm8k")
 --   return { data = gsm8k.synthetic({ steps = { 1, 2 }, max_number = 12 }), rewards = { "gsm8k" }, ... }
 local synth = require("remax.tasks.gsm8k_synth")
-local data = require("remax.step.data")
+local data = require("remax.formats.data")
 
 local M = {}
 

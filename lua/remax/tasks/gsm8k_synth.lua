@@ -12,7 +12,7 @@
 -- The problem at (seed, index, split) is always the same. A problem's split is decided by a hash of
 -- its question text, and generation retries until the split matches, so train and test never share
 -- a question (for any seeds).
-local data = require("remax.step.data")
+local data = require("remax.formats.data")
 
 local M = {}
 

@@ -21,8 +21,8 @@
 --   Result: 17
 --   Answer: #### 17
 local synth = require("remax.tasks.gsm8k_synth")
-local data = require("remax.step.data")
-local rollout = require("remax.step.rollout")
+local data = require("remax.formats.data")
+local generate = require("remax.bind.generate")
 
 local M = {}
 
@@ -205,7 +205,7 @@ function M.held_out(run, opts)
   local rows = assert(run.eval_ds, "gsm8k_tools.held_out: the run has no held-out set").rows
   local n = math.min(#rows, opts.n or cfg.eval_size)
   local K = opts.samples or 0
-  local plan = rollout.plan(K, true, cfg.temperature)
+  local plan = generate.plan(K, true, cfg.temperature)
   local bs = math.max(1, math.floor(cfg.per_device_eval_batch_size / (K + 1)))
   local acc_name = run.accuracy_name or "gsm8k_accuracy"
   local g = { n = 0, acc = 0, calls = 0, correct = 0, right = 0 }

@@ -1,18 +1,18 @@
--- remax.bind.reward_model: a learned reward model as a reward function. A Hugging Face
+-- remax.step.model_reward: a learned reward model as a reward function. A Hugging Face
 -- Qwen2ForSequenceClassification / LlamaForSequenceClassification folder (the decoder plus a
 -- bias-free score head [num_labels = 1, hidden]) scores prompt + completion, rendered with the
 -- reward model's own chat template and tokenizer, at the last token that is not padding, as
 -- transformers does. Batched, inference only, on the model's device. See docs/rewards.md.
+-- (The engine's part, hidden states at a position and the score head, is remax.bind.classifier.)
 --
 --   rewards = { "gsm8k", "model:path/to/rm" }
 --   rewards = { { model = "path/to/rm", weight = 0.5, batch_size = 8, name = "rm" } }
---   local rm = require("remax.bind.reward_model").load("path/to/rm"); rm:score(prompts, completions)
-local ffi = require("ffi")
+--   local rm = require("remax").reward_model.load("path/to/rm"); rm:score(prompts, completions)
 local cjson = require("cjson")
-local rx = require("remax.bind.ffi")
 local tensor = require("remax.bind.tensor")
+local classifier = require("remax.bind.classifier")
 local chat = require("remax.text.chat")
-local C, check = rx.C, rx.check
+local hf_cache = require("remax.formats.hf_cache")
 
 local M = {}
 local RewardModel = {}
@@ -36,7 +36,7 @@ function M.load(dir, opts)
   opts = opts or {}
   if type(dir) ~= "string" or dir == "" then error("reward model: expected a folder path", 2) end
   dir = dir:gsub("/+$", "")
-  dir = require("remax.formats.hf_cache").find(dir) or dir   -- a Hugging Face name found in the cache
+  dir = hf_cache.find(dir) or dir   -- a Hugging Face name found in the cache
   local model_mod = require("remax.bind.model")
   local ok, cfg = pcall(model_mod.read_config, dir)
   if not ok then
@@ -84,7 +84,7 @@ function M.load(dir, opts)
   end
   -- the head in the decoder's dtype (f32 for a bf16 decoder)
   local dtype = tonumber(model:cfg().dtype)
-  local head = tensor.new({ 1, hidden }, dtype == tonumber(C.RX_BF16) and "f32" or dtype)
+  local head = tensor.new({ 1, hidden }, dtype == tensor.dtype("bf16") and "f32" or dtype)
   st:read_into("score.weight", head)
   st:close()
   local okt, tok = pcall(require("remax.bind.tokenizer").load, dir)
@@ -127,21 +127,18 @@ end
 function RewardModel:score_ids(rows, batch_size, pad_left)
   batch_size = batch_size or M.DEFAULT_BATCH_SIZE
   local out = {}
-  local hidden = tonumber(self.model:cfg().hidden_size)
   local dtype = tonumber(self.model:cfg().dtype)
   for first = 1, #rows, batch_size do
     local chunk = {}
     for i = first, math.min(#rows, first + batch_size - 1) do chunk[#chunk + 1] = rows[i] end
     local tok, mask = require("remax.bind.model").pad_rows(chunk, pad_left)
     local T = tok:size(2)
-    local index = ffi.new("int64_t[?]", #chunk)
-    for b, ids in ipairs(chunk) do index[b - 1] = (pad_left and T - #ids or 0) + M.score_index(ids, self.pad_id) - 1 end
-    local h = tensor.new({ #chunk, hidden }, dtype)
-    local rc = C.rx_model_hidden_at(self.model.handle, tok, mask, index, h)
-    if rc ~= 0 then error(("reward model %s: %s"):format(self.dir, rx.last_error()), 0) end
-    if dtype == tonumber(C.RX_BF16) then h = h:to("f32") end   -- a bf16 decoder: the head in f32
-    local s = tensor.new({ #chunk, 1 }, tonumber(h.dtype))
-    check(C.rx_matmul_forward(s, h, self.head, nil), 2)
+    local positions = {}
+    for b, ids in ipairs(chunk) do positions[b] = (pad_left and T - #ids or 0) + M.score_index(ids, self.pad_id) - 1 end
+    local h, err = classifier.hidden_at(self.model, tok, mask, positions)
+    if not h then error(("reward model %s: %s"):format(self.dir, err), 0) end
+    if dtype == tensor.dtype("bf16") then h = h:to("f32") end   -- a bf16 decoder: the head in f32
+    local s = classifier.head(h, self.head, 2)
     for b = 1, #chunk do out[first + b - 1] = s:get(b, 1) end
   end
   return out
@@ -154,31 +151,19 @@ end
 function RewardModel:score_ids_packed(rows, batch_size)
   batch_size = batch_size or M.DEFAULT_BATCH_SIZE
   local out = {}
-  local hidden = tonumber(self.model:cfg().hidden_size)
   local dtype = tonumber(self.model:cfg().dtype)
   for first = 1, #rows, batch_size do
     local last = math.min(#rows, first + batch_size - 1)
-    local S, N = last - first + 1, 0
-    for i = first, last do N = N + #rows[i] end
-    local tok, cu = tensor.new({ 1, N }, "i32"), tensor.new({ S + 1 }, "i32")
-    local tp, cp = ffi.cast("int32_t*", tok.data), ffi.cast("int32_t*", cu.data)
-    local index = ffi.new("int64_t[?]", S)
-    local at = 0
-    for b = 1, S do
-      local ids = rows[first + b - 1]
-      cp[b - 1] = at
-      for t, id in ipairs(ids) do tp[at + t - 1] = id end
-      index[b - 1] = M.score_index(ids, self.pad_id) - 1
-      at = at + #ids
+    local chunk, positions = {}, {}
+    for i = first, last do
+      chunk[#chunk + 1] = rows[i]
+      positions[#positions + 1] = M.score_index(rows[i], self.pad_id) - 1
     end
-    cp[S] = N
-    local h = tensor.new({ S, hidden }, dtype)
-    local rc = C.rx_model_hidden_at_packed(self.model.handle, tok, cu, index, h)
-    if rc ~= 0 then error(("reward model %s: %s"):format(self.dir, rx.last_error()), 0) end
-    if dtype == tonumber(C.RX_BF16) then h = h:to("f32") end
-    local s = tensor.new({ S, 1 }, tonumber(h.dtype))
-    check(C.rx_matmul_forward(s, h, self.head, nil), 2)
-    for b = 1, S do out[first + b - 1] = s:get(b, 1) end
+    local h, err = classifier.hidden_at_packed(self.model, chunk, positions)
+    if not h then error(("reward model %s: %s"):format(self.dir, err), 0) end
+    if dtype == tensor.dtype("bf16") then h = h:to("f32") end
+    local s = classifier.head(h, self.head, 2)
+    for b = 1, #chunk do out[first + b - 1] = s:get(b, 1) end
   end
   return out
 end

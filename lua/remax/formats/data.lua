@@ -1,4 +1,4 @@
--- remax.step.data: prompt datasets (JSONL or JSON-array files, or rows in memory), a resumable
+-- remax.formats.data: prompt datasets (JSONL or JSON-array files, or rows in memory), a resumable
 -- shuffling sampler. Its random numbers (M.rng, M.hash) are remax.bind.random's.
 local cjson = require("cjson")
 local chat = require("remax.text.chat")
