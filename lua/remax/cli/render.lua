@@ -41,9 +41,7 @@ end
 -- ids, row (the dataset row's number or nil), source, cut, messages).
 function M.first_prompt(cfg, opts)
   opts = opts or {}
-  if cfg.algo == "reward" or cfg.algo == "sft" then
-    error(("remax render: algo = %s has no sampled prompts to show"):format(cfg.algo), 0)
-  end
+  if cfg.algo == "reward" then error("remax render: algo = reward trains on preference pairs, not prompts", 0) end
   local prompts_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
   local p = setup.prompt_pieces(cfg, { recipe_dir = opts.recipe_dir, prompts_per_step = prompts_per_step })
   local rows = p.train_ds.rows

@@ -520,7 +520,7 @@ end
 -- tools/call_frequency = tool calls / sampled episodes, tools/failure_frequency = failed calls /
 -- calls (0 without calls), as GRPOTrainer computes them (tools: the step has tools).
 function M.metrics(ro, tools)
-  local m = { turns = 0, tool_calls = 0, tool_errors = 0, tool_time = 0, model_tokens = 0, observation_tokens = 0,
+  local m = { tool_calls = 0, tool_errors = 0, tool_time = 0, model_tokens = 0, observation_tokens = 0,
     env_errors = 0, truncated = 0 }
   local n = 0
   local sampled, calls, failed_calls, turns_min, turns_max, turns_sum = 0, 0, 0, math.huge, 0, 0
@@ -528,7 +528,7 @@ function M.metrics(ro, tools)
     local e = r.episode
     if e then
       n = n + 1
-      m.turns, m.tool_calls, m.tool_errors = m.turns + e.turns, m.tool_calls + e.tool_calls, m.tool_errors + e.tool_errors
+      m.tool_calls, m.tool_errors = m.tool_calls + e.tool_calls, m.tool_errors + e.tool_errors
       m.tool_time, m.model_tokens, m.observation_tokens = m.tool_time + e.tool_time, m.model_tokens + e.model_tokens,
         m.observation_tokens + e.obs_tokens
       m.env_errors, m.truncated = m.env_errors + e.env_errors, m.truncated + (e.truncated and 1 or 0)
