@@ -232,7 +232,7 @@ describe("episodes.rollout", function()
     end
     assert.is_true(multi >= 3, multi .. " episodes had more than one turn")
     local mt = episodes.metrics(ro)
-    assert.is_true(mt["episodes/observation_tokens"] > 0 and mt["episodes/turns_mean"] > 1)
+    assert.is_true(mt["episodes/observation_tokens"] > 0 and mt.num_turns_mean > 1)
   end)
 
   it("makes the greedy row the episode a greedy policy plays against the same game (the ReMax baseline)", function()

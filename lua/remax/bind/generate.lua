@@ -10,6 +10,8 @@
 --   out.rows[i] = { prompt =, slot =, tokens = {...}, logprobs = {...}, finish = "stop"|"length" }
 -- Randomness: Philox keyed by (seed, row key, position); the row key defaults to a hash of the
 -- prompt's tokens and the slot, so the same prompt gets the same samples in any batch.
+-- opts.row_keys (one per row) replaces it: the trainer keys rows by their prompt's place in the
+-- step and their slot (remax.step.rollout.row_keys), so repeated prompts get distinct samples.
 -- opts.on_token(step, out_rows) is called after each decoding step (streaming).
 -- opts.stop_strings (with opts.detokenize = function(ids) -> text): a row also ends when one of
 -- these strings appears in the text of its completion (vLLM's `stop`): its tokens are kept up to

@@ -13,6 +13,9 @@ commands:
   eval RECIPE.lua --model DIR [--samples K] [--key value ...]
                            held-out greedy accuracy and reward of a model, no training; with
                            --samples K also sampled accuracy, pass@1..K and the headroom
+  render RECIPE.lua [--row N] [--key value ...]
+                           print the run's first prompt exactly as the model sees it: chat
+                           template, tools and an environment's first messages included
   generate --model DIR --prompt TEXT [options]
                            sample completions of a prompt (remax generate --help)
   export --model DIR --gguf OUT.gguf [--type f32|bf16|f16|q8_0]
@@ -270,6 +273,8 @@ function M.main(cmd, ...)
     return M.run(...)
   elseif cmd == "eval" then
     return M.eval(...)
+  elseif cmd == "render" then
+    return require("remax.cli.render").main(...)
   elseif cmd == "generate" then
     return require("remax.cli.generate").main(...)
   elseif cmd == "export" then

@@ -83,6 +83,9 @@ function Progress:fields(step, m)
     if done > 0 and elapsed > 0 then eta = M.duration(elapsed / done * math.max(self.total - step, 0)) end
     f[#f + 1] = { "eta " .. eta, 8 }
   end
+  -- a warning (most of the step's episodes failed, and the most frequent error) is never left
+  -- out: on a terminal it is cut to what the line has room for
+  if m.warning then f[#f + 1] = { "warning: " .. tostring(m.warning), nil, warning = true } end
   return f
 end
 
@@ -103,6 +106,14 @@ function Progress:format(step, m, width)
   local f = self:fields(step, m)
   local text = joined(f)
   if not width or #text <= width then return text end
+  local warning = f[#f].warning and f[#f][1]
+  if warning then   -- the other fields give way first, leaving the warning 40 columns
+    local others = self:format(step, setmetatable({ warning = false }, { __index = m }),
+      math.max(width - math.min(#warning, 40) - #SEP, 1))
+    local room = width - #others - #SEP
+    if #warning > room then warning = warning:sub(1, math.max(room - 3, 0)) .. "..." end
+    return others .. SEP .. warning
+  end
   local label = f[1][1]
   if #label > 12 then
     f[1][1] = label:sub(1, 11) .. "~"

@@ -107,8 +107,13 @@ function M.new(cfg, opts)
   return self
 end
 
--- This rank's share (whole prompts) of the step's global batch.
-function methods.next_batch(self) return (self.dist:share(self.sampler:next_batch())) end
+-- This rank's share (whole prompts) of the step's global batch; batch_first is the place of its
+-- first prompt in the global batch (the Step keys sampling by place).
+function methods.next_batch(self)
+  local rows, first = self.dist:share(self.sampler:next_batch())
+  self.batch_first = first
+  return rows
+end
 
 -- Every rank starts from rank 0's weights, optimizer state and counters: rank 0 alone reads the
 -- run folder (which other machines may not see), and the ranks must take identical steps.
@@ -290,16 +295,17 @@ function methods.finish_step(self, m, ro)
     for _, rec in ipairs(list) do rec.step = self.step end
     self.run:log_completions(self.step, list)
   end
-  if self.progress and (self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps) then
+  -- m.warning: the Step's word on this step (most episodes failed); a step that has one is shown
+  if self.progress and (self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps or m.warning) then
     local rewards = require("remax.step.rewards")
     local slow = rewards.is_slow(m.time_score, m.time_generate, rewards.limit(cfg.reward_timeout, m.time_generate))
     self.progress:update(self.step, { reward = m.reward, reward_greedy = m.reward_greedy, kl = m.kl,
       tokens_per_s = m.tokens_per_s, loss = m.loss,
-      reward_slow = slow and m.time_score or nil })
+      reward_slow = slow and m.time_score or nil, warning = m.warning })
   end
-  if not self.quiet and not self.progress and (self.step % cfg.logging_steps == 0) then
-    print(("step %d/%d  reward %.4f  loss %.4f  kl %.4f  grad_norm %.3f  lr %.2e"):format(self.step, cfg.max_steps,
-      m.reward or 0, m.loss or 0, m.kl or 0, m.grad_norm or 0, m.lr or 0))
+  if not self.quiet and not self.progress and (self.step % cfg.logging_steps == 0 or m.warning) then
+    print(("step %d/%d  reward %.4f  loss %.4f  kl %.4f  grad_norm %.3f  lr %.2e%s"):format(self.step, cfg.max_steps,
+      m.reward or 0, m.loss or 0, m.kl or 0, m.grad_norm or 0, m.lr or 0, m.warning and ("  " .. m.warning) or ""))
   end
   if self.bad_steps > cfg.max_bad_steps then
     self:save_checkpoint("too many bad steps")
@@ -422,7 +428,8 @@ end
 function methods.train_step(self)
   local t0 = now()
   self.dist:set_step(self.step + 1)   -- named by a collective that times out (issue 35)
-  local m, ro = self.stepper:run(self:next_batch(), { step = self.step + 1 })
+  local batch = self:next_batch()
+  local m, ro = self.stepper:run(batch, { step = self.step + 1, first = self.batch_first })
   m.time_step = now() - t0
   self.train_seconds = (self.train_seconds or 0) + m.time_step
   m.time_elapsed_train = self.train_seconds
@@ -452,8 +459,8 @@ function methods.check_reload(self) return reload.check(self) end
 -- Run's step number filled in. A loop may also call run.stepper's methods directly.
 function methods.rollout(self, rows, opts)
   opts = opts or {}
-  if opts.step == nil then
-    local o = { step = self.step + 1 }
+  if opts.step == nil or opts.first == nil then
+    local o = { step = self.step + 1, first = self.batch_first }
     for k, v in pairs(opts) do o[k] = v end
     opts = o
   end

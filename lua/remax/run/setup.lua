@@ -26,6 +26,34 @@ local function resolve_dir(path)
   return nil
 end
 
+-- The folder the model comes from: the model setting (a folder, or a Hugging Face name found in
+-- the cache: Qwen/Qwen2.5-0.5B-Instruct), else the built-in base model; nil for a fresh random
+-- model (model_config).
+local function model_source(cfg)
+  if cfg.model then return resolve_dir(cfg.model) or require("remax.formats.hf_cache").model_dir(cfg.model, "model") end
+  if cfg.model_config then return nil end
+  local source = resolve_dir(M.DEFAULT_MODEL)
+  if not source then
+    error(("the built-in base model %s is missing: run ./remax run recipes/tiny_sft.lua first " ..
+      "(or pass --model DIR)"):format(M.DEFAULT_MODEL), 0)
+  end
+  return source
+end
+
+-- The byte-level tokenizer of a fresh random model, from a folder removed once it is loaded.
+local function byte_level_tokenizer()
+  local tmp = os.tmpname()
+  os.remove(tmp)
+  mkdir(tmp)
+  local ok, tok = pcall(function()
+    tokenizer.write_byte_level(tmp)
+    return tokenizer.load(tmp)
+  end)
+  fs.remove_tree(tmp)
+  if not ok then error(tok, 0) end
+  return tok
+end
+
 -- The model, its tokenizer, stop tokens and template, into pieces p. ctx: run_dir, is_root,
 -- eval_only, resume_model_dir.
 local function setup_model(p, cfg, ctx)
@@ -40,17 +68,7 @@ local function setup_model(p, cfg, ctx)
   if (ctx.eval_only or cfg.use_lora) and cfg.device == "cpu" and cfg.dtype == "bf16" then
     mopts.dtype, mopts.weight_dtype = "f32", "bf16"
   end
-  local source
-  if cfg.model then
-    -- a folder, or a Hugging Face name found in the cache (Qwen/Qwen2.5-0.5B-Instruct)
-    source = resolve_dir(cfg.model) or require("remax.formats.hf_cache").model_dir(cfg.model, "model")
-  elseif not cfg.model_config then
-    source = resolve_dir(M.DEFAULT_MODEL)
-    if not source then
-      error(("the built-in base model %s is missing: run ./remax run recipes/tiny_sft.lua first " ..
-        "(or pass --model DIR)"):format(M.DEFAULT_MODEL), 0)
-    end
-  end
+  local source = model_source(cfg)
   p.model_source = source
   -- with LoRA a checkpoint holds the adapters only: the base comes from where it always does
   local resume_dir = not cfg.use_lora and ctx.resume_model_dir or nil
@@ -65,15 +83,7 @@ local function setup_model(p, cfg, ctx)
       tokenizer.write_byte_level(tok_dir)
       p.tok = tokenizer.load(tok_dir)
     else   -- rank 0 alone writes the run folder (and remax eval none): a copy, removed once loaded
-      local tmp = os.tmpname()
-      os.remove(tmp)
-      mkdir(tmp)
-      local ok, err = pcall(function()
-        tokenizer.write_byte_level(tmp)
-        p.tok = tokenizer.load(tmp)
-      end)
-      fs.remove_tree(tmp)
-      if not ok then error(err, 0) end
+      p.tok = byte_level_tokenizer()
     end
     local mc = {}
     for k, v in pairs(cfg.model_config) do mc[k] = v end
@@ -243,6 +253,18 @@ function M.pieces(cfg, ctx)
   setup_data(p, cfg, ctx)
   setup_rewards(p, cfg, ctx)
   setup_optimizer(p, cfg, ctx)
+  return p
+end
+
+-- What a run's prompts are made of, without loading the model (remax render): tok, template,
+-- template_name, model_source, train_ds, eval_ds (map_row applied), cfg, recipe_dir. ctx:
+-- recipe_dir, prompts_per_step.
+function M.prompt_pieces(cfg, ctx)
+  local p = { cfg = cfg, recipe_dir = ctx.recipe_dir }
+  p.model_source = model_source(cfg)
+  p.tok = p.model_source and tokenizer.load(p.model_source) or byte_level_tokenizer()
+  p.template, p.template_name = M.template(cfg, p.tok)
+  setup_data(p, cfg, ctx)
   return p
 end
 

@@ -39,8 +39,10 @@ M.groups = {
   { "Episodes", {   -- multi-turn rollouts: tools and environments (docs/environments.md)
     { "tools", nil, "table", "recipe only: tools the model may call, name -> { description =, parameters = JSON schema, fn = function(args) -> result, or \"py:FILE.py:FUNCTION\" (schema from its signature and docstring), \"cmd:PROGRAM\", \"http://HOST:PORT/PATH\" (run while the other rows decode) }; listed through the chat template's tools variable; a turn with tool calls gets their results and the episode goes on" },
     { "environment", nil, "environment", "recipe only: { reset = function(sample, state) -> messages, step = function(state, assistant_text) -> messages, done, reward }, or a function(sample) -> one (a factory), or \"py:FILE.py:CLASS\" / \"cmd:PROGRAM\" / \"http://HOST:PORT/PATH\" (reset/step requests per episode id); per-turn rewards are summed into the reward \"environment\"" },
-    { "max_turns", 4, "integer", "an episode ends after this many assistant turns" },
-    { "max_episode_length", nil, "integer", "an episode ends when the prompt, its turns and observations reach this many tokens (default: max_prompt_length + max_completion_length + 256); max_completion_length bounds the model's tokens over all turns" },
+    { "max_turns", 4, "integer", "an episode ends after this many assistant turns (the tool calls of the last one are not run)" },
+    { "max_tool_calling_iterations", nil, "integer", "TRL's name for the rounds of tool calls in an episode: N sets max_turns = N + 1 (each round of tool results is followed by another assistant turn); TRL has no limit by default, remax's max_turns = 4 allows 3 rounds", alias_of = "max_turns" },
+    { "max_episode_length", nil, "integer", "an episode ends when the prompt, its turns and the next observation would reach this many tokens (the observation is not appended; episodes/truncated counts it); default and upper bound: the model's max_position_embeddings. The KV cache holds this many tokens per row, so a long-context model may want less. max_completion_length bounds the model's tokens over all turns" },
+    { "strict_episodes", false, "boolean", "stop the run (keeping the last finished step's checkpoint) when more than half of a step's episodes fail (a tool or the environment failed, a malformed call); false: the progress line says so and names the most frequent error" },
     { "tool_timeout", 10, "number", "seconds one tool call may take before the episode gets a timeout error as its result (0: no limit)" },
     { "tool_call_format", nil, "call_format", "how tool calls are written: qwen (<tool_call>{json}</tool_call>), llama3 (JSON or <|python_tag|>), or in a recipe a function(text) -> calls; default: from the chat template" },
   } },
@@ -152,7 +154,7 @@ M.keys, M.order = {}, {}
 for _, group in ipairs(M.groups) do
   for _, d in ipairs(group[2]) do
     local decl = { name = d[1], default = d[2], type = d[3], help = d[4], hot = d.hot, group = group[1],
-      unavailable = d.unavailable, aliases = d.aliases }
+      unavailable = d.unavailable, aliases = d.aliases, alias_of = d.alias_of }
     if decl.type:match("^enum:") then
       decl.choices = {}
       for c in decl.type:sub(6):gmatch("[^|]+") do decl.choices[#decl.choices + 1] = c end
@@ -441,6 +443,7 @@ function M.resolve(recipe, overrides, opts)
     take(k, v, recipe_source(k))
   end
   for k, v in pairs(overrides or {}) do take(k, v, "command line") end
+  M.apply_aliases(cfg, sources)
   for _, k in ipairs(M.order) do
     if cfg[k] == nil and M.keys[k].default ~= nil then
       sources[k] = "default"
@@ -472,6 +475,28 @@ function M.resolve(recipe, overrides, opts)
     cfg.inert_notes[#cfg.inert_notes + 1] = note
   end
   return cfg
+end
+
+-- Settings known under another project's name (alias_of): their value goes to the setting they
+-- name, translated (TRL's max_tool_calling_iterations counts rounds of tool calls: N of them are
+-- N + 1 assistant turns), and the alias itself is left unset. Both given, disagreeing: refused.
+M.alias_value = { max_tool_calling_iterations = function(n) return n + 1 end }
+function M.apply_aliases(cfg, sources)
+  for _, name in ipairs(M.order) do
+    local decl = M.keys[name]
+    if decl.alias_of and cfg[name] ~= nil then
+      local target = decl.alias_of
+      local v = (M.alias_value[name] or function(x) return x end)(cfg[name])
+      if cfg[target] ~= nil and cfg[target] ~= v then
+        error(("%s: %s = %s means %s = %s, but %s sets %s = %s; give one of them"):format(sources[name], name,
+          show(cfg[name]), target, show(v), sources[target], target, show(cfg[target])), 0)
+      end
+      local problem = schema.value_problem(M.keys[target], v)
+      if problem then error(schema.refusal(sources[name], name, cfg[name], ("a value that makes %s %s"):format(target, problem)), 0) end
+      cfg[target], sources[target] = v, sources[name]
+      cfg[name], sources[name] = nil, nil
+    end
+  end
 end
 
 -- Settings derived from the others, decided here once (and again by M.derive when a hot reload

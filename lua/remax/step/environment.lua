@@ -4,7 +4,9 @@
 --   reset(sample, state) -> the first messages (a string: one user message)
 --   step(state, assistant_text) -> observation messages (or a string), done, reward (optional)
 -- state is a table that belongs to one episode (reset fills it; nothing is shared between
--- episodes). Either function may be a coroutine body: a Lua environment that wants to keep its
+-- episodes). state.seed is the prompt's seed, the same for every episode of a prompt (the
+-- greedy one too): an environment that draws at random draws from it, so that a prompt's
+-- episodes play the same game (remax.step.episodes stops when their first messages differ). Either function may be a coroutine body: a Lua environment that wants to keep its
 -- place between turns can `coroutine.wrap` one and call it from step.
 --
 -- An environment outside Lua is a string: "py:FILE.py:CLASS" (one instance of the class per
@@ -74,11 +76,12 @@ function M.reset(env, sample, state)
 end
 
 -- A remote episode's reset: the handle (registry:request), then its first messages or nil, error.
-function M.reset_start(inst, sample, registry, timeout)
+-- seed: the prompt's seed (the request's "seed"; a Python reset that takes `seed` gets it).
+function M.reset_start(inst, sample, registry, timeout, seed)
   local cols = {}
   for k, v in pairs(sample or {}) do if type(k) == "string" then cols[k] = v end end
   return registry:request(inst.remote.channel, { type = "reset", name = inst.remote.name, episode = inst.episode,
-    sample = cols }, timeout)
+    sample = cols, seed = seed }, timeout)
 end
 
 local function remote_why(h, what, timeout)

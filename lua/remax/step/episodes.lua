@@ -7,6 +7,12 @@
 --
 --   local ro = episodes.rollout(step, prompt_rows, {step = n, plan = plan})   -- a remax.step.rollout
 --
+-- Every episode of a prompt starts from the same state: each prompt gets a seed (its place in
+-- the step: rollout.prompt_seed), every episode's environment is reset with it, and the first
+-- messages of a prompt's episodes must agree (a ReMax baseline or a GRPO group that played other
+-- games than its samples would judge nothing). Sampling is keyed by the row's place and slot
+-- (rollout.row_keys), so repeated prompts get distinct samples.
+--
 -- Token in, token out: the model's tokens are kept as sampled, never re-tokenized; an
 -- observation's tokens are the text the chat template adds for the new messages (render the
 -- conversation before and after, take the suffix), tokenized alone. Each row's `tokens` are the
@@ -82,7 +88,15 @@ end
 -- An episode's counters, all zero.
 local function new_episode(messages, state, env)
   return { messages = messages, state = state, env = env, turns = 0, tool_calls = 0, tool_errors = 0, tool_time = 0,
-    errors = {}, reward = nil, turn_rewards = {}, obs = {}, model_tokens = 0, obs_tokens = 0, env_errors = 0 }
+    errors = {}, reward = nil, turn_rewards = {}, obs = {}, model_tokens = 0, obs_tokens = 0, env_errors = 0,
+    error_messages = {} }
+end
+
+-- An episode's failure, by its message (the step names the most frequent one).
+local function count_error(ep, message)
+  message = tostring(message)
+  if #message > 300 then message = message:sub(1, 300) .. "..." end
+  ep.error_messages[message] = (ep.error_messages[message] or 0) + 1
 end
 
 -- An environment's answer to a turn -> its observation, done (an error ends the episode).
@@ -90,6 +104,7 @@ local function env_answer(ep, obs, done, reward, err)
   if err then
     ep.env_errors = ep.env_errors + 1
     ep.env_error = err
+    count_error(ep, err)
     return nil, true
   end
   if reward then
@@ -101,10 +116,13 @@ end
 
 -- Starts the observation of one turn: the tool calls when the turn calls tools, else the
 -- environment's step. Lua tools and environments answer now; those outside Lua answer later
--- (job_ready, then job_finish), while the other rows decode.
-local function observe_start(s, ep, text, timeout)
+-- (job_ready, then job_finish), while the other rows decode. The tool calls of an episode's
+-- last turn (max_turns) are not run, as TRL runs none past max_tool_calling_iterations: no
+-- observation could follow them.
+local function observe_start(s, ep, text, timeout, last)
   if s.tools then
     local calls = tool_calls.parse(text, s.format)
+    if #calls > 0 and last then return { obs = { nil, true } } end
     if #calls > 0 then
       local started = {}
       for i, call in ipairs(calls) do started[i] = { name = call.name, p = tools_mod.start(s.tools, call, timeout, s.registry) } end
@@ -136,6 +154,7 @@ local function job_finish(ep, job, timeout)
       if not ok then
         ep.tool_errors = ep.tool_errors + 1
         ep.errors[kind] = (ep.errors[kind] or 0) + 1
+        count_error(ep, result)
       end
       msgs[#msgs + 1] = { role = "tool", content = result, name = c.name }
     end
@@ -145,9 +164,106 @@ local function job_finish(ep, job, timeout)
   return job.obs[1], job.obs[2]
 end
 
+-- Whether two values (messages) are equal, table by table.
+local function same(a, b)
+  if type(a) ~= "table" or type(b) ~= "table" then return a == b end
+  for k, v in pairs(a) do if not same(v, b[k]) then return false end end
+  for k in pairs(b) do if a[k] == nil then return false end end
+  return true
+end
+
+local function shown(msgs)
+  local ok, text = pcall(require("remax.formats.json").encode, msgs)
+  text = ok and text or tostring(msgs)
+  return #text > 240 and (text:sub(1, 240) .. "...") or text
+end
+
+-- Why a prompt's episodes may not start from different first messages (the error's text).
+function M.different_starts(i, slot, a, b)
+  return ("the episodes of prompt %d start from different first messages: episode 1 was shown %s, episode %d %s. " ..
+    "Every episode of a prompt must start from the same state: ReMax's advantage is a sample's reward minus the " ..
+    "greedy episode's, and GRPO compares a prompt's episodes with each other, so episodes that played different " ..
+    "games make rewards that judge tasks the model never saw and a baseline from another game. The environment's " ..
+    "reset draws at random: draw from the prompt's seed instead (a Lua environment's state.seed; a Python reset " ..
+    "that takes a `seed` argument gets it, e.g. random.Random(seed)), or put the random part in the dataset row")
+    :format(i, shown(a), slot, shown(b))
+end
+
+-- Starts the episodes of prompt_rows (slots per prompt): each gets its environment, reset with
+-- its prompt's seed (rollout.prompt_seed of the step's generation seed and the prompt's place:
+-- opts.first, the place of prompt_rows[1] in the step, default 1). Returns eps (row-indexed) and
+-- first (per prompt: the first messages, the same for all its episodes). A reset that fails, or
+-- a prompt whose episodes start differently (M.different_starts), stops with its message.
+-- The resets of an environment outside Lua are all sent first, then read.
+function M.start(step, s, prompt_rows, slots, opts)
+  opts = opts or {}
+  local timeout = step.cfg.tool_timeout or 10
+  local gen_seed = step:seed_for(opts.step or 0)
+  local eps, first, resets = {}, {}, {}
+  local function stop(why)
+    for _, e in pairs(eps) do environment.close(e.env, s.registry) end
+    error(why, 0)
+  end
+  for i, row in ipairs(prompt_rows) do
+    local seed = rollout.prompt_seed(gen_seed, (opts.first or 1) + i - 1)
+    for sl = 1, slots do
+      local k = (i - 1) * slots + sl
+      local env, err = nil, nil
+      if s.env then
+        env, err = environment.instance(s.env, row)
+        if not env then stop(("episode of prompt %d: %s"):format(i, err)) end
+      end
+      eps[k] = new_episode(nil, { seed = seed }, env)
+      if env and env.remote then resets[k] = environment.reset_start(env, row, s.registry, timeout, seed) end
+    end
+  end
+  for i, row in ipairs(prompt_rows) do
+    for sl = 1, slots do
+      local k = (i - 1) * slots + sl
+      local ep = eps[k]
+      local m, err
+      if resets[k] then
+        m, err = environment.reset_finish(s.registry:wait(resets[k]), row, timeout)
+      elseif ep.env then
+        m, err = environment.reset(ep.env, row, ep.state)
+      else
+        m = chat.messages(row.prompt)
+      end
+      if not m then stop(("episode of prompt %d: %s"):format(i, err)) end
+      if first[i] and not same(first[i], m) then stop(M.different_starts(i, sl, first[i], m)) end
+      first[i] = first[i] or m
+      ep.messages = m
+    end
+  end
+  return eps, first
+end
+
+-- A prompt's first messages -> the token ids the model sees (the template with the tools), kept
+-- to the last max_prompt_length tokens; and whether they were cut.
+function M.prompt_ids(step, s, msgs)
+  local max = step.cfg.max_prompt_length
+  local ids = chat.encode(step.tok, msgs, template_opts(step, s.tools, true))
+  if #ids <= max then return ids, false end
+  local cut = {}
+  for t = #ids - max + 1, #ids do cut[#cut + 1] = ids[t] end
+  return cut, true
+end
+
+-- The first prompt as the model sees it (remax render): the first messages of the episodes of
+-- row (at opts.first in step opts.step, default 1 and 1), their token ids and text.
+function M.first_prompt(step, row, opts)
+  opts = opts or {}
+  local s = M.setup(step)
+  local plan = opts.plan or step.cfg.sampling
+  local eps, first = M.start(step, s, { row }, plan.slots, { step = opts.step or 1, first = opts.first })
+  for _, ep in ipairs(eps) do environment.close(ep.env, s.registry) end
+  local ids, cut = M.prompt_ids(step, s, first[1])
+  return first[1], ids, cut
+end
+
 -- The rollout of a plan's rows as episodes; the same shape as Step:rollout's, each row with
 -- tokens (the episode after the prompt), loss_mask, text (the last assistant message), messages
--- (the episode after the prompt), and its counters.
+-- (the episode after the prompt), and its counters. opts: plan, step, first (as Step:rollout's).
 function M.rollout(step, prompt_rows, opts)
   opts = opts or {}
   local cfg = step.cfg
@@ -156,60 +272,25 @@ function M.rollout(step, prompt_rows, opts)
   local slots = plan.slots
   local tok = step.tok
   local max_turns = cfg.max_turns or 4
-  local max_episode = cfg.max_episode_length
+  -- the longest episode: max_episode_length, within the model's positions (its default)
+  local positions = tonumber(step.model:cfg().max_position_embeddings)
+  local max_episode = math.min(cfg.max_episode_length or positions, positions)
   local timeout = cfg.tool_timeout or 10
   local render = function(msgs, gen) return chat.render(msgs, template_opts(step, s.tools, gen)) end
-  local prompt_ids, prompts_truncated, eps, first = {}, 0, {}, {}
-  -- each slot is its own episode with its own state, all from the same first messages; the
-  -- resets of an environment outside Lua are all sent first, then read
-  local resets = {}
-  for i, row in ipairs(prompt_rows) do
-    for sl = 1, slots do
-      local k = (i - 1) * slots + sl
-      local env, err = nil, nil
-      if s.env then
-        env, err = environment.instance(s.env, row)
-        if not env then error(("episode of prompt %d: %s"):format(i, err), 0) end
-      end
-      eps[k] = new_episode(nil, {}, env)
-      if env and env.remote then resets[k] = environment.reset_start(env, row, s.registry, timeout) end
-    end
-  end
-  for i, row in ipairs(prompt_rows) do
-    local msgs
-    for sl = 1, slots do
-      local ep = eps[(i - 1) * slots + sl]
-      local m, err
-      if resets[(i - 1) * slots + sl] then
-        m, err = environment.reset_finish(s.registry:wait(resets[(i - 1) * slots + sl]), row, timeout)
-      elseif ep.env then
-        m, err = environment.reset(ep.env, row, ep.state)
-      else
-        m = chat.messages(row.prompt)
-      end
-      if not m then
-        for _, e in ipairs(eps) do environment.close(e.env, s.registry) end
-        error(("episode of prompt %d: %s"):format(i, err), 0)
-      end
-      msgs = msgs or m
-      ep.messages = m
-    end
-    first[i] = msgs
-    local ids = chat.encode(tok, msgs, template_opts(step, s.tools, true))
-    if #ids > cfg.max_prompt_length then
-      prompts_truncated = prompts_truncated + 1
-      local cut = {}
-      for t = #ids - cfg.max_prompt_length + 1, #ids do cut[#cut + 1] = ids[t] end
-      ids = cut
-    end
-    prompt_ids[i] = ids
+  local eps, first = M.start(step, s, prompt_rows, slots, opts)
+  local prompt_ids, prompts_truncated = {}, 0
+  for i = 1, #prompt_rows do
+    local cut
+    prompt_ids[i], cut = M.prompt_ids(step, s, first[i])
+    if cut then prompts_truncated = prompts_truncated + 1 end
   end
   -- the observation of row k's turn (e: its event; before: the messages before the turn) ->
-  -- the token ids to append, or nil when the episode ends
+  -- the token ids to append, or nil when the episode ends (done, max_turns, the model's budget
+  -- of max_completion_length tokens spent, or an observation that does not fit: truncated)
   local function turn_ids(k, e, before, assistant, obs, done)
     local ep = eps[k]
     do
-      if not done and obs and #obs > 0 and ep.turns < max_turns then
+      if not done and obs and #obs > 0 and ep.turns < max_turns and ep.model_tokens < cfg.max_completion_length then
         local model_end
         if not e.stop_string and #e.tokens > 0 then
           model_end = tok:decode({ e.tokens[#e.tokens] }, { skip_special_tokens = false })
@@ -219,10 +300,11 @@ function M.rollout(step, prompt_rows, opts)
         local ids = tok:encode(obs_text, { add_special_tokens = false })
         local p = prompt_ids[math.floor((k - 1) / slots) + 1]
         local length = #p + ep.model_tokens + ep.obs_tokens + #ids
-        if max_episode and length >= max_episode then
+        if length >= max_episode then
           ep.truncated = true   -- no room for the observation and another turn
         else
           ep.messages = concat(ep.messages, obs)
+          ep.obs_messages = #obs
           ep.obs[ep.turns] = ids
           ep.obs_tokens = ep.obs_tokens + #ids
           return ids
@@ -247,7 +329,7 @@ function M.rollout(step, prompt_rows, opts)
       ep.messages = concat(before, { assistant })
       ep.turns = ep.turns + 1
       ep.model_tokens = ep.model_tokens + #e.tokens
-      local job = observe_start(s, ep, text, timeout)
+      local job = observe_start(s, ep, text, timeout, ep.turns >= max_turns)
       if job_ready(job) then
         appends[k] = turn_ids(k, e, before, assistant, job_finish(ep, job, timeout))
       else
@@ -274,7 +356,8 @@ function M.rollout(step, prompt_rows, opts)
     min_p = cfg.min_p, repetition_penalty = cfg.repetition_penalty, stop_strings = cfg.stop_strings,
     detokenize = cfg.stop_strings and function(ids) return tok:decode(ids, { skip_special_tokens = true }) end,
     stop = step.stop, seed = step:seed_for(opts.step), on_turn_end = on_turn_end, on_wait = s.registry and on_wait,
-    append_capacity = cfg.append_capacity or math.max(64, (max_episode or 0) - cfg.max_completion_length),
+    row_keys = rollout.row_keys(slots, #prompt_ids, opts.first),
+    append_capacity = math.max(64, max_episode - cfg.max_completion_length),
     on_token = step:progress() and step:progress():ticker("episodes: token %d/%d"),
   })
   local seconds = now() - t0
@@ -282,6 +365,15 @@ function M.rollout(step, prompt_rows, opts)
   local last_steps = {}   -- the turns the budget cut, judged by an environment outside Lua: all sent, then read
   for k, r in ipairs(out.rows) do
     local ep = eps[k]
+    local n = #r.turn_ends
+    if n > 0 and ep.obs[n] and r.turn_ends[n] == #r.tokens then
+      -- the engine's KV cache had no room for the last observation (finish "length"): the model
+      -- never saw it, so it is not part of the episode; the episode is truncated
+      ep.obs_tokens = ep.obs_tokens - #ep.obs[n]
+      ep.obs[n] = nil
+      for _ = 1, ep.obs_messages do table.remove(ep.messages) end
+      ep.truncated = true
+    end
     M.assemble(r, ep)
     if #r.turn_ends == 0 or r.turn_ends[#r.turn_ends] < #r.model_ids then   -- the last turn ended by the budget
       local tail = {}
@@ -313,11 +405,12 @@ function M.rollout(step, prompt_rows, opts)
     for t = n0 + 1, #ep.messages do r.completion_messages[#r.completion_messages + 1] = ep.messages[t] end
     r.episode = { turns = ep.turns, tool_calls = ep.tool_calls, tool_errors = ep.tool_errors, tool_time = ep.tool_time,
       model_tokens = ep.model_tokens, obs_tokens = ep.obs_tokens, env_reward = ep.reward, turn_rewards = ep.turn_rewards,
-      env_errors = ep.env_errors, env_error = ep.env_error, truncated = ep.truncated or nil, errors = ep.errors }
+      env_errors = ep.env_errors, env_error = ep.env_error, truncated = ep.truncated or nil, errors = ep.errors,
+      error_messages = next(ep.error_messages) and ep.error_messages or nil }
     if ep.truncated then r.finish = "length" end
     obs_total = obs_total + ep.obs_tokens
   end
-  local ro = rollout.new(plan, { prompts = prompt_rows, prompt_ids = prompt_ids, prompts_truncated = prompts_truncated,
+  local ro = rollout.new(plan, { prompts = prompt_rows, prompt_messages = first, prompt_ids = prompt_ids, prompts_truncated = prompts_truncated,
     rows = out.rows, tokens_generated = out.tokens_generated, time_generate = seconds, step = opts.step, episodes = true,
     observation_tokens = obs_total })
   return ro
@@ -389,26 +482,79 @@ function M.loss_tokens(row)
   return n
 end
 
--- Per-step metrics of a rollout of episodes.
-function M.metrics(ro)
-  local m = { turns = 0, tool_calls = 0, tool_errors = 0, tool_time = 0, model_tokens = 0, observation_tokens = 0,
+-- An episode failed when a tool call or the environment failed in it (a tool that raised or
+-- timed out, a worker that died, a malformed call, an unknown tool, bad arguments, an
+-- environment step that failed). When more than this share of a step's episodes failed, the
+-- step warns (the progress line), or with strict_episodes stops the run.
+M.FAILING_SHARE = 0.5
+
+-- The failures of a rollout's episodes: { failed = episodes, total = episodes, top = the most
+-- frequent error message, top_count = how often it came }.
+function M.failures(ro)
+  local f, counts = { failed = 0, total = 0 }, {}
+  for _, r in ipairs(ro.rows) do
+    local e = r.episode
+    if e then
+      f.total = f.total + 1
+      if (e.tool_errors or 0) > 0 or (e.env_errors or 0) > 0 then f.failed = f.failed + 1 end
+      for message, n in pairs(e.error_messages or {}) do counts[message] = (counts[message] or 0) + n end
+    end
+  end
+  for message, n in pairs(counts) do
+    if not f.top or n > f.top_count or (n == f.top_count and message < f.top) then f.top, f.top_count = message, n end
+  end
+  return f
+end
+
+-- The warning of a step whose failed episodes are over M.FAILING_SHARE (failed and total may
+-- be summed over ranks; top: a most frequent error), else nil.
+function M.failure_warning(failed, total, top)
+  if total == 0 or failed <= M.FAILING_SHARE * total then return nil end
+  local text = ("%d/%d episodes failed"):format(failed, total)
+  if top then text = text .. ", most often: " .. top:gsub("%s+", " ") end
+  return text
+end
+
+-- Per-step metrics of a rollout of episodes. episodes/* count every episode of the step, the
+-- greedy ones too; TRL's (num_turns_*, tools/*) its sampled episodes, as TRL has no greedy row:
+-- tools/call_frequency = tool calls / sampled episodes, tools/failure_frequency = failed calls /
+-- calls (0 without calls), as GRPOTrainer computes them (tools: the step has tools).
+function M.metrics(ro, tools)
+  local m = { tool_calls = 0, tool_errors = 0, tool_time = 0, model_tokens = 0, observation_tokens = 0,
     env_errors = 0, truncated = 0 }
   local n = 0
+  local sampled, calls, failed_calls, turns_min, turns_max, turns_sum = 0, 0, 0, math.huge, 0, 0
   for _, r in ipairs(ro.rows) do
     local e = r.episode
     if e then
       n = n + 1
-      m.turns, m.tool_calls, m.tool_errors = m.turns + e.turns, m.tool_calls + e.tool_calls, m.tool_errors + e.tool_errors
+      m.tool_calls, m.tool_errors = m.tool_calls + e.tool_calls, m.tool_errors + e.tool_errors
       m.tool_time, m.model_tokens, m.observation_tokens = m.tool_time + e.tool_time, m.model_tokens + e.model_tokens,
         m.observation_tokens + e.obs_tokens
       m.env_errors, m.truncated = m.env_errors + e.env_errors, m.truncated + (e.truncated and 1 or 0)
+      if not r.greedy then
+        sampled = sampled + 1
+        calls, failed_calls = calls + e.tool_calls, failed_calls + e.tool_errors
+        turns_sum, turns_min, turns_max = turns_sum + e.turns, math.min(turns_min, e.turns), math.max(turns_max, e.turns)
+      end
     end
   end
   if n == 0 then return {} end
-  return { ["episodes/turns_mean"] = m.turns / n, ["episodes/tool_calls"] = m.tool_calls,
+  local f = M.failures(ro)
+  local out = { ["episodes/tool_calls"] = m.tool_calls,
     ["episodes/tool_errors"] = m.tool_errors, ["episodes/tool_time"] = m.tool_time,
     ["episodes/model_tokens"] = m.model_tokens, ["episodes/observation_tokens"] = m.observation_tokens,
-    ["episodes/env_errors"] = m.env_errors, ["episodes/truncated"] = m.truncated }
+    ["episodes/env_errors"] = m.env_errors, ["episodes/truncated"] = m.truncated,
+    ["episodes/failed"] = f.failed, ["episodes/failed_fraction"] = f.failed / f.total,
+    warning = M.failure_warning(f.failed, f.total, f.top) }
+  if sampled > 0 then
+    out.num_turns_mean, out.num_turns_min, out.num_turns_max = turns_sum / sampled, turns_min, turns_max
+    if tools then
+      out["tools/call_frequency"] = calls / sampled
+      out["tools/failure_frequency"] = calls > 0 and failed_calls / calls or 0
+    end
+  end
+  return out
 end
 
 -- The environment's summed per-turn rewards as one more reward column ("environment"), for the

@@ -69,7 +69,7 @@ function M.run(self, rows, opts)
     local chunk = {}
     local last = math.min(hi, first + bs - 1)
     for i = first, last do chunk[#chunk + 1] = rows[i] end
-    local ro = self:rollout(chunk, { plan = rollout.plan(K, true, cfg.temperature), step = 0 })
+    local ro = self:rollout(chunk, { plan = rollout.plan(K, true, cfg.temperature), step = 0, first = first })
     self:score_ahead(ro)
     if waiting then tally(waiting.ro, waiting.chunk, waiting.last) end
     waiting = { ro = ro, chunk = chunk, last = last }

@@ -10,7 +10,7 @@
 -- The requests, one JSON line each ({"id": N, ...}; the answer echoes the id, in any order):
 --   {"id", "type": "describe", "names": [...]}            -> {"id", "tools": {name: {description, parameters, schema}}}
 --   {"id", "type": "tool", "name", "arguments": {...}}    -> {"id", "result": "text"}
---   {"id", "type": "reset", "name", "episode", "sample"}  -> {"id", "messages": [...] | "text" | null}
+--   {"id", "type": "reset", "name", "episode", "sample", "seed"}  -> {"id", "messages": [...] | "text" | null}
 --   {"id", "type": "step", "name", "episode", "text"}     -> {"id", "messages", "done", "reward"}
 --   {"id", "type": "close", "name", "episode"}            -> {"id"}
 --   any request                                            -> {"id", "error": "message"}
@@ -189,6 +189,13 @@ def keywords(fn, d):
         return dict(d)
     names = {p.name for p in ps if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     return {k: v for k, v in d.items() if k in names}
+def reset_keywords(fn, req):
+    """A reset's keywords: the row's columns it takes, and the prompt's seed (every episode of a
+    prompt gets the same) when it names a `seed` parameter and the row has no `seed` column."""
+    kw = keywords(fn, req.get("sample") or {})
+    if "seed" not in kw and req.get("seed") is not None and "seed" in inspect.signature(fn).parameters:
+        kw["seed"] = req["seed"]
+    return kw
 envs = {}
 def handle(req):
     rid = req.get("id")
@@ -205,7 +212,7 @@ def handle(req):
             envs[ep] = env
             r = None
             if hasattr(env, "reset"):
-                r = env.reset(**keywords(env.reset, req.get("sample") or {}))
+                r = env.reset(**reset_keywords(env.reset, req))
             answer({"id": rid, "messages": r})
         elif t == "step":
             env = envs.get(req["episode"])

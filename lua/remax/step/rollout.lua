@@ -11,8 +11,12 @@
 --   ro:training_rows(mask)   -- the sampled rows with their advantages, for the update
 --   ro:gather(world)         -- rank 0: the whole step's rollout (rows in global prompt order)
 --
+-- Episodes add prompt_messages: per prompt, the first messages its episodes started from (what
+-- the model saw, which may not be the dataset's prompt).
 -- The step fills it in as it goes: score adds completions, batch, per (reward name -> values per
 -- row), total, unscored, none; advantage adds reward, groups, adv (adv[i][s]), kl_k1.
+local bit = require("bit")
+
 local M = {}
 local Rollout = {}
 Rollout.__index = Rollout
@@ -21,6 +25,37 @@ M.Rollout = Rollout
 -- The sampling plan of a generation call (remax.bind.generate.plan: the settings derive the
 -- step's, cfg.sampling, and a task's evaluation makes its own with it).
 M.plan = require("remax.bind.generate").plan
+
+-- The random-stream keys of a generation call's rows (model:generate's row_keys): row (i, s) of
+-- the call is the prompt at `first + i - 1` in its step (its place in the step's whole batch,
+-- every rank's prompts counted) and slot s, packed as place * 2^25 + s. The engine draws row
+-- k's token at position t from Philox keyed by (the step's seed, key, t), so a row's tokens
+-- depend on the seed, the step, its place and its slot: not on the batch it is generated in,
+-- on the rank, or on when its tools answer; and two rows with the same prompt text differ.
+M.SLOT_BITS = 25   -- slots < 2^25 (num_generations is at most 2^24, + 1 greedy row)
+function M.row_keys(slots, n, first)
+  first = first or 1
+  local keys = {}
+  for i = 1, n do
+    for s = 1, slots do keys[(i - 1) * slots + s] = (first + i - 1) * 2 ^ M.SLOT_BITS + s end
+  end
+  return keys
+end
+
+-- The seed of the prompt at `place` in a step whose generation seed is `seed` (Step:seed_for):
+-- every episode of that prompt, the greedy one included, resets its environment with it, so an
+-- environment that draws at random draws the same within a prompt. A whole number in [0, 2^31).
+local function mul32(a, b)   -- a * b mod 2^32, exact in doubles (a < 2^32, b < 2^24)
+  local hi, lo = math.floor(a / 65536), a % 65536
+  return ((hi * b) % 65536 * 65536 + lo * b) % 4294967296
+end
+function M.prompt_seed(seed, place)
+  local h = 2166136261   -- 32-bit FNV-1a over "seed:place"
+  for c in (("%.0f:%.0f"):format(seed, place)):gmatch(".") do
+    h = mul32(bit.bxor(h, c:byte()) % 4294967296, 16777619)
+  end
+  return h % 2147483648
+end
 
 -- A rollout from a plan and its parts: prompts (dataset rows), prompt_ids, rows (model:generate's
 -- rows, each with prompt, slot, tokens, finish, and text), and any other fields (step, times).
@@ -135,7 +170,7 @@ function Rollout:pack()
     rows[k] = { prompt = r.prompt, slot = r.slot, greedy = r.greedy, text = r.text, tokens = r.tokens,
       finish = r.finish, loss_mask = r.loss_mask, completion_messages = r.completion_messages, episode = r.episode }
   end
-  return { prompts = self.prompts, rows = rows, total = self.total, per = self.per, adv = self.adv, kl_k1 = self.kl_k1,
+  return { prompts = self.prompts, prompt_messages = self.prompt_messages, rows = rows, total = self.total, per = self.per, adv = self.adv, kl_k1 = self.kl_k1,
     groups = self.groups, none = self.none,
     tokens_generated = self.tokens_generated, time_generate = self.time_generate, time_score = self.time_score,
     unscored = self.unscored, slots = self.slots, G = self.G, greedy = self.greedy, step = self.step,
@@ -147,7 +182,7 @@ end
 function M.merge(parts)
   local first = parts[1]
   local whole = setmetatable({ slots = first.slots, G = first.G, greedy = first.greedy, step = first.step,
-    episodes = first.episodes,
+    episodes = first.episodes, prompt_messages = first.prompt_messages and {} or nil,
     prompts = {}, rows = {}, total = {}, adv = first.adv and {} or nil, groups = first.groups and {} or nil,
     none = first.none and {} or nil,
     tokens_generated = 0, unscored = 0, time_generate = 0, time_score = 0 }, Rollout)
@@ -157,6 +192,7 @@ function M.merge(parts)
     local offset = #whole.prompts
     local base = #whole.rows
     for i, prompt in ipairs(p.prompts) do whole.prompts[offset + i] = prompt end
+    if whole.prompt_messages then for i, m in ipairs(p.prompt_messages) do whole.prompt_messages[offset + i] = m end end
     if whole.adv then for i, a in ipairs(p.adv) do whole.adv[offset + i] = a end end
     if whole.groups then for i, g in ipairs(p.groups) do whole.groups[offset + i] = g end end
     for k, r in ipairs(p.rows) do

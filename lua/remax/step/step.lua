@@ -98,7 +98,9 @@ end
 
 -- Generate the rows of a sampling plan (default: the step's, cfg.sampling: num_generations
 -- sampled rows and, with generate_greedy, one greedy row per prompt) for prompt_rows. Returns a
--- remax.step.rollout. opts: plan, step (the step whose seed generates: its number).
+-- remax.step.rollout. opts: plan, step (the step whose seed generates: its number), first (the
+-- place of prompt_rows[1] in the step's whole batch, every rank's prompts counted; default 1):
+-- a row's samples are keyed by its place and slot (rollout.row_keys), so repeated prompts differ.
 function Step:rollout(prompt_rows, opts)
   opts = opts or {}
   local cfg = self.cfg
@@ -116,7 +118,8 @@ function Step:rollout(prompt_rows, opts)
     max_new_tokens = cfg.max_completion_length, rows_per_prompt = plan.slots, temperature = plan.temperatures, top_p = cfg.top_p, top_k = cfg.top_k,
     min_p = cfg.min_p, repetition_penalty = cfg.repetition_penalty, stop_strings = cfg.stop_strings,
     detokenize = cfg.stop_strings and function(ids) return self.tok:decode(ids, { skip_special_tokens = true }) end,
-    stop = self.stop, seed = self:seed_for(step), on_token = self:progress() and self:progress():ticker("generating: token %d/%d"),
+    stop = self.stop, seed = self:seed_for(step), row_keys = rollout.row_keys(plan.slots, #prompt_ids, opts.first),
+    on_token = self:progress() and self:progress():ticker("generating: token %d/%d"),
   })
   local seconds = now() - t0
   for _, r in ipairs(out.rows) do r.text = self.tok:decode(r.tokens, { skip_special_tokens = true }) end
@@ -373,9 +376,10 @@ function Step:rl_metrics(ro, up)
       if not none[k] then greedy[#greedy + 1] = ro.total[k] end
     else
       if not none[k] then samples[#samples + 1] = ro.total[k] end   -- unscored rows: no reward (TRL)
-      lens[#lens + 1] = #r.tokens
-      maxlen, minlen = math.max(maxlen, #r.tokens), math.min(minlen, #r.tokens)
-      if r.finish == "length" then truncated = truncated + 1 else stopped[#stopped + 1] = #r.tokens end
+      local len = episodes.row_tokens(r)   -- the model's tokens (an episode's observations are not counted, as TRL)
+      lens[#lens + 1] = len
+      maxlen, minlen = math.max(maxlen, len), math.min(minlen, len)
+      if r.finish == "length" then truncated = truncated + 1 else stopped[#stopped + 1] = len end
     end
   end
   m.reward, m.reward_std = mean(samples), algos.std(samples)
@@ -388,16 +392,16 @@ function Step:rl_metrics(ro, up)
     if math.abs(algos.std(vals)) <= 1e-8 then flat = flat + 1 end
   end
   if ro.groups and #ro.groups > 0 then m.frac_reward_zero_std = flat / #ro.groups end
-  for _, rw in ipairs(self.rewards) do
+  for _, name in ipairs(self:reward_names(ro)) do
     local s, g = {}, {}
     for k, r in ipairs(ro.rows) do
-      local v = ro.per[rw.name][k]
+      local v = ro.per[name][k]
       if v ~= nil then
         if r.greedy then g[#g + 1] = v else s[#s + 1] = v end
       end
     end
-    if #s > 0 then m["reward/" .. rw.name] = mean(s) end
-    if #g > 0 then m["reward_greedy/" .. rw.name] = mean(g) end
+    if #s > 0 then m["reward/" .. name] = mean(s) end
+    if #g > 0 then m["reward_greedy/" .. name] = mean(g) end
   end
   local advs = {}
   for _, a in ipairs(ro.adv) do for _, v in ipairs(a) do advs[#advs + 1] = v end end
@@ -435,14 +439,41 @@ function Step:rl_metrics(ro, up)
   m.tokens_per_s = ro.time_generate > 0 and ro.tokens_generated / ro.time_generate or 0
   m.time_generate, m.time_score = ro.time_generate, ro.time_score
   if ro.unscored > 0 then m.unscored = ro.unscored end
-  if ro.episodes then for k, v in pairs(episodes.metrics(ro)) do m[k] = v end end
+  if ro.episodes then for k, v in pairs(episodes.metrics(ro, self.cfg.tools ~= nil)) do m[k] = v end end
   return m
+end
+
+-- The reward columns of a scored rollout: the reward functions', then the environment's (its
+-- per-turn rewards summed, remax.step.episodes) when it gave any.
+function Step:reward_names(ro)
+  local names = {}
+  for _, rw in ipairs(self.rewards) do names[#names + 1] = rw.name end
+  if ro.per and ro.per.environment then
+    local known = false
+    for _, n in ipairs(names) do known = known or n == "environment" end
+    if not known then names[#names + 1] = "environment" end
+  end
+  return names
+end
+
+-- Stops the run (strict_episodes) when more than episodes.FAILING_SHARE of the step's
+-- episodes, over every rank, failed; names the most frequent error of this rank's.
+function Step:check_episodes(ro)
+  local f = episodes.failures(ro)
+  local failed, total = self.dist:sum(f.failed, f.total)
+  local warning = episodes.failure_warning(failed, total, f.top)
+  if warning and self.cfg.strict_episodes then
+    local why = ("strict_episodes: step %d: %s"):format(ro.step or 0, warning)
+    self:failed(why)
+    error(why, 0)
+  end
 end
 
 ---------------------------------------------------------------------------- the Step's interface
 
 -- One full step (RL or SFT) on this rank's prompts; returns its metrics and, for RL, the
--- rollout gathered on rank 0 (for the Run's completion log). ctx.step: the step's number.
+-- rollout gathered on rank 0 (for the Run's completion log). ctx.step: the step's number;
+-- ctx.first: the place of batch[1] in the step's whole batch (remax.bind.dist's share).
 function Step:run(batch, ctx)
   local cfg = self.cfg
   local step = assert(ctx and ctx.step, "Step:run: ctx.step (the step number) is required")
@@ -458,7 +489,8 @@ function Step:run(batch, ctx)
     m.completion_length_max = maxlen
     if not up.finite then m.skipped, m.bad_loss, m.bad_norm = true, up.bad_loss, up.bad_norm end
   else
-    ro = self:rollout(batch, { step = step })
+    ro = self:rollout(batch, { step = step, first = ctx.first })
+    if ro.episodes then self:check_episodes(ro) end
     self:score(ro)
     self:advantage(ro)
     local up = self:update(ro)
@@ -475,8 +507,10 @@ function Step:completion_records(ro)
   local list = {}
   for k, r in ipairs(ro.rows) do
     local per = {}
-    for _, rw in ipairs(self.rewards) do per[rw.name] = ro.per[rw.name][k] end
-    list[#list + 1] = episodes.record(r, { prompt = ro.prompts[r.prompt].prompt, completion = r.text,   -- + an episode's messages
+    for _, name in ipairs(self:reward_names(ro)) do per[name] = ro.per[name][k] end
+    -- the prompt the model saw: an episode's first messages (its environment's reset), else the dataset's
+    local prompt = ro.prompt_messages and ro.prompt_messages[r.prompt] or ro.prompts[r.prompt].prompt
+    list[#list + 1] = episodes.record(r, { prompt = prompt, completion = r.text,   -- + an episode's messages
       reward = ro.total[k], rewards = per, advantage = ro:advantage(k), greedy = r.greedy and true or false })
   end
   return list

@@ -213,7 +213,7 @@ function M.held_out(run, opts)
   for first = 1, n, bs do
     local chunk = {}
     for i = first, math.min(n, first + bs - 1) do chunk[#chunk + 1] = rows[i] end
-    local ro = step:rollout(chunk, { plan = plan, step = 0 })
+    local ro = step:rollout(chunk, { plan = plan, step = 0, first = first })
     step:score(ro, { alone = true })
     for k, r in ipairs(ro.rows) do
       local t = r.greedy and g or s
