@@ -4,6 +4,8 @@
 -- the trainer catches signals). Every wait here has its own bound.
 local rewards = require("remax.step.rewards")
 local rw = require("remax.step.reward_worker")
+local http = require("remax.step.channels.http")
+local cmd = require("remax.step.channels.cmd")
 local ipc = require("remax.bind.ipc")
 local support = require("support")
 local write, has_python, error_of = support.write, support.has_python, support.error_of
@@ -141,7 +143,8 @@ for line in sys.stdin:
     assert.are.same({ 1, 2, 3 }, rewards.run_one(r, c, b, { timeout = 30, step = 1 }))
     local c2 = { "dddd", "e", "ff" }
     local err = error_of(rewards.run_one, r, c2, b, { timeout = 30, step = 2 })
-    assert.matches("reward 'twice' (cmd:python3 " .. d .. "/twice.py) at step 2: answered id 1 to request id 2", err, 1, true)
+    assert.matches("reward 'twice' (cmd:python3 " .. d .. "/twice.py) at step 2: answered id 1 a second time", err, 1, true)
+    assert.matches("the answers are out of step with the requests (the worker is stopped", err, 1, true)
     r.close()
     -- an answer without the id
     write(d .. "/noid.py", [[
@@ -151,7 +154,7 @@ for line in sys.stdin:
 ]])
     r = rewards.normalize("cmd:python3 " .. d .. "/noid.py", 1, {})
     err = error_of(rewards.run_one, r, c, b, { timeout = 30 })
-    assert.matches("answered without the request's id (1)", err, 1, true)
+    assert.matches("answered without a request id (on its way: request 1)", err, 1, true)
     r.close()
   end)
 
@@ -166,11 +169,11 @@ for line in sys.stdin:
     assert.matches("http://...@127.0.0.1:8000/score", e, 1, true)
     assert.is_nil(e:find("s3cr3t", 1, true))
     assert.is_nil(e:find("user:", 1, true))
-    local host, port, path = rw.parse_url("http://[::1]:8080/a/b?x=1")
+    local host, port, path = http.parse_url("http://[::1]:8080/a/b?x=1")
     assert.are.same({ "::1", 8080, "/a/b?x=1" }, { host, port, path })
-    host, port, path = rw.parse_url("http://localhost")
+    host, port, path = http.parse_url("http://localhost")
     assert.are.same({ "localhost", 80, "/" }, { host, port, path })
-    assert.are.equal(65535, select(2, rw.parse_url("http://h:65535/")))
+    assert.are.equal(65535, select(2, http.parse_url("http://h:65535/")))
   end)
 
   it("reads a keep-alive server's answer at its Content-Length or last chunk, not at a close", function()
@@ -204,11 +207,11 @@ for line in sys.stdin:
   end)
 
   it("names a cmd: reward after its program, not its last argument", function()
-    assert.are.equal("score", rw.program_name("./score.sh 3"))
-    assert.are.equal("score", rw.program_name("sh score.sh --k 3"))
-    assert.are.equal("judge", rw.program_name("python3 -u tools/judge.py --model x 3"))
-    assert.are.equal("judge", rw.program_name("python3 -m pkg.judge 3"))
-    assert.are.equal("judge", rw.program_name("MODE=fast /opt/bin/judge --threads 4"))
+    assert.are.equal("score", cmd.program_name("./score.sh 3"))
+    assert.are.equal("score", cmd.program_name("sh score.sh --k 3"))
+    assert.are.equal("judge", cmd.program_name("python3 -u tools/judge.py --model x 3"))
+    assert.are.equal("judge", cmd.program_name("python3 -m pkg.judge 3"))
+    assert.are.equal("judge", cmd.program_name("MODE=fast /opt/bin/judge --threads 4"))
     assert.are.equal("score", rewards.normalize("cmd:./score.sh 3", 1, {}).name)
   end)
 end)

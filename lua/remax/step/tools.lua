@@ -16,20 +16,20 @@
 --
 -- A tool's fn may also be a string: "py:FILE.py:FUNCTION" (a Python function, run in the
 -- worker of that file; its signature and docstring give the schema unless the recipe gives one),
--- "cmd:PROGRAM" or "http://HOST:PORT/PATH" (remax.step.remote). A tool given as just such a
+-- "cmd:PROGRAM" or "http://HOST:PORT/PATH" (remax.step.channels). A tool given as just such a
 -- string (calculator = "py:tools.py:calculator", or a list entry "py:tools.py:calculator") is
 -- the same. Those calls are started with tools.start and collected with tools.collect, so the
 -- model keeps decoding while they run.
 local json = require("remax.formats.json")
 local jinja = require("remax.text.jinja")
 local now = require("remax.bind.clock").now
-local remote = require("remax.step.remote")
+local channels = require("remax.step.channels")
 
 local M = {}
 
 local TYPES = { string = true, number = true, integer = true, boolean = true, object = true, array = true, ["null"] = true }
 
--- opts.registry: a remax.step.remote registry for the tools outside Lua (made here when needed,
+-- opts.registry: a remax.step.channels registry for the tools outside Lua (made here when needed,
 -- and returned second); opts.base: the recipe's folder (py: files are also looked for there).
 function M.check(t, where, opts)
   where = where or "tools"
@@ -38,7 +38,7 @@ function M.check(t, where, opts)
   local out = {}
   local entries = {}
   for name, spec in pairs(t) do
-    if type(name) == "number" and remote.is_spec(spec) then   -- a list entry "py:tools.py:calculator": the function's name
+    if type(name) == "number" and channels.is_spec(spec) then   -- a list entry "py:tools.py:calculator": the function's name
       local fname = spec:match(":([%a_][%w_]*)$")
       if not spec:match("^py:") or not fname then
         error(("%s[%d] = %s: a tool in the list form must be py:FILE.py:FUNCTION (give an HTTP or cmd: tool a name: name = { fn = ... })")
@@ -56,15 +56,15 @@ function M.check(t, where, opts)
     end
     if out[name] then error(("%s: two tools are named '%s'"):format(where, name), 0) end
     local w = ("%s.%s"):format(where, name)
-    if type(spec) == "function" or remote.is_spec(spec) then spec = { fn = spec } end
+    if type(spec) == "function" or channels.is_spec(spec) then spec = { fn = spec } end
     if type(spec) ~= "table" then error(("%s must be a table {description=, parameters=, fn=}, got %s"):format(w, type(spec)), 0) end
     local far
     if type(spec.fn) == "string" then
-      if not remote.is_spec(spec.fn) then
+      if not channels.is_spec(spec.fn) then
         error(("%s.fn = %s: expected a function(args) -> result, py:FILE.py:FUNCTION, cmd:PROGRAM or http://HOST:PORT/PATH")
           :format(w, spec.fn), 0)
       end
-      opts.registry = opts.registry or remote.registry({ base = opts.base, max_line = opts.max_line })
+      opts.registry = opts.registry or channels.registry({ base = opts.base, max_line = opts.max_line })
       local ch = opts.registry:channel(spec.fn, w .. ".fn")
       far = { channel = ch, name = spec.fn:match("^py:") and spec.fn:match(":([%a_][%w_]*)$") or name }
       if spec.fn:match("^py:") and spec.parameters == nil then
@@ -101,7 +101,7 @@ function M.check(t, where, opts)
   for ch, list in pairs(describe) do
     local names = {}
     for _, d in ipairs(list) do names[#names + 1] = d.fn end
-    local h = opts.registry:wait(opts.registry:request(ch, { type = "describe", names = names }, remote.START_TIMEOUT))
+    local h = opts.registry:wait(opts.registry:request(ch, { type = "describe", names = names }, channels.START_TIMEOUT))
     if h.err then error(("%s: %s"):format(list[1].w .. ".fn", h.err), 0) end
     for _, d in ipairs(list) do
       local got = type(h.value.tools) == "table" and h.value.tools[d.fn]
