@@ -46,7 +46,8 @@ local function request(completions, batch, opts, name)
   for k, v in pairs(opts and opts.state or {}) do st[k] = v end
   local step = opts and opts.step
   if st.global_step == nil then st.global_step = step or 0 end
-  return { type = "reward", name = name, step = step or wire.null, trainer_state = st, completions = completions, batch = cols }
+  return { type = "reward", name = name, step = step or wire.null, trainer_state = st, completions = completions,
+    batch = next(cols) and cols or json.object() }
 end
 
 local EXPECTED = "expected {\"id\": N, \"scores\": [number|null, ...]}"

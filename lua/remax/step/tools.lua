@@ -217,10 +217,16 @@ function M.args_problem(tool, args)
   return nil
 end
 
+-- A tool's result as the text the model sees (a table as JSON); nil and why for a table JSON
+-- cannot hold (one that contains itself).
 local function as_text(v)
   if type(v) == "string" then return v end
   if v == nil then return "" end
-  if type(v) == "table" then return json.encode(v) end
+  if type(v) == "table" then
+    local ok, text = pcall(json.encode, v, { where = "its result" })
+    if not ok then return nil, (tostring(text):gsub("^runs: ", ""):gsub("^(its result" .. ("%.[^.:]+"):rep(4) .. ")[^:]*", "%1...")) end
+    return text
+  end
   return tostring(v)
 end
 
@@ -279,7 +285,7 @@ function M.start(t, call, timeout, registry)
   local tool = not call.error and type(call.name) == "string" and t[call.name]
   if tool and tool.remote and not precheck(t, call) then
     local h = registry:request(tool.remote.channel, { type = "tool", name = tool.remote.name,
-      arguments = call.arguments or {} }, timeout)
+      arguments = next(call.arguments or {}) and call.arguments or json.object() }, timeout)
     return { done = false, handle = h, name = call.name, timeout = timeout }
   end
   local result, ok, seconds, kind = M.call(t, call, timeout)
@@ -304,7 +310,7 @@ function M.call(t, call, timeout, registry)
   if tool.remote then
     if not registry then error("tools.call: the tool '" .. call.name .. "' runs outside Lua and needs its registry", 0) end
     local h = registry:wait(registry:request(tool.remote.channel, { type = "tool", name = tool.remote.name,
-      arguments = call.arguments or {} }, timeout))
+      arguments = next(call.arguments or {}) and call.arguments or json.object() }, timeout))
     return remote_result(call.name, h, timeout)
   end
   local t0 = now()
@@ -316,7 +322,11 @@ function M.call(t, call, timeout, registry)
     end
     return ("Error: tool '%s' failed: %s"):format(call.name, tostring(result)), false, seconds, "error"
   end
-  return as_text(result), true, seconds, "ok"
+  local text, why = as_text(result)
+  if not text then
+    return ("Error: tool '%s' failed: it returned what cannot be written as JSON: %s"):format(call.name, why), false, seconds, "error"
+  end
+  return text, true, seconds, "ok"
 end
 
 return M
