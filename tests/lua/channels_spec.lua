@@ -488,6 +488,10 @@ def reward(completions, **kw):
     local sleeper = helper_pid(d, "sleep")
     assert.is_true(eventually(3, function() return not alive(sleeper) end), "the process it started outlived it")
     assert.are.same({ "fine", true }, { (tools.call(t, { name = "ok", arguments = {} }, 30, reg)), true })   -- started again
+    -- killed while idle (no request on its way): the next call starts it afresh and is answered
+    os.execute("kill -9 " .. select(2, next(reg.channels)).proc.pid)
+    assert.is_true(eventually(3, function() return not select(2, next(reg.channels)).proc:running() end))
+    assert.are.same({ "fine", true }, { (tools.call(t, { name = "ok", arguments = {} }, 30, reg)), true })
     -- a reward: restarted once, and the batch answered by the new worker
     t0 = ipc.now()
     local reward = rewards.normalize("py:" .. d .. "/dies.py", 1, {})
@@ -634,5 +638,44 @@ describe("tools give back what they cannot send as a call's error (issue 45, fam
     assert.are.same({ false, "error" }, { ok, kind })
     assert.matches("Error: tool 'loop' failed: it returned what cannot be written as JSON: its result.self.self", r, 1, true)
     assert.matches("(a cycle?)", r, 1, true)
+  end)
+end)
+
+describe("the channels' own bounds", function()
+  it("bounds an HTTP head at 64 KiB, 1xx answers included, and reads a body split anywhere", function()
+    local http = require("remax.step.channels.http")
+    local p = http.parser(1024)
+    local ok, err = pcall(function()
+      for _ = 1, 100 do p:feed("HTTP/1.1 100 Continue\r\nX-Pad: " .. ("y"):rep(1000) .. "\r\n\r\n") end
+    end)
+    assert.is_false(ok)
+    assert.matches("answered a status line and headers longer than 65536 bytes", err.why, 1, true)
+    -- a body split at every byte: the same answer
+    local text = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;x=1\r\nabc\r\n2\r\nde\r\n0\r\nT: 1\r\n\r\n"
+    p = http.parser(1024)
+    local body
+    for i = 1, #text do body = body or p:feed(text:sub(i, i)) end
+    assert.are.equal("abcde", body)
+  end)
+
+  it("never waits to hand a worker a request: a large batch to a program that is not reading", function()
+    if not has_python() then pending("python3 is not installed") return end
+    local d = support.tmpdir()
+    write(d .. "/late.py", [==[
+import sys, json, time
+time.sleep(2)   # not reading its input yet
+for line in sys.stdin:
+    req = json.loads(line)
+    print(json.dumps({"id": req["id"], "scores": [len(c) for c in req["completions"]]}), flush=True)
+]==])
+    local r = rewards.normalize("cmd:python3 " .. d .. "/late.py", 1, {})
+    local big = {}
+    for i = 1, 40 do big[i] = ("z"):rep(100000) end   -- 4 MB: far more than a pipe holds
+    local t0 = ipc.now()
+    r.send(big, {}, { timeout = 30 })
+    assert.is_true(ipc.now() - t0 < 1, ("send waited %.1f s"):format(ipc.now() - t0))
+    local scores = rewards.run_one(r, big, {}, { timeout = 30 })
+    assert.are.equal(100000, scores[40])
+    r.close()
   end)
 end)

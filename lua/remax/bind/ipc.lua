@@ -322,15 +322,20 @@ function Proc:close(grace)
   if self.stdout then C.close(self.stdout); self.stdout = nil end
 end
 
--- Waits until one of `list` (processes: their stdout; connections) has something to read, or
--- the deadline passes: true, or nil, "timeout". Bytes a process's read_line keeps from an
--- earlier read are not seen here: read them first.
-function M.wait_readable(list, deadline)
+-- Waits until one of `readers` (processes: their stdout; connections) has something to read, or
+-- one of `writers` (processes) can take more on its stdin, or the deadline passes: true, or nil,
+-- "timeout". Bytes a process's read_line keeps from an earlier read are not seen here: read
+-- them first.
+function M.wait_ready(readers, writers, deadline)
+  writers = writers or {}
   local n = 0
-  local p = ffi.new("struct rx_ipc_pollfd[?]", math.max(1, #list))
-  for _, o in ipairs(list) do
+  local p = ffi.new("struct rx_ipc_pollfd[?]", math.max(1, #readers + #writers))
+  for _, o in ipairs(readers) do
     local fd = o.stdout or o.fd
     if fd then p[n].fd, p[n].events = fd, POLLIN; n = n + 1 end
+  end
+  for _, o in ipairs(writers) do
+    if o.stdin then p[n].fd, p[n].events = o.stdin, POLLOUT; n = n + 1 end
   end
   if n == 0 then
     M.sleep(math.max(0, (deadline or M.now()) - M.now()))

@@ -354,7 +354,7 @@ function Server:busy() return next(self.pending) ~= nil end
 function Server:waitables()
   local list = {}
   for _, h in pairs(self.pending) do if h.http.conn then list[#list + 1] = h.http.conn end end
-  return list
+  return list, {}
 end
 
 function Server:stop(why)

@@ -18,7 +18,8 @@
 -- A kind of channel is one file here, named in KINDS by its prefix, with
 --   key(spec, opts) -> the key of its channel (raises a message when spec is not of its form)
 --   open(spec, opts) -> a channel: new_id(), send(h), poll() (never waits), forget(h), busy(),
---                       waitables() (the processes or connections to wait on), stop(why), close()
+--                       waitables() (the processes or connections to wait on for reading, and
+--                       those to wait on for writing), stop(why), close()
 -- and opts = { base, max_line, restarts }.
 local ipc = require("remax.bind.ipc")
 local wire = require("remax.step.channels.wire")
@@ -153,11 +154,15 @@ function Registry:poll(block_until)
     if t >= block_until then break end
     local until_ = math.min(block_until, t + M.SLICE)
     for _, h in pairs(self.handles) do if h.deadline and h.deadline < until_ then until_ = h.deadline end end
-    local waitables = {}
+    local readers, writers = {}, {}
     for _, ch in pairs(self.channels) do
-      if ch:busy() then for _, w in ipairs(ch:waitables()) do waitables[#waitables + 1] = w end end
+      if ch:busy() then
+        local r, w = ch:waitables()
+        for _, x in ipairs(r) do readers[#readers + 1] = x end
+        for _, x in ipairs(w or {}) do writers[#writers + 1] = x end
+      end
     end
-    ipc.wait_readable(waitables, until_)
+    ipc.wait_ready(readers, writers, until_)
     poll_all()
   end
   return resolved

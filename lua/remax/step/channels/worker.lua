@@ -1,8 +1,8 @@
 -- remax.step.channels.worker: a long-lived process that speaks the wire format on its stdin and
 -- stdout (a py: worker running the Python harness, a cmd: program). Requests go out as lines
--- through an outbox that never blocks (a worker busy with one request cannot stall the rollout
--- or the next send); answers come back as lines, each at most max_line bytes (counted before
--- they are kept), matched to their requests by id in any order.
+-- through an outbox that never waits on a worker that is not reading (one busy with a request
+-- cannot stall the rollout or the next send); answers come back as lines, each at most max_line
+-- bytes (counted before they are kept), matched to their requests by id in any order.
 --
 -- What it does when something goes wrong (each fails the requests it concerns, named):
 --   the process ended   seen by its pid, not by the end of its pipe (a process it started may
@@ -95,16 +95,22 @@ function Worker:start()
   return true
 end
 
--- Writes what the pipe takes of the outbox now; a pipe whose reader is gone means the worker died.
-function Worker:flush()
+-- Writes what the pipe takes of the outbox now; a pipe whose reader is gone means the worker
+-- died. patience: seconds to wait for room while the worker keeps reading (a large batch goes
+-- whole to a worker that is idle, before the model generates the next one); a worker that
+-- reads nothing for that long gets the rest at later polls.
+function Worker:flush(patience)
   while self.proc and self.outbox[1] do
     local data = self.outbox[1]
     local n, why = self.proc:write_now(data, self.out_from)
     if not n then return self:died(why) end
     self.out_from = self.out_from + n
-    if self.out_from <= #data then return end   -- the pipe is full: the rest at the next poll
-    table.remove(self.outbox, 1)
-    self.out_from = 1
+    if self.out_from <= #data then   -- the pipe is full
+      if not patience or not ipc.wait_ready({}, { self.proc }, ipc.now() + patience) then return end
+    else
+      table.remove(self.outbox, 1)
+      self.out_from = 1
+    end
   end
 end
 
@@ -115,11 +121,12 @@ function Worker:send(h)
     self.broken = nil
     return wire.finish(h, nil, why, "worker")
   end
+  if self.proc and not self.proc:running() then self:died() end   -- it ended while idle: counted, started afresh
   local ok, why = self:start()
   if not ok then return wire.finish(h, nil, ("cannot start %s: %s"):format(self.label, why), "worker") end
   self.pending[h.id] = h
   self.outbox[#self.outbox + 1] = h.line .. "\n"
-  self:flush()
+  self:flush(0.05)
 end
 
 -- The process ended (or its pipe broke): the requests on their way fail as "died".
@@ -193,8 +200,11 @@ end
 
 function Worker:busy() return next(self.pending) ~= nil or self.outbox[1] ~= nil end
 
--- What to wait on for answers.
-function Worker:waitables() return self.proc and { self.proc } or {} end
+-- What to wait on: answers to read, and (while the outbox holds a request) room to write.
+function Worker:waitables()
+  if not self.proc then return {}, {} end
+  return { self.proc }, self.outbox[1] and { self.proc } or {}
+end
 
 -- Kills the process now; what was on its way fails with `why`.
 function Worker:stop(why)
