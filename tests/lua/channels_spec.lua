@@ -443,6 +443,8 @@ time.sleep(30)
     local url = script_server(d, [[
 if b"/bad" in head.split(b"\r\n")[0]:
     c.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")
+elif b"/moved" in head.split(b"\r\n")[0]:
+    c.sendall(b"HTTP/1.1 301 Moved Permanently\r\nLocation: http://127.0.0.1:1/new\r\nContent-Length: 0\r\n\r\n")
 else:
     b = json.dumps({"id": req["id"], "result": "fine", "scores": [1]}).encode()
     c.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"%x\r\n" % len(b) + b + b"\r\n0\r\n\r\n")
@@ -459,6 +461,10 @@ c.close()
     assert.matches("reward 'bad' (" .. url .. "/bad) at step 3: answered a chunked body with a malformed chunk-size line", err, 1, true)
     assert.is_nil(err:find("internal", 1, true))
     assert.is_nil(err:find("tonumber", 1, true))
+    -- a redirect with an empty body says where to, and that remax does not follow it (a message
+    -- that ended in ":" read as a bug in remax)
+    err = error_of(rewards.run_one, rewards.normalize(url .. "/moved", 1, {}), { "a" }, { prompt = { "p" } }, { timeout = 10 })
+    assert.matches("answered HTTP/1.1 301 Moved Permanently with an empty body (to http://127.0.0.1:1/new; remax does not follow redirects: give that URL)", err, 1, true)
   end)
 
   it("reports a worker that died as dead and starts it again, though a process it started holds its pipes", function()
