@@ -1,7 +1,9 @@
--- Reward channels that trust nothing (issue 35, findings 4 and 5): long answer lines, answers
--- out of step with their requests, URLs, keep-alive and empty HTTP answers, cmd: names, and the
--- processes remax starts ending when remax ends (success, error, Ctrl-C twice, SIGTERM before
--- the trainer catches signals). Every wait here has its own bound.
+-- The channels to other programs (remax.step.channels) trust nothing. Issue 35, findings 4 and
+-- 5: long answer lines, answers out of step with their requests, URLs, keep-alive and empty HTTP
+-- answers, cmd: names, and the processes remax starts ending when remax ends (success, error,
+-- Ctrl-C twice, SIGTERM before the trainer catches signals). Issue 45, family 1: every answer
+-- bounded before it is kept, for rewards, tools and environments over py:, cmd: and HTTP alike,
+-- and each fault failing that call only. Every wait here has its own bound.
 local rewards = require("remax.step.rewards")
 local rw = require("remax.step.reward_worker")
 local http = require("remax.step.channels.http")
