@@ -116,7 +116,7 @@ function Parser:headers_done()
     if len > self.limit then
       bad(("answered a body of %d bytes (its Content-Length), longer than reward_max_line_bytes = %d bytes"):format(len, self.limit))
     end
-    self.have, self.need, self.state = len, len, "data"
+    self.have, self.need, self.state, self.length = len, len, "data", len
     self.after = "done"
   elseif code == 204 or code == 304 then
     self.state = "done"
@@ -196,8 +196,10 @@ function Parser:close()
     bad("closed the connection without answering")
   end
   if self.state == "head" then bad("closed the connection in the middle of the headers") end
-  bad(("closed the connection in the middle of the body (%d of %s bytes came)"):format(
-    #table.concat(self.parts), self.need and self.state == "data" and tostring(self.have) or "more"))
+  local came = 0
+  for _, part in ipairs(self.parts) do came = came + #part end
+  bad(("closed the connection in the middle of the body (%d of %s bytes came)"):format(came,
+    self.length and tostring(self.length) or "more"))
 end
 
 function Parser:body()
