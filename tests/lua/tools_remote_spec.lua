@@ -1,11 +1,11 @@
--- tools_remote_spec: tools and environments outside Lua (remax.step.remote): Python functions
+-- tools_remote_spec: tools and environments outside Lua (remax.step.channels): Python functions
 -- and classes in a python3 worker, cmd: programs, and HTTP servers, every failure as the
 -- episode's error result, and rows that wait on a slow tool while the other rows decode.
 -- Needs only the system's python3 and its standard library.
 local remax = require("remax")
 local support = require("support")
 local tools = require("remax.step.tools")
-local remote = require("remax.step.remote")
+local channels = require("remax.step.channels")
 local episodes = require("remax.step.episodes")
 local rollout = require("remax.step.rollout")
 local turns = require("remax.bind.turns")
@@ -166,7 +166,7 @@ describe("tools outside Lua", function()
     assert.are.same({ "4", true, "ok" }, call("calc", { expression = "2+2" }))   -- started again
     local bad = call("garbage")
     assert.are.equal("worker", bad[3])
-    assert.matches("answered something that is not a JSON object: this is not json", bad[1], 1, true)
+    assert.matches("answered something that is not JSON: this is not json", bad[1], 1, true)
     assert.are.same({ "5", true, "ok" }, call("calc", { expression = "2+3" }))
     assert.matches("Error: unknown tool 'nope' %(available: calc, die, garbage, nap%)", call("nope")[1])
   end)
@@ -220,7 +220,7 @@ for line in sys.stdin:
     assert.are.equal("Error: tool 'sub' failed: no tool sub", (tools.call(t, { name = "sub", arguments = { a = 2, b = 3 } }, 5, reg)))
     r, ok, _, kind = tools.call(t, { name = "broken", arguments = {} }, 5, reg)
     assert.are.same({ false, "worker" }, { ok, kind })
-    assert.matches("answered something that is not a JSON object: this is not json", r, 1, true)
+    assert.matches("answered something that is not JSON: this is not json", r, 1, true)
     os.execute("kill " .. pid)
     os.execute("sleep 0.2")
     r, ok, _, kind = tools.call(t, { name = "add", arguments = { a = 1, b = 1 } }, 5, reg)

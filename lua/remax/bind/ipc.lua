@@ -1,6 +1,7 @@
 -- remax.bind.ipc: child processes joined by pipes to their stdin and stdout, and TCP client
--- connections, each with deadlines: what the reward workers (remax.step.reward_worker) talk
--- through. libc through the FFI (Linux x86_64/aarch64 layouts), as remax.bind.fs does.
+-- connections, each with deadlines: what the channels to other programs (remax.step.channels:
+-- rewards, tools and environments outside Lua) talk through. libc through the FFI (Linux
+-- x86_64/aarch64 layouts), as remax.bind.fs does.
 --
 --   local p = ipc.spawn({ "python3", "-u", "worker.py" })       -- stdin/stdout piped, stderr inherited
 --   p:write("line\n", ipc.now() + 5)                             -- true, or nil, "timeout"|"closed"
@@ -213,6 +214,23 @@ function Proc:write(data, deadline)
   return write_all(self.stdin, data, deadline)
 end
 
+-- Writes what the pipe takes now of `data` from byte `from` (default 1) on, without waiting:
+-- the number of bytes written (0 when the pipe is full), or nil, "closed" | message.
+function Proc:write_now(data, from)
+  if not self.stdin then return nil, "closed" end
+  from = from or 1
+  local n = #data - from + 1
+  if n <= 0 then return 0 end
+  local buf = ffi.cast("const char *", data) + (from - 1)
+  while true do
+    local w = tonumber(C.write(self.stdin, buf, n))
+    if w >= 0 then return w end
+    local e = ffi.errno()
+    if e == EAGAIN then return 0 end
+    if e ~= EINTR then return nil, e == 32 and "closed" or errtext(e) end   -- EPIPE: the reader is gone
+  end
+end
+
 -- The next line of the child's stdout, without its newline; or nil, "timeout" | "closed" |
 -- "too long" (more than `limit` bytes without a newline; nil: no limit). Linear in the line's
 -- length: the parts are kept in a list and joined once, and only new bytes are searched.
@@ -302,6 +320,34 @@ function Proc:close(grace)
   if self.stdin then C.close(self.stdin); self.stdin = nil end
   if not self:wait(grace or 1) then self:kill() end
   if self.stdout then C.close(self.stdout); self.stdout = nil end
+end
+
+-- Waits until one of `readers` (processes: their stdout; connections) has something to read, or
+-- one of `writers` (processes) can take more on its stdin, or the deadline passes: true, or nil,
+-- "timeout". Bytes a process's read_line keeps from an earlier read are not seen here: read
+-- them first.
+function M.wait_ready(readers, writers, deadline)
+  writers = writers or {}
+  local n = 0
+  local p = ffi.new("struct rx_ipc_pollfd[?]", math.max(1, #readers + #writers))
+  for _, o in ipairs(readers) do
+    local fd = o.stdout or o.fd
+    if fd then p[n].fd, p[n].events = fd, POLLIN; n = n + 1 end
+  end
+  for _, o in ipairs(writers) do
+    if o.stdin then p[n].fd, p[n].events = o.stdin, POLLOUT; n = n + 1 end
+  end
+  if n == 0 then
+    M.sleep(math.max(0, (deadline or M.now()) - M.now()))
+    return nil, "timeout"
+  end
+  while true do
+    local r = C.poll(p, n, ms_left(deadline))
+    if r > 0 then return true end
+    if r == 0 then return nil, "timeout" end
+    local e = ffi.errno()
+    if e ~= EINTR then return nil, "poll: " .. errtext(e) end
+  end
 end
 
 ---------------------------------------------------------------------------------------------

@@ -72,6 +72,10 @@ local function encode_number(v, precision)
   return ("%." .. precision .. "g"):format(v)
 end
 
+-- A table marked as a JSON object: written {} when it is empty (an empty Lua table is [] otherwise).
+local OBJECT = {}
+function M.object(t) return setmetatable(t or {}, OBJECT) end
+
 local function array_length(t)
   local n = 0
   for k in pairs(t) do
@@ -107,7 +111,9 @@ local function encode_value(v, o, path, depth, out)
     local nl = o.pretty and ("\n" .. ("  "):rep(depth + 1)) or ""
     local close = o.pretty and ("\n" .. ("  "):rep(depth)) or ""
     local n = array_length(v)
-    if n == 0 then
+    if n == 0 and getmetatable(v) == OBJECT then
+      out[#out + 1] = "{}"
+    elseif n == 0 then
       out[#out + 1] = "[]"
     elseif n then
       out[#out + 1] = "["

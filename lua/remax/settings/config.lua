@@ -90,7 +90,7 @@ M.groups = {
     { "reward_weights", nil, "numbers", "weight of each reward function (default: all 1)", hot = true },
     { "hot_reload", true, "boolean", "between steps, reload a changed reward file or recipe" },
     { "reward_timeout", nil, "number", "seconds one reward function may take on one batch before the run stops, naming it (the last checkpoint is kept; 0: no limit; a blocking C call is only caught when it returns); default: 60, or 4 times the step's generation time when longer", hot = true },
-    { "reward_max_line_bytes", 4194304, "integer", "most bytes of one answer of a py:, cmd: or http:// reward (a line, or a body); a longer one stops the run naming the reward and this limit" },
+    { "reward_max_line_bytes", 4194304, "integer", "most bytes of one answer of a py:, cmd: or http:// reward, tool or environment (a line, or a body), counted before it is kept; a longer one fails that call naming this limit (for a reward: stops the run)" },
   } },
   { "Generation", {
     { "max_prompt_length", 512, "integer", "prompts longer than this keep their last tokens" },

@@ -11,11 +11,11 @@
 --
 -- An environment outside Lua is a string: "py:FILE.py:CLASS" (one instance of the class per
 -- episode, in the file's worker), "cmd:PROGRAM" or "http://HOST:PORT/PATH", spoken to with
--- reset/step/close requests keyed by an episode id (remax.step.remote). Its reset and step are
+-- reset/step/close requests keyed by an episode id (remax.step.channels). Its reset and step are
 -- started here (reset_start, step_start) and read when their answer came (reset_finish,
 -- step_finish), so other rows keep decoding meanwhile.
 local chat = require("remax.text.chat")
-local remote = require("remax.step.remote")
+local remote = require("remax.step.channels")
 
 local M = {}
 

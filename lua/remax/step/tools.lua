@@ -16,20 +16,20 @@
 --
 -- A tool's fn may also be a string: "py:FILE.py:FUNCTION" (a Python function, run in the
 -- worker of that file; its signature and docstring give the schema unless the recipe gives one),
--- "cmd:PROGRAM" or "http://HOST:PORT/PATH" (remax.step.remote). A tool given as just such a
+-- "cmd:PROGRAM" or "http://HOST:PORT/PATH" (remax.step.channels). A tool given as just such a
 -- string (calculator = "py:tools.py:calculator", or a list entry "py:tools.py:calculator") is
 -- the same. Those calls are started with tools.start and collected with tools.collect, so the
 -- model keeps decoding while they run.
 local json = require("remax.formats.json")
 local jinja = require("remax.text.jinja")
 local now = require("remax.bind.clock").now
-local remote = require("remax.step.remote")
+local channels = require("remax.step.channels")
 
 local M = {}
 
 local TYPES = { string = true, number = true, integer = true, boolean = true, object = true, array = true, ["null"] = true }
 
--- opts.registry: a remax.step.remote registry for the tools outside Lua (made here when needed,
+-- opts.registry: a remax.step.channels registry for the tools outside Lua (made here when needed,
 -- and returned second); opts.base: the recipe's folder (py: files are also looked for there).
 function M.check(t, where, opts)
   where = where or "tools"
@@ -38,7 +38,7 @@ function M.check(t, where, opts)
   local out = {}
   local entries = {}
   for name, spec in pairs(t) do
-    if type(name) == "number" and remote.is_spec(spec) then   -- a list entry "py:tools.py:calculator": the function's name
+    if type(name) == "number" and channels.is_spec(spec) then   -- a list entry "py:tools.py:calculator": the function's name
       local fname = spec:match(":([%a_][%w_]*)$")
       if not spec:match("^py:") or not fname then
         error(("%s[%d] = %s: a tool in the list form must be py:FILE.py:FUNCTION (give an HTTP or cmd: tool a name: name = { fn = ... })")
@@ -56,15 +56,15 @@ function M.check(t, where, opts)
     end
     if out[name] then error(("%s: two tools are named '%s'"):format(where, name), 0) end
     local w = ("%s.%s"):format(where, name)
-    if type(spec) == "function" or remote.is_spec(spec) then spec = { fn = spec } end
+    if type(spec) == "function" or channels.is_spec(spec) then spec = { fn = spec } end
     if type(spec) ~= "table" then error(("%s must be a table {description=, parameters=, fn=}, got %s"):format(w, type(spec)), 0) end
     local far
     if type(spec.fn) == "string" then
-      if not remote.is_spec(spec.fn) then
+      if not channels.is_spec(spec.fn) then
         error(("%s.fn = %s: expected a function(args) -> result, py:FILE.py:FUNCTION, cmd:PROGRAM or http://HOST:PORT/PATH")
           :format(w, spec.fn), 0)
       end
-      opts.registry = opts.registry or remote.registry({ base = opts.base, max_line = opts.max_line })
+      opts.registry = opts.registry or channels.registry({ base = opts.base, max_line = opts.max_line })
       local ch = opts.registry:channel(spec.fn, w .. ".fn")
       far = { channel = ch, name = spec.fn:match("^py:") and spec.fn:match(":([%a_][%w_]*)$") or name }
       if spec.fn:match("^py:") and spec.parameters == nil then
@@ -101,7 +101,7 @@ function M.check(t, where, opts)
   for ch, list in pairs(describe) do
     local names = {}
     for _, d in ipairs(list) do names[#names + 1] = d.fn end
-    local h = opts.registry:wait(opts.registry:request(ch, { type = "describe", names = names }, remote.START_TIMEOUT))
+    local h = opts.registry:wait(opts.registry:request(ch, { type = "describe", names = names }, channels.START_TIMEOUT))
     if h.err then error(("%s: %s"):format(list[1].w .. ".fn", h.err), 0) end
     for _, d in ipairs(list) do
       local got = type(h.value.tools) == "table" and h.value.tools[d.fn]
@@ -217,10 +217,16 @@ function M.args_problem(tool, args)
   return nil
 end
 
+-- A tool's result as the text the model sees (a table as JSON); nil and why for a table JSON
+-- cannot hold (one that contains itself).
 local function as_text(v)
   if type(v) == "string" then return v end
   if v == nil then return "" end
-  if type(v) == "table" then return json.encode(v) end
+  if type(v) == "table" then
+    local ok, text = pcall(json.encode, v, { where = "its result" })
+    if not ok then return nil, (tostring(text):gsub("^runs: ", ""):gsub("^(its result" .. ("%.[^.:]+"):rep(4) .. ")[^:]*", "%1...")) end
+    return text
+  end
   return tostring(v)
 end
 
@@ -279,7 +285,7 @@ function M.start(t, call, timeout, registry)
   local tool = not call.error and type(call.name) == "string" and t[call.name]
   if tool and tool.remote and not precheck(t, call) then
     local h = registry:request(tool.remote.channel, { type = "tool", name = tool.remote.name,
-      arguments = call.arguments or {} }, timeout)
+      arguments = next(call.arguments or {}) and call.arguments or json.object() }, timeout)
     return { done = false, handle = h, name = call.name, timeout = timeout }
   end
   local result, ok, seconds, kind = M.call(t, call, timeout)
@@ -304,7 +310,7 @@ function M.call(t, call, timeout, registry)
   if tool.remote then
     if not registry then error("tools.call: the tool '" .. call.name .. "' runs outside Lua and needs its registry", 0) end
     local h = registry:wait(registry:request(tool.remote.channel, { type = "tool", name = tool.remote.name,
-      arguments = call.arguments or {} }, timeout))
+      arguments = next(call.arguments or {}) and call.arguments or json.object() }, timeout))
     return remote_result(call.name, h, timeout)
   end
   local t0 = now()
@@ -316,7 +322,11 @@ function M.call(t, call, timeout, registry)
     end
     return ("Error: tool '%s' failed: %s"):format(call.name, tostring(result)), false, seconds, "error"
   end
-  return as_text(result), true, seconds, "ok"
+  local text, why = as_text(result)
+  if not text then
+    return ("Error: tool '%s' failed: it returned what cannot be written as JSON: %s"):format(call.name, why), false, seconds, "error"
+  end
+  return text, true, seconds, "ok"
 end
 
 return M
