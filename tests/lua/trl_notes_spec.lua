@@ -49,4 +49,18 @@ describe("notes for TRL users", function()
     assert.are.same({}, inert.data_notes({ { prompt = { { role = "user", content = "hi" } } } }, "chatml", "t.jsonl"))
     assert.is_nil(table.concat(inert.data_notes({ { prompt = "2+2?" } }, "chatml", "t"), ""):find("Question", 1, true))
   end)
+  it("a run from a data file says so, with or without map_row (map_row used to crash the start)", function()
+    local dir = support.train_dir(4)
+    support.write(dir .. "/r.lua", ([[
+return { data = %q, rewards = { %q }, chat_template = "qa", eval_size = 0, save_steps = 0,
+  log_completions = 0, max_steps = 1, per_device_train_batch_size = 2, num_generations = 2,
+  max_completion_length = 4, output_dir = %q,
+  model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 16, intermediate_size = 32,
+    num_hidden_layers = 1, num_attention_heads = 2, num_key_value_heads = 1, max_position_embeddings = 128 },
+  map_row = function(row) row.prompt = row.prompt .. "?" return row end }
+]]):format(dir .. "/p.jsonl", dir .. "/lower.lua", dir .. "/runs"))
+    local out, rc = support.run_remax(1, "run " .. dir .. "/r.lua --hot_reload false")
+    assert.are.equal(0, rc, out)
+    assert.matches("note: the prompts of " .. dir .. "/p.jsonl are plain strings", out, 1, true)
+  end)
 end)

@@ -80,6 +80,7 @@ function M.new(cfg, opts)
     require("remax.run.agree").model(world, pieces.model)   -- issue 35: the same model on every rank
     if pieces.max_steps_changed and self.run.write_config then self.run:write_config(config.serializable(cfg)) end
     self.train_ds, self.eval_ds = pieces.train_ds, pieces.eval_ds
+    for _, note in ipairs(pieces.data_notes or {}) do self:say(note) end
     self.sampler = self.train_ds:sampler({ seed = cfg.seed, shuffle = true, batch_size = self.global_prompts_per_step })
     -- algo = reward trains a reward model: its own Step (remax.step.reward_model)
     local kind = cfg.algo == "reward" and require("remax.step.reward_model") or step_mod

@@ -185,10 +185,10 @@ local function setup_data(p, cfg, ctx)
         ds.rows[i] = new
       end
     end
-  if type(cfg.data) == "string" then   -- a TRL dataset's plain-string prompts (remax.train.inert)
-    for _, note in ipairs(require("remax.settings.inert").data_notes(self.train_ds.rows, self.template_name, cfg.data)) do self:say(note) end
   end
-  end
+  -- a TRL dataset's plain-string prompts (remax.settings.inert); the Run says them
+  p.data_notes = type(cfg.data) == "string" and require("remax.settings.inert").data_notes(p.train_ds.rows,
+    p.template_name, cfg.data) or {}
   if cfg.algo == "sft" then
     for _, ds in ipairs({ p.train_ds, p.eval_ds }) do
       local col = cfg.answer_column or "answer"
