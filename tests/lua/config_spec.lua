@@ -7,7 +7,7 @@ describe("config", function()
     for _, k in ipairs(config.order) do
       local d = config.keys[k]
       assert.is_string(d.type, k)
-      assert.is_true(#d.help > 10, k .. " has a meaning")
+      assert.is_true(#config.help_of(d) > 10, k .. " has a meaning")
     end
     for _, trl in ipairs({ "num_generations", "max_prompt_length", "max_completion_length", "temperature", "top_p",
       "beta", "learning_rate", "lr_scheduler_type", "warmup_ratio", "per_device_train_batch_size",
@@ -124,7 +124,9 @@ describe("config.resolve's derived settings", function()
   it("takes the aggregation from loss_type, else loss_agg_mode", function()
     local algos = require("remax.step.algos")
     assert.are.equal("seq-mean-token-mean", config.resolve({}).aggregation)
-    assert.are.equal(algos.loss_types.dapo, config.resolve({ loss_type = "dapo" }).aggregation)
+    assert.are.equal(algos.loss_type("dapo").aggregation, config.resolve({ loss_type = "dapo" }).aggregation)
+    assert.are.equal("token-mean", config.resolve({ loss_type = "cispo" }).aggregation)
+    assert.are.equal("seq-mean-token-mean", config.resolve({ loss_type = "sapo" }).aggregation)
     assert.are.equal("token-mean", config.resolve({ loss_agg_mode = "token-mean" }).aggregation)
   end)
 
