@@ -19,7 +19,6 @@ M.keys, M.order, M.alias_of = {}, {}, {}   -- name -> record, the names in order
 for _, group in ipairs(M.groups) do
   for _, decl in ipairs(group.settings) do
     assert(not M.keys[decl.name], "settings: " .. decl.name .. " has two records")
-    decl.group = group.name
     M.keys[decl.name] = decl
     M.order[#M.order + 1] = decl.name
     for _, a in ipairs(decl.aliases or {}) do M.alias_of[a] = decl.name end
@@ -235,7 +234,10 @@ function M.resolve(recipe, overrides, opts)
   end
   for _, k in ipairs(M.order) do   -- defaults that follow other settings
     local decl = M.keys[k]
-    if cfg[k] == nil and decl.default_of then cfg[k], sources[k] = decl.default_of(cfg), "default" end
+    if cfg[k] == nil and decl.default_of then
+      cfg[k] = decl.default_of(cfg, k)
+      if cfg[k] ~= nil then sources[k] = "default" end
+    end
   end
   M.sources[cfg] = sources
   M.validate(cfg)

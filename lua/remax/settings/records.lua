@@ -15,8 +15,10 @@
 --             strings | enum (with choices) | data (a file, or in a recipe a function); recipe-only
 --             kinds: rewards, template, advantage, environment, call_format, table, function
 --   default   the value when neither the recipe nor the command line gives one (nil: none; the help
---             says what nil means). default_of = function(cfg): a default that follows other settings
---   help      one line: what it does, in --help and docs/trainer.md
+--             says what nil means). default_of = function(cfg, name): a default that follows other
+--             settings (it says nil: none)
+--   help      one line: what it does, in --help and docs/trainer.md (false: made from the registry,
+--             algo's lists the algorithms in their own words)
 --   range     a number's: "[0, 1]", "(0, inf)", "[1, 2^31)" as in mathematics (an integer without
 --             one is in [0, 2^31), a number is finite). Lists: each (the items' range), min_items,
 --             count. Strings: path = true (no NUL byte), folder_name = true (one folder name)
@@ -37,6 +39,11 @@
 --   resume    what --resume does with it: nil, the run's config.json value, which the command line
 --             may change; { fixed = "why" }, it cannot change; "opening", where the run is and how
 --             it opens, never taken from config.json
+--
+-- The records sit in groups ({ name = "Algorithm", doc = a line for the docs, settings = {...} }), in
+-- the order --help lists them; M.derived lists the values computed from the settings. A setting an
+-- algorithm or a loss type alone reads is named in that record's settings list (step/algos/,
+-- step/loss_types/), not here.
 local registry = require("remax.settings.registry")
 local schema = require("remax.settings.schema")
 
@@ -64,6 +71,8 @@ local LOSS_IGNORES = { when = used_by_loss,
 -- at ratio 1 the soft gate's slope is 1 whatever its temperature: the gradient is -A either way
 local SAPO_RATIO = { when = function(c) return rl(c) and c.num_iterations > 1 end,
   note = "the ratio pi/pi_old is 1 with num_iterations = 1, where the gate's slope is the same at every temperature (TRL's mu)" }
+-- a setting of one loss type takes that loss type's default (its record's defaults), and none otherwise
+local function LOSS_DEFAULT(c, name) return (loss_type(c).defaults or {})[name] end
 local RESHAPES = { fixed = "the adapters' shapes follow it" }
 local DATA_POSITION = { fixed = "the checkpoint's data position is a position in this data" }
 local WEIGHTS = { fixed = "the checkpoint holds this model's weights" }
@@ -230,12 +239,12 @@ M.groups = {
       help = "two-sided clipping: cap the unclipped ratio at delta (> 1 + epsilon_high; default: none)" },
     { name = "importance_sampling_level", type = "enum", choices = { "token", "sequence" }, default = "token", inert = RATIO,
       help = "token: one ratio per token (PPO); sequence: one ratio per row, exp of the mean log-ratio (GSPO)" },
-    { name = "sapo_temperature_pos", type = "number", default = 1.0, range = "(0, inf)", hot = true,
+    { name = "sapo_temperature_pos", type = "number", range = "(0, inf)", hot = true, default_of = LOSS_DEFAULT,
       inert = SAPO_RATIO,
-      help = "loss_type = sapo: temperature of the soft gate of tokens with a positive advantage (TRL's)" },
-    { name = "sapo_temperature_neg", type = "number", default = 1.05, range = "(0, inf)", hot = true,
+      help = "loss_type = sapo: temperature of the soft gate of tokens with a positive advantage (default: TRL's, 1.0)" },
+    { name = "sapo_temperature_neg", type = "number", range = "(0, inf)", hot = true, default_of = LOSS_DEFAULT,
       inert = SAPO_RATIO,
-      help = "loss_type = sapo: temperature of the soft gate of tokens with a negative or zero advantage (TRL's)" },
+      help = "loss_type = sapo: temperature of the soft gate of tokens with a negative or zero advantage (default: TRL's, 1.05)" },
     { name = "mask_truncated_completions", type = "boolean", default = false, hot = true,
       help = "rows that hit max_completion_length get no loss (they still count in the advantages)" },
     { name = "top_entropy_quantile", type = "number", default = 1.0, range = "(0, 1]", hot = true,

@@ -10,9 +10,9 @@
 --   sampled completions: an RL algorithm), needs_greedy (nil, or why it needs the greedy row),
 --   min_generations (and min_generations_why), settings (the settings it alone reads),
 --   estimator (a recipe `advantage` function replaces it: its settings then do nothing).
--- Of a loss type record: name, rank, aggregation, settings (those it alone reads), ignores
---   ({setting = why}: shared settings it does without), on_policy (settings that act even at
---   ratio 1, num_iterations = 1).
+-- Of a loss type record: name, rank, aggregation, settings (those it alone reads) and their
+--   defaults, ignores ({setting = why}: shared settings it does without), on_policy (settings that
+--   act even at ratio 1, num_iterations = 1).
 local M = {}
 
 local lists = { algorithms = {}, loss_types = {} }

@@ -29,7 +29,8 @@
 --   token_loss        function(r, A, lp, o) -> loss, d loss / d log r, d loss / d lp; nil: the
 --                     clipped surrogate (M.clipped_loss, with epsilon, epsilon_high, delta)
 --   clipped           function(r, A, o) -> low, high: the clip_ratio counts; false: none
---   settings, ignores, on_policy   what it reads of the settings (remax.settings.registry)
+--   settings, ignores, on_policy   what it reads of the settings (remax.settings.registry);
+--                     defaults: its settings' defaults (they have none under another loss type)
 local stats = require("remax.step.stats")
 local fs = require("remax.bind.fs")
 
@@ -352,7 +353,8 @@ end
 -- of clipped_loss, evaluated at ratio 1 when there is no old (as TRL does with the detached logp).
 -- opts: beta, kl, agg, num_rows, num_tokens (step totals), max_length, chunk_tokens, chunks,
 -- epsilon (0.2), epsilon_high (= epsilon), delta (nil), level ("token"), loss_type (a name of
--- step/loss_types/; nil: the clipped surrogate), sapo_temperature_pos (1), sapo_temperature_neg (1.05).
+-- step/loss_types/; nil: the clipped surrogate), and the settings that loss type reads
+-- (sapo_temperature_pos, sapo_temperature_neg; default: its record's defaults).
 -- Returns weights[r][t] = d loss / d logp_t and stats {loss=, kl_sum=, tokens=, clip_low=,
 -- clip_high=, clip_n=}: loss is this part's share of the step's loss, kl_sum the sum of the
 -- per-token KL estimates (k3 or k1) over loss tokens, clip_* counts of clipped tokens (rows at
@@ -370,8 +372,12 @@ function M.token_weights(rows, opts)
   local L = M.loss_type(opts.loss_type)
   if opts.loss_type ~= nil and not L then error(("unknown loss_type '%s'"):format(tostring(opts.loss_type)), 0) end
   local term = L and L.token_loss
-  local o = term and { epsilon = lo, epsilon_high = hi, delta = delta,
-    sapo_temperature_pos = opts.sapo_temperature_pos or 1.0, sapo_temperature_neg = opts.sapo_temperature_neg or 1.05 }
+  local o   -- what a loss type's own term reads: the clip range, and its settings (or their defaults)
+  if term then
+    o = { epsilon = lo, epsilon_high = hi, delta = delta }
+    for k, v in pairs(L.defaults or {}) do o[k] = v end
+    for _, k in ipairs(L.settings or {}) do if opts[k] ~= nil then o[k] = opts[k] end end
+  end
   local num_rows, num_tokens = opts.num_rows, opts.num_tokens
   if not num_rows or not num_tokens then
     num_rows, num_tokens = #rows, 0
