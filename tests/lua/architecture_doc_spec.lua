@@ -9,7 +9,7 @@ describe("docs/architecture.md", function()
     local text = f:read("*a")
     f:close()
     local stated = {}
-    for folder, name, lines in text:gmatch("\n| ([%w_%.]+) | ([%w_]+%.lua) | (%d+) |") do
+    for folder, name, lines in text:gmatch("\n| ([%w_%./]+) | ([%w_]+%.lua) | (%d+) |") do
       stated[(folder == "." and "" or folder .. "/") .. name] = tonumber(lines)
     end
     local problems = {}

@@ -10,7 +10,7 @@ local M = {
   name = "cispo", rank = 5,
   aggregation = "token-mean",
   normalisation = "token sum / tokens of the whole step (num_items_in_batch), as dapo",
-  ignores = { delta = "does not use it: it caps its weight at epsilon_high (delta belongs to the clipped objective)" },
+  ignores = { delta = "does not use it (it caps its weight at epsilon_high; delta belongs to the clipped objective)" },
   on_policy = { "epsilon", "epsilon_high" },
 }
 

@@ -12,9 +12,9 @@ local M = {
   settings = { "sapo_temperature_pos", "sapo_temperature_neg" },
   defaults = { sapo_temperature_pos = 1.0, sapo_temperature_neg = 1.05 },   -- TRL's GRPOConfig
   ignores = {
-    epsilon = "does not use it: its soft gate replaces clipping (sapo_temperature_pos and sapo_temperature_neg shape it)",
-    epsilon_high = "does not use it: its soft gate replaces clipping (sapo_temperature_pos and sapo_temperature_neg shape it)",
-    delta = "does not use it: its soft gate replaces clipping (sapo_temperature_pos and sapo_temperature_neg shape it)",
+    epsilon = "does not use it (its soft gate replaces clipping; sapo_temperature_pos and sapo_temperature_neg shape the gate)",
+    epsilon_high = "does not use it (its soft gate replaces clipping; sapo_temperature_pos and sapo_temperature_neg shape the gate)",
+    delta = "does not use it (its soft gate replaces clipping; sapo_temperature_pos and sapo_temperature_neg shape the gate)",
   },
 }
 
