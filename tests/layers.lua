@@ -35,6 +35,9 @@ M.DYNAMIC = {
     ["require(name)"] = "the face loads its public modules on first use (M.modules names them; the face is above every layer it names)",
     ['pcall(require, "remax.tasks." .. tostring(k))'] = "remax.tasks.<name>: a task module on first use (tasks/ is below the face)",
   },
+  ["lua/remax/step/algos.lua"] = {
+    ["require(module)"] = "the algorithm and loss type records, one file each in step/algos/ and step/loss_types/ (below it, in its layer): every file there is one",
+  },
   ["lua/remax/deprecated.lua"] = {
     ["require(new)"] = "an old module name loads its new module (the alias table; tests/lua/aliases_spec.lua checks every target)",
   },

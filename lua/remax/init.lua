@@ -4,6 +4,8 @@ local M = {}
 -- Old module names (require("remax.lora"), require("remax.train.config"), ...) keep working, with
 -- a note, for whoever loads the package face (remax.deprecated holds the table).
 require("remax.deprecated").register()
+-- The settings' algorithms and loss types (remax.config resolves `algo` against them).
+require("remax.step.algos").register()
 
 -- The public face: every documented module, under a name that stays put when files move
 -- (recipes and docs use require("remax").<name>; tests/lua/api_spec.lua pins the list).

@@ -1,7 +1,8 @@
 -- TRL's loss types and clipped objective, checked against a reference written the way TRL's
 -- GRPOTrainer writes them (per-token loss matrices, masks, one normaliser per loss type), with
 -- gradients from forward-mode automatic differentiation (dual numbers), so weights agree to
--- 1e-12 without finite-difference noise.
+-- 1e-12 without finite-difference noise. cispo and sapo (step/loss_types/, their own per-token
+-- terms) are checked the same way, on hand-made and on random rollouts.
 local algos = require("remax.step.algos")
 
 ---------------------------------------------------------------------------- dual numbers
@@ -23,13 +24,16 @@ local function dclamp(a, lo, hi)
   return a
 end
 local function dclamp_max(a, hi) a = lift(a) if a.v > hi then return dual(hi, 0) end return a end
+-- torch.sigmoid
+local function dsigmoid(a) return 1 / (1 + dexp(-lift(a))) end
 -- torch.minimum; the test data has no ties between different-gradient operands
 local function dmin(a, b) a, b = lift(a), lift(b) if a.v <= b.v then return a end return b end
 
 ---------------------------------------------------------------------------- the reference
 
 -- micro_batches[m] = list of rows {adv, logp (duals), old (numbers or nil: logp detached), ref,
--- masked, emask}. o: loss_type, beta, lo, hi, delta, level, L (max_completion_length).
+-- masked, emask}. o: loss_type, beta, lo, hi, delta, level, L (max_completion_length), tau_pos,
+-- tau_neg (sapo's temperatures).
 -- Returns the step's loss as TRL accumulates it over the micro-batches.
 local function trl_loss(micro_batches, o)
   local GA = #micro_batches
@@ -60,9 +64,24 @@ local function trl_loss(micro_batches, o)
       end
       ptl[b] = {}
       for t = 1, n do
-        local c1, c2 = coef[t], dclamp(coef[t], 1 - o.lo, 1 + o.hi)
-        if o.delta then c1 = dclamp_max(c1, o.delta) end
-        local l = -dmin(c1 * row.adv, c2 * row.adv)
+        local l
+        if o.loss_type == "cispo" then
+          -- clamped_ratios = torch.clamp(coef_1, max=epsilon_high).detach()
+          -- per_token_loss = -clamped_ratios * advantages * per_token_logps
+          local clamped = lift(dclamp_max(coef[t], o.hi)).v
+          l = -(row.logp[t] * (clamped * row.adv))
+        elseif o.loss_type == "sapo" then
+          -- temperatures = torch.where(advantages > 0, sapo_temperature_pos, sapo_temperature_neg)
+          -- soft_coef_1 = torch.sigmoid(temperatures * (coef_1 - 1)) * 4 / temperatures
+          -- per_token_loss = -soft_coef_1 * advantages
+          local tau = row.adv > 0 and o.tau_pos or o.tau_neg
+          local soft = dsigmoid((coef[t] - 1) * tau) * 4 / tau
+          l = -(soft * row.adv)
+        else
+          local c1, c2 = coef[t], dclamp(coef[t], 1 - o.lo, 1 + o.hi)
+          if o.delta then c1 = dclamp_max(c1, o.delta) end
+          l = -dmin(c1 * row.adv, c2 * row.adv)
+        end
         if row.emask then l = l * row.emask[t] end
         if o.beta ~= 0 then
           local d = row.ref[t] - row.logp[t]
@@ -73,7 +92,7 @@ local function trl_loss(micro_batches, o)
     end
     local B = #mb
     local loss
-    if o.loss_type == "grpo" then
+    if o.loss_type == "grpo" or o.loss_type == "sapo" then
       loss = dual(0)
       for b = 1, B do
         local s, m = dual(0), 0
@@ -86,7 +105,7 @@ local function trl_loss(micro_batches, o)
       for b = 1, B do for t = 1, #ptl[b] do s, m = s + ptl[b][t] * mask[b][t], m + mask[b][t] end end
       if o.loss_type == "bnpo" then loss = s / math.max(m, 1) / GA
       elseif o.loss_type == "dr_grpo" then loss = s / (B * o.L) / GA
-      elseif o.loss_type == "dapo" then loss = s / math.max(N, 1) end
+      elseif o.loss_type == "dapo" or o.loss_type == "cispo" then loss = s / math.max(N, 1) end
     end
     total = total + loss
   end
@@ -153,9 +172,10 @@ local function remax_weights(mbs, o)
     local chunk_tokens = 0
     for _, row in ipairs(mb) do if not row.masked then chunk_tokens = chunk_tokens + #row.logp end end
     local w, st = algos.token_weights(mb, {
-      beta = o.beta, kl = "k3", agg = algos.loss_types[o.loss_type], num_rows = R, num_tokens = N,
+      beta = o.beta, kl = "k3", agg = algos.loss_type(o.loss_type).aggregation, num_rows = R, num_tokens = N,
       max_length = o.L, chunk_tokens = chunk_tokens, chunks = #mbs,
       epsilon = o.lo, epsilon_high = o.hi, delta = o.delta, level = o.level,
+      loss_type = o.loss_type, sapo_temperature_pos = o.tau_pos, sapo_temperature_neg = o.tau_neg,
     })
     out[m], loss = w, loss + st.loss
     for k in pairs(stats) do stats[k] = stats[k] + st[k] end
@@ -163,10 +183,11 @@ local function remax_weights(mbs, o)
   return out, loss, stats
 end
 
-local function check_all(o, with_old, what)
-  local mbs = rollout(with_old)
+local function check_all(o, with_old, what, make)
+  make = make or rollout
+  local mbs = make(with_old)
   local w, loss = remax_weights(mbs, o)
-  local g = trl_grads(rollout(with_old), o)
+  local g = trl_grads(make(with_old), o)
   for m = 1, #g do
     for b = 1, #g[m] do
       for t = 1, #g[m][b] do
@@ -176,19 +197,27 @@ local function check_all(o, with_old, what)
       end
     end
   end
-  if with_old then
-    local ref = trl_loss(rollout(true), o).v
+  if with_old or algos.loss_type(o.loss_type).token_loss then   -- at ratio 1 too: their loss is TRL's
+    local ref = trl_loss(make(with_old), o).v
     assert.is_true(math.abs(loss - ref) <= 1e-12, ("%s: loss %.17g, TRL %.17g"):format(what, loss, ref))
   end
   return w
 end
 
+-- every loss type record (step/loss_types/), in rank order
+local loss_types = {}
+for i, r in ipairs(algos.loss_types()) do loss_types[i] = r.name end
+
 describe("TRL loss types", function()
-  for _, lt in ipairs(algos.loss_type_names) do
+  it("are records, one file each: TRL's grpo, bnpo, dr_grpo, dapo, cispo and sapo", function()
+    assert.are.same({ "grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo" }, loss_types)
+  end)
+
+  for _, lt in ipairs(loss_types) do
     for _, level in ipairs({ "token", "sequence" }) do
       for _, beta in ipairs({ 0, 0.04 }) do
         it(("%s, %s-level ratio, beta %s: weights and loss equal TRL's to 1e-12"):format(lt, level, beta), function()
-          local o = { loss_type = lt, beta = beta, lo = 0.2, hi = 0.28, level = level, L = 6 }
+          local o = { loss_type = lt, beta = beta, lo = 0.2, hi = 0.28, level = level, L = 6, tau_pos = 1.0, tau_neg = 1.05 }
           check_all(o, true, "old logprobs")
           check_all(o, false, "ratio 1 (num_iterations = 1)")
           o.delta = 1.5
@@ -199,8 +228,8 @@ describe("TRL loss types", function()
   end
 
   it("with the ratio at exactly 1 gives the on-policy gradient bit for bit", function()
-    for _, lt in ipairs(algos.loss_type_names) do
-      local o = { loss_type = lt, beta = 0.04, lo = 0.2, hi = 0.2, level = "token", L = 6 }
+    for _, lt in ipairs(loss_types) do
+      local o = { loss_type = lt, beta = 0.04, lo = 0.2, hi = 0.2, level = "token", L = 6, tau_pos = 1.0, tau_neg = 1.05 }
       local plain = remax_weights(rollout(false), o)
       local same = rollout(false)
       for _, mb in ipairs(same) do
@@ -217,8 +246,83 @@ describe("TRL loss types", function()
           end
         end
       end
-      assert.are.equal(0, st.clip_low + st.clip_high)
+      -- cispo's cap acts at ratio 1 (min(1, epsilon_high) = 0.2 here): counted where A > 0
+      if lt ~= "cispo" then assert.are.equal(0, st.clip_low + st.clip_high) end
     end
+  end)
+
+  -- Random rollouts: micro-batches of equal row counts (as the trainer's), rows of 1 to 6 tokens,
+  -- advantages of both signs (and 0), ratios far on both sides of the clip range, truncated rows
+  -- and top-entropy masks, from a fixed seed.
+  local function random_rollout(seed)
+    local x = seed
+    local function u() x = (x * 1103515245 + 12345) % 2147483648 return x / 2147483648 end
+    local mbs = {}
+    for m = 1, 3 do
+      mbs[m] = {}
+      for b = 1, 3 do
+        local n = 1 + math.floor(u() * 6)
+        local row = { adv = (u() < 0.1) and 0 or (u() * 4 - 2), logp = {}, old = {}, ref = {}, emask = {}, mask = {} }
+        for t = 1, n do
+          row.logp[t] = -0.05 - u() * 3
+          row.old[t] = row.logp[t] + (u() - 0.5) * 1.2   -- ratios from about 0.55 to 1.8
+          row.ref[t] = row.logp[t] + (u() - 0.5) * 0.6
+          row.emask[t] = u() < 0.8 and 1 or 0
+          row.mask[t] = row.emask[t]
+        end
+        row.masked = u() < 0.1 or nil
+        mbs[m][b] = row
+      end
+    end
+    return function(with_old, no_masks)   -- a fresh copy each time (the AD seeds write into rows)
+      local out = {}
+      for m, mb in ipairs(mbs) do
+        out[m] = {}
+        for b, row in ipairs(mb) do
+          local c = {}
+          for k, v in pairs(row) do
+            if type(v) == "table" then c[k] = {} for i, y in ipairs(v) do c[k][i] = y end else c[k] = v end
+          end
+          if not with_old then c.old = nil end
+          if no_masks then c.mask, c.emask = nil, nil end
+          out[m][b] = c
+        end
+      end
+      return out
+    end
+  end
+
+  for _, lt in ipairs(loss_types) do
+    it(("%s on random rollouts (token and sequence level, KL, entropy masks): weights and loss equal TRL's to 1e-12")
+      :format(lt), function()
+      for seed = 1, 12 do
+        local make = random_rollout(seed)
+        for _, level in ipairs({ "token", "sequence" }) do
+          local o = { loss_type = lt, beta = seed % 3 == 0 and 0 or 0.04, lo = 0.2, hi = ({ 0.28, 0.2, 5, 0.6 })[seed % 4 + 1],
+            level = level, L = 7, tau_pos = ({ 1.0, 0.5, 3 })[seed % 3 + 1], tau_neg = ({ 1.05, 2, 0.7 })[seed % 3 + 1] }
+          check_all(o, true, ("seed %d, %s level"):format(seed, level), make)
+          -- at ratio 1 the clipped objective is the plain -A * logp per token; TRL's sequence-level
+          -- ratio spreads an entropy-masked row's gradient over all its tokens instead (a known
+          -- difference of top_entropy_quantile < 1 with importance_sampling_level = sequence at
+          -- num_iterations = 1): without masks they agree
+          local plain = level == "sequence" and not algos.loss_type(lt).token_loss
+          check_all(o, false, ("seed %d, %s level, ratio 1"):format(seed, level),
+            function(with_old) return make(with_old, plain) end)
+        end
+      end
+    end)
+  end
+
+  it("cispo counts a capped weight with A > 0 (TRL's cispo_clip_ratio); sapo clips nothing", function()
+    local rows = { { adv = 1, logp = { math.log(6) }, old = { 0 } }, { adv = -1, logp = { math.log(6) }, old = { 0 } },
+      { adv = 1, logp = { 0 }, old = { 0 } } }
+    local _, st = algos.token_weights(rows, { agg = "token-mean", epsilon_high = 5, loss_type = "cispo" })
+    assert.are.same({ 0, 1, 3 }, { st.clip_low, st.clip_high, st.clip_n })
+    _, st = algos.token_weights(rows, { agg = "seq-mean-token-mean", epsilon = 0.2, loss_type = "sapo" })
+    assert.are.same({ 0, 0, 0 }, { st.clip_low, st.clip_high, st.clip_n })
+    -- the capped token still gets a gradient (PPO's clip would give it none): -5 * A / 3 tokens
+    local w = algos.token_weights(rows, { agg = "token-mean", epsilon_high = 5, loss_type = "cispo" })
+    assert.is_true(math.abs(w[1][1] - (-5 / 3)) < 1e-15)
   end)
 
   it("cuts the gradient to zero where the clipped term is the minimum", function()

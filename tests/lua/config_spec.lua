@@ -7,7 +7,7 @@ describe("config", function()
     for _, k in ipairs(config.order) do
       local d = config.keys[k]
       assert.is_string(d.type, k)
-      assert.is_true(#d.help > 10, k .. " has a meaning")
+      assert.is_true(#config.help_of(d) > 10, k .. " has a meaning")
     end
     for _, trl in ipairs({ "num_generations", "max_prompt_length", "max_completion_length", "temperature", "top_p",
       "beta", "learning_rate", "lr_scheduler_type", "warmup_ratio", "per_device_train_batch_size",
@@ -95,6 +95,96 @@ describe("config", function()
   end)
 end)
 
+describe("settings as records", function()
+  -- the fields a record may hold (remax.settings.records documents each): a typo such as
+  -- `rnage` would otherwise be ignored
+  local FIELDS = { name = 1, type = 1, default = 1, default_of = 1, help = 1, range = 1, each = 1, min_items = 1,
+    count = 1, path = 1, folder_name = 1, choices = 1, value_aliases = 1, unavailable = 1, aliases = 1, hot = 1,
+    alias_values = 1, inert = 1, check = 1, note = 1, resume = 1 }
+  local TYPES = { number = 1, integer = 1, boolean = 1, string = 1, numbers = 1, strings = 1, enum = 1, data = 1,
+    rewards = 1, template = 1, advantage = 1, environment = 1, call_format = 1, table = 1, ["function"] = 1 }
+
+  it("hold only known fields, a known type, and a resume rule of a known form", function()
+    for _, k in ipairs(config.order) do
+      local d = config.keys[k]
+      for f in pairs(d) do assert.is_truthy(FIELDS[f], ("%s: unknown record field '%s'"):format(k, f)) end
+      assert.is_truthy(TYPES[d.type], k .. ": type " .. tostring(d.type))
+      assert.are.equal(d.type == "enum", d.choices ~= nil, k .. ": an enum has choices, and only an enum")
+      assert.is_true(d.resume == nil or d.resume == "opening" or (type(d.resume) == "table" and type(d.resume.fixed) == "string"), k)
+      if d.default ~= nil and d.type ~= "enum" and d.type ~= "rewards" then
+        assert.is_nil(require("remax.settings.schema").value_problem(d, d.default), k .. ": its default is in its range")
+      end
+    end
+  end)
+
+  it("take algo's and loss_type's choices from the step's records, one file each", function()
+    local algos = require("remax.step.algos")
+    assert.are.equal("remax|grpo|rloo|reinforce|sft|reward", config.type_text(config.keys.algo))
+    assert.are.equal("grpo|bnpo|dr_grpo|dapo|cispo|sapo", config.type_text(config.keys.loss_type))
+    for _, a in ipairs(algos.algorithms()) do
+      assert.are.equal(a.name, config.resolve({ algo = a.name, rewards = { "gsm8k" } }).algo)
+      assert.is_string(a.choice, a.name)
+      assert.are.equal(a.samples, a.estimator ~= nil, a.name .. ": an RL algorithm has an estimator")
+    end
+    assert.are.equal("remax, grpo, rloo, reinforce (RL with that advantage estimator), sft (cross-entropy on prompt -> answer), "
+      .. "or reward (a reward model from preference pairs: Bradley-Terry, as TRL's RewardTrainer)", config.help_of(config.keys.algo))
+    -- the checks ask the records: the greedy row, the fewest generations
+    assert.matches("algo = remax needs generate_greedy = true (the greedy row is its baseline)",
+      err_of(config.resolve, { generate_greedy = false }), 1, true)
+    assert.matches("algo = grpo needs num_generations >= 2 (a group of one has no spread)",
+      err_of(config.resolve, { algo = "grpo", num_generations = 1 }), 1, true)
+    assert.is_true(config.resolve({ algo = "grpo", generate_greedy = true }).generate_greedy)
+    assert.is_false(config.resolve({ algo = "grpo" }).generate_greedy)
+  end)
+
+  it("take TRL's name of a setting as the setting (aliases), recorded under remax's name", function()
+    -- TRL's max_tool_calling_iterations counts rounds of tool calls: N of them are N + 1 turns
+    local o = config.parse_args({ "--max_tool_calling_iterations", "3" })
+    assert.are.same({ max_turns = 4 }, o)
+    local cfg = config.resolve({ max_tool_calling_iterations = 5 }, {}, { where = "r.lua" })
+    assert.are.equal(6, cfg.max_turns)
+    assert.are.equal(6, config.serializable(cfg).max_turns)
+    assert.is_nil(config.serializable(cfg).max_tool_calling_iterations)
+    assert.are.equal(4, config.resolve({ max_tool_calling_iterations = 5 }, o).max_turns, "the command line wins")
+    assert.are.equal(1, config.resolve({ max_tool_calling_iterations = 0 }).max_turns)
+    assert.matches("command line: max_turns and max_tool_calling_iterations are the same setting",
+      err_of(config.parse_args, { "--max_turns", "2", "--max_tool_calling_iterations", "3" }), 1, true)
+    assert.matches("r.lua: max_turns and max_tool_calling_iterations are the same setting",
+      err_of(config.resolve, { max_turns = 2, max_tool_calling_iterations = 3 }, {}, { where = "r.lua" }), 1, true)
+    assert.matches("r.lua: max_tool_calling_iterations = -1: expected an integer >= 0",
+      err_of(config.resolve, { max_tool_calling_iterations = -1 }, {}, { where = "r.lua" }), 1, true)
+    assert.matches("r.lua: max_tool_calling_iterations = 1024: expected an integer in [0, 1023]",
+      err_of(config.resolve, { max_tool_calling_iterations = 1024 }, {}, { where = "r.lua" }), 1, true)
+  end)
+
+  it("give sapo's temperatures TRL's defaults under loss_type = sapo, and none otherwise", function()
+    local c = config.resolve({ loss_type = "sapo" })
+    assert.are.same({ 1.0, 1.05 }, { c.sapo_temperature_pos, c.sapo_temperature_neg })
+    assert.are.equal("default", config.source(c, "sapo_temperature_pos"))
+    assert.are.equal(0.5, config.resolve({ loss_type = "sapo", sapo_temperature_neg = 0.5 }).sapo_temperature_neg)
+    c = config.resolve({})
+    assert.is_nil(c.sapo_temperature_pos)
+    assert.is_nil(config.serializable(c).sapo_temperature_neg, "config.json of other runs is as before")
+  end)
+
+  it("say which cispo and sapo settings do nothing", function()
+    local function notes(t) return table.concat(config.resolve(t).inert_notes, "\n") end
+    assert.matches("sapo_temperature_pos = 2 has no effect here: only loss_type = sapo uses it",
+      notes({ sapo_temperature_pos = 2, num_iterations = 2 }), 1, true)
+    assert.matches("sapo_temperature_neg = 2 has no effect here: the ratio pi/pi_old is 1 with num_iterations = 1",
+      notes({ loss_type = "sapo", sapo_temperature_neg = 2 }), 1, true)
+    assert.are.same({}, config.resolve({ loss_type = "sapo", sapo_temperature_neg = 2, num_iterations = 2 }).inert_notes)
+    assert.matches("epsilon = 0.3 has no effect here: loss_type = sapo does not use it",
+      notes({ loss_type = "sapo", epsilon = 0.3, num_iterations = 2 }), 1, true)
+    assert.matches("delta = 1.5 has no effect here: loss_type = cispo does not use it",
+      notes({ loss_type = "cispo", delta = 1.5, num_iterations = 2 }), 1, true)
+    -- cispo's cap acts at ratio 1 too
+    assert.are.same({}, config.resolve({ loss_type = "cispo", epsilon_high = 5 }).inert_notes)
+    assert.matches("epsilon_high = 5 has no effect here: the ratio pi/pi_old is 1",
+      notes({ epsilon_high = 5 }), 1, true)
+  end)
+end)
+
 describe("config.resolve's derived settings", function()
   it("decides the KL mode and the reference once", function()
     local function kl(t) local c = config.resolve(t); return c.kl_mode, c.needs_reference end
@@ -124,7 +214,9 @@ describe("config.resolve's derived settings", function()
   it("takes the aggregation from loss_type, else loss_agg_mode", function()
     local algos = require("remax.step.algos")
     assert.are.equal("seq-mean-token-mean", config.resolve({}).aggregation)
-    assert.are.equal(algos.loss_types.dapo, config.resolve({ loss_type = "dapo" }).aggregation)
+    assert.are.equal(algos.loss_type("dapo").aggregation, config.resolve({ loss_type = "dapo" }).aggregation)
+    assert.are.equal("token-mean", config.resolve({ loss_type = "cispo" }).aggregation)
+    assert.are.equal("seq-mean-token-mean", config.resolve({ loss_type = "sapo" }).aggregation)
     assert.are.equal("token-mean", config.resolve({ loss_agg_mode = "token-mean" }).aggregation)
   end)
 

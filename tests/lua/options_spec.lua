@@ -26,7 +26,7 @@ describe("engine options", function()
       assert.is_truthy(options.from_settings[name], name)
     end
     local cfg = config.resolve({ cuda_graphs = false, host_sampler = true, bf16_gemm = "sgemm", cuda_sync = true,
-      bf16_dot = false, cuda_alloc = "plain", threads_adapt = false }, nil, { memory = false })
+      bf16_dot = false, cuda_alloc = "plain", threads_adapt = false })
     options.apply(cfg)
     assert.are.equal("off", options.get("cuda_graphs"))
     assert.are.equal("on", options.get("host_sampler"))
@@ -44,7 +44,7 @@ describe("engine options", function()
   end)
 
   it("refuse a bad value with the setting's name, and the engine names its options", function()
-    local ok, err = pcall(config.resolve, { bf16_gemm = "fast" }, nil, { memory = false })
+    local ok, err = pcall(config.resolve, { bf16_gemm = "fast" })
     assert.is_false(ok)
     assert.matches("bf16_gemm", tostring(err), 1, true)
     assert.matches("auto", tostring(err), 1, true)

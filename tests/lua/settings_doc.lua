@@ -1,30 +1,28 @@
--- The "Every setting" tables of docs/trainer.md, made from remax.settings.config's declarations so the
+-- The "Every setting" tables of docs/trainer.md, made from the settings' records (remax.settings.records) so the
 -- two never drift. tests/lua/settings_doc_spec.lua compares; after changing a setting, run
 --   luajit tests/lua/settings_doc.lua docs/trainer.md      (rewrites the section in place)
 local M = {}
-
-local notes = { LoRA = "See [lora.md](lora.md).", Episodes = "See [environments.md](environments.md)." }
 
 local function cell(s) return (tostring(s):gsub("|", "\\|")) end
 
 -- The markdown of every group: a heading, a note, a table.
 function M.markdown()
+  require("remax.step.algos").register()   -- algo's and loss_type's choices
   local config = require("remax.settings.config")
   local out = {}
   for _, group in ipairs(config.groups) do
-    out[#out + 1] = "### " .. group[1]
+    out[#out + 1] = "### " .. group.name
     out[#out + 1] = ""
-    if notes[group[1]] then
-      out[#out + 1] = notes[group[1]]
+    if group.doc then
+      out[#out + 1] = group.doc
       out[#out + 1] = ""
     end
     out[#out + 1] = "| key | default | type | meaning |"
     out[#out + 1] = "|---|---|---|---|"
-    for _, d in ipairs(group[2]) do
-      local decl = config.keys[d[1]]
+    for _, decl in ipairs(group.settings) do
       local default = decl.default == nil and "—" or config.show(decl.default)
-      out[#out + 1] = ("| `%s` | `%s` | %s | %s%s |"):format(decl.name, default, cell(decl.type:gsub("^enum:", "")),
-        cell(decl.help), decl.hot and " *(hot)*" or "")
+      out[#out + 1] = ("| `%s` | `%s` | %s | %s%s |"):format(decl.name, default, cell(config.type_text(decl)),
+        cell(config.help_of(decl)), decl.hot and " *(hot)*" or "")
     end
     out[#out + 1] = ""
   end

@@ -6,6 +6,7 @@
 -- empty message, or a position in remax's sources. Deterministic: the seed is fixed; set
 -- REMAX_FUZZ_SEED and REMAX_FUZZ_ROUNDS to explore.
 local config = require("remax.settings.config")
+local choices_of = require("remax.settings.schema").choices_of   -- an enum's list (algo's: the registered algorithms)
 local errors = require("remax.cli.errors")
 local support = require("support")
 local cjson = require("cjson")
@@ -76,7 +77,7 @@ local function type_ok(decl, v)
     return true
   end
   if decl.choices then
-    for _, c in ipairs(decl.choices) do if v == c then return true end end
+    for _, c in ipairs(choices_of(decl)) do if v == c then return true end end
     return false
   end
   return true
@@ -113,7 +114,7 @@ local function recipe_value(decl)
     for i = 1, rng(4) - 1 do t[i] = rng(2) == 1 and number() or pick(STRINGS) end
     return t
   end
-  if r == 6 and decl.choices then return pick(decl.choices) end
+  if r == 6 and decl.choices then return pick(choices_of(decl)) end
   if r == 7 and decl.default ~= nil then return decl.default end
   return number()
 end

@@ -2,7 +2,7 @@
 -- the files of a model folder, data files, the messages the command line prints, a run that
 -- stays in its folder, os.exit from user code, and the reward_timeout default.
 local config = require("remax.settings.config")
-local schema = require("remax.settings.schema")
+local setup = require("remax.run.setup")
 local errors = require("remax.cli.errors")
 local rewards = require("remax.step.rewards")
 local data = require("remax.formats.data")
@@ -63,32 +63,32 @@ describe("the settings schema", function()
     assert.matches("recipe: output_dir = '': expected a non-empty string", err_of(config.resolve, { output_dir = "" }), 1, true)
   end)
 
+  -- the Run checks it (it reads the model's config), before any model loads
   it("refuses a num_generations whose generation cannot fit in memory, before any model loads", function()
-    local real = schema.available_bytes
-    schema.available_bytes = function() return 2 ^ 30 end   -- a machine with 1 GiB free
-    local ok, msg = pcall(config.resolve, { num_generations = 100000, per_device_train_batch_size = 8 })
-    schema.available_bytes = real
+    local real = setup.available_bytes
+    setup.available_bytes = function() return 2 ^ 30 end   -- a machine with 1 GiB free
+    local ok, msg = pcall(setup.check_memory, config.resolve({ num_generations = 100000, per_device_train_batch_size = 8 }))
+    setup.available_bytes = real
     assert.is_false(ok)
     assert.matches("^recipe: num_generations = 100000: one step's generation needs at least [%d.]+ GiB %(the KV cache " ..
       "of every row and the activations%), but 1.0 GiB of memory is available: per_device_train_batch_size = 8 %(recipe%) prompts x " ..
       "%(num_generations = 100000 %(recipe%) %+ 1 greedy%) rows x %(max_prompt_length = 512 %(default%) %+ " ..
       "max_completion_length = 256 %(default%)%) tokens", msg)
     -- the defaults fit
-    schema.available_bytes = function() return 2 ^ 30 end
-    ok = pcall(config.resolve, {})
-    schema.available_bytes = real
+    setup.available_bytes = function() return 2 ^ 30 end
+    ok = pcall(setup.check_memory, config.resolve({}))
+    setup.available_bytes = real
     assert.is_true(ok)
   end)
 
   it("asks the engine for generation's memory: its KV cache is 2 x layers x rows x positions x kv width x 4 bytes", function()
     local cfg = config.resolve({ model_config = { hidden_size = 64, intermediate_size = 128, num_hidden_layers = 3,
-      num_attention_heads = 4, num_key_value_heads = 2, vocab_size = 300, max_position_embeddings = 2048 } }, nil,
-      { memory = false })
-    local total, cache = schema.generation_bytes(cfg, 10, 2)
+      num_attention_heads = 4, num_key_value_heads = 2, vocab_size = 300, max_position_embeddings = 2048 } })
+    local total, cache = setup.generation_bytes(cfg, 10, 2)
     local positions = cfg.max_prompt_length + cfg.max_completion_length
     assert.are.equal(2 * 3 * 10 * positions * (2 * 16) * 4, cache)
     assert.is_true(total > cache, "activations and the sampler come on top")
-    local more = schema.generation_bytes(cfg, 20, 2)
+    local more = setup.generation_bytes(cfg, 20, 2)
     assert.is_true(more - total >= cache, "twice the rows: at least the KV cache again")
   end)
 

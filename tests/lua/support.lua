@@ -3,6 +3,10 @@
 -- and settings, the tiny model config, and the LOWER reward.
 local M = {}
 
+-- The settings' algorithms and loss types, as the program's start registers them (cli/main.lua):
+-- a spec that resolves settings needs them.
+require("remax.step.algos").register()
+
 ---------------------------------------------------------------------------- temporary files
 
 -- Everything made here is removed when busted finishes the spec file that made it (its

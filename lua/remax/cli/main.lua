@@ -299,9 +299,11 @@ function M.main(cmd, ...)
 end
 
 -- Run as the host's entry script (with arguments), or required as a module. The program's Lua
--- starts here: recipes and scripts it runs may still require old module names (remax.deprecated).
+-- starts here: recipes and scripts it runs may still require old module names (remax.deprecated),
+-- and the settings learn the algorithms and loss types (remax.step.algos) before any is resolved.
 if ... ~= "remax.cli.main" then
   require("remax.deprecated").register()
+  require("remax.step.algos").register()
   return require("remax.cli.errors").run(M.main, ...)
 end
 return M

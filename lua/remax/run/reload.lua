@@ -122,7 +122,7 @@ end
 -- settings marked hot. Other changed settings need a restart (printed, ignored).
 function reload_recipe(self)
   local rtab = recipe_mod.load(self.recipe_path)
-  local cfg = config.resolve(rtab, self.opts.overrides, { where = self.recipe_path, running = true })
+  local cfg = config.resolve(rtab, self.opts.overrides, { where = self.recipe_path })
   local list = rewards.load_all(cfg.rewards, { base = self.recipe_dir, device = self.cfg.device,
     dtype = self.cfg.device ~= "cpu" and self.cfg.dtype or nil, max_line_bytes = self.cfg.reward_max_line_bytes })
   for _, r in ipairs(list) do self.stepper:trial(r, self.train_ds.rows) end

@@ -8,25 +8,12 @@ local runs = require("remax.run.folder")
 
 local M = {}
 
--- Settings a resumed run cannot change: the model and its shape, the algorithm, and what the
--- data order and the sampling seeds derive from. Each with the reason.
-M.immutable = {
-  model = "the checkpoint holds this model's weights",
-  model_config = "the checkpoint holds this model's weights",
-  dtype = "the optimizer state was built for it",
-  use_lora = "the checkpoint holds adapters or full weights, not the other",
-  lora_r = "the adapters' shapes follow it",
-  lora_target_modules = "the adapters' shapes follow it",
-  lora_alpha = "the adapters were trained at this scale",
-  algo = "the run's optimizer state and metrics belong to one algorithm",
-  seed = "the data order and the sampling seeds derive from it",
-  data = "the checkpoint's data position is a position in this data",
-  train_size = "the checkpoint's data position is a position in this data",
-  prompt_column = "the checkpoint's data position is a position in this data",
-}
-
--- Keys that never come from the saved config: where the run is and how it was opened.
-local SKIP = { resume = true, run_name = true, output_dir = true, overwrite_output_dir = true }
+-- What a resume does with each setting is its record's resume rule (remax.settings.records):
+-- { fixed = why } cannot change (the model and its shape, the algorithm, what the data order and
+-- the sampling seeds derive from), "opening" is never taken from config.json (where the run is and
+-- how it was opened), and the rest keep the run's value unless the command line gives another.
+local function fixed(k) local r = config.keys[k].resume return type(r) == "table" and r.fixed or nil end
+local function opening(k) return config.keys[k].resume == "opening" end
 
 -- A value a recipe holds that config.json cannot give back (a function, or a list holding one).
 local function opaque(v)
@@ -114,7 +101,7 @@ function M.resolve(recipe, overrides, opts)
   if not rok then recipe_cfg = recipe end
   for k, v in pairs(saved) do
     local decl = config.keys[k]
-    if decl and not SKIP[k] and not opaque(recipe_cfg[k]) and not opaque(recipe[k])
+    if decl and not opening(k) and not opaque(recipe_cfg[k]) and not opaque(recipe[k])
       and not (type(v) == "string" and v:match("^function ")) then
       merged[k] = v
     end
@@ -123,10 +110,10 @@ function M.resolve(recipe, overrides, opts)
   local cfg = config.resolve(merged, overrides, { where = dir .. "/config.json" })
   local changes, refused = {}, {}
   for _, k in ipairs(config.order) do
-    if not SKIP[k] and not opaque(cfg[k]) and not same(saved[k], cfg[k], k) then
+    if not opening(k) and not opaque(cfg[k]) and not same(saved[k], cfg[k], k) then
       local from = overrides[k] ~= nil and "command line" or "recipe"
-      if M.immutable[k] then
-        refused[#refused + 1] = ("%s (%s -> %s: %s)"):format(k, config.show(saved[k]), config.show(cfg[k]), M.immutable[k])
+      if fixed(k) then
+        refused[#refused + 1] = ("%s (%s -> %s: %s)"):format(k, config.show(saved[k]), config.show(cfg[k]), fixed(k))
       elseif saved[k] ~= nil or from == "command line" then
         changes[#changes + 1] = { key = k, was = saved[k], now = cfg[k], from = from }
       end
@@ -138,7 +125,7 @@ function M.resolve(recipe, overrides, opts)
   end
   -- settings the recipe now gives otherwise, which the run keeps (said, so an edit is not lost silently)
   for _, k in ipairs(config.order) do
-    if not SKIP[k] and overrides[k] == nil and saved[k] ~= nil and not opaque(recipe_cfg[k])
+    if not opening(k) and overrides[k] == nil and saved[k] ~= nil and not opaque(recipe_cfg[k])
       and not same(recipe_cfg[k], cfg[k], k) then
       changes[#changes + 1] = { key = k, was = saved[k], now = cfg[k], recipe = recipe_cfg[k], from = "kept" }
     end

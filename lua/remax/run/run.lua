@@ -57,6 +57,7 @@ end
 function M.new(cfg, opts)
   opts = opts or {}
   setup.check_base_model(cfg)   -- before a run folder is made
+  setup.check_memory(cfg)       -- a step's generation fits in memory, before any model loads
   local options = require("remax.bind.options")
   options.apply(cfg)   -- the Engine settings, before anything loads
   local world = dist.world()   -- a world of one unless an MPI launcher started this process

@@ -334,4 +334,79 @@ function M.check_base_model(cfg)
   end
 end
 
+---------------------------------------------------------------------------- memory
+
+-- The model's config without loading it: config.json of the model folder, or the recipe's
+-- model_config, as the engine's rx_model_config (f32 on the cpu: the host memory the check is
+-- against); nil when neither can be read or resolved (loading the model then says why).
+local function model_config(cfg)
+  local c = cfg.model_config
+  if not c then
+    local dir = cfg.model
+    if not dir then dir = (os.getenv("REMAX_HOME") or ".") .. "/" .. M.DEFAULT_MODEL end
+    local f = io.open(dir .. "/config.json", "rb")
+    if not f then return nil end
+    local text = f:read("*a")
+    f:close()
+    local ok, t = pcall(require("cjson").decode, text)
+    if not ok or type(t) ~= "table" then return nil end
+    c = t
+  end
+  local full = {}
+  for k, v in pairs(c) do full[k] = v end
+  if full.vocab_size == nil then full.vocab_size = 260 end   -- a fresh model takes the byte-level tokenizer's
+  local ok, rc = pcall(model_mod.resolve_config, full, "model_config")
+  return ok and rc or nil
+end
+
+-- The memory the generation of one micro-batch needs (rows rows of prompts prompts): the
+-- engine's own count (rx_generate_memory_bytes, what rx_generate_begin checks), and the KV
+-- cache's share; 0, 0 when the model's config cannot be read.
+function M.generation_bytes(cfg, rows, prompts)
+  local c = model_config(cfg)
+  if not c then return 0, 0 end
+  return require("remax.bind.generate").memory_bytes(c, rows, prompts or rows, cfg.max_prompt_length,
+    cfg.max_completion_length, cfg.repetition_penalty ~= 1)
+end
+
+-- Bytes of memory available now (MemAvailable), or nil (a field, so that a test can stand in for it).
+M.available_bytes = require("remax.bind.generate").available_bytes
+
+local function gib(b) return ("%.1f GiB"):format(b / 2 ^ 30) end
+
+-- Refuses settings whose generation cannot fit in this machine's memory, before any model loads:
+-- the rows one generation call of a step holds, and one evaluation batch's. The refusal names the
+-- setting to blame (the first of the sizes not left at its default) with its source.
+function M.check_memory(cfg)
+  local show = require("remax.settings.schema").show
+  local function source(k) return config.source(cfg, k) end
+  local function bad(key, msg) error(("%s: %s = %s: %s"):format(source(key), key, show(cfg[key]), msg), 0) end
+  local function setting(k) return ("%s = %s (%s)"):format(k, show(cfg[k]), source(k)) end
+  local function first_set(keys)
+    for _, k in ipairs(keys) do if source(k) ~= "default" then return k end end
+    return keys[1]
+  end
+  local available = M.available_bytes()
+  if not (available and available > 0) then return end
+  local algorithm = require("remax.settings.registry").algorithm(cfg.algo)
+  local rl = algorithm and algorithm.samples
+  local greedy = (rl and cfg.generate_greedy) and 1 or 0
+  local per_prompt = (rl and cfg.num_generations or 0) + greedy
+  local need = M.generation_bytes(cfg, cfg.per_device_train_batch_size * per_prompt, cfg.per_device_train_batch_size)
+  if need > available then
+    local keys = { "num_generations", "per_device_train_batch_size", "max_completion_length", "max_prompt_length" }
+    bad(first_set(keys), ("one step's generation needs at least %s (the KV cache of every row and the activations), but %s of memory is " ..
+      "available: %s prompts x (%s%s) rows x (%s + %s) tokens; lower one of them"):format(gib(need), gib(available),
+      setting("per_device_train_batch_size"), setting("num_generations"), greedy == 1 and " + 1 greedy" or "",
+      setting("max_prompt_length"), setting("max_completion_length")))
+  end
+  need = M.generation_bytes(cfg, cfg.per_device_eval_batch_size)
+  if cfg.eval_size > 0 and need > available then
+    local keys = { "per_device_eval_batch_size", "max_completion_length", "max_prompt_length" }
+    bad(first_set(keys), ("one evaluation batch's generation needs at least %s, but %s of memory is available: " ..
+      "%s rows x (%s + %s) tokens; lower one of them"):format(gib(need), gib(available),
+      setting("per_device_eval_batch_size"), setting("max_prompt_length"), setting("max_completion_length")))
+  end
+end
+
 return M

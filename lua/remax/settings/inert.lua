@@ -1,31 +1,18 @@
 -- remax.settings.inert: settings that do nothing under the others a run chose (scale_rewards under
 -- ReMax, epsilon with num_iterations = 1, lora_r without use_lora, ...). A run given one says so
--- once, at the start, instead of silently ignoring it. See docs/trainer.md.
+-- once, at the start, instead of silently ignoring it. See docs/trainer.md. It also says where a
+-- value copied from TRL means something else here (a record's note; M.data_notes once the data is
+-- loaded): see docs/trainer.md, "Coming from TRL".
 --
---   local lines = inert.check(cfg, given, config.keys, config.show)   -- given[key] = true for keys the recipe or command line set
+--   local lines = inert.notes(cfg, given, cli)   -- given[key] = true for keys the recipe or command line set
 --
--- It also says where a value copied from TRL means something else here (M.trl_notes, and
--- M.data_notes once the data is loaded): see docs/trainer.md, "Coming from TRL".
+-- All of it comes from the records: a setting's inert rules (remax.settings.records), and the
+-- settings an algorithm or a loss type alone reads (their records' settings lists).
+local records = require("remax.settings.records")
+local registry = require("remax.settings.registry")
+local schema = require("remax.settings.schema")
+
 local M = {}
-
-local function rl_algo(cfg) return cfg.algo ~= "sft" and cfg.algo ~= "reward" end   -- sampled completions
-
--- {keys, applies(cfg) -> bool, what makes them matter}
-M.rules = {
-  { { "scale_rewards", "multi_objective_aggregation" }, function(c) return c.algo == "grpo" and not c.advantage end,
-    "only algo = grpo uses it" },
-  { { "reinforce_baseline", "baseline_momentum" }, function(c) return c.algo == "reinforce" and not c.advantage end,
-    "only algo = reinforce uses it" },
-  { { "epsilon", "epsilon_high", "delta", "importance_sampling_level" }, function(c) return rl_algo(c) and c.num_iterations > 1 end,
-    "the ratio pi/pi_old is 1 with num_iterations = 1, so nothing is clipped (TRL's mu)" },
-  { { "kl_estimator" }, function(c) return rl_algo(c) and c.beta > 0 end, "beta = 0: there is no KL term" },
-  { { "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules" }, function(c) return c.use_lora end,
-    "use_lora = false" },
-  { { "max_tokens_per_microbatch" }, function(c) return c.padding_free end,
-    "padding_free = false pads each micro-batch instead of packing it" },
-  { { "beta", "num_generations", "num_iterations", "loss_type", "generate_greedy" },
-    rl_algo, "this algo (sft: the answers; reward: preference pairs) trains without sampled completions" },
-}
 
 local function same(a, b)
   if type(a) == "table" and type(b) == "table" then
@@ -36,44 +23,68 @@ local function same(a, b)
   return a == b
 end
 
--- The lines to print: one per setting that was given a value other than its default and does
--- nothing under this config.
-function M.check(cfg, given, keys, show)
-  -- keys and show: remax.settings.config's declarations and value printer (passed in: config
-  -- requires this module, so this one does not require config back)
-  assert(keys and show, "inert.check(cfg, given, config.keys, config.show)")
+-- The records of a registry ("algorithms", "loss_types") whose settings list holds name.
+local function owners(kind, name)
   local out = {}
-  for _, rule in ipairs(M.rules) do
-    if not rule[2](cfg) then
-      for _, k in ipairs(rule[1]) do
-        local decl = keys[k]
-        if given[k] and decl and not same(cfg[k], decl.default) then
-          out[#out + 1] = ("note: %s = %s has no effect here: %s"):format(k,
-            show(cfg[k]), rule[3])
-        end
-      end
-    end
+  for _, r in ipairs(registry.list(kind)) do
+    for _, s in ipairs(r.settings or {}) do if s == name then out[#out + 1] = r end end
   end
   return out
 end
 
--- Notes for values a TRL user copies whose meaning differs here. given: keys the recipe or
--- command line set; cli: the command line's settings.
-function M.trl_notes(cfg, given, cli)
+local function names(list)
   local out = {}
-  cli = cli or {}
-  if given.per_device_train_batch_size and rl_algo(cfg) then
-    local n, g = cfg.per_device_train_batch_size, cfg.num_generations or 1
-    local greedy = cfg.generate_greedy and 1 or 0
-    local rows = n * (g + greedy)
-    out[#out + 1] = ("note: per_device_train_batch_size = %d counts prompts (TRL counts completions): each micro-batch is "
-      .. "%d prompts x %d rows (%d generations%s) = %d rows; TRL's per_device_train_batch_size = %d with num_generations = %d "
-      .. "is per_device_train_batch_size = %s here"):format(n, n, g + greedy, g, greedy > 0 and " + 1 greedy" or "", rows, n, g,
-      (n % g == 0) and tostring(math.floor(n / g)) or ("%d / %d (not a whole number of prompts)"):format(n, g))
+  for i, r in ipairs(list) do out[i] = r.name end
+  return table.concat(out, " or ")
+end
+
+-- Why decl does nothing under cfg, or nil when it acts: an algorithm's own setting under another
+-- algorithm (or under a recipe's advantage function, which replaces the estimator), a loss type's
+-- own setting under another loss type, then the record's inert rules, the first that fails.
+function M.why(cfg, decl)
+  local by = owners("algorithms", decl.name)
+  if #by > 0 then
+    local acts = false
+    for _, a in ipairs(by) do
+      if a.name == cfg.algo and not (a.estimator and cfg.advantage) then acts = true end
+    end
+    if not acts then return ("only algo = %s uses it"):format(names(by)) end
   end
-  if cli.data ~= nil and cli.eval_data == nil and cfg.eval_data == nil and type(cfg.data) == "string" and (cfg.eval_size or 0) > 0 then
-    out[#out + 1] = ("note: --data %s without --eval_data: this run skips evaluation (a data file has no test split; "
-      .. "the recipe's evaluation, if any, came from its own data); give --eval_data FILE to evaluate"):format(cfg.data)
+  by = owners("loss_types", decl.name)
+  if #by > 0 then
+    local acts = false
+    for _, l in ipairs(by) do if l.name == cfg.loss_type then acts = true end end
+    if not acts then return ("only loss_type = %s uses it"):format(names(by)) end
+  end
+  local rules = decl.inert
+  if rules and rules.when then rules = { rules } end
+  for _, rule in ipairs(rules or {}) do
+    if not rule.when(cfg, decl.name) then
+      return type(rule.note) == "function" and rule.note(cfg, decl.name) or rule.note
+    end
+  end
+  return nil
+end
+
+-- The lines to say at the start: one per setting that was given a value other than its default
+-- and does nothing under this config, then the records' notes (TRL values that mean otherwise
+-- here). given: keys the recipe or command line set; cli: the command line's settings.
+function M.notes(cfg, given, cli)
+  local out = {}
+  for _, group in ipairs(records.groups) do
+    for _, decl in ipairs(group.settings) do
+      local k = decl.name
+      if given[k] and not same(cfg[k], decl.default) then
+        local why = M.why(cfg, decl)
+        if why then out[#out + 1] = ("note: %s = %s has no effect here: %s"):format(k, schema.text(cfg[k]), why) end
+      end
+    end
+  end
+  for _, group in ipairs(records.groups) do
+    for _, decl in ipairs(group.settings) do
+      local line = decl.note and decl.note(cfg, given, cli or {})
+      if line then out[#out + 1] = line end
+    end
   end
   return out
 end

@@ -1,4 +1,8 @@
 -- remax.step.algos: advantage estimators and the per-token loss, as pure functions of plain Lua values.
+-- The algorithms are records, one file each in step/algos/ (remax, grpo, rloo, reinforce, sft,
+-- reward), and so are TRL's loss types in step/loss_types/ (grpo, bnpo, dr_grpo, dapo, cispo,
+-- sapo): a new one is a new file there. M.register() hands them to the settings, which derive
+-- `algo`'s and `loss_type`'s choices from them (remax.settings.registry).
 --
 -- A step's rewards come grouped by prompt: groups[i] = {samples = {r_1, ..., r_G}, greedy = r_g}
 -- (greedy: the reward of the prompt's greedy completion; nil when none was generated).
@@ -7,142 +11,96 @@
 --   local w, stats = algos.token_weights(rows, {beta = 0.01, kl = "k3", agg = "seq-mean-token-mean",
 --                                              num_rows = R, num_tokens = N})
 --   -- w[r][t] = d loss / d logp of completion token t of row r: what model:backward takes.
+--
+-- An algorithm record (step/algos/<name>.lua returns it):
+--   name, rank        its name (the `algo` value) and its place in lists (--help, errors)
+--   choice            its words in `algo`'s help
+--   samples           true: it trains on sampled completions (RL); false: sft, reward
+--   needs_greedy      nil, or why it needs each prompt's greedy row (generate_greedy's default)
+--   min_generations   the fewest num_generations it learns from (min_generations_why: in words)
+--   min_scored        the fewest scored samples a group needs (default 1; fewer: advantage 0)
+--   settings          the settings it alone reads (they do nothing under another algorithm)
+--   estimator         function(groups, opts, state) -> adv[, state] (RL); per_reward: an
+--                     estimator over each reward function's scores (grpo's GDPO)
+--   loss              what it trains: "policy" (the loss type's per-token loss: token_weights),
+--                     "cross_entropy" (sft), "bradley_terry" (reward: its own Step)
+-- A loss type record (step/loss_types/<name>.lua):
+--   name, rank, aggregation (how token losses are averaged: M.row_scale), normalisation (in words)
+--   token_loss        function(r, A, lp, o) -> loss, d loss / d log r, d loss / d lp; nil: the
+--                     clipped surrogate (M.clipped_loss, with epsilon, epsilon_high, delta)
+--   clipped           function(r, A, o) -> low, high: the clip_ratio counts; false: none
+--   settings, ignores, on_policy   what it reads of the settings (remax.settings.registry);
+--                     defaults: its settings' defaults (they have none under another loss type)
+local stats = require("remax.step.stats")
+local fs = require("remax.bind.fs")
+
 local M = {}
 
-local function mean(list)
-  local s = 0
-  for _, v in ipairs(list) do s = s + v end
-  return #list > 0 and s / #list or 0
-end
-
--- Unbiased standard deviation (n - 1), as torch.std and TRL's GRPO use; 0 for one value.
-local function std(list)
-  local n = #list
-  if n < 2 then return 0 end
-  local m, s = mean(list), 0
-  for _, v in ipairs(list) do s = s + (v - m) ^ 2 end
-  return math.sqrt(s / (n - 1))
-end
+local mean, std = stats.mean, stats.std
 M.mean, M.std = mean, std
 
-local function each_group(groups, f)
-  local adv = {}
-  for i, g in ipairs(groups) do adv[i] = f(g, i) end
-  return adv
-end
+---------------------------------------------------------------------------- the records
 
-M.estimators = {}
-
--- ReMax: the baseline is the reward of the same prompt's greedy completion.
-function M.estimators.remax(groups)
-  return each_group(groups, function(g, i)
-    if type(g.greedy) ~= "number" then
-      error(("remax advantage: prompt %d has no greedy reward (generate_greedy must be true)"):format(i), 0)
+-- The records of a folder beside this file (step/algos/, step/loss_types/), in rank order: every
+-- .lua file there is one.
+local function load_folder(folder)
+  local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+  local list = {}
+  for _, file in ipairs(fs.list_dir(here .. "/" .. folder)) do
+    local name = file:match("^([%w_]+)%.lua$")
+    if name then
+      local module = "remax.step." .. folder .. "." .. name
+      local rec = require(module)
+      assert(rec.name == name, module .. ": its record's name must be its file's name")
+      list[#list + 1] = rec
     end
-    local a = {}
-    for j, r in ipairs(g.samples) do a[j] = r - g.greedy end
-    return a
-  end)
-end
-
--- GRPO: (r - group mean) / (std + eps), TRL's scale_rewards: "group" (default, true) divides by
--- the group's standard deviation, "batch" by the standard deviation of every sample reward of
--- the step, "none" (false) keeps r - mean.
-local function scale_kind(v)
-  if v == nil or v == true or v == "group" then return "group" end
-  if v == false or v == "none" then return "none" end
-  if v == "batch" then return "batch" end
-  error(("scale_rewards: unknown value '%s' (valid: group, batch, none)"):format(tostring(v)), 0)
-end
-M.scale_kind = scale_kind
-
-function M.estimators.grpo(groups, opts)
-  local eps = opts.eps or 1e-4
-  local kind = scale_kind(opts.scale_rewards)
-  local batch_std
-  if kind == "batch" then
-    -- the step's samples on every rank (opts.global_sum under data parallel training): two
-    -- passes, as std() does, so one process gets the same bits either way
-    local gsum = opts.global_sum or function(...) return ... end
-    local sum, n = 0, 0
-    for _, g in ipairs(groups) do for _, r in ipairs(g.samples) do sum, n = sum + r, n + 1 end end
-    sum, n = gsum(sum, n)
-    local m, dev = n > 0 and sum / n or 0, 0
-    for _, g in ipairs(groups) do for _, r in ipairs(g.samples) do dev = dev + (r - m) ^ 2 end end
-    dev = gsum(dev)
-    batch_std = n >= 2 and math.sqrt(dev / (n - 1)) or 0
   end
-  return each_group(groups, function(g)
-    local m = mean(g.samples)
-    local s = batch_std or std(g.samples)
-    local a = {}
-    for j, r in ipairs(g.samples) do
-      a[j] = kind == "none" and (r - m) or (r - m) / (s + eps)
-    end
-    return a
-  end)
+  table.sort(list, function(a, b) return a.rank < b.rank end)
+  return list
 end
 
--- RLOO: the baseline of each sample is the mean of the other samples of its prompt.
-function M.estimators.rloo(groups)
-  return each_group(groups, function(g, i)
-    local n = #g.samples
-    if n < 2 then error(("rloo advantage: prompt %d has %d sample(s); rloo needs num_generations >= 2"):format(i, n), 0) end
-    local s = 0
-    for _, r in ipairs(g.samples) do s = s + r end
-    local a = {}
-    for j, r in ipairs(g.samples) do a[j] = r - (s - r) / (n - 1) end
-    return a
-  end)
+local loaded = {}
+local function records(folder)
+  if not loaded[folder] then loaded[folder] = load_folder(folder) end
+  return loaded[folder]
 end
 
--- REINFORCE: no baseline (baseline = "none"), or a running mean of past batch rewards
--- (baseline = "mean"): A = r - b, where b is the running mean before this batch (this batch's
--- mean on the first step); then b <- momentum * b + (1 - momentum) * batch mean.
-function M.estimators.reinforce(groups, opts, state)
-  local kind = opts.baseline or "none"
-  if kind == "none" then
-    return each_group(groups, function(g)
-      local a = {}
-      for j, r in ipairs(g.samples) do a[j] = r end
-      return a
-    end), state
-  elseif kind ~= "mean" then
-    error(("reinforce advantage: unknown baseline '%s' (valid: none, mean)"):format(tostring(kind)), 0)
-  end
-  local sum, count = 0, 0
-  for _, g in ipairs(groups) do for _, r in ipairs(g.samples) do sum, count = sum + r, count + 1 end end
-  -- with several ranks, the batch is every rank's share: opts.global_sum(...) sums over ranks
-  if opts.global_sum then sum, count = opts.global_sum(sum, count) end
-  local batch_mean = count > 0 and sum / count or 0
-  local b = state and state.mean
-  if b == nil then b = batch_mean end
-  local m = opts.momentum or 0.9
-  local adv = each_group(groups, function(g)
-    local a = {}
-    for j, r in ipairs(g.samples) do a[j] = r - b end
-    return a
-  end)
-  local prev = state and state.mean
-  return adv, { mean = prev == nil and batch_mean or m * prev + (1 - m) * batch_mean }
+function M.algorithms() return records("algos") end
+function M.loss_types() return records("loss_types") end
+
+local function find(list, name)
+  for _, r in ipairs(list) do if r.name == name then return r end end
+  return nil
+end
+function M.algorithm(name) return find(M.algorithms(), name) end
+function M.loss_type(name) return name ~= nil and find(M.loss_types(), name) or nil end
+
+-- Hands every algorithm and loss type to the settings (their choices, checks and notes come from
+-- them). Called where the program starts (cli/main.lua), by the package face and by the specs'
+-- support.lua, before the first config.resolve.
+function M.register()
+  local registry = require("remax.settings.registry")
+  for _, a in ipairs(M.algorithms()) do registry.add_algorithm(a) end
+  for _, l in ipairs(M.loss_types()) do registry.add_loss_type(l) end
 end
 
-M.estimator_names = { "remax", "grpo", "rloo", "reinforce" }
+---------------------------------------------------------------------------- advantages
 
 local function isnan(v) return v ~= v end
 
 -- Rows no reward scored (every reward returned nil) arrive as NaN, as in TRL: they are left out
 -- of every baseline and statistic and get advantage 0. A group keeps its scored samples; it is
--- left out whole (advantages 0) when none is scored, when remax has no scored greedy row, or
--- when rloo keeps fewer than two samples. Returns the groups the estimator sees and, for each,
--- {prompt index, sample indices}.
-local function scored_groups(groups, kind)
+-- left out whole (advantages 0) when none is scored, when an algorithm that needs the greedy row
+-- has no scored greedy row, or when fewer than its min_scored samples are left. Returns the
+-- groups the estimator sees and, for each, {prompt index, sample indices}.
+local function scored_groups(groups, rec)
   local any = false
   for _, g in ipairs(groups) do
     if g.greedy ~= nil and isnan(g.greedy) then any = true end
     for _, r in ipairs(g.samples) do if isnan(r) then any = true end end
   end
   if not any then return groups, nil end
+  local needs_greedy, min_scored = rec and rec.needs_greedy, rec and rec.min_scored or 1
   local out, back = {}, {}
   for i, g in ipairs(groups) do
     local samples, idx = {}, {}
@@ -151,7 +109,7 @@ local function scored_groups(groups, kind)
     end
     local greedy = g.greedy
     if greedy ~= nil and isnan(greedy) then greedy = nil end
-    local keep = #samples > 0 and not (kind == "remax" and greedy == nil) and not (kind == "rloo" and #samples < 2)
+    local keep = #samples > 0 and not (needs_greedy and greedy == nil) and #samples >= min_scored
     if keep then
       local ng = {}
       for k, v in pairs(g) do ng[k] = v end
@@ -163,20 +121,27 @@ local function scored_groups(groups, kind)
   return out, back
 end
 
--- Advantages for every sample: kind is a name above or function(groups, opts, state) ->
--- adv[, state]. opts.clip > 0 clips every advantage to [-clip, clip]. Rewards that are NaN
--- (unscored rows) get advantage 0 and stay out of the baselines (see scored_groups). Returns
--- adv, state. opts.global_sum(a, b, ...), when given, returns each number summed over every
--- rank's groups (data parallel training): statistics over the whole batch (the REINFORCE running
--- mean) use it.
+-- The names of the estimators, for an error
+local function estimator_names()
+  local out = {}
+  for _, a in ipairs(M.algorithms()) do if a.estimator then out[#out + 1] = a.name end end
+  return table.concat(out, ", ")
+end
+
+-- Advantages for every sample: kind is an algorithm's name (its record's estimator) or
+-- function(groups, opts, state) -> adv[, state]. opts.clip > 0 clips every advantage to
+-- [-clip, clip]. Rewards that are NaN (unscored rows) get advantage 0 and stay out of the
+-- baselines (see scored_groups). Returns adv, state. opts.global_sum(a, b, ...), when given,
+-- returns each number summed over every rank's groups (data parallel training): statistics over
+-- the whole batch (the REINFORCE running mean, GRPO's batch std) use it.
 function M.advantages(kind, groups, opts, state)
   opts = opts or {}
-  local f = type(kind) == "function" and kind or M.estimators[kind]
+  local rec = type(kind) == "string" and M.algorithm(kind) or nil
+  local f = type(kind) == "function" and kind or (rec and rec.estimator)
   if not f then
-    error(("unknown advantage estimator '%s' (valid: %s, or a Lua function)"):format(
-      tostring(kind), table.concat(M.estimator_names, ", ")), 0)
+    error(("unknown advantage estimator '%s' (valid: %s, or a Lua function)"):format(tostring(kind), estimator_names()), 0)
   end
-  local seen, back = scored_groups(groups, kind)
+  local seen, back = scored_groups(groups, rec)
   local adv, new_state
   if #seen > 0 then
     adv, new_state = f(seen, opts, state)
@@ -214,43 +179,9 @@ function M.advantages(kind, groups, opts, state)
   return adv, new_state
 end
 
--- TRL's multi_objective_aggregation = "normalize_then_sum" (GDPO): each reward function's
--- scores are normalised within each prompt's group, (s - mean) / (std + 1e-4), then summed with
--- the weights; the sums are normalised over the whole batch. per[k][i][j]: score of function k
--- for sample j of prompt i (NaN: no score; left out of its means and stds and of the sum; a
--- sample with no score at all gets advantage 0). Returns adv[i][j].
-function M.normalize_then_sum(per, weights, eps)
-  eps = eps or 1e-4
-  local K = #per
-  local P = K > 0 and #per[1] or 0
-  local sums, all = {}, {}
-  for i = 1, P do
-    sums[i] = {}
-    for j = 1, #per[1][i] do sums[i][j] = 0 / 0 end
-  end
-  for k = 1, K do
-    local w = weights and weights[k] or 1
-    for i = 1, P do
-      local vals = {}
-      for _, v in ipairs(per[k][i]) do if not isnan(v) then vals[#vals + 1] = v end end
-      local m, s = mean(vals), std(vals)
-      for j, v in ipairs(per[k][i]) do
-        if not isnan(v) then
-          local z = (v - m) / (s + eps)
-          sums[i][j] = (isnan(sums[i][j]) and 0 or sums[i][j]) + w * z
-        end
-      end
-    end
-  end
-  for i = 1, P do for _, v in ipairs(sums[i]) do if not isnan(v) then all[#all + 1] = v end end end
-  local m, s = mean(all), std(all)
-  local adv = {}
-  for i = 1, P do
-    adv[i] = {}
-    for j, v in ipairs(sums[i]) do adv[i][j] = isnan(v) and 0 or (v - m) / (s + eps) end
-  end
-  return adv
-end
+-- grpo's per-reward estimator (TRL's GDPO: multi_objective_aggregation = "normalize_then_sum"):
+-- step/algos/grpo.lua's per_reward.
+function M.normalize_then_sum(per, weights, eps) return M.algorithm("grpo").per_reward(per, weights, eps) end
 
 ---------------------------------------------------------------------------- KL estimators
 
@@ -319,11 +250,6 @@ end
 -- loss_agg_mode values. seq-mean-token-sum-norm is verl's name for Dr. GRPO's normalisation.
 M.aggregations = { "seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm" }
 
--- TRL's loss_type -> the aggregation it implies here, and the names in order: the settings'
--- table (remax.settings.schema), which derives cfg.aggregation from it.
-local schema = require("remax.settings.schema")
-M.loss_types, M.loss_type_names = schema.loss_types, schema.loss_type_names
-
 local function valid_aggs()
   return table.concat(M.aggregations, ", ")
 end
@@ -375,6 +301,41 @@ local function clip_side(r, A, lo, hi)
   return (r < 1 - lo and A < 0), (r > 1 + hi and A > 0)
 end
 
+-- A loss type's own per-token term over one row (token_weights' rows[r]): each token's loss and
+-- d loss / d logp_t, the entropy mask applied, and the clip counts {low, high, n}. The ratio is
+-- exp(logp - old) per token, or one per row at sequence level (exp of the mean log-ratio, which
+-- each token moves by 1/n of its share); without old it is exactly 1 (old = logp, detached).
+local function term_row(term, clipped, o, row, level)
+  local n, A, lp, old, mask, returns = #row.logp, row.adv, row.logp, row.old, row.mask, row.returns
+  local seq_ratio
+  if level == "sequence" and n > 0 then
+    local s = 0
+    for t = 1, n do s = s + (lp[t] - (old and old[t] or lp[t])) end
+    seq_ratio = math.exp(s / n)
+  end
+  local ls, gs, through = {}, {}, 0
+  local counts = { 0, 0, 0 }
+  for t = 1, n do
+    local m = mask and mask[t] or 1
+    local At = returns and returns[t] or A
+    local ratio = seq_ratio or math.exp(lp[t] - (old and old[t] or lp[t]))
+    local l, dr, dd = term(ratio, At, lp[t], o)
+    if clipped and (not seq_ratio or t == 1) then   -- a token's ratio, or the row's once
+      local cl, ch = clipped(ratio, At, o)
+      counts[1], counts[2], counts[3] = counts[1] + (cl and 1 or 0), counts[2] + (ch and 1 or 0), counts[3] + 1
+    end
+    ls[t] = m * l
+    if seq_ratio then
+      through = through + m * (dr or 0)   -- every token's loss moves with the row's ratio
+      gs[t] = m * (dd or 0)
+    else
+      gs[t] = m * ((dr or 0) + (dd or 0))
+    end
+  end
+  if seq_ratio then for t = 1, n do gs[t] = gs[t] + through / n end end
+  return ls, gs, counts
+end
+
 -- rows[r] = {adv = A, logp = {...}, ref = {...} or nil, old = {...} or nil, mask = {...} or nil,
 -- masked = true or nil, returns = {...} or nil}: the completion tokens of one row; returns (gamma:
 -- M.gamma_returns) replaces A token by token. old: the log-probabilities of the
@@ -388,8 +349,12 @@ end
 --   l_t = mask_t * clipped_loss(r_t, A) + beta * k3_t       (kl = "k3")
 --   l_t = mask_t * clipped_loss(r_t, A)                      (kl = "k1": the KL is in A already)
 -- and the step's loss is sum over rows and tokens of row_scale * l_t. SFT is adv = 1, beta = 0.
+-- A loss type with a token_loss of its own (cispo, sapo: step/loss_types/) puts its term in place
+-- of clipped_loss, evaluated at ratio 1 when there is no old (as TRL does with the detached logp).
 -- opts: beta, kl, agg, num_rows, num_tokens (step totals), max_length, chunk_tokens, chunks,
--- epsilon (0.2), epsilon_high (= epsilon), delta (nil), level ("token").
+-- epsilon (0.2), epsilon_high (= epsilon), delta (nil), level ("token"), loss_type (a name of
+-- step/loss_types/; nil: the clipped surrogate), and the settings that loss type reads
+-- (sapo_temperature_pos, sapo_temperature_neg; default: its record's defaults).
 -- Returns weights[r][t] = d loss / d logp_t and stats {loss=, kl_sum=, tokens=, clip_low=,
 -- clip_high=, clip_n=}: loss is this part's share of the step's loss, kl_sum the sum of the
 -- per-token KL estimates (k3 or k1) over loss tokens, clip_* counts of clipped tokens (rows at
@@ -404,6 +369,15 @@ function M.token_weights(rows, opts)
   local lo = opts.epsilon or 0.2
   local hi = opts.epsilon_high or lo
   local delta = opts.delta
+  local L = M.loss_type(opts.loss_type)
+  if opts.loss_type ~= nil and not L then error(("unknown loss_type '%s'"):format(tostring(opts.loss_type)), 0) end
+  local term = L and L.token_loss
+  local o   -- what a loss type's own term reads: the clip range, and its settings (or their defaults)
+  if term then
+    o = { epsilon = lo, epsilon_high = hi, delta = delta }
+    for k, v in pairs(L.defaults or {}) do o[k] = v end
+    for _, k in ipairs(L.settings or {}) do if opts[k] ~= nil then o[k] = opts[k] end end
+  end
   local num_rows, num_tokens = opts.num_rows, opts.num_tokens
   if not num_rows or not num_tokens then
     num_rows, num_tokens = #rows, 0
@@ -423,9 +397,14 @@ function M.token_weights(rows, opts)
       for t = 1, n do w[t] = 0 end
     else
       local c = M.row_scale(agg, n, num_rows, num_tokens, extra)
+      local policy_l, policy_g, counts
+      if term then
+        policy_l, policy_g, counts = term_row(term, L.clipped, o, row, level)
+        clip_low, clip_high, clip_n = clip_low + counts[1], clip_high + counts[2], clip_n + counts[3]
+      end
       -- sequence level: one ratio for the row; each token's logp moves it by r / n
       local seq_loss, seq_grad
-      if old and level == "sequence" and n > 0 then
+      if old and level == "sequence" and n > 0 and not term then
         local s = 0
         for t = 1, n do s = s + (lp[t] - old[t]) end
         local ratio = math.exp(s / n)
@@ -440,7 +419,9 @@ function M.token_weights(rows, opts)
         local m = mask and mask[t] or 1
         local At = returns and returns[t] or A
         local l, g
-        if not old then
+        if policy_l then
+          l, g = policy_l[t], policy_g[t]   -- the mask is in them
+        elseif not old then
           l, g = -At * lp[t], -At
         elseif level == "token" then
           local ratio = math.exp(lp[t] - old[t])
@@ -450,7 +431,7 @@ function M.token_weights(rows, opts)
         else
           l, g = seq_loss, seq_grad
         end
-        if m ~= 1 then
+        if m ~= 1 and not policy_l then
           l = m * l
           if not (old and level == "sequence") then g = m * g end
         end

@@ -151,6 +151,8 @@ local function pack_step(self, rows, totals, chunk, pre, acc)
       num_rows = totals.rows, num_tokens = totals.tokens, max_length = cfg.max_completion_length,
       chunk_tokens = u.tokens, chunks = totals.chunks,
       epsilon = cfg.epsilon, epsilon_high = cfg.epsilon_high, delta = cfg.delta, level = cfg.importance_sampling_level,
+      loss_type = not sft and cfg.loss_type or nil,   -- its own per-token term (cispo, sapo), else the clipped one
+      sapo_temperature_pos = cfg.sapo_temperature_pos, sapo_temperature_neg = cfg.sapo_temperature_neg,
     })
     for j, n in ipairs(idx) do weights[n] = w[j] end
     if not stats then stats = st else for k, v in pairs(st) do stats[k] = stats[k] + v end end

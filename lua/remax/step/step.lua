@@ -19,8 +19,9 @@
 -- hooks.on_failure(why) (a reward failed: the Run saves the last finished step). cfg is the
 -- resolved settings, read here, written only by the Run (hot reload).
 --
--- A new estimator is a change to remax.step.algos; a new reward kind to remax.step.rewards; a
--- multi-turn environment replaces Step:rollout's generation (docs/architecture.md, "Where to add").
+-- A new estimator is a file in step/algos/ (remax.step.algos), a new loss type one in
+-- step/loss_types/; a new reward kind is a change to remax.step.rewards; a multi-turn environment
+-- replaces Step:rollout's generation (docs/architecture.md, "Where to add").
 local algos = require("remax.step.algos")
 local rewards = require("remax.step.rewards")
 local data = require("remax.formats.data")
@@ -220,10 +221,11 @@ function Step:advantage(ro)
     momentum = cfg.baseline_momentum, step = ro.step, global_sum = function(...) return self.dist:sum(...) end,
   }
   local adv, state
-  if cfg.multi_objective_aggregation == "normalize_then_sum" and kind == "grpo" then
-    local per = {}
+  local algorithm = type(kind) == "string" and algos.algorithm(kind) or nil
+  if cfg.multi_objective_aggregation == "normalize_then_sum" and algorithm and algorithm.per_reward then
+    local per = {}   -- each reward function's scores, for an estimator over them (grpo's GDPO)
     for k, rw in ipairs(self.rewards) do per[k] = ro:sample_table(ro.per[rw.name]) end
-    adv = algos.normalize_then_sum(per, cfg.reward_weights)
+    adv = algorithm.per_reward(per, cfg.reward_weights)
     local c = cfg.advantage_clip or 0
     if c > 0 then
       for _, a in ipairs(adv) do for j = 1, #a do a[j] = math.max(-c, math.min(c, a[j])) end end
