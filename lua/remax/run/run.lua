@@ -15,6 +15,7 @@ local setup = require("remax.run.setup")
 local reload = require("remax.run.reload")
 local step_mod = require("remax.step.step")
 local guard = require("remax.step.guard")
+local async = require("remax.run.async")   -- asynchronous rollouts (issue 46)
 local dist = require("remax.bind.dist")
 local now = require("remax.bind.clock").now
 local recipe_mod = require("remax.settings.recipe")
@@ -91,6 +92,9 @@ function M.new(cfg, opts)
     -- read often by the loop, recipes and tests; the Step owns them
     self.model, self.tok, self.model_source = pieces.model, pieces.tok, pieces.model_source
     self.template_name, self.accuracy_name = pieces.template_name, pieces.accuracy_name
+    if async.wanted(cfg) then   -- rollouts generated ahead by older weights (remax.run.async)
+      self.async = async.new(cfg, { stepper = self.stepper, world = world, next_batch = function() return self:next_batch() end })
+    end
     if cfg.hot_reload then reload.snapshot(self) end
     if self.resume_state then self:restore(self.resume_state) end
     self:share_state()
@@ -202,7 +206,9 @@ end
 -- (the moments are gathered) unless without_moments.
 function methods.state(self, without_moments)
   local st = self.stepper:state(without_moments)
-  return {
+  -- the rows generated ahead are part of the state (a collective: rank 0 keeps every rank's)
+  local async_state = self.async and self.async:state() or nil
+  return { async = async_state,
     step = self.step, sampler = self.sampler:state(), optimizer_step = st.optimizer_step,
     bad_steps = self.bad_steps, reloads = self.reloads, baseline = st.baseline,
     eval_history = self.eval_history, train_seconds = self.train_seconds, tensors = st.tensors,
@@ -221,6 +227,10 @@ function methods.restore(self, state)
   end
   self.step = state.step
   self.sampler:restore(state.sampler)
+  if state.async and not self.async then
+    error(("--resume %s: its checkpoint was written with async_mode on (rows generated ahead); resume with the same async_mode"):format(self.run_dir), 0)
+  end
+  if self.async then self.async:restore(state.async) end
   self.stepper:restore({ optimizer_step = state.optimizer_step, tensors = state.tensors, baseline = state.baseline })
   self.bad_steps, self.reloads = state.bad_steps or 0, state.reloads or 0
   self.eval_history = state.eval_history
@@ -422,7 +432,9 @@ end
 function methods.train_step(self)
   local t0 = now()
   self.dist:set_step(self.step + 1)   -- named by a collective that times out (issue 35)
-  local m, ro = self.stepper:run(self:next_batch(), { step = self.step + 1 })
+  local m, ro
+  if self.async then m, ro = self.async:step(self.step + 1)   -- rows generated ahead (remax.run.async)
+  else m, ro = self.stepper:run(self:next_batch(), { step = self.step + 1 }) end
   m.time_step = now() - t0
   self.train_seconds = (self.train_seconds or 0) + m.time_step
   m.time_elapsed_train = self.train_seconds
