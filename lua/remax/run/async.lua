@@ -91,7 +91,7 @@ end
 
 -- The rows generated ahead, with everything the Step needs of them, as plain values.
 local SKIP = { reward_args = true, completions = true, batch = true }
-local function plain(ro)
+function M.plain(ro)
   local t = {}
   for k, v in pairs(ro) do if not SKIP[k] then t[k] = v end end
   return t
@@ -103,7 +103,7 @@ function Schedule:state()
   -- just restored (rank 0 read a checkpoint; the Run now shares it): every rank's rows as read
   if self.restored then return self.restored end
   local list = {}
-  for _, ro in pairs(self.pending) do list[#list + 1] = plain(ro) end
+  for _, ro in pairs(self.pending) do list[#list + 1] = M.plain(ro) end
   table.sort(list, function(a, b) return a.step < b.step end)
   -- every rank's rows (each generates its own share): rank 0's checkpoint keeps them all
   local parts = { list }

@@ -38,7 +38,7 @@ M.limits = {
   -- episodes (multi-turn)
   max_turns = "[1, 1024]", max_episode_length = "[2, 2^20]", tool_timeout = "[0, inf)",
   -- asynchronous rollouts
-  max_staleness = "[0, 1024]", weight_sync_steps = "[1, 2^20]", vllm_importance_sampling_cap = "(0, inf)",
+  max_staleness = "[0, 1024]", rollout_ranks = "[0, 2^20]", weight_sync_steps = "[1, 2^20]", vllm_importance_sampling_cap = "(0, inf)",
   -- optimisation
   learning_rate = "[0, 1]", warmup_ratio = "[0, 1]", weight_decay = "[0, inf)",
   adam_beta1 = "[0, 1)", adam_beta2 = "[0, 1)", adam_epsilon = "(0, 1]", max_grad_norm = "[0, inf)",
