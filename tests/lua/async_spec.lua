@@ -155,6 +155,40 @@ describe("async rollouts", function()
     end)
   end
 
+  -- a guessing game (multi-turn episodes: the greedy episode plays the same game with the same weights)
+  local game = {
+    reset = function(sample, state) state.turn = 0 return { { role = "user", content = sample.prompt } } end,
+    step = function(state, text)
+      state.turn = state.turn + 1
+      local d = tonumber(text:match("%d"))
+      if d == 7 then return "right", true, 1 end
+      return d and (d < 7 and "higher" or "lower") or "say a digit", false, d and 0.1 or 0
+    end,
+  }
+  local kinds = {
+    { name = "grpo", extra = { algo = "grpo" } },
+    { name = "rloo", extra = { algo = "rloo" } },
+    { name = "episodes", extra = { environment = game, chat_template = "chatml", max_turns = 2 } },
+  }
+  for _, k in ipairs(kinds) do
+    it(("%s: max_staleness = 0 gives the synchronous bits; one_step_off trains on older rows with the correction"):format(k.name), function()
+      local function with(t) for key, v in pairs(k.extra) do t[key] = v end return t end
+      local _, ms, ws = train(d, with({ run_name = k.name .. "-s" }))
+      local _, m0, w0 = train(d, with({ run_name = k.name .. "-0", async_mode = "async", max_staleness = 0,
+        vllm_importance_sampling_correction = false }))
+      assert.is_true(same_weights(ws, w0))
+      assert.are.equal(ms[4].loss, m0[4].loss)
+      local _, m1 = train(d, with({ run_name = k.name .. "-1", async_mode = "one_step_off" }))
+      local trained = 0
+      for s = 2, 4 do
+        assert.are.equal(s - 2, m1[s]["async/policy_version"])
+        if m1[s]["sampling/importance_sampling_ratio/mean"] then trained = trained + 1 end
+      end
+      assert.is_true(trained > 0)
+      if k.name == "episodes" then assert.is_number(m1[4]["episodes/turns_mean"]) end
+    end)
+  end
+
   it("refuses algorithms without sampled completions", function()
     local msg = support.error_of(config.resolve, recipe(d, { algo = "sft", async_mode = "one_step_off" }), {})
     assert.matches("async_mode = one_step_off needs sampled completions", msg, 1, true)
