@@ -106,6 +106,26 @@ describe_mpi("rollout ranks", function()
     end)
   end
 
+  it("1 trainer + 2 generators (each its share of the prompts) gives one process's bits", function()
+    -- the same tokens and rewards; the sampler's log-probabilities depend in their last bits on how
+    -- many rows a generation call holds (the GEMMs' blocking), so the bits are equal without the
+    -- correction and equal to rounding with it
+    local off = "--async_mode one_step_off --vllm_importance_sampling_correction false"
+    local out, rc = remax(1, ("run %s %s --run_name one3"):format(rfile, off))
+    assert.are.equal(0, rc, out)
+    out, rc = remax(3, ("run %s %s --rollout_ranks 2 --run_name three"):format(rfile, off), nil, 180)
+    assert.are.equal(0, rc, out)
+    same_run("one3", "three")
+    out, rc = remax(1, ("run %s --async_mode one_step_off --run_name one3c"):format(rfile))
+    assert.are.equal(0, rc, out)
+    out, rc = remax(3, ("run %s --async_mode one_step_off --rollout_ranks 2 --run_name threec"):format(rfile), nil, 180)
+    assert.are.equal(0, rc, out)
+    local _, _, rel = support.compare_weights(ckpt("one3c", 4) .. "/model.safetensors", ckpt("threec", 4) .. "/model.safetensors")
+    assert.is_true(rel < 1e-5, ("relative difference %g"):format(rel))
+    local a, b = metrics("one3c"), metrics("threec")
+    for i = 1, #a do assert.are.equal(a[i].reward, b[i].reward) end
+  end)
+
   it("saves on Ctrl-C and resumes with the rows generated ahead: the same bits as an uninterrupted run", function()
     -- the generator's reward calls: 1 the check at setup, 2 and 3 steps 1 and 2 (round 1), 4 step 3
     -- (round 2): Ctrl-C on the generator then, the run stops after step 2 with step 3's rows in flight

@@ -64,7 +64,7 @@ function M.new(cfg, pieces)
     trainers = pieces.trainers, pending = {}, ahead = 0 }, Driver)
   self.role = world.rank < self.trainers and "trainer" or "generator"
   -- the generators' own numbering, for their shares of each step's prompts
-  self.gen_world = { rank = world.rank - self.trainers, size = world.size - self.trainers }
+  self.gen_world = setmetatable({ rank = world.rank - self.trainers, size = world.size - self.trainers }, dist.World)
   self.held_version = 0
   return self
 end
@@ -78,7 +78,7 @@ end
 
 -- A generator's share of a step's prompts.
 function Driver:my_prompts(batch)
-  return (dist.World.share(self.gen_world, batch))
+  return (self.gen_world:share(batch))
 end
 
 -- The parts generators sent for one step, in rank order -> one rollout over all its prompts.
