@@ -15,6 +15,8 @@ local setup = require("remax.run.setup")
 local reload = require("remax.run.reload")
 local step_mod = require("remax.step.step")
 local guard = require("remax.step.guard")
+local async = require("remax.run.async")   -- asynchronous rollouts (issue 46)
+local rollout_ranks = require("remax.run.rollout_ranks")   -- on ranks of their own (issue 46)
 local dist = require("remax.bind.dist")
 local now = require("remax.bind.clock").now
 local recipe_mod = require("remax.settings.recipe")
@@ -74,8 +76,11 @@ function M.new(cfg, opts)
   local ok, err = xpcall(function()
     -- prompts_per_step: this rank's; the sampler draws the global batch and each rank takes its share
     self.prompts_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
-    self.global_prompts_per_step = self.prompts_per_step * self.dist.size
-    local pieces = setup.pieces(cfg, { world = world, run_dir = self.run_dir, eval_only = opts.eval_only,
+    -- with rollout ranks the Step of every rank sees a world of its own (remax.run.rollout_ranks)
+    local trainers = rollout_ranks.wanted(cfg) and rollout_ranks.trainers(cfg, world) or world.size
+    self.step_world = rollout_ranks.wanted(cfg) and rollout_ranks.alone(world) or world
+    self.global_prompts_per_step = self.prompts_per_step * trainers
+    local pieces = setup.pieces(cfg, { world = self.step_world, is_root = world.is_root, run_dir = self.run_dir, eval_only = opts.eval_only,
       resume_model_dir = self.resume_model_dir, recipe_dir = self.recipe_dir,
       prompts_per_step = self.global_prompts_per_step })
     require("remax.run.agree").model(world, pieces.model)   -- issue 35: the same model on every rank
@@ -93,9 +98,16 @@ function M.new(cfg, opts)
     -- read often by the loop, recipes and tests; the Step owns them
     self.model, self.tok, self.model_source = pieces.model, pieces.tok, pieces.model_source
     self.template_name, self.accuracy_name = pieces.template_name, pieces.accuracy_name
+    if rollout_ranks.wanted(cfg) then   -- generation and scoring on ranks of their own
+      self.async = rollout_ranks.new(cfg, { stepper = self.stepper, world = world, sampler = self.sampler, trainers = trainers })
+      if self.async.role == "generator" then self.eval_ds = nil end   -- the trainer evaluates
+    elseif async.wanted(cfg) then   -- rollouts generated ahead by older weights (remax.run.async)
+      self.async = async.new(cfg, { stepper = self.stepper, world = world, next_batch = function() return self:next_batch(), self.batch_first end })
+    end
     if cfg.hot_reload then reload.snapshot(self) end
     if self.resume_state then self:restore(self.resume_state) end
     self:share_state()
+    if self.async and self.async.start then self.async:start(self.step) end
   end, guard.traceback)   -- REMAX_DEBUG=1 keeps the traceback
   if not ok then
     -- a failed start leaves no half-made run folder behind (a resumed or replaced run's folder stays)
@@ -209,7 +221,9 @@ end
 -- (the moments are gathered) unless without_moments.
 function methods.state(self, without_moments)
   local st = self.stepper:state(without_moments)
-  return {
+  -- the rows generated ahead are part of the state (a collective: rank 0 keeps every rank's)
+  local async_state = self.async and self.async:state() or nil
+  return { async = async_state,
     step = self.step, sampler = self.sampler:state(), optimizer_step = st.optimizer_step,
     bad_steps = self.bad_steps, reloads = self.reloads, baseline = st.baseline,
     eval_history = self.eval_history, train_seconds = self.train_seconds, tensors = st.tensors,
@@ -228,6 +242,10 @@ function methods.restore(self, state)
   end
   self.step = state.step
   self.sampler:restore(state.sampler)
+  if state.async and not self.async then
+    error(("--resume %s: its checkpoint was written with async_mode on (rows generated ahead); resume with the same async_mode"):format(self.run_dir), 0)
+  end
+  if self.async then self.async:restore(state.async) end
   self.stepper:restore({ optimizer_step = state.optimizer_step, tensors = state.tensors, baseline = state.baseline })
   self.bad_steps, self.reloads = state.bad_steps or 0, state.reloads or 0
   self.eval_history = state.eval_history
@@ -236,7 +254,7 @@ function methods.restore(self, state)
 end
 
 function methods.save_checkpoint(self, why)
-  self.dist:check_same_weights(self.model, ("step %d"):format(self.step))
+  self.step_world:check_same_weights(self.model, ("step %d"):format(self.step))
   local s = self:state()
   -- a Step that saves a model of its own (a reward model's classifier folder) says what to save
   self.run:save_checkpoint(self.step, self.stepper.checkpoint_model and self.stepper:checkpoint_model() or self.model, s)
@@ -346,7 +364,10 @@ function methods.train(self, loop)
     cfg.algo, self.model_source or "random init", self.model:num_parameters(), self.global_prompts_per_step, self.template_name))
   self:say(("dtype %s (%s)"):format(cfg.dtype, cfg.dtype_reason or ("set by " .. config.source(cfg, "dtype"))))
   self:say(require("remax.run.compute").describe(cfg.dtype, cfg.device))   -- GEMMs and threads
-  if self.dist.size > 1 then
+  if self.async and self.async.role then   -- rollout ranks (remax.run.rollout_ranks)
+    self:say(("%d ranks (%s): rank 0 trains, %d generate and score; weights go to them every %d update(s)"):format(
+      self.dist.size, self.dist.backend, cfg.rollout_ranks, cfg.weight_sync_steps))
+  elseif self.dist.size > 1 then
     self:say(("%d ranks (%s), %d prompts each per step%s"):format(self.dist.size, self.dist.backend,
       self.prompts_per_step, cfg.hot_reload and "; hot reload is off with more than one rank" or ""))
   end
@@ -430,8 +451,9 @@ end
 function methods.train_step(self)
   local t0 = now()
   self.dist:set_step(self.step + 1)   -- named by a collective that times out (issue 35)
-  local batch = self:next_batch()
-  local m, ro = self.stepper:run(batch, { step = self.step + 1, first = self.batch_first })
+  local m, ro
+  if self.async then m, ro = self.async:step(self.step + 1)   -- rows generated ahead (remax.run.async)
+  else m, ro = self.stepper:run(self:next_batch(), { step = self.step + 1, first = self.batch_first }) end
   m.time_step = now() - t0
   self.train_seconds = (self.train_seconds or 0) + m.time_step
   m.time_elapsed_train = self.train_seconds

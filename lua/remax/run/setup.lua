@@ -246,7 +246,7 @@ end
 function M.pieces(cfg, ctx)
   if cfg.algo == "reward" then return M.reward_pieces(cfg, ctx) end
   local p = { cfg = cfg, world = ctx.world, load_reference = M.load_reference, recipe_dir = ctx.recipe_dir }
-  ctx.is_root = ctx.world.is_root
+  if ctx.is_root == nil then ctx.is_root = ctx.world.is_root end   -- rollout ranks: the Step's world is its rank alone
   setup_model(p, cfg, ctx)
   -- the frozen reference: the starting weights, loaded only when the KL term is used
   if cfg.needs_reference then p.ref = M.load_reference(p) end

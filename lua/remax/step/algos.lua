@@ -392,6 +392,7 @@ function M.token_weights(rows, opts)
   for r, row in ipairs(rows) do
     local n, A, lp, ref, old, mask = #row.logp, row.adv, row.logp, row.ref, row.old, row.mask
     local returns = row.returns   -- per-token advantages (gamma), else A for every token
+    local isw = row.is_weight     -- the sampler's importance weights (remax.step.offpolicy), or nil
     local w = {}
     if row.masked then
       for t = 1, n do w[t] = 0 end
@@ -435,6 +436,7 @@ function M.token_weights(rows, opts)
           l = m * l
           if not (old and level == "sequence") then g = m * g end
         end
+        if isw then l, g = isw[t] * l, isw[t] * g end   -- the off-policy correction (remax.step.offpolicy)
         if ref then
           if kl == "k3" then
             local k = M.kl_k3(lp[t], ref[t])

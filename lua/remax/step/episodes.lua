@@ -351,7 +351,7 @@ function M.rollout(step, prompt_rows, opts)
     return got
   end
   local t0 = now()
-  local out = step.model:generate(prompt_ids, {
+  local out = (opts.model or step.model):generate(prompt_ids, {   -- opts.model: older weights (remax.run.async)
     max_new_tokens = cfg.max_completion_length, temperature = plan.temperatures, top_p = cfg.top_p, top_k = cfg.top_k,
     min_p = cfg.min_p, repetition_penalty = cfg.repetition_penalty, stop_strings = cfg.stop_strings,
     detokenize = cfg.stop_strings and function(ids) return tok:decode(ids, { skip_special_tokens = true }) end,

@@ -11,6 +11,7 @@ local tensor = require("remax.bind.tensor")
 local fit = require("remax.step.fit")
 local pack = require("remax.step.pack")
 local episodes = require("remax.step.episodes")
+local offpolicy = require("remax.step.offpolicy")
 
 local M = {}
 
@@ -121,9 +122,14 @@ local function pack_step(self, rows, totals, chunk, pre, acc)
   end
   local parts = {}
   local ent_sum, ent_n = 0, 0
+  local correct = cfg.vllm_importance_sampling_correction and not sft
   for n, row in ipairs(rows) do
     parts[n] = { adv = row.adv, logp = lps[n], ref = refs and refs[n], old = row.old, mask = masks and masks[n],
       masked = row.masked, returns = row.returns }   -- returns: gamma's per-token return (algos.gamma_returns)
+    if correct and row.behaviour and not row.masked then   -- the sampler's policy against the one the update starts from
+      parts[n].is_weight = offpolicy.row_weights(row.old or lps[n], row.behaviour, cfg.vllm_importance_sampling_mode,
+        cfg.vllm_importance_sampling_cap, acc.sampling)
+    end
     if not row.masked then
       for _, e in ipairs(ents[n]) do ent_sum, ent_n = ent_sum + e, ent_n + 1 end
     end

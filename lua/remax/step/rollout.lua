@@ -154,6 +154,7 @@ function Rollout:training_rows(mask_truncated)
       list[#list + 1] = { prompt = r.prompt, prompt_ids = self.prompt_ids[r.prompt], completion = r.tokens,
         adv = self.adv and self.adv[r.prompt][r.slot] or 1, key = k, loss_mask = r.loss_mask,
         returns = self.returns and self.returns[k],
+        behaviour = r.logprobs,   -- the sampler's log-probabilities (remax.step.offpolicy)
         masked = (mask_truncated and r.finish == "length") or nil }
     end
   end

@@ -33,6 +33,7 @@ local micro = require("remax.step.micro")
 local rollout = require("remax.step.rollout")
 local evaluate = require("remax.step.evaluate")
 local episodes = require("remax.step.episodes")   -- multi-turn: tools and environments (issue 37)
+local offpolicy = require("remax.step.offpolicy")   -- the sampler's importance weights (issue 46)
 local now = require("remax.bind.clock").now
 
 local M = {}
@@ -101,7 +102,8 @@ end
 -- sampled rows and, with generate_greedy, one greedy row per prompt) for prompt_rows. Returns a
 -- remax.step.rollout. opts: plan, step (the step whose seed generates: its number), first (the
 -- place of prompt_rows[1] in the step's whole batch, every rank's prompts counted; default 1):
--- a row's samples are keyed by its place and slot (rollout.row_keys), so repeated prompts differ.
+-- a row's samples are keyed by its place and slot (rollout.row_keys), so repeated prompts differ;
+-- model (the weights that generate: default the trained model; remax.run.async passes older ones).
 function Step:rollout(prompt_rows, opts)
   opts = opts or {}
   local cfg = self.cfg
@@ -115,7 +117,7 @@ function Step:rollout(prompt_rows, opts)
     if before then prompts_truncated = prompts_truncated + 1 end
   end
   local t0 = now()
-  local out = self.model:generate(prompt_ids, {
+  local out = (opts.model or self.model):generate(prompt_ids, {
     max_new_tokens = cfg.max_completion_length, rows_per_prompt = plan.slots, temperature = plan.temperatures, top_p = cfg.top_p, top_k = cfg.top_k,
     min_p = cfg.min_p, repetition_penalty = cfg.repetition_penalty, stop_strings = cfg.stop_strings,
     detokenize = cfg.stop_strings and function(ids) return self.tok:decode(ids, { skip_special_tokens = true }) end,
@@ -296,7 +298,8 @@ function Step:update(ro)
   for it = 1, mu do
     self.model:zero_grad()
     local loss, kl_sum, tokens, trained, ent_sum, ent_n = 0, 0, 0, 0, 0, 0
-    local acc = { earlier = false }   -- micro_step holds and adds the gradients of each pack
+    -- micro_step holds and adds the gradients of each pack; sampling: the correction's statistics
+    local acc = { earlier = false, sampling = it == 1 and cfg.vllm_importance_sampling_correction and offpolicy.stats() or nil }
     for _, c in ipairs(chunks) do
       if #c.rows > 0 then
         c.step = step
@@ -320,6 +323,7 @@ function Step:update(ro)
     local lr = optim.schedule(cfg.lr_scheduler_type, cfg.learning_rate, (step - 1) * mu + it, self.total_updates,
       self.warmup_steps)
     if it == 1 then
+      out.sampling = acc.sampling and offpolicy.metrics(offpolicy.reduce(self.dist, acc.sampling), cfg.vllm_importance_sampling_mode)
       out.kl = tokens > 0 and kl_sum / tokens or 0
       out.entropy = ent_n > 0 and ent_sum / ent_n or nil
       out.rows_trained, out.tokens_trained = trained, tokens
@@ -442,6 +446,7 @@ function Step:rl_metrics(ro, up)
   m.time_generate, m.time_score = ro.time_generate, ro.time_score
   if ro.unscored > 0 then m.unscored = ro.unscored end
   if ro.episodes then for k, v in pairs(episodes.metrics(ro, self.cfg.tools ~= nil)) do m[k] = v end end
+  for k, v in pairs(up.sampling or {}) do m[k] = v end   -- the off-policy correction's (TRL's sampling/*)
   return m
 end
 
@@ -491,16 +496,32 @@ function Step:run(batch, ctx)
     m.completion_length_max = maxlen
     if not up.finite then m.skipped, m.bad_loss, m.bad_norm = true, up.bad_loss, up.bad_norm end
   else
-    ro = self:rollout(batch, { step = step, first = ctx.first })
-    if ro.episodes then self:check_episodes(ro) end
-    self:score(ro)
-    self:advantage(ro)
-    local up = self:update(ro)
-    ro = ro:gather(self.dist)   -- rank 0: the whole step's rows, for metrics and logs
-    m = self:rl_metrics(ro, up)
-    m.loss, m.grad_norm, m.lr, m.time_train = up.loss, up.grad_norm, up.lr, up.time_train
-    if not up.finite then m.skipped, m.bad_loss, m.bad_norm = true, up.bad_loss, up.bad_norm end
+    m, ro = self:learn(self:generate(batch, { step = step, first = ctx.first }))
   end
+  return m, ro
+end
+
+-- The generate-and-score half of an RL step: this rank's prompts -> a scored rollout, its rows
+-- stamped with the policy version that generated them. opts: step (whose seed generates), model
+-- (the generating weights: default the trained model), version (their version, in updates:
+-- default none). Rollout ranks and remax.run.async's schedule call it ahead of training.
+function Step:generate(batch, opts)
+  local ro = self:rollout(batch, { step = opts.step, model = opts.model, first = opts.first })
+  if ro.episodes then self:check_episodes(ro) end
+  ro.first, ro.policy_version = opts.first, opts.version
+  for _, r in ipairs(ro.rows) do r.policy_version = opts.version end
+  return self:score(ro)
+end
+
+-- The loss-and-update half: a scored rollout -> advantages, one update, metrics; returns the
+-- metrics and, on rank 0, the whole step's rollout (for the Run's completion log).
+function Step:learn(ro)
+  self:advantage(ro)
+  local up = self:update(ro)
+  ro = ro:gather(self.dist)   -- rank 0: the whole step's rows, for metrics and logs
+  local m = self:rl_metrics(ro, up)
+  m.loss, m.grad_norm, m.lr, m.time_train = up.loss, up.grad_norm, up.lr, up.time_train
+  if not up.finite then m.skipped, m.bad_loss, m.bad_norm = true, up.bad_loss, up.bad_norm end
   return m, ro
 end
 
