@@ -185,7 +185,7 @@ describe("async rollouts", function()
         if m1[s]["sampling/importance_sampling_ratio/mean"] then trained = trained + 1 end
       end
       assert.is_true(trained > 0)
-      if k.name == "episodes" then assert.is_number(m1[4]["episodes/turns_mean"]) end
+      if k.name == "episodes" then assert.is_number(m1[4]["num_turns_mean"]) end
     end)
   end
 
