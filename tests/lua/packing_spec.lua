@@ -223,10 +223,10 @@ describe("padding-free training", function()
     step(t)   -- one update, so the policy is no longer the reference
     local ro = t:rollout(t:next_batch())
     t:score(ro)
-    local cfg = t.stepper.cfg
+    local cfg = t.cfg
     local res = {}
     local packed_calls = 0
-    for _, model in ipairs({ t.stepper.model, t.stepper:load_reference() }) do
+    for _, model in ipairs({ t.model, t.stepper:load_reference() }) do
       local real = model.logprobs_packed
       model.logprobs_packed = function(...) packed_calls = packed_calls + 1; return real(...) end
     end
@@ -238,8 +238,8 @@ describe("padding-free training", function()
       t:advantage(ro)
       local n = packed_calls - before   -- the policy's and the reference's forwards packed: one pack each, or several
       assert.is_true((not free and n == 0) or (free and not budget and n == 2) or (budget and n > 2), ("%d packed forwards"):format(n))
-      return { kl = ro.kl_k1, reward = ro.reward, lp = t.stepper:row_logprobs(t.stepper.model, ro, all),
-        ref = t.stepper:row_logprobs(t.stepper:load_reference(), ro, all) }
+      return { kl = ro.kl_k1, reward = ro.reward, lp = t.stepper.policy:row_logprobs(ro, all),
+        ref = t.stepper.policy:row_logprobs(ro, all, true) }
     end
     local pad, free, budget = run(false), run(true), run(true, 24)   -- 24: one row per pack
     -- the log-probabilities within 1e-6 relative; the KL (a difference of nearly equal sums)
