@@ -184,8 +184,8 @@ describe("padding-free training", function()
         if not gather then sent[rank] = dist.encode(list[1]); error("sent", 0) end
         return { dist.decode(sent[0]), dist.decode(sent[1]) }   -- what every rank receives
       end }
-      local self = { cfg = { padding_free = true, top_entropy_quantile = 1, algo = "grpo" }, dist = world }
-      return micro.balance(self, chunks[rank])
+      local tr = { cfg = { padding_free = true }, top_entropy_quantile = 1, world = world }   -- remax.step.policy's trainer
+      return micro.balance(tr, chunks[rank])
     end
     pcall(as_rank, 0)
     pcall(as_rank, 1)
@@ -210,9 +210,9 @@ describe("padding-free training", function()
     assert.are.same({ "b1", "b2" }, tags)
     assert.are.same({ tokens = 30, count = 30 }, back[1].rows[1].unit)
     -- padded, or a top-entropy mask (a quantile over a micro-batch's entropies): rows stay
-    local same = micro.balance({ cfg = { padding_free = false, top_entropy_quantile = 1, algo = "grpo" }, dist = { size = 2 } }, chunks[0])
+    local same = micro.balance({ cfg = { padding_free = false }, top_entropy_quantile = 1, world = { size = 2 } }, chunks[0])
     assert.are.equal(chunks[0], same)
-    assert.are.equal(chunks[0], micro.balance({ cfg = { padding_free = true, top_entropy_quantile = 0.5, algo = "grpo" }, dist = { size = 2 } }, chunks[0]))
+    assert.are.equal(chunks[0], micro.balance({ cfg = { padding_free = true }, top_entropy_quantile = 0.5, world = { size = 2 } }, chunks[0]))
     assert.are.same({ { 1 }, { 2 }, { 3, 4 } }, pack.assign({ 9, 5, 4, 2 }, 3))
     assert.are.same({ { 1, 4 }, { 2, 3 } }, pack.assign({ 9, 5, 4, 2 }, 2))
   end)

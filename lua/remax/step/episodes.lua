@@ -31,7 +31,7 @@ local M = {}
 -- Whether the settings ask for episodes.
 function M.wanted(cfg) return cfg.tools ~= nil or cfg.environment ~= nil end
 
--- The checked tools and environment of gen's settings (gen: what generates, remax.step.policy's
+-- The checked tools and environment of step's settings (step: what generates, remax.step.policy's
 -- Policy or a table with its cfg, recipe_dir and template_name): {tools, env, registry (the
 -- workers and servers outside Lua), format}. The caller keeps it for its rollouts (opts.setup)
 -- and closes its registry.
