@@ -105,7 +105,7 @@ end
 function Policy:rollout(prompt_rows, opts)
   opts = opts or {}
   local cfg = self.cfg
-  local step = assert(opts.step, "Step:rollout: opts.step (the step number) is required")
+  local step = assert(opts.step, "rollout: opts.step (the step number) is required")
   if episodes.wanted(cfg) then   -- multi-turn: tools, environments
     local o = { setup = self:episode_setup() }
     for k, v in pairs(opts) do o[k] = v end
@@ -307,7 +307,7 @@ end
 function Policy:update(rows, opts)
   local cfg = self.cfg
   local t0 = now()
-  local step = assert(opts.step, "Step:update: the rollout's step number is required")
+  local step = assert(opts.step, "update: opts.step (the step number) is required")
   local tr = self:trainer(opts.entropy)
   local chunks = self:micro_batches(rows)
   local totals = { rows = #rows, tokens = 0, chunks = #chunks }
