@@ -74,10 +74,10 @@ local ok, err = pcall(function()
   end
   -- the reference's forwards, timed where the update makes them
   local ref_seconds = 0
-  if t.stepper.ref then   -- padded (logprobs) or packed (logprobs_packed, padding_free) forwards
+  if t.stepper.policy.ref then   -- padded (logprobs) or packed (logprobs_packed, padding_free) forwards
     for _, name in ipairs({ "logprobs", "logprobs_packed" }) do
-      local forward = t.stepper.ref[name]
-      t.stepper.ref[name] = function(self, ...)
+      local forward = t.stepper.policy.ref[name]
+      t.stepper.policy.ref[name] = function(self, ...)
         local t0 = now()
         local a, b, c = forward(self, ...)   -- read back: synchronised
         ref_seconds = ref_seconds + now() - t0

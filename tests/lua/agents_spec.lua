@@ -31,7 +31,7 @@ end
 
 -- A Step (remax.step.step) over a tiny model and the byte tokenizer, with a resolved config:
 -- settings over a small episode run's.
-local function make_step(settings, model)
+local function make_step(settings, model, hooks)
   local s = { chat_template = "chatml", rewards = {}, num_generations = 2, max_completion_length = 20,
     max_prompt_length = 64, max_turns = 3, tool_timeout = 2, seed = 5, per_device_train_batch_size = 2,
     learning_rate = 1e-3, max_steps = 2 }
@@ -40,7 +40,7 @@ local function make_step(settings, model)
   local cfg = config.resolve(s, {}, { running = true })
   model = model or tiny()
   return step_mod.new({ model = model, tok = tok, stop = STOP, template = { template = "chatml" }, template_name = "chatml",
-    rewards = {}, world = dist.world(), opt = require("remax.bind.optim").adamw(model, { lr = 1e-3 }) }, cfg)
+    rewards = {}, world = dist.world(), opt = require("remax.bind.optim").adamw(model, { lr = 1e-3 }) }, cfg, hooks)
 end
 
 local function rows_tokens(ro, from, to)
@@ -113,7 +113,7 @@ describe("a prompt's episodes", function()
     local ro = step:rollout({ { prompt = "DATASET-PROMPT" } }, { step = 1 })
     ro.per, ro.total = {}, { 0, 0, 0 }
     local recs = step:completion_records(ro)
-    local secret = rollout.prompt_seed(step:seed_for(1), 1) % 10
+    local secret = rollout.prompt_seed(step.policy:seed_for(1), 1) % 10
     local want = { { role = "user", content = "Say the digit " .. secret .. "." } }
     for _, rec in ipairs(recs) do assert.are.same(want, rec.prompt) end
     local d = support.tmpdir()
@@ -148,7 +148,7 @@ class Unseeded:
 ]])
     it("pass the prompt's seed to a reset that takes `seed`, so that a random reset repeats within a prompt", function()
       local step = make_step({ environment = "py:" .. d .. "/games.py:Seeded" })
-      finally(function() step.episode_setup.registry:close() end)
+      finally(function() step.policy:episode_setup().registry:close() end)
       local ro = step:rollout({ { prompt = "p" }, { prompt = "p" } }, { step = 3 })
       for i = 1, 2 do
         local msg = ro.prompt_messages[i][1].content
@@ -160,7 +160,7 @@ class Unseeded:
     end)
     it("stop a step whose Python reset draws at random without the seed", function()
       local step = make_step({ environment = "py:" .. d .. "/games.py:Unseeded" })
-      finally(function() step.episode_setup.registry:close() end)
+      finally(function() step.policy:episode_setup().registry:close() end)
       local err = support.error_of(function() step:rollout({ { prompt = "p" } }, { step = 1 }) end)
       assert.matches("the episodes of prompt 1 start from different first messages", err, 1, true)
       assert.matches("a Python reset that takes a `seed` argument gets it", err, 1, true)
@@ -270,9 +270,8 @@ describe("failing episodes", function()
     assert.are.equal(1, m["episodes/failed_fraction"])
     assert.are.equal("6/6 episodes failed, most often: environment step failed: the game broke", m.warning)
     step:check_episodes(ro)   -- not strict: the step goes on
-    local strict = make_step({ environment = broken, strict_episodes = true })
     local why
-    strict.hooks.on_failure = function(w) why = w end
+    local strict = make_step({ environment = broken, strict_episodes = true }, nil, { on_failure = function(w) why = w end })
     local err = support.error_of(function() strict:check_episodes(ro) end)
     assert.are.equal("strict_episodes: step 1: 6/6 episodes failed, most often: environment step failed: the game broke", err)
     assert.are.equal(err, why)   -- the Run saves the last finished step first
@@ -364,7 +363,7 @@ return {
 }
 ]]):format(model))
     local out = render(d .. "/agent.lua --row 3")
-    local seed = rollout.prompt_seed(step_mod.Step.seed_for({ cfg = config.resolve({}) }, 1), 1)   -- step 1, place 1
+    local seed = rollout.prompt_seed(require("remax.step.policy").Policy.seed_for({ cfg = config.resolve({}) }, 1), 1)   -- step 1, place 1
     local t = tokenizer.load(model)
     local schemas = tools.schemas(tools.check({ calc = { description = "Evaluate arithmetic", parameters = { type = "object",
       properties = { e = { type = "string", description = "the expression" } }, required = { "e" } }, fn = function() end } }))

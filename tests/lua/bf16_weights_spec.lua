@@ -225,9 +225,9 @@ describe("frozen copies in training", function()
     local a = run(dir, { run_name = "auto" })
     local f = run(dir, { run_name = "f32", frozen_dtype = "f32" })
     assert.are.equal("f32", a.model:weight_dtype())   -- the trained policy stays f32
-    assert.are.equal("bf16", a.stepper.ref:weight_dtype())
-    assert.are.equal("f32", f.stepper.ref:weight_dtype())
-    assert.is_true(a.stepper.ref:memory().params < 0.6 * f.stepper.ref:memory().params)
+    assert.are.equal("bf16", a.stepper.policy.ref:weight_dtype())
+    assert.are.equal("f32", f.stepper.policy.ref:weight_dtype())
+    assert.is_true(a.stepper.policy.ref:memory().params < 0.6 * f.stepper.policy.ref:memory().params)
     local ma, mf = a.run:metrics(), f.run:metrics()
     for step = 1, 2 do
       assert.is_true(math.abs(ma[step].kl - mf[step].kl) < 1e-6 + 2e-2 * math.abs(mf[step].kl),

@@ -95,7 +95,7 @@ describe("command line", function()
       { quiet = true, signals = false })
     assert.are.equal(7, t.cfg.max_steps)
     assert.are.equal(7, t.run:read_config().max_steps)
-    assert.are.equal(7, t.stepper.total_updates)
+    assert.are.equal(7, t.stepper.policy.total_updates)
     local both = trainer.new(config.resolve(recipe({ run_name = "b", max_steps = 3, num_train_epochs = 2.5 })),
       { quiet = true, signals = false })
     assert.are.equal(3, both.cfg.max_steps)

@@ -89,15 +89,15 @@ describe("training on cuda", function()
     local cpu = new_trainer(dir, { run_name = "cpu", device = "cpu" })
     local gpu = new_trainer(dir, { run_name = "cuda", device = "cuda" })
     assert.are.equal("cuda", gpu.model:device_name())
-    assert.are.equal("cuda", gpu.stepper.ref:device_name())
-    for _, name in ipairs(gpu.stepper.opt.names) do
-      assert.are.equal("cuda", gpu.stepper.opt.m[name]:device_name())
-      assert.are.equal("cuda", gpu.stepper.opt.v[name]:device_name())
+    assert.are.equal("cuda", gpu.stepper.policy.ref:device_name())
+    for _, name in ipairs(gpu.stepper.policy.opt.names) do
+      assert.are.equal("cuda", gpu.stepper.policy.opt.m[name]:device_name())
+      assert.are.equal("cuda", gpu.stepper.policy.opt.v[name]:device_name())
     end
     -- AdamW over the flat buffers: the moments in two device buffers, two update launches
     -- (matrices with weight decay, norms and biases without) and one clip
-    assert.are.equal("cuda", gpu.stepper.opt.m_flat:device_name())
-    assert.are.equal(2, #gpu.stepper.opt.runs)
+    assert.are.equal("cuda", gpu.stepper.policy.opt.m_flat:device_name())
+    assert.are.equal(2, #gpu.stepper.policy.opt.runs)
     local start = host_params(cpu.model)
     for step = 1, 3 do
       local mc, mg = cpu:train_step(), gpu:train_step()
@@ -142,7 +142,7 @@ describe("training on cuda", function()
     for name, t in pairs(pa) do
       assert.is_true(bytes(t) == bytes(pc[name]), "parameter " .. name .. " differs after resume")
     end
-    local sa, sc = a.stepper.opt:state(), c.stepper.opt:state()
+    local sa, sc = a.stepper.policy.opt:state(), c.stepper.policy.opt:state()
     assert.are.equal(sa.step, sc.step)
     for name, t in pairs(sa.tensors) do
       assert.is_true(bytes(t:to("cpu")) == bytes(sc.tensors[name]:to("cpu")), "optimizer state " .. name .. " differs")
@@ -180,9 +180,9 @@ describe("training on cuda", function()
     local a = new_trainer(dir, extra)
     extra.run_name, extra.frozen_dtype = "masters", "f32"
     local b = new_trainer(dir, extra)
-    assert.are.equal("bf16", a.stepper.ref:weight_dtype())   -- every weight in bf16 alone
-    assert.are.equal("f32", b.stepper.ref:weight_dtype())    -- f32 masters and a bf16 working copy
-    local ma, mb, mp = a.stepper.ref:memory(), b.stepper.ref:memory(), a.model:memory()
+    assert.are.equal("bf16", a.stepper.policy.ref:weight_dtype())   -- every weight in bf16 alone
+    assert.are.equal("f32", b.stepper.policy.ref:weight_dtype())    -- f32 masters and a bf16 working copy
+    local ma, mb, mp = a.stepper.policy.ref:memory(), b.stepper.policy.ref:memory(), a.model:memory()
     assert.are.equal(0, ma.grads)
     assert.is_true(3 * ma.params <= mb.params + 64 * 3 * #a.model.names, ("frozen %d bytes, with masters %d"):format(ma.params, mb.params))
     assert.is_true(3 * ma.params <= mp.params + 64 * 3 * #a.model.names)
@@ -248,10 +248,10 @@ describe("training on cuda", function()
     -- a run on cuda loads its reward models there
     local data = setup()
     local t = new_trainer(data, { device = "cuda", rewards = { { model = dir, name = "rm" } }, beta = 0 })
-    assert.are.equal("cuda", t.stepper.rewards[1].reward_model.model:device_name())
+    assert.are.equal("cuda", t.stepper:reward_functions()[1].reward_model.model:device_name())
     local tb = new_trainer(data, { device = "cuda", dtype = "bf16", rewards = { { model = dir, name = "rm" } }, beta = 0,
       run_name = "bf16" })
-    assert.are.equal("bf16", tb.stepper.rewards[1].reward_model.model:weight_dtype())
+    assert.are.equal("bf16", tb.stepper:reward_functions()[1].reward_model.model:weight_dtype())
   end)
 
   it("cuda: LoRA on the device (dropout included) equals LoRA on the cpu (A within 1e-5, B within 1e-4 relative)", function()

@@ -63,6 +63,49 @@ describe("the Run and the Step", function()
     assert.is_nil(step_src:match("for name, fn in pairs%("), "no methods copied in from other modules")
   end)
 
+  it("every step type implements the Step interface, and no step has modes", function()
+    local step = require("remax.step.step")
+    local names = {}
+    for algo, kind in pairs(step.TYPES) do
+      names[#names + 1] = algo
+      for _, method in ipairs(step.INTERFACE) do
+        assert.is_function(kind.Step[method], ("the %s step lacks Step:%s"):format(algo, method))
+      end
+    end
+    table.sort(names)
+    assert.are.same({ "reward", "rl", "sft" }, names)
+    assert.are.equal(step.TYPES.sft, step.type_of({ algo = "sft" }))
+    assert.are.equal(step.TYPES.reward, step.type_of({ algo = "reward" }))
+    assert.are.equal(step.TYPES.rl, step.type_of({ algo = "grpo" }))
+    -- a step type is a file of its own: no code in step/ asks which algo is SFT or a reward model
+    local bad = {}
+    for _, f in ipairs(lua_files("lua/remax/step")) do
+      for n, line in ipairs(lines_of(f)) do
+        local code = line:gsub("%-%-.*$", "")
+        if code:match('algo%s*[~=]=%s*"sft"') or code:match('algo%s*[~=]=%s*"reward"') then
+          bad[#bad + 1] = ("%s:%d: %s"):format(f, n, code)
+        end
+      end
+    end
+    assert.are.same({}, bad)
+  end)
+
+  it("the Run asks the Step through its methods, never reading a field of it", function()
+    local bad = {}
+    for _, f in ipairs(lua_files("lua/remax/run")) do
+      for n, line in ipairs(lines_of(f)) do
+        local code = line:gsub("%-%-.*$", "")
+        -- stepper.x not followed by "(": a field read (pcall(stepper.m, stepper, ...) calls method m)
+        for field in code:gmatch("stepper%.([%a_][%w_]*)") do
+          if not code:match("pcall%(self%.stepper%." .. field .. ", self%.stepper") then
+            bad[#bad + 1] = ("%s:%d: stepper.%s"):format(f, n, field)
+          end
+        end
+      end
+    end
+    assert.are.same({}, bad)
+  end)
+
   it("no Lua module is over about 600 lines, except the self-contained Jinja interpreter and GGUF writer", function()
     local long = {}
     for _, f in ipairs(lua_files("lua/remax")) do

@@ -184,8 +184,8 @@ describe("padding-free training", function()
         if not gather then sent[rank] = dist.encode(list[1]); error("sent", 0) end
         return { dist.decode(sent[0]), dist.decode(sent[1]) }   -- what every rank receives
       end }
-      local self = { cfg = { padding_free = true, top_entropy_quantile = 1, algo = "grpo" }, dist = world }
-      return micro.balance(self, chunks[rank])
+      local tr = { cfg = { padding_free = true }, top_entropy_quantile = 1, world = world }   -- remax.step.policy's trainer
+      return micro.balance(tr, chunks[rank])
     end
     pcall(as_rank, 0)
     pcall(as_rank, 1)
@@ -210,9 +210,9 @@ describe("padding-free training", function()
     assert.are.same({ "b1", "b2" }, tags)
     assert.are.same({ tokens = 30, count = 30 }, back[1].rows[1].unit)
     -- padded, or a top-entropy mask (a quantile over a micro-batch's entropies): rows stay
-    local same = micro.balance({ cfg = { padding_free = false, top_entropy_quantile = 1, algo = "grpo" }, dist = { size = 2 } }, chunks[0])
+    local same = micro.balance({ cfg = { padding_free = false }, top_entropy_quantile = 1, world = { size = 2 } }, chunks[0])
     assert.are.equal(chunks[0], same)
-    assert.are.equal(chunks[0], micro.balance({ cfg = { padding_free = true, top_entropy_quantile = 0.5, algo = "grpo" }, dist = { size = 2 } }, chunks[0]))
+    assert.are.equal(chunks[0], micro.balance({ cfg = { padding_free = true }, top_entropy_quantile = 0.5, world = { size = 2 } }, chunks[0]))
     assert.are.same({ { 1 }, { 2 }, { 3, 4 } }, pack.assign({ 9, 5, 4, 2 }, 3))
     assert.are.same({ { 1, 4 }, { 2, 3 } }, pack.assign({ 9, 5, 4, 2 }, 2))
   end)
@@ -223,10 +223,10 @@ describe("padding-free training", function()
     step(t)   -- one update, so the policy is no longer the reference
     local ro = t:rollout(t:next_batch())
     t:score(ro)
-    local cfg = t.stepper.cfg
+    local cfg = t.cfg
     local res = {}
     local packed_calls = 0
-    for _, model in ipairs({ t.stepper.model, t.stepper:load_reference() }) do
+    for _, model in ipairs({ t.model, t.stepper:load_reference() }) do
       local real = model.logprobs_packed
       model.logprobs_packed = function(...) packed_calls = packed_calls + 1; return real(...) end
     end
@@ -238,8 +238,8 @@ describe("padding-free training", function()
       t:advantage(ro)
       local n = packed_calls - before   -- the policy's and the reference's forwards packed: one pack each, or several
       assert.is_true((not free and n == 0) or (free and not budget and n == 2) or (budget and n > 2), ("%d packed forwards"):format(n))
-      return { kl = ro.kl_k1, reward = ro.reward, lp = t.stepper:row_logprobs(t.stepper.model, ro, all),
-        ref = t.stepper:row_logprobs(t.stepper:load_reference(), ro, all) }
+      return { kl = ro.kl_k1, reward = ro.reward, lp = t.stepper.policy:row_logprobs(ro, all),
+        ref = t.stepper.policy:row_logprobs(ro, all, true) }
     end
     local pad, free, budget = run(false), run(true), run(true, 24)   -- 24: one row per pack
     -- the log-probabilities within 1e-6 relative; the KL (a difference of nearly equal sums)

@@ -197,7 +197,7 @@ def other(completions, **kw):
     end
     local t = new("py:" .. d .. "/len.py")
     -- watch how many batches are on their way to the worker at once
-    local impl, most = t.stepper.rewards[1].impl, 0
+    local impl, most = t.stepper:reward_functions()[1].impl, 0
     local send = impl.send
     impl.send = function(self, ...)
       send(self, ...)
@@ -209,7 +209,7 @@ def other(completions, **kw):
     assert.are.equal(7, e.n)
     assert.are.equal(want.reward, e.reward)
     assert.are.equal(want.accuracy, e.accuracy)
-    t.stepper.rewards[1].close()
+    t.stepper:reward_functions()[1].close()
   end)
 
   it("runs a cmd: program speaking the JSON-lines protocol, and names a malformed answer", function()
@@ -316,7 +316,7 @@ def reward(completions, completion_messages, ground_truth, trainer_state, **kwar
     local t = trainer.new(cfg, { quiet = true, signals = false })   -- runs the first-rows check
     local m1 = t:train_step()
     local m2 = t:train_step()
-    t.stepper.rewards[1].close()
+    t.stepper:reward_functions()[1].close()
     local calls = {}
     for l in read(d .. "/calls.jsonl"):gmatch("[^\n]+") do calls[#calls + 1] = require("cjson").decode(l) end
     assert.are.equal(3, #calls)   -- the check, then steps 1 and 2
@@ -353,7 +353,7 @@ def reward(completions, completion_ids, **kw):
     assert.is_true(m["reward/lower"] >= 0 and m["reward/lower"] <= 1)
     -- hot reload: an edited file starts a new worker with the new code
     require("remax.run.reload").snapshot(t)
-    local old_worker = t.stepper.rewards[1]
+    local old_worker = t.stepper:reward_functions()[1]
     write(d .. "/lower.py", ([[
 import os
 def reward(completions, **kw):
@@ -371,6 +371,6 @@ def reward(completions, **kw):
     assert.matches("RuntimeError: judge unavailable", err, 1, true)
     local _, step = t.run:latest_checkpoint()
     assert.are.equal(2, step)
-    t.stepper.rewards[1].close()
+    t.stepper:reward_functions()[1].close()
   end)
 end)

@@ -258,8 +258,9 @@ def work(text: str) -> str:
 
   it("keep decoding the other rows while one waits on a slow tool, with the results of inline Lua tools", function()
     local step = fake_step(m, tok, { tools = { work = "py:" .. d .. "/slow.py:work" }, tool_call_format = parser })
-    local ro = episodes.rollout(step, prompts, { step = 1 })
-    step.episode_setup.registry:close()
+    local setup = episodes.setup(step)
+    local ro = episodes.rollout(step, prompts, { step = 1, setup = setup })
+    setup.registry:close()
     local calls = {}
     for line in (read(d .. "/calls.jsonl") or ""):gmatch("[^\n]+") do calls[#calls + 1] = json.decode(line) end
     local slow
@@ -301,8 +302,9 @@ def work(text: str) -> str:
     write(d .. "/hang.py", "import time\ndef work(text: str) -> str:\n    time.sleep(30 if len(text) % 2 else 0)\n    return 'ok'\n")
     local step = fake_step(m, tok, { tools = { work = "py:" .. d .. "/hang.py:work" }, tool_call_format = parser, tool_timeout = 0.5 })
     local t0 = require("remax.bind.clock").now()
-    local ro = episodes.rollout(step, prompts, { step = 1 })
-    step.episode_setup.registry:close()
+    local setup = episodes.setup(step)
+    local ro = episodes.rollout(step, prompts, { step = 1, setup = setup })
+    setup.registry:close()
     assert.is_true(require("remax.bind.clock").now() - t0 < 20)
     local timeouts = 0
     for _, r in ipairs(ro.rows) do
@@ -331,8 +333,9 @@ class Guess:
     finally(function() os.execute("kill " .. pid) end)
     for _, env in ipairs({ "py:" .. d .. "/env.py:Guess", ("http://127.0.0.1:%s/env"):format(port) }) do
       local step = fake_step(m, tok, { environment = env })
-      local ro = episodes.rollout(step, rows, { step = 1 })
-      step.episode_setup.registry:close()
+      local setup = episodes.setup(step)
+      local ro = episodes.rollout(step, rows, { step = 1, setup = setup })
+      setup.registry:close()
       local multi = 0
       for k, r in ipairs(ro.rows) do
         local e = r.episode
@@ -369,8 +372,9 @@ class Env:
         return "again", False, 0.0
 ]])
     local step = fake_step(m, tok, { environment = "py:" .. d .. "/badenv.py:Env" })
-    local ro = episodes.rollout(step, prompts, { step = 1 })
-    step.episode_setup.registry:close()
+    local setup = episodes.setup(step)
+    local ro = episodes.rollout(step, prompts, { step = 1, setup = setup })
+    setup.registry:close()
     local failed = 0
     for _, r in ipairs(ro.rows) do
       if r.episode.env_error then

@@ -98,8 +98,8 @@ describe("trainer algorithms", function()
     t:score(ro)
     t:advantage(ro)
     local seen, chunks = {}, 0
-    local real = t.stepper.micro_step
-    t.stepper.micro_step = function(self, rows, totals, chunk)
+    local real = t.stepper.policy.micro_step
+    t.stepper.policy.micro_step = function(self, tr, rows, totals, chunk)
       chunks = chunks + 1
       for _, row in ipairs(rows) do
         local r = ro.rows[row.key]
@@ -114,7 +114,7 @@ describe("trainer algorithms", function()
         assert.is_true(seen[row.prompt] == nil or seen[row.prompt] == unit, "a prompt's rows share one normalisation unit")
         seen[row.prompt] = unit
       end
-      return real(self, rows, totals, chunk)
+      return real(self, tr, rows, totals, chunk)
     end
     t:update(ro)
     assert.are.equal(4, chunks)
@@ -196,7 +196,7 @@ describe("trainer algorithms", function()
       lr_scheduler_type = "linear", algo = "grpo", skip_zero_advantage = false })
     local ro, up = step_pieces(t)
     assert.are.equal(4, up.iterations)
-    assert.are.equal(4, t.stepper.opt:state().step)
+    assert.are.equal(4, t.stepper.policy.opt:state().step)
     assert.is_true(up.clip_low + up.clip_high > 0, "a 1% clip range is left after a few large updates")
     assert.is_true(math.abs(up.lr - 0.05 * (8 - 3) / 8) < 1e-15, "update 4 of 8 on the linear schedule")
     local m = t:rl_metrics(ro, up)
@@ -250,7 +250,7 @@ describe("trainer algorithms", function()
     end } } })
     local out = t:train()
     local m = out.history[1]
-    local ro = t.stepper.last_scored
+    local ro = t.stepper.policy.last_scored
     local rows_nz, prompts_nz, flat, n = 0, 0, 0, 0
     for i, a in ipairs(ro.adv) do
       local any = false
@@ -451,12 +451,12 @@ end }
       end
       recipe("0")
       local t = trainer.new(config.resolve(recipe_mod.load(path), {}), { quiet = true, signals = false, recipe_path = path })
-      assert.is_nil(t.stepper.ref)
+      assert.is_nil(t.stepper.policy.ref)
       t:train_step()
       recipe("0.2")
       assert.are.equal(1, t:check_reload())
       assert.are.equal(0.2, t.cfg.beta)
-      assert.is_not_nil(t.stepper.ref)
+      assert.is_not_nil(t.stepper.policy.ref)
       local m = t:train_step()
       assert.is_true(m.kl ~= 0, "the KL to the starting weights after one update")
       assert.is_true(m.loss == m.loss)

@@ -277,7 +277,7 @@ return s
     local dir = setup()
     local t = new_trainer(dir, { max_steps = 5, max_bad_steps = 1 })
     -- a custom advantage that is huge makes the loss overflow to inf
-    t.stepper.advantage_fn = function(groups)
+    t.cfg.advantage = function(groups)
       local adv = {}
       for i, g in ipairs(groups) do
         adv[i] = {}

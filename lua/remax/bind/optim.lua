@@ -175,7 +175,10 @@ function AdamW:state()
   return s
 end
 
+-- Restores AdamW:state's; without tensors the step count alone (the moments came another way:
+-- rank 0's, broadcast), as Zero:load_state.
 function AdamW:load_state(s)
+  if not s.tensors then self.step_count = s.step return end
   for _, name in ipairs(self.names) do
     for _, which in ipairs({ "m", "v" }) do
       local t = s.tensors[which .. "." .. name]

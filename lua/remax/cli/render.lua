@@ -6,7 +6,7 @@
 -- tokenizer. stdout holds the prompt alone; a line on stderr says where it came from.
 local config = require("remax.settings.config")
 local setup = require("remax.run.setup")
-local step_mod = require("remax.step.step")
+local policy_mod = require("remax.step.policy")
 local episodes = require("remax.step.episodes")
 local rewards = require("remax.step.rewards")
 
@@ -54,18 +54,22 @@ function M.first_prompt(cfg, opts)
     row = p.train_ds:sampler({ seed = cfg.seed, shuffle = true, batch_size = prompts_per_step }):next_batch()[1]
     which = ("the first prompt of step 1 (%s)"):format(p.train_ds.source or "the training data")
   end
-  local step = step_mod.new({ tok = p.tok, template = p.template, template_name = p.template_name, rewards = {},
+  -- the Policy that encodes prompts (remax.step.policy), without a model
+  local policy = policy_mod.new({ tok = p.tok, template = p.template, template_name = p.template_name, rewards = {},
     train_ds = p.train_ds, recipe_dir = opts.recipe_dir }, cfg)
   local ids, cut, messages
   if episodes.wanted(cfg) then
-    local ok, a, b, c = pcall(episodes.first_prompt, step, row, { step = 1, first = 1 })
-    local s = step.episode_setup
+    local s
+    local ok, a, b, c = pcall(function()
+      s = episodes.setup(policy)   -- the tools and environment, checked
+      return episodes.first_prompt(policy, row, { step = 1, first = 1, setup = s })
+    end)
     if s and s.registry then s.registry:close() end   -- py: and cmd: workers end with the command
     if not ok then error(a, 0) end
     messages, ids, cut = a, b, c
   else
     local before
-    ids, _, before = step:encode_prompt(row.prompt)
+    ids, _, before = policy:encode_prompt(row.prompt)
     cut = before ~= nil
   end
   local text = p.tok:decode(ids, { skip_special_tokens = false })

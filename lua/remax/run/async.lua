@@ -66,7 +66,7 @@ function Schedule:step(s)
   local cfg, L, W = self.cfg, M.lag(self.cfg), self.cfg.weight_sync_steps
   local now = s - 1
   self.restored = nil
-  local model = self.stepper.model
+  local model = self.stepper:checkpoint_model()
   while self.ahead < math.max(s, cfg.max_steps) do
     local j = self.ahead + 1
     if M.version(j, L, W) > now and j > s then break end

@@ -9,7 +9,7 @@ local file_exists, read_file = fs.exists, fs.read_text
 
 local M = {}
 -- Each function takes the Run (remax.run.run); the rewards it swaps are the Step's, through
--- stepper:trial, set_reward and set_rewards.
+-- stepper:reward_functions, trial, set_reward and set_rewards.
 
 local note_reload, reload_recipe   -- defined below
 
@@ -24,7 +24,7 @@ function M.snapshot(self)
     if path and not self.watch[path] and file_exists(path) then self.watch[path] = read_file(path) end
   end
   if self.recipe_path then add(self.recipe_path) end
-  for _, r in ipairs(self.stepper.rewards) do add(source_of(r)) end
+  for _, r in ipairs(self.stepper:reward_functions()) do add(source_of(r)) end
 end
 
 -- Reload changed reward files (and the recipe), each checked on the last step's completions;
@@ -55,7 +55,7 @@ function M.check(self)
   end
   for _, path in ipairs(changed) do
     local by_name = false
-    for i, r in ipairs(self.stepper.rewards) do
+    for i, r in ipairs(self.stepper:reward_functions()) do
       if r.path == path then
         by_name = true
         local ok, new = pcall(function()
@@ -94,7 +94,7 @@ function M.check(self)
     end
   end
   -- new reward functions may live in new files
-  for _, r in ipairs(self.stepper.rewards) do
+  for _, r in ipairs(self.stepper:reward_functions()) do
     local p = source_of(r)
     if p and self.watch[p] == nil and file_exists(p) then self.watch[p] = read_file(p) end
   end
@@ -143,7 +143,7 @@ function reload_recipe(self)
     if config.keys[k].hot then before[k] = self.cfg[k]; self.cfg[k] = cfg[k] end
   end
   config.derive(self.cfg)   -- the KL mode, sampling plan, ... of the new hot values
-  if self.cfg.needs_reference and not self.stepper.ref then
+  if self.cfg.needs_reference and not self.stepper:has_reference() then
     -- the KL term needs the frozen reference model, which a run started with beta = 0 lacks
     local ok, err = pcall(self.stepper.load_reference, self.stepper)
     if ok then

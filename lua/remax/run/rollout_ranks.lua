@@ -72,7 +72,7 @@ end
 -- Every rank starts from rank 0's weights, those of version `version` (a resumed run: rank 0
 -- alone read the checkpoint).
 function Driver:start(version)
-  self.world:broadcast_model(self.stepper.model)
+  self.world:broadcast_model(self.stepper:checkpoint_model())
   self.held_version = version
 end
 
@@ -203,7 +203,7 @@ function Driver:finish_round(s, bad)
   local status = self.world:broadcast({ bad = bad })
   if status.bad then error(status.bad, 0) end
   if s % self.cfg.weight_sync_steps == 0 then
-    self.world:broadcast_model(self.stepper.model)
+    self.world:broadcast_model(self.stepper:checkpoint_model())
     self.held_version = s
   end
 end

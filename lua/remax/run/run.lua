@@ -7,9 +7,11 @@
 --   local run = Run.new(cfg, {recipe_path = "recipes/gsm8k.lua"})
 --   run:train()
 --
--- One update is the Step's (remax.step.step, run.stepper): the Run hands it this rank's prompts
--- and gets metrics back (stepper:run), asks it for its resume state (stepper:state/restore) and
--- for evaluations (stepper:evaluate), and knows nothing of estimators, rewards or generation.
+-- One update is the Step's (remax.step.step's interface, run.stepper: the RL, SFT or reward-model
+-- step of the algo): the Run hands it this rank's prompts and gets metrics back (stepper:run),
+-- asks it for its resume state (stepper:state/restore), for evaluations (stepper:evaluate) and
+-- for what the files hold, always through its methods, and knows nothing of estimators,
+-- rewards or generation.
 local config = require("remax.settings.config")
 local setup = require("remax.run.setup")
 local reload = require("remax.run.reload")
@@ -88,9 +90,8 @@ function M.new(cfg, opts)
     self.train_ds, self.eval_ds = pieces.train_ds, pieces.eval_ds
     for _, note in ipairs(pieces.data_notes or {}) do self:say(note) end
     self.sampler = self.train_ds:sampler({ seed = cfg.seed, shuffle = true, batch_size = self.global_prompts_per_step })
-    -- algo = reward trains a reward model: its own Step (remax.step.reward_model)
-    local kind = cfg.algo == "reward" and require("remax.step.reward_model") or step_mod
-    self.stepper = kind.new(pieces, cfg, {
+    -- the step type of the algo (remax.step.step): RL, SFT, or a reward model's
+    self.stepper = step_mod.new(pieces, cfg, {
       say = function(text) self:say(text) end,
       progress = function() return self.progress end,
       on_failure = function(why) self:save_on_failure(why) end,
@@ -134,20 +135,9 @@ end
 function methods.share_state(self)
   local d = self.dist
   if d.size == 1 then return end
-  if self.stepper.opt.zero then   -- ZeRO (bind/optim): each rank gets its shard of the moments
-    self.stepper:share_from_root()
-    local s = d:broadcast(self:state(true))
-    if not d.is_root then self:restore(s) end
-    return
-  end
-  local s = self:state()
-  self.stepper:share_from_root(s.tensors)
-  s.tensors = nil
-  s = d:broadcast(s)
-  if not d.is_root then
-    s.tensors = self.stepper:optimizer_tensors()
-    self:restore(s)
-  end
+  self.stepper:share_from_root()   -- the weights and the optimizer's moments (under ZeRO each rank's shard)
+  local s = d:broadcast(self:state(true))   -- the counters, the data order, the step count
+  if not d.is_root then self:restore(s) end
 end
 
 function methods.setup_run(self)
@@ -256,8 +246,8 @@ end
 function methods.save_checkpoint(self, why)
   self.step_world:check_same_weights(self.model, ("step %d"):format(self.step))
   local s = self:state()
-  -- a Step that saves a model of its own (a reward model's classifier folder) says what to save
-  self.run:save_checkpoint(self.step, self.stepper.checkpoint_model and self.stepper:checkpoint_model() or self.model, s)
+  -- the Step says what to save (the policy, or a reward model's classifier folder)
+  self.run:save_checkpoint(self.step, self.stepper:checkpoint_model(), s)
   self.last_saved = self.step
   if why then self:say(("checkpoint step-%d saved (%s)"):format(self.step, why)) end
 end
@@ -415,12 +405,11 @@ function methods.train(self, loop)
   end
   if self.last_saved ~= self.step then self:save_checkpoint() end
   if cfg.save_final_model and self.dist.is_root then
-    if self.stepper.save then self.stepper:save(cfg.save_final_model) else self.model:save(cfg.save_final_model) end
+    self.stepper:save(cfg.save_final_model)
     self:say("final model saved to " .. cfg.save_final_model)
   end
   if cfg.save_merged then
-    if self.stepper.save then self.stepper:save(cfg.save_merged)   -- merged already (a reward model)
-    else require("remax.bind.lora").save_merged(self.model, cfg.save_merged) end
+    self.stepper:save_merged(cfg.save_merged)
     self:say("merged model saved to " .. cfg.save_merged)
   end
   if self.progress then self.progress:finish() end

@@ -5,7 +5,7 @@
 -- recomputed. The greedy row of a ReMax plan is a greedy episode (greedy in every turn against
 -- the same environment): its reward is the baseline.
 --
---   local ro = episodes.rollout(step, prompt_rows, {step = n, plan = plan})   -- a remax.step.rollout
+--   local ro = episodes.rollout(policy, prompt_rows, {step = n, plan = plan, setup = s})   -- a remax.step.rollout
 --
 -- Every episode of a prompt starts from the same state: each prompt gets a seed (its place in
 -- the step: rollout.prompt_seed), every episode's environment is reset with it, and the first
@@ -31,9 +31,11 @@ local M = {}
 -- Whether the settings ask for episodes.
 function M.wanted(cfg) return cfg.tools ~= nil or cfg.environment ~= nil end
 
--- The checked tools and environment of a step (once).
+-- The checked tools and environment of step's settings (step: what generates, remax.step.policy's
+-- Policy or a table with its cfg, recipe_dir and template_name): {tools, env, registry (the
+-- workers and servers outside Lua), format}. The caller keeps it for its rollouts (opts.setup)
+-- and closes its registry.
 function M.setup(step)
-  if step.episode_setup then return step.episode_setup end
   local cfg = step.cfg
   -- tools and environments outside Lua share one registry of workers and servers
   local ropts = { base = step.recipe_dir, max_line = cfg.reward_max_line_bytes }
@@ -41,7 +43,6 @@ function M.setup(step)
     env = cfg.environment and environment.check(cfg.environment, "environment", ropts) or nil }
   s.registry = ropts.registry
   s.format = cfg.tool_call_format or tool_calls.format_for(step.template_name)
-  step.episode_setup = s
   return s
 end
 
@@ -250,10 +251,11 @@ function M.prompt_ids(step, s, msgs)
 end
 
 -- The first prompt as the model sees it (remax render): the first messages of the episodes of
--- row (at opts.first in step opts.step, default 1 and 1), their token ids and text.
+-- row (at opts.first in step opts.step, default 1 and 1), their token ids and text. opts.setup:
+-- M.setup's (default: made for this call).
 function M.first_prompt(step, row, opts)
   opts = opts or {}
-  local s = M.setup(step)
+  local s = opts.setup or M.setup(step)
   local plan = opts.plan or step.cfg.sampling
   local eps, first = M.start(step, s, { row }, plan.slots, { step = opts.step or 1, first = opts.first })
   for _, ep in ipairs(eps) do environment.close(ep.env, s.registry) end
@@ -261,13 +263,16 @@ function M.first_prompt(step, row, opts)
   return first[1], ids, cut
 end
 
--- The rollout of a plan's rows as episodes; the same shape as Step:rollout's, each row with
+-- The rollout of a plan's rows as episodes; the same shape as Policy:rollout's, each row with
 -- tokens (the episode after the prompt), loss_mask, text (the last assistant message), messages
--- (the episode after the prompt), and its counters. opts: plan, step, first (as Step:rollout's).
+-- (the episode after the prompt), and its counters. opts: plan, step, first (as
+-- Policy:rollout's), setup (M.setup's, kept by the caller for its rollouts; default: made for
+-- this call). step: what generates (remax.step.policy's Policy, or a table with its cfg, model,
+-- tok, stop, template, template_name, seed_for and progress); nothing of it is written.
 function M.rollout(step, prompt_rows, opts)
   opts = opts or {}
   local cfg = step.cfg
-  local s = M.setup(step)
+  local s = opts.setup or M.setup(step)
   local plan = opts.plan or cfg.sampling
   local slots = plan.slots
   local tok = step.tok

@@ -1,7 +1,7 @@
 -- remax.step.evaluate: evaluation on the held-out prompts: greedy accuracy and reward, and with
 -- samples = K also sampled accuracy, pass@k and the headroom a reward can use. Each rank scores
--- its share; the sums are gathered. Called as Step:evaluate(rows, opts); the Run decides when,
--- and keeps the history.
+-- its share; the sums are gathered. A function of what it evaluates with (the RL and SFT steps'
+-- evaluate call it); the Run decides when, and keeps the history.
 local now = require("remax.bind.clock").now
 local rollout = require("remax.step.rollout")
 
@@ -20,10 +20,13 @@ end
 -- reward) and the mean combined reward. opts.samples = K > 0 also samples K completions per
 -- prompt (at the recipe's temperature) in the same generation call and adds sampled accuracy,
 -- pass@k for k = 1, 2, 4, ..., K, and the share of prompts whose greedy answer is wrong while
--- some sample is right (the headroom a reward can use). self: the Step; rows: the held-out rows.
-function M.run(self, rows, opts)
+-- some sample is right (the headroom a reward can use). rows: the held-out rows. ctx: policy
+-- (remax.step.policy's Policy: its rollout, score_ahead, score and progress), cfg, world
+-- (remax.bind.dist), accuracy_name (the reward whose score is accuracy; nil: none). Returns the
+-- evaluation; nothing of ctx is written.
+function M.run(ctx, rows, opts)
   opts = opts or {}
-  local cfg = self.cfg
+  local cfg, policy, world, accuracy_name = ctx.cfg, ctx.policy, ctx.world, ctx.accuracy_name
   local K = opts.samples or 0
   local t0 = now()
   local n = math.min(#rows, cfg.eval_size)
@@ -32,16 +35,16 @@ function M.run(self, rows, opts)
   local sacc, headroom, greedy_wrong = 0, 0, 0
   local bs = cfg.per_device_eval_batch_size
   if K > 0 then bs = math.max(1, math.floor(bs / (K + 1))) end
-  local lo, hi = self.dist:share_range(n)   -- each rank evaluates its share; the sums are gathered
+  local lo, hi = world:share_range(n)   -- each rank evaluates its share; the sums are gathered
   -- a chunk's rewards outside Lua (workers, servers) score it while the next chunk generates:
   -- each chunk is handed to them as soon as it is generated and collected one chunk later
   local function tally(ro, chunk, last)
-    self:score(ro, { alone = true })
-    local progress = self:progress()
+    policy:score(ro, { alone = true })
+    local progress = policy:progress()
     if progress then progress:status(("eval %d/%d prompts"):format(last - lo + 1, hi - lo + 1)) end
     local prompt_right, prompt_greedy = {}, {}
     for k, r in ipairs(ro.rows) do
-      local a = self.accuracy_name and ro.per[self.accuracy_name][k] or 0
+      local a = accuracy_name and ro.per[accuracy_name][k] or 0
       if r.greedy then
         rew = rew + ro.total[k]
         acc = acc + a
@@ -69,14 +72,14 @@ function M.run(self, rows, opts)
     local chunk = {}
     local last = math.min(hi, first + bs - 1)
     for i = first, last do chunk[#chunk + 1] = rows[i] end
-    local ro = self:rollout(chunk, { plan = rollout.plan(K, true, cfg.temperature), step = 0, first = first })
-    self:score_ahead(ro)
+    local ro = policy:rollout(chunk, { plan = rollout.plan(K, true, cfg.temperature), step = 0, first = first })
+    policy:score_ahead(ro)
     if waiting then tally(waiting.ro, waiting.chunk, waiting.last) end
     waiting = { ro = ro, chunk = chunk, last = last }
   end
   if waiting then tally(waiting.ro, waiting.chunk, waiting.last) end
-  acc, rew, count, glen, sacc, greedy_wrong, headroom = self.dist:sum(acc, rew, count, glen, sacc, greedy_wrong, headroom)
-  right = self.dist:concat(right)
+  acc, rew, count, glen, sacc, greedy_wrong, headroom = world:sum(acc, rew, count, glen, sacc, greedy_wrong, headroom)
+  right = world:concat(right)
   local e = { accuracy = count > 0 and acc / count or 0, reward = count > 0 and rew / count or 0, n = count,
     greedy_length_mean = count > 0 and glen / count or 0, seconds = now() - t0 }
   if K > 0 and count > 0 then
@@ -93,7 +96,7 @@ function M.run(self, rows, opts)
     e.greedy_wrong = greedy_wrong / count
     e.headroom = headroom / count
   end
-  e.accuracy_name = self.accuracy_name
+  e.accuracy_name = accuracy_name
   return e
 end
 M.pass_at_k = pass_at_k

@@ -1,11 +1,12 @@
--- remax.step.micro: one micro-batch of the Step's update (remax.step.step): the forward, the loss
+-- remax.step.micro: one micro-batch of an update (remax.step.policy's): the forward, the loss
 -- weights (remax.step.algos) and the backward of its rows, padded to the longest row or, with
 -- padding_free (the default), packed (remax.step.pack) and split into packs of at most
 -- max_tokens_per_microbatch tokens; the old log-probabilities of num_iterations > 1 from the
 -- same layout; the token balance of the step's rows over every rank's micro-batches (balance);
--- and the k1 advantage's log-probabilities (row_logprobs). Functions of the Step (self); the
--- only Step field written here is self.reserved (the token budget the activation plan was
--- sized for).
+-- the activation plan's size (reserve); and the k1 advantage's log-probabilities (row_logprobs).
+-- Functions of what they train with, tr (remax.step.policy's Policy:trainer: model, ref, world,
+-- cfg, and the loss's entropy terms top_entropy_quantile and entropy_coef): they write no field
+-- of the Policy or of a Step, only the training rows' own (row.old, row.ref_lp).
 local algos = require("remax.step.algos")
 local tensor = require("remax.bind.tensor")
 local fit = require("remax.step.fit")
@@ -44,30 +45,30 @@ end
 -- The log-probabilities of rows under the current weights, from a forward that computes what
 -- the training forward computes on the same micro-batch (same rows, same padding), so the
 -- first of num_iterations updates sees a ratio of exactly 1. Stored as row.old.
-function M.old_logprobs(self, rows, what)
-  if self.cfg.padding_free then   -- packing: the same packs as the training forward (micro_step)
-    for _, sub in ipairs(M.packs(self, rows, what)) do
+function M.old_logprobs(tr, rows, what)
+  if tr.cfg.padding_free then   -- packing: the same packs as the training forward (micro_step)
+    for _, sub in ipairs(M.packs(tr.cfg, rows, what)) do
       local seqs, starts, lens = row_seqs(sub)
-      local old = packed_forward(self.model, sub, seqs, starts, lens, { train = true, checkpoint = self.cfg.gradient_checkpointing })
+      local old = packed_forward(tr.model, sub, seqs, starts, lens, { train = true, checkpoint = tr.cfg.gradient_checkpointing })
       for n, row in ipairs(sub) do row.old = old[n] end
     end
     return
   end
   local seqs, starts = row_seqs(rows)
-  local logp = self.model:logprobs(seqs, nil, { train = true, checkpoint = self.cfg.gradient_checkpointing })
+  local logp = tr.model:logprobs(seqs, nil, { train = true, checkpoint = tr.cfg.gradient_checkpointing })
   local old = completion_values(logp, rows, starts)
   for n, row in ipairs(rows) do row.old = old[n] end
 end
 
 -- The packs of a micro-batch's rows: with padding_free, balanced packs of at most
 -- max_tokens_per_microbatch tokens (one pack without a budget); else the micro-batch itself.
--- what: where a refusal happened ("step 3").
-function M.packs(self, rows, what)
-  if not self.cfg.padding_free then return { rows } end
+-- what: where a refusal happened ("step 3"). cfg: the settings.
+function M.packs(cfg, rows, what)
+  if not cfg.padding_free then return { rows } end
   local lens = {}
   for n, row in ipairs(rows) do lens[n] = #row.prompt_ids + #row.completion end
   local out = {}
-  for p, idx in ipairs(pack.split(lens, self.cfg.max_tokens_per_microbatch, what)) do
+  for p, idx in ipairs(pack.split(lens, cfg.max_tokens_per_microbatch, what)) do
     local sub = {}
     for j, i in ipairs(idx) do sub[j] = rows[i] end
     out[p] = sub
@@ -78,12 +79,11 @@ end
 -- Forward, loss weights and backward for one pack of rows of a micro-batch (micro_step);
 -- returns stats. chunk.tokens: the loss tokens of the micro-batch (bnpo's normaliser, skipped
 -- rows included); pre: what micro_step computed over the whole micro-batch (masks, count).
-local function pack_step(self, rows, totals, chunk, pre, acc)
-  local cfg = self.cfg
+local function pack_step(tr, rows, totals, chunk, pre, acc)
+  local cfg = tr.cfg
   chunk, pre, acc = chunk or {}, pre or {}, acc or {}
   local seqs, starts, clens = row_seqs(rows)
   local packed = cfg.padding_free
-  local sft = cfg.algo == "sft"
   local use_ref = cfg.kl_mode == "k3"
   -- the reference first: with LoRA it is the policy's own model, whose last forward before the
   -- backward must be the training one
@@ -93,21 +93,21 @@ local function pack_step(self, rows, totals, chunk, pre, acc)
       refs = {}
       for n, row in ipairs(rows) do refs[n] = row.ref_lp end
     else
-      refs = packed and packed_forward(self.ref, rows, seqs, starts, clens) or completion_values(self.ref:logprobs(seqs), rows, starts)
+      refs = packed and packed_forward(tr.ref, rows, seqs, starts, clens) or completion_values(tr.ref:logprobs(seqs), rows, starts)
       if cfg.num_iterations > 1 then for n, row in ipairs(rows) do row.ref_lp = refs[n] end end
     end
   end
   local T, N = 0, 0
   for _, s in ipairs(seqs) do T, N = math.max(T, #s), N + #s end
   local what = ("step %d"):format(chunk.step or 0)
-  if packed then fit.check_train(self.model, 1, N, { checkpoint = cfg.gradient_checkpointing, what = what })
-  else fit.check_train(self.model, #seqs, T, { checkpoint = cfg.gradient_checkpointing, what = what }) end
+  if packed then fit.check_train(tr.model, 1, N, { checkpoint = cfg.gradient_checkpointing, what = what })
+  else fit.check_train(tr.model, #seqs, T, { checkpoint = cfg.gradient_checkpointing, what = what }) end
   local fopts = { train = true, checkpoint = cfg.gradient_checkpointing, entropy = true }
   local logp, ent, lps, ents, fwd, B
   if packed then
-    lps, ents, fwd = packed_forward(self.model, rows, seqs, starts, clens, fopts)
+    lps, ents, fwd = packed_forward(tr.model, rows, seqs, starts, clens, fopts)
   else
-    logp, ent = self.model:logprobs(seqs, nil, fopts)
+    logp, ent = tr.model:logprobs(seqs, nil, fopts)
     B, T = logp:size(1), logp:size(2)
     lps, ents = completion_values(logp, rows, starts), completion_values(ent, rows, starts)
   end
@@ -115,14 +115,14 @@ local function pack_step(self, rows, totals, chunk, pre, acc)
   if pre.masks then
     masks = {}
     for n, row in ipairs(rows) do masks[n] = pre.masks[row] end
-  elseif cfg.top_entropy_quantile < 1 and not sft then
+  elseif tr.top_entropy_quantile < 1 then
     local masked = {}
     for n, row in ipairs(rows) do masked[n] = row.masked end
-    masks = algos.entropy_masks(ents, masked, cfg.top_entropy_quantile)
+    masks = algos.entropy_masks(ents, masked, tr.top_entropy_quantile)
   end
   local parts = {}
   local ent_sum, ent_n = 0, 0
-  local correct = cfg.vllm_importance_sampling_correction and not sft
+  local correct = cfg.vllm_importance_sampling_correction   -- rows with the sampler's log-probabilities (SFT's have none)
   for n, row in ipairs(rows) do
     parts[n] = { adv = row.adv, logp = lps[n], ref = refs and refs[n], old = row.old, mask = masks and masks[n],
       masked = row.masked, returns = row.returns }   -- returns: gamma's per-token return (algos.gamma_returns)
@@ -165,63 +165,71 @@ local function pack_step(self, rows, totals, chunk, pre, acc)
   end
   stats.entropy_sum, stats.entropy_n = ent_sum, ent_n
   local dent
-  if cfg.entropy_coef ~= 0 and not sft then
+  if tr.entropy_coef ~= 0 then
     local masked = {}
     for n, row in ipairs(rows) do masked[n] = row.masked end
     dent = {}
     for _, u in ipairs(units) do
       local idx = by[u]
-      local d, bonus = algos.entropy_bonus(pick(ents, idx), { coef = cfg.entropy_coef, masks = pick(masks, idx),
+      local d, bonus = algos.entropy_bonus(pick(ents, idx), { coef = tr.entropy_coef, masks = pick(masks, idx),
         masked = pick(masked, idx), agg = cfg.aggregation, num_tokens = totals.tokens, chunks = totals.chunks, count = u.count })
       for j, n in ipairs(idx) do dent[n] = d[j] end
       stats.loss = stats.loss + bonus
     end
   end
   episodes.spread_rows(rows, weights, dent)   -- an episode's weights over its whole sequence: 0 on observations
-  if acc.earlier then self.model:hold_grads() end   -- this pack's gradient from zero, then added
+  if acc.earlier then tr.model:hold_grads() end   -- this pack's gradient from zero, then added
   if packed then
-    self.model:backward(pack.gradient(fwd, weights), dent and pack.gradient(fwd, dent) or nil)
+    tr.model:backward(pack.gradient(fwd, weights), dent and pack.gradient(fwd, dent) or nil)
   else
-    self.model:backward(tensor.from_row_spans(weights, starts, B, T, logp:dtype_name()),
+    tr.model:backward(tensor.from_row_spans(weights, starts, B, T, logp:dtype_name()),
       dent and tensor.from_row_spans(dent, starts, B, T, logp:dtype_name()) or nil)
   end
-  if acc.earlier then self.model:add_held_grads() end
+  if acc.earlier then tr.model:add_held_grads() end
   acc.earlier = true
   return stats
 end
 
+
+-- The activation plan sized once for max_tokens_per_microbatch (padding_free), before the
+-- first training forward: reserved is the budget it was sized for so far (nil: none). Returns
+-- the budget it is sized for now.
+function M.reserve(model, cfg, reserved)
+  local budget = cfg.padding_free and cfg.max_tokens_per_microbatch
+  if budget and reserved ~= budget then
+    local ck = cfg.gradient_checkpointing
+    fit.check_train(model, 1, budget, { checkpoint = ck, what = ("max_tokens_per_microbatch = %d"):format(budget) })
+    model:reserve(budget, { train = true, checkpoint = ck })
+    return budget
+  end
+  return reserved
+end
 
 -- One micro-batch (a normalisation unit: its loss tokens are chunk.tokens) as one or more packs,
 -- each a forward and a backward, their gradients summed as the micro-batches' are (acc.earlier:
 -- a gradient is already held). What the loss needs from the whole micro-batch (top-entropy
 -- masks, the entropy bonus's token count) is computed over all its rows first, so packing
 -- changes nothing but the summation order. Returns the summed stats.
-function M.run(self, rows, totals, chunk, acc)
-  local cfg = self.cfg
+function M.run(tr, rows, totals, chunk, acc)
+  local cfg = tr.cfg
   chunk, acc = chunk or {}, acc or {}
   local what = ("step %d"):format(chunk.step or 0)
-  local packs = M.packs(self, rows, what)
-  local budget = cfg.padding_free and cfg.max_tokens_per_microbatch
-  if budget and self.reserved ~= budget then   -- the activation plan sized for the budget once
-    local ck = cfg.gradient_checkpointing
-    fit.check_train(self.model, 1, budget, { checkpoint = ck, what = ("max_tokens_per_microbatch = %d"):format(budget) })
-    self.model:reserve(budget, { train = true, checkpoint = ck })
-    self.reserved = budget
-  end
+  local packs = M.packs(cfg, rows, what)
   local pre = {}
-  if #packs > 1 and cfg.algo ~= "sft" and not rows[1].unit then   -- balanced rows carry their unit's count
+  local entropy_terms = tr.top_entropy_quantile < 1 or tr.entropy_coef ~= 0
+  if #packs > 1 and entropy_terms and not rows[1].unit then   -- balanced rows carry their unit's count
     local masked = {}
     for n, row in ipairs(rows) do masked[n] = row.masked end
-    if cfg.top_entropy_quantile < 1 then   -- the quantile is over the whole micro-batch's tokens
+    if tr.top_entropy_quantile < 1 then   -- the quantile is over the whole micro-batch's tokens
       local ents = {}
       for _, sub in ipairs(packs) do
         local seqs, starts, lens = row_seqs(sub)
-        local _, e = packed_forward(self.model, sub, seqs, starts, lens, { entropy = true })
+        local _, e = packed_forward(tr.model, sub, seqs, starts, lens, { entropy = true })
         for n, row in ipairs(sub) do ents[row] = e[n] end
       end
       local list = {}
       for n, row in ipairs(rows) do list[n] = ents[row] end
-      local masks = algos.entropy_masks(list, masked, cfg.top_entropy_quantile)
+      local masks = algos.entropy_masks(list, masked, tr.top_entropy_quantile)
       pre.masks = {}
       for n, row in ipairs(rows) do pre.masks[row] = masks[n] end
     end
@@ -236,7 +244,7 @@ function M.run(self, rows, totals, chunk, acc)
   end
   local total
   for _, sub in ipairs(packs) do
-    local st = pack_step(self, sub, totals, chunk, pre, acc)
+    local st = pack_step(tr, sub, totals, chunk, pre, acc)
     if not total then total = st
     else
       for k, v in pairs(st) do total[k] = total[k] + v end
@@ -256,10 +264,9 @@ end
 -- Not done without padding_free, nor with top_entropy_quantile < 1 (the mask is a quantile over
 -- a micro-batch's entropies: its rows stay together). chunks: Step:micro_batches's; returns
 -- this rank's chunks (as many as before), {rows = rows to train}.
-function M.balance(self, chunks)
-  local cfg = self.cfg
-  if not cfg.padding_free or (cfg.top_entropy_quantile < 1 and cfg.algo ~= "sft") then return chunks end
-  local world = self.dist
+function M.balance(tr, chunks)
+  if not tr.cfg.padding_free or tr.top_entropy_quantile < 1 then return chunks end
+  local world = tr.world
   local units, mine = {}, {}
   for c, ch in ipairs(chunks) do
     local count = 0   -- the entropy bonus's tokens of the micro-batch: its trained rows' loss tokens
@@ -300,12 +307,12 @@ end
 -- completions starting at starts[n] and lens[n] long, as Lua lists: padded, or with
 -- padding_free packed in packs of at most max_tokens_per_microbatch tokens (the k1 advantage's
 -- forwards, the policy's and the reference's). what: where a refusal happened.
-function M.row_logprobs(self, model, seqs, starts, lens, what)
+function M.row_logprobs(cfg, model, seqs, starts, lens, what)
   local out = {}
-  if self.cfg.padding_free then
+  if cfg.padding_free then
     local tot = {}
     for n, s in ipairs(seqs) do tot[n] = #s end
-    for _, idx in ipairs(pack.split(tot, self.cfg.max_tokens_per_microbatch, what)) do
+    for _, idx in ipairs(pack.split(tot, cfg.max_tokens_per_microbatch, what)) do
       local ss, st, ln = {}, {}, {}
       for j, n in ipairs(idx) do ss[j], st[j], ln[j] = seqs[n], starts[n], lens[n] end
       local lps = pack.forward(model, ss, st, ln)

@@ -14,7 +14,7 @@
 --
 --   local rm = require("remax.step.reward_model")
 --   local parts = rm.load(cfg, dir, {model_opts =, resume_dir =})   -- model, head, tok, ... (remax.run.setup)
---   local step = rm.new(pieces, cfg, hooks)    -- the Step interface of remax.step.step:
+--   local step = rm.new(pieces, cfg, hooks)    -- the Step interface of remax.step.step, as its algo's:
 --   local m = step:run(pairs, {step = n})      -- rows of remax.step.preferences -> metrics
 --   step:evaluate(rows) -> { accuracy =, margin =, reward = margin, n = }
 --   step:state() / step:restore(state); step:save(dir) (a Hugging Face sequence classifier)
@@ -230,6 +230,7 @@ function M.optimizer(model, head_w, dhead, opts)
   function o.load_state(me, s)
     body:load_state(s)
     head:load_state(s)
+    if not s.tensors then me.step_count = body.step_count return end   -- the step count alone
     local w = s.tensors["param." .. HEAD]
     if not w then error("reward model: the trainer state lacks 'param.score.weight'", 0) end
     step.head:copy_(w)
@@ -407,18 +408,22 @@ function Step:evaluate(all, opts)
     what = "pair accuracy" }
 end
 
--- The rest of the Step interface (remax.step.step's): resume state, ranks (one), memory.
+-- The rest of the Step interface (remax.step.step's): resume state (without tensors: the step
+-- count alone), ranks (one), memory; no completions, and no reward functions or reference for
+-- hot reload to replace or load (it is the reward).
 function Step:state(without_moments)
   local os_ = without_moments and { step = self.opt.step_count } or self.opt:state()
   return { optimizer_step = os_.step, tensors = os_.tensors }
 end
 function Step:restore(state) self.opt:load_state({ step = state.optimizer_step, tensors = state.tensors }) end
-function Step:optimizer_tensors() return self.opt:state().tensors end
-function Step:share_from_root(tensors) self.dist:broadcast_model(self.model, tensors) end
+function Step:share_from_root() self.dist:broadcast_model(self.model, self.opt:state().tensors) end
 function Step:completion_records() return {} end
+function Step:reward_functions() return self.rewards end
 function Step:set_rewards() end
 function Step:set_reward() end
 function Step:trial() end
+function Step:has_reference() return false end
+function Step:load_reference() error("algo = reward has no reference model (no KL term: beta does nothing here)", 0) end
 function Step:memory_mib()
   local m = self.model:memory()
   return (m.params + m.grads + m.activations + m.head + self.opt:state_bytes()) / 1048576
@@ -444,6 +449,9 @@ function Step:save(dir, opts)
   self.model:save_full(dir, { dtype = opts.dtype, replace = merged, extra = extra, config = self:classifier_config() })
   self.model.source_dir = source
 end
+
+-- save_merged's folder: the same classifier folder (save merges LoRA's adapters already).
+function Step:save_merged(dir) self:save(dir) end
 
 -- What a checkpoint saves: the classifier folder, or with LoRA the adapters (the head is in the
 -- trainer state).
