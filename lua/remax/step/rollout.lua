@@ -105,7 +105,9 @@ end
 
 -- The reward functions' inputs: the completions, and the batch (every dataset column of each
 -- row's prompt, plus prompt_ids, completion_ids, greedy, finish; completion_messages when the
--- prompt is a conversation), aligned with the rows. collate: remax.formats.data.collate.
+-- prompt is a conversation; an episode's prompt_messages, the first messages the model saw, and
+-- environments, its environment's instance), aligned with the rows. collate:
+-- remax.formats.data.collate.
 function Rollout:reward_inputs(collate)
   local completions, expanded = {}, {}
   for k, r in ipairs(self.rows) do
@@ -122,6 +124,12 @@ function Rollout:reward_inputs(collate)
     if r.completion_messages then   -- an episode: its turns, tool results and observations as messages
       batch.completion_messages = batch.completion_messages or {}
       batch.completion_messages[k] = r.completion_messages
+      batch.prompt_messages = batch.prompt_messages or {}
+      batch.prompt_messages[k] = self.prompt_messages and self.prompt_messages[r.prompt]
+      if r.environment ~= nil then
+        batch.environments = batch.environments or {}
+        batch.environments[k] = r.environment
+      end
     elseif type(expanded[k].prompt) == "table" then   -- conversational data: the reply as messages too
       batch.completion_messages = batch.completion_messages or {}
       batch.completion_messages[k] = { { role = "assistant", content = r.text } }
