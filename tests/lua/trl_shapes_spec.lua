@@ -499,3 +499,78 @@ describe("tools with a chat template", function()
     assert.is_table(step:rollout(ROWS, { step = 1 }))
   end)
 end)
+
+---------------------------------------------------------------------------- 5 From TRL
+
+-- recipes/trl_agent.py is a TRL agent script (docs/environments.md, "From TRL"), and
+-- recipes/trl_agent.lua runs it unchanged.
+describe("recipes/trl_agent.lua", function()
+  if not support.has_python() then
+    pending("python3 is not installed")
+    return
+  end
+  local rows = support.jsonl("recipes/trl_agent.jsonl")
+
+  it("plays the TRL file's game through its methods, and its rewards read the environments", function()
+    local py = "py:recipes/trl_agent.py:"
+    local step = make_step({ environment_factory = py .. "GuessTheNumber", tools = { py .. "calculator" },
+      tool_call_format = calls("guess", { number = 50 }) })
+    finally(function() close(step) end)
+    local two = { rows[1], rows[2] }
+    assert.are.same({ 50, 98 }, { rows[1].secret, rows[2].secret })
+    local ro = step:rollout(two, { step = 1 })
+    assert.are.same({ "calculator", "guess" }, tools.names(step.episode_setup.tools))
+    assert.are.equal(rows[1].prompt[1].content .. " You have 6 guesses.", ro.prompt_messages[1][1].content)
+    local completions, batch = step:reward_inputs(ro)
+    local solved = rewards.run_one(rewards.normalize(py .. "solved_reward", 1, {}), completions, batch, { timeout = 30 })
+    local brevity = rewards.run_one(rewards.normalize(py .. "brevity_reward", 2, {}), completions, batch, { timeout = 30 })
+    for k, r in ipairs(ro.rows) do
+      local got = results(r)
+      for _, result in ipairs(got) do assert.are.equal(r.prompt == 1 and "Right!" or "Higher.", result) end
+      local g = r.episode.tool_calls
+      assert.are.equal((r.prompt == 1 and g > 0) and math.max(0, 1.1 - 0.1 * g) or 0, solved[k])
+      local chars = 0
+      for _, m in ipairs(r.completion_messages) do if m.role == "assistant" then chars = chars + #m.content end end
+      -- the assistant messages' characters (Python counts characters, Lua bytes: the random model writes some of more bytes)
+      assert.is_true(brevity[k] < 0 and brevity[k] >= -0.01 * chars / 100 - 1e-12, tostring(brevity[k]))
+    end
+  end)
+
+  it("trains on the TRL file, unchanged, for two steps", function()
+    local d = support.tmpdir()
+    local model = d .. "/model"
+    remax.model.new(support.tiny_model({ vocab_size = 260, max_position_embeddings = 2048 }), { seed = 3 }):save(model)
+    for _, f in ipairs({ "tokenizer.json", "tokenizer_config.json" }) do
+      write(model .. "/" .. f, support.read("tests/fixtures/byte_tokenizer/" .. f))
+    end
+    write(model .. "/chat_template.jinja", support.read("tests/fixtures/chat_templates/qwen2.5.jinja"))   -- it lists tools
+    local out, rc = support.run_remax(1, ("run recipes/trl_agent.lua --model %s --max_steps 2 --num_generations 2 " ..
+      "--per_device_train_batch_size 2 --max_completion_length 24 --max_prompt_length 1536 --learning_rate 1e-3 " ..
+      "--output_dir %s/runs --run_name t --save_steps 0 --logging_steps 1 --log_completions 1"):format(model, d))
+    assert.are.equal(0, rc, out)
+    local m = support.jsonl(d .. "/runs/t/metrics.jsonl")
+    assert.are.equal(2, #m)
+    for _, step in ipairs(m) do
+      assert.is_number(step["reward/solved_reward"])
+      assert.is_number(step["reward/brevity_reward"])
+      assert.is_true(step["reward/brevity_reward"] < 0)
+      assert.is_number(step["tools/call_frequency"])
+    end
+    for _, rec in ipairs(support.jsonl(d .. "/runs/t/completions.jsonl")) do
+      assert.are.equal("I am thinking of a number from 1 to 100. Find it. You have 6 guesses.", rec.prompt[1].content)
+    end
+    -- the prompt lists the file's tool and the environment's method, as the template writes them
+    local p = assert(io.popen(("%s render recipes/trl_agent.lua --model %s --max_prompt_length 1536 2>/dev/null"):format(support.remax_binary(), model)))
+    local prompt = p:read("*a")
+    p:close()
+    assert.matches('"name": "calculator", "description": "Evaluate an arithmetic expression."', prompt, 1, true)
+    assert.matches('"name": "guess", "description": "Guess the secret number."', prompt, 1, true)
+    assert.matches("Find it. You have 6 guesses.<|im_end|>", prompt, 1, true)
+  end)
+
+  it("is shown in docs/environments.md as it is, beside the TRL script", function()
+    local doc = support.read("docs/environments.md")
+    assert.is_truthy(doc:find(support.read("recipes/trl_agent.py"), 1, true), "docs/environments.md shows another trl_agent.py")
+    assert.is_truthy(doc:find(support.read("recipes/trl_agent.lua"), 1, true), "docs/environments.md shows another trl_agent.lua")
+  end)
+end)
