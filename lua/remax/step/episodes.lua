@@ -50,40 +50,9 @@ function M.setup(step, sample)
   end
   s.registry = ropts.registry
   s.format = cfg.tool_call_format or tool_calls.format_for(step.template_name)
-  if s.tools and next(s.tools) then M.check_template(step) end
+  if s.tools and next(s.tools) then tools_mod.check_template(step.template, step.template_name, step.tok) end
   step.episode_setup = s
   return s
-end
-
--- A tool's name no template would write by chance: the template is asked to show it.
-local PROBE_TOOL = "remax_tool_name_probe_a8f3e2"
-
--- Refuses a template that cannot show the model its tools (as TRL refuses a chat template that
--- cannot render a tool-calling conversation): the built-in chatml, llama3, plain and qa, and a
--- tokenizer's template without a tools section. A recipe's own template function is the
--- recipe's to write: it gets the tools in opts.template_args.tools.
-function M.check_template(step)
-  local t = step.template or {}
-  if type(t.template) == "function" then return end
-  local probe = tools_mod.schemas(tools_mod.check({ [PROBE_TOOL] = { description = "probe", fn = function() end } }))
-  local o = {}
-  for k, v in pairs(t) do o[k] = v end
-  o.tokenizer = o.tokenizer or step.tok
-  o.template_args = {}
-  for k, v in pairs(t.template_args or {}) do o.template_args[k] = v end
-  o.template_args.tools = probe
-  local problem = chat.tools_problem(o, PROBE_TOOL)
-  if not problem then return end
-  local name = step.template_name or tostring(t.template)
-  if name == "tokenizer" or name == "auto" then
-    name = ("tokenizer (%s)"):format(step.tok and (step.tok.chat_template_path or step.tok.path) or "the tokenizer's chat_template")
-  elseif chat.templates[name] then
-    name = name .. " (built in)"
-  end
-  error(("chat_template = %s cannot show the model its tools: %s. The model would never see the tools it is trained to " ..
-    "call; TRL refuses such a template too (\"The provided chat template does not support tool calling\"). Use a template " ..
-    "with a tools section (chat_template = \"tokenizer\" with a model whose template has one, such as Qwen2.5's, " ..
-    "Qwen3's or Llama 3.1's), or a recipe function(messages, opts) that writes opts.template_args.tools"):format(name, problem), 0)
 end
 
 -- The template options with the tools in its `tools` variable (the model sees them as at inference).

@@ -27,6 +27,7 @@
 -- each call made on its episode's instance (tools.start's and tools.call's `env`).
 local json = require("remax.formats.json")
 local jinja = require("remax.text.jinja")
+local chat = require("remax.text.chat")
 local now = require("remax.bind.clock").now
 local channels = require("remax.step.channels")
 
@@ -221,6 +222,37 @@ function M.schemas(t)
     list[#list + 1] = jinja.dict({ { "type", "function" }, { "function", fn } })
   end
   return list
+end
+
+-- A tool's name no template would write by chance: the template is asked to show it.
+local PROBE_TOOL = "remax_tool_name_probe_a8f3e2"
+
+-- Refuses a chat template that cannot show the model its tools, naming it (as TRL refuses one
+-- that cannot render a tool-calling conversation): the built-in chatml, llama3, plain and qa,
+-- and a tokenizer's template without a tools section. A recipe's own template function is the
+-- recipe's to write: it gets the tools in opts.template_args.tools. template: the render options
+-- (remax.text.chat's), name: how the run names it, tok: the tokenizer.
+function M.check_template(template, name, tok)
+  template = template or {}
+  if type(template.template) == "function" then return end
+  local o = {}
+  for k, v in pairs(template) do o[k] = v end
+  o.tokenizer = o.tokenizer or tok
+  o.template_args = {}
+  for k, v in pairs(template.template_args or {}) do o.template_args[k] = v end
+  o.template_args.tools = M.schemas(M.check({ [PROBE_TOOL] = { description = "probe", fn = function() end } }))
+  local problem = chat.tools_problem(o, PROBE_TOOL)
+  if not problem then return end
+  name = name or tostring(template.template)
+  if name == "tokenizer" or name == "auto" then
+    name = ("tokenizer (%s)"):format(tok and (tok.chat_template_path or tok.path) or "the tokenizer's chat_template")
+  elseif chat.templates[name] then
+    name = name .. " (built in)"
+  end
+  error(("chat_template = %s cannot show the model its tools: %s. The model would never see the tools it is trained to " ..
+    "call; TRL refuses such a template too (\"The provided chat template does not support tool calling\"). Use a template " ..
+    "with a tools section (chat_template = \"tokenizer\" with a model whose template has one, such as Qwen2.5's, " ..
+    "Qwen3's or Llama 3.1's), or a recipe function(messages, opts) that writes opts.template_args.tools"):format(name, problem), 0)
 end
 
 local function type_ok(v, ty)
