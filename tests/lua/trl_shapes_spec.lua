@@ -112,6 +112,11 @@ def saw(prompts, completions, **kwargs):
     return [1.0 if p[-1]["content"].endswith("Count from %d." % s) and c[0]["role"] == "assistant"
             and any(m["role"] == "tool" for m in c) else 0.0
             for p, c, s in zip(prompts, completions, kwargs["start"])]
+class Undocumented:
+    def reset(self, **row):
+        return None
+    def move(self, where: str) -> str:
+        return where
 class Neither:
     def play(self, x):
         pass
@@ -173,6 +178,12 @@ class Neither:
     assert.matches(d .. "/counter.py: Neither is neither remax's environment (a step(text) method that answers each turn) " ..
       "nor TRL's environment_factory kind (a reset(**row) method; its other public methods are the tools); its methods: play, score",
       err, 1, true)
+    -- a method get_json_schema would refuse is refused, naming it
+    local undocumented = make_step({ environment = "py:" .. d .. "/counter.py:Undocumented" })
+    finally(function() close(undocumented) end)
+    err = support.error_of(function() undocumented:rollout(ROWS, { step = 1 }) end)
+    assert.matches("environment = py:" .. d .. "/counter.py:Undocumented: its method move: cannot make the JSON schema of move: " ..
+      "it has no docstring", err, 1, true)
     local lua = make_step({ environment = { play = function() end, score = function() end } })
     err = support.error_of(function() lua:rollout(ROWS, { step = 1 }) end)
     assert.matches("environment (tests/lua/trl_shapes_spec.lua) is neither remax's environment", err, 1, true)

@@ -182,7 +182,7 @@ function Rollout:pack()
     groups = self.groups, none = self.none,
     tokens_generated = self.tokens_generated, time_generate = self.time_generate, time_score = self.time_score,
     unscored = self.unscored, slots = self.slots, G = self.G, greedy = self.greedy, step = self.step,
-    episodes = self.episodes }
+    episodes = self.episodes, has_tools = self.has_tools }
 end
 
 -- Packed rollouts of ranks 0, 1, ... -> one rollout over all their prompts, as one rank running
@@ -190,7 +190,7 @@ end
 function M.merge(parts)
   local first = parts[1]
   local whole = setmetatable({ slots = first.slots, G = first.G, greedy = first.greedy, step = first.step,
-    episodes = first.episodes, prompt_messages = first.prompt_messages and {} or nil,
+    episodes = first.episodes, has_tools = first.has_tools, prompt_messages = first.prompt_messages and {} or nil,
     prompts = {}, rows = {}, total = {}, adv = first.adv and {} or nil, groups = first.groups and {} or nil,
     none = first.none and {} or nil,
     tokens_generated = 0, unscored = 0, time_generate = 0, time_score = 0 }, Rollout)
