@@ -226,7 +226,6 @@ function M.start(step, s, prompt_rows, slots, opts)
         if not env then stop(("episode of prompt %d: %s"):format(i, err)) end
       end
       eps[k] = new_episode(nil, { seed = seed }, env)
-      eps[k].kind = s.env and s.env.kind
       if env and env.remote then resets[k] = environment.reset_start(env, row, s.registry, timeout, seed) end
     end
   end
