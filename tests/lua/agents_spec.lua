@@ -39,8 +39,10 @@ local function make_step(settings, model, hooks)
   if not s.environment then s.rewards = { function(c) local z = {} for i = 1, #c do z[i] = 0 end return z end } end
   local cfg = config.resolve(s, {}, { running = true })
   model = model or tiny()
-  return step_mod.new({ model = model, tok = tok, stop = STOP, template = { template = "chatml" }, template_name = "chatml",
-    rewards = {}, world = dist.world(), opt = require("remax.bind.optim").adamw(model, { lr = 1e-3 }) }, cfg, hooks)
+  local fn = type(s.chat_template) == "function" and s.chat_template or nil
+  return step_mod.new({ model = model, tok = tok, stop = STOP, template = { template = fn or "chatml" },
+    template_name = fn and "recipe function" or "chatml", rewards = {}, world = dist.world(),
+    opt = require("remax.bind.optim").adamw(model, { lr = 1e-3 }) }, cfg, hooks)
 end
 
 local function rows_tokens(ro, from, to)
@@ -393,7 +395,7 @@ describe("TRL's names", function()
     local t = { count = { description = "count", fn = function() calls = calls + 1 return "ok" end } }
     local every_turn_calls = function() return { { name = "count", arguments = {} } } end
     local step = make_step({ tools = t, tool_call_format = every_turn_calls, max_turns = 2, max_completion_length = 40,
-      stop_strings = { "a", "e", "o" } })
+      stop_strings = { "a", "e", "o" }, chat_template = support.chatml_tools })
     local ro = step:rollout({ { prompt = "x" }, { prompt = "y" } }, { step = 1 })
     local full = 0
     for _, r in ipairs(ro.rows) do

@@ -474,10 +474,20 @@ c.close()
     write(d .. "/dies.py", ([[
 import os, subprocess
 def spawn_and_die(text: str = "") -> str:
+    """A tool of the test.
+
+    Args:
+        text: unused
+    """
     p = subprocess.Popen(["sleep", "300"])   # inherits the worker's stdout, and holds it open
     with open(%q, "w") as f: f.write(str(p.pid))
     os._exit(3)
 def ok(text: str = "") -> str:
+    """A tool of the test.
+
+    Args:
+        text: unused
+    """
     return "fine"
 def reward(completions, **kw):
     if not os.path.exists(%q):
@@ -536,8 +546,18 @@ for line in sys.stdin:
     write(d .. "/text.py", [[
 import os
 def name(text: str = "") -> str:
+    """A tool of the test.
+
+    Args:
+        text: unused
+    """
     return os.fsdecode(b"caf\xe9") + " \U0001F600"   # a file name that is not UTF-8: 'caf\udce9'
 def env_text(text: str = "") -> str:
+    """A tool of the test.
+
+    Args:
+        text: unused
+    """
     return "ok"
 class Env:
     def reset(self, **row):

@@ -72,8 +72,8 @@ def other(completions, **kwargs):
     r.close()
     local o = rewards.normalize("py:" .. d .. "/kw.py:other", 1, {})
     assert.are.equal("other", o.name)
-    -- keyword arguments: answer, completion_ids, final_answer (prompt became prompts)
-    assert.are.same({ 2, 2, 2 }, rewards.run_one(o, c, b, { timeout = 30 }))
+    -- keyword arguments: answer, completion_ids, completion_messages, final_answer, log_extra, ... (prompt became prompts)
+    assert.are.same({ 3, 3, 3 }, rewards.run_one(o, c, b, { timeout = 30 }))
     o.close()
   end)
 

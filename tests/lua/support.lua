@@ -245,6 +245,18 @@ function M.tiny_model(...)
   return c
 end
 
+-- A chat template function for episode specs with tools: chatml, after a system message naming
+-- the tools it is given (the built-in chatml shows no tools, and is refused with them).
+function M.chatml_tools(messages, opts)
+  local jinja = require("remax.text.jinja")
+  local text = require("remax.text.chat").render(messages, { template = "chatml", add_generation_prompt = opts.add_generation_prompt })
+  local tools = opts.template_args and opts.template_args.tools
+  if not tools or #tools == 0 then return text end
+  local names = {}
+  for i, t in ipairs(tools) do names[i] = jinja.to_lua(t)["function"].name end
+  return "<|im_start|>system\nTools: " .. table.concat(names, ", ") .. "<|im_end|>\n" .. text
+end
+
 -- A reward file's text: the share of lower-case ASCII letters (byte-level ids 97..122) among a
 -- completion's tokens, 0 for an empty completion. A tiny model learns it within a few steps.
 M.LOWER = [[

@@ -23,7 +23,13 @@ local TOOLS_PY = [[
 import time, os, sys
 from typing import Literal, Optional
 def pick(kind: Literal["a", "b"], n: Optional[int], note: "str | None" = None) -> str:
-    """Pick one."""
+    """Pick one.
+
+    Args:
+        kind: which
+        n: how many
+        note: a note
+    """
     return kind
 def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression.
@@ -33,14 +39,27 @@ def calculator(expression: str) -> str:
     """
     return str(eval(expression, {"__builtins__": {}}))
 def search(query: str, limit: int = 3, exact: bool = False) -> list:
-    """Search the notes."""
+    """Search the notes.
+
+    Args:
+        query: the words
+        limit: the most hits
+        exact: whole words only
+    """
     return [query] * limit
 def nap(seconds: float) -> str:
+    """Sleep.
+
+    Args:
+        seconds: how long
+    """
     time.sleep(seconds)
     return "slept"
 def die() -> str:
+    """Exit at once."""
     os._exit(3)
 def garbage() -> str:
+    """Write a line that is not JSON where the answers go."""
     sys.__stdout__.write("this is not json\n")
     sys.__stdout__.flush()
     time.sleep(0.5)
@@ -111,7 +130,9 @@ local function fake_step(m, tok, cfg_extra)
   local cfg = { max_completion_length = 24, max_prompt_length = 64, max_turns = 3, max_episode_length = 600,
     tool_timeout = 5, sampling = rollout.plan(2, true, 1.0) }
   for k, v in pairs(cfg_extra or {}) do cfg[k] = v end
-  return { cfg = cfg, model = m, tok = tok, stop = STOP, template = { template = "chatml" }, template_name = "chatml",
+  local tools_shown = cfg.tools ~= nil   -- the built-in chatml has no tools section: a template function that shows them
+  return { cfg = cfg, model = m, tok = tok, stop = STOP, template = { template = tools_shown and support.chatml_tools or "chatml" },
+    template_name = tools_shown and "recipe function" or "chatml",
     seed_for = function(_, s) return 1000 + s end, progress = function() end }
 end
 
@@ -135,13 +156,17 @@ describe("tools outside Lua", function()
       parameters = { type = "object", required = { "expression" },
         properties = { expression = { type = "string", description = "the expression, such as 12*7+3" } } },
       ["return"] = { type = "string" } } }, s[1])
-    assert.are.same({ type = "object", required = { "query" }, properties = { query = { type = "string" },
-      limit = { type = "integer" }, exact = { type = "boolean" } } }, s[3]["function"].parameters)
+    assert.are.same({ type = "object", required = { "query" }, properties = { query = { type = "string", description = "the words" },
+      limit = { type = "integer", description = "the most hits" }, exact = { type = "boolean", description = "whole words only" } } },
+      s[3]["function"].parameters)
     assert.are.same({ type = "array" }, s[3]["function"]["return"])
-    assert.are.same({ type = "object", required = { "kind", "n" }, properties = { kind = { type = "string", enum = { "a", "b" } },
-      n = { type = "integer", nullable = true }, note = { type = "string", nullable = true } } }, s[2]["function"].parameters)
+    assert.are.same({ type = "object", required = { "kind", "n" }, properties = {
+      kind = { type = "string", enum = { "a", "b" }, description = "which" },
+      n = { type = "integer", nullable = true, description = "how many" }, note = { type = "string", nullable = true, description = "a note" } } },
+      s[2]["function"].parameters)
     assert.are.same({ "42", true }, { (tools.call(t, { name = "calculator", arguments = { expression = "6*7" } }, 5, reg)) , true })
-    assert.are.equal('["x", "x"]', (tools.call(t, { name = "search", arguments = { query = "x", limit = 2 } }, 5, reg)))
+    -- a result that is not a string goes through str(), as TRL makes a tool message of it
+    assert.are.equal("['x', 'x']", (tools.call(t, { name = "search", arguments = { query = "x", limit = 2 } }, 5, reg)))
     -- the recipe's own schema wins, and the Lua-side checks run before anything is sent
     local t2, reg2 = tools.check({ calc = { description = "mine", parameters = { type = "object",
       properties = { expression = { type = "string" } }, required = { "expression" } }, fn = py .. "calculator" } })
@@ -244,6 +269,11 @@ import time, json, threading
 lock = threading.Lock()
 first = [True]
 def work(text: str) -> str:
+    """Work on a text.
+
+    Args:
+        text: the text
+    """
     with lock:
         slow, first[0] = first[0], False
     t0 = time.time()
@@ -299,7 +329,7 @@ def work(text: str) -> str:
   end)
 
   it("cut a hanging tool at tool_timeout with the timeout result, counted, while the other rows go on", function()
-    write(d .. "/hang.py", "import time\ndef work(text: str) -> str:\n    time.sleep(30 if len(text) % 2 else 0)\n    return 'ok'\n")
+    write(d .. "/hang.py", "import time\ndef work(text: str) -> str:\n    \"\"\"Work.\n\n    Args:\n        text: the text\n    \"\"\"\n    time.sleep(30 if len(text) % 2 else 0)\n    return 'ok'\n")
     local step = fake_step(m, tok, { tools = { work = "py:" .. d .. "/hang.py:work" }, tool_call_format = parser, tool_timeout = 0.5 })
     local t0 = require("remax.bind.clock").now()
     local setup = episodes.setup(step)

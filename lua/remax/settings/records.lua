@@ -138,8 +138,8 @@ M.groups = {
   { name = "Episodes", doc = "See [environments.md](environments.md).", settings = {   -- multi-turn rollouts: tools and environments
     { name = "tools", type = "table",
       help = "recipe only: tools the model may call, name -> { description =, parameters = JSON schema, fn = function(args) -> result, or \"py:FILE.py:FUNCTION\" (schema from its signature and docstring), \"cmd:PROGRAM\", \"http://HOST:PORT/PATH\" (run while the other rows decode) }; listed through the chat template's tools variable; a turn with tool calls gets their results and the episode goes on" },
-    { name = "environment", type = "environment",
-      help = "recipe only: { reset = function(sample, state) -> messages, step = function(state, assistant_text) -> messages, done, reward }, or a function(sample) -> one (a factory), or \"py:FILE.py:CLASS\" / \"cmd:PROGRAM\" / \"http://HOST:PORT/PATH\" (reset/step requests per episode id); per-turn rewards are summed into the reward \"environment\"" },
+    { name = "environment", type = "environment", aliases = { "environment_factory" },
+      help = "recipe only: { reset = function(sample, state) -> messages, step = function(state, assistant_text) -> messages, done, reward }, or a function(sample) -> one (a factory), or \"py:FILE.py:CLASS\" / \"cmd:PROGRAM\" / \"http://HOST:PORT/PATH\" (reset/step requests per episode id); per-turn rewards are summed into the reward \"environment\"; or TRL's kind, told apart by its methods: a class with reset and tool methods, whose public methods are the tools and whose instances rewards get as environments= (docs/environments.md); TRL's name environment_factory is taken for it" },
     { name = "max_turns", type = "integer", default = 4, range = "[1, 1024]", aliases = { "max_tool_calling_iterations" },
       -- TRL counts rounds of tool calls: N rounds are N + 1 assistant turns
       alias_values = { max_tool_calling_iterations = { range = "[0, 1023]", value = function(n) return n + 1 end } },

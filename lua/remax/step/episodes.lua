@@ -32,17 +32,27 @@ local M = {}
 function M.wanted(cfg) return cfg.tools ~= nil or cfg.environment ~= nil end
 
 -- The checked tools and environment of step's settings (step: what generates, remax.step.policy's
--- Policy or a table with its cfg, recipe_dir and template_name): {tools, env, registry (the
--- workers and servers outside Lua), format}. The caller keeps it for its rollouts (opts.setup)
--- and closes its registry.
-function M.setup(step)
+-- Policy or a table with its cfg, recipe_dir, template, template_name and tok): {tools, env,
+-- registry (the workers and servers outside Lua), format}. sample: the first prompt's row (a Lua
+-- environment factory's first product, made from it, says which kind it is). A TRL-kind
+-- environment's methods join the tools; tools with a template that cannot show them are refused.
+-- The caller keeps it for its rollouts (opts.setup) and closes its registry.
+function M.setup(step, sample)
   local cfg = step.cfg
   -- tools and environments outside Lua share one registry of workers and servers
   local ropts = { base = step.recipe_dir, max_line = cfg.reward_max_line_bytes }
-  local s = { tools = cfg.tools and tools_mod.check(cfg.tools, "tools", ropts) or nil,
-    env = cfg.environment and environment.check(cfg.environment, "environment", ropts) or nil }
+  local s = { tools = cfg.tools and tools_mod.check(cfg.tools, "tools", ropts) or nil }
+  if cfg.environment then
+    s.env = environment.resolve(environment.check(cfg.environment, "environment", ropts), sample or {})
+    if s.env.kind == "trl" then
+      local methods = s.env.remote and tools_mod.from_worker(s.env.tools, s.env.remote.channel, s.env.where)
+        or tools_mod.check(s.env.tools, s.env.where .. ".tools", { methods = s.env.class or s.env.methods })
+      s.tools = tools_mod.merge(s.tools, methods, s.env.where)
+    end
+  end
   s.registry = ropts.registry
   s.format = cfg.tool_call_format or tool_calls.format_for(step.template_name)
+  if s.tools and next(s.tools) then tools_mod.check_template(step.template, step.template_name, step.tok) end
   return s
 end
 
@@ -126,11 +136,13 @@ local function observe_start(s, ep, text, timeout, last)
     if #calls > 0 and last then return { obs = { nil, true } } end
     if #calls > 0 then
       local started = {}
-      for i, call in ipairs(calls) do started[i] = { name = call.name, p = tools_mod.start(s.tools, call, timeout, s.registry) } end
+      for i, call in ipairs(calls) do
+        started[i] = { name = call.name, p = tools_mod.start(s.tools, call, timeout, s.registry, ep.env) }
+      end
       return { calls = started }
     end
   end
-  if ep.env then
+  if ep.env and s.env.kind == "remax" then   -- a TRL-kind environment answers through its tools only
     if ep.env.remote then return { env = environment.step_start(ep.env, text, s.registry, timeout) } end
     return { obs = { env_answer(ep, environment.step(ep.env, ep.state, text)) } }
   end
@@ -202,7 +214,7 @@ function M.start(step, s, prompt_rows, slots, opts)
   local gen_seed = step:seed_for(opts.step or 0)
   local eps, first, resets = {}, {}, {}
   local function stop(why)
-    for _, e in pairs(eps) do environment.close(e.env, s.registry) end
+    M.close(s, eps)
     error(why, 0)
   end
   for i, row in ipairs(prompt_rows) do
@@ -224,9 +236,9 @@ function M.start(step, s, prompt_rows, slots, opts)
       local ep = eps[k]
       local m, err
       if resets[k] then
-        m, err = environment.reset_finish(s.registry:wait(resets[k]), row, timeout)
+        m, err = environment.reset_finish(s.registry:wait(resets[k]), row, timeout, s.env.kind)
       elseif ep.env then
-        m, err = environment.reset(ep.env, row, ep.state)
+        m, err = environment.reset(s.env, ep.env, row, ep.state)
       else
         m = chat.messages(row.prompt)
       end
@@ -255,10 +267,10 @@ end
 -- M.setup's (default: made for this call).
 function M.first_prompt(step, row, opts)
   opts = opts or {}
-  local s = opts.setup or M.setup(step)
+  local s = opts.setup or M.setup(step, row)
   local plan = opts.plan or step.cfg.sampling
   local eps, first = M.start(step, s, { row }, plan.slots, { step = opts.step or 1, first = opts.first })
-  for _, ep in ipairs(eps) do environment.close(ep.env, s.registry) end
+  M.close(s, eps)
   local ids, cut = M.prompt_ids(step, s, first[1])
   return first[1], ids, cut
 end
@@ -272,7 +284,7 @@ end
 function M.rollout(step, prompt_rows, opts)
   opts = opts or {}
   local cfg = step.cfg
-  local s = opts.setup or M.setup(step)
+  local s = opts.setup or M.setup(step, prompt_rows[1])
   local plan = opts.plan or cfg.sampling
   local slots = plan.slots
   local tok = step.tok
@@ -389,7 +401,7 @@ function M.rollout(step, prompt_rows, opts)
       ep.turns = ep.turns + 1
       ep.model_tokens = ep.model_tokens + #tail
       -- the environment still judges the turn the budget cut (its reward counts; no observation follows)
-      if ep.env and not ep.env_error then
+      if ep.env and s.env.kind == "remax" and not ep.env_error then
         if ep.env.remote then
           last_steps[k] = environment.step_start(ep.env, text, s.registry, timeout)
         else
@@ -399,7 +411,8 @@ function M.rollout(step, prompt_rows, opts)
     end
   end
   for k, h in pairs(last_steps) do env_answer(eps[k], environment.step_finish(s.registry:wait(h), timeout)) end
-  for _, ep in ipairs(eps) do environment.close(ep.env, s.registry) end
+  -- the environments stay open until the rewards have read them (M.add_environment_reward
+  -- asks a TRL-kind one for get_reward, then closes them)
   for k, r in ipairs(out.rows) do
     local ep = eps[k]
     local last = ep.messages[#ep.messages]
@@ -413,12 +426,49 @@ function M.rollout(step, prompt_rows, opts)
       env_errors = ep.env_errors, env_error = ep.env_error, truncated = ep.truncated or nil, errors = ep.errors,
       error_messages = next(ep.error_messages) and ep.error_messages or nil }
     if ep.truncated then r.finish = "length" end
+    -- what the rewards get of its environment (batch.environments): the instance; a remax-kind
+    -- Lua environment's, the episode's state
+    if ep.env then r.environment = (ep.env.remote or s.env.kind == "trl") and ep.env or ep.state end
     obs_total = obs_total + ep.obs_tokens
   end
   local ro = rollout.new(plan, { prompts = prompt_rows, prompt_messages = first, prompt_ids = prompt_ids, prompts_truncated = prompts_truncated,
     rows = out.rows, tokens_generated = out.tokens_generated, time_generate = seconds, step = opts.step, episodes = true,
-    observation_tokens = obs_total })
+    observation_tokens = obs_total, has_tools = s.tools ~= nil and next(s.tools) ~= nil,
+    open_episodes = s.env and { setup = s, eps = eps, timeout = timeout } or nil })
   return ro
+end
+
+-- Ends episodes: their environments outside Lua drop their instances (eps: M.start's).
+function M.close(s, eps)
+  for _, ep in pairs(eps) do environment.close(ep.env, s.registry, s.env and s.env.kind) end
+end
+
+-- A rollout's episodes, once the rewards have read their environments: a TRL-kind
+-- environment's get_reward (when it has one) becomes each episode's environment reward, then
+-- the environments are closed. Once per rollout.
+function M.finish(ro)
+  local open = ro.open_episodes
+  if not open then return end
+  ro.open_episodes = nil
+  local s, eps = open.setup, open.eps
+  local timeout = open.timeout
+  if s.env.kind == "trl" and s.env.reward then
+    local handles = {}
+    for k, ep in ipairs(eps) do handles[k] = environment.reward_start(ep.env, s.registry, timeout) or false end
+    for k, ep in ipairs(eps) do
+      local h = handles[k] and s.registry:wait(handles[k]) or nil
+      local v, err = environment.reward_finish(ep.env, h, timeout)
+      local e = ro.rows[k].episode
+      if err then
+        e.env_errors, e.env_error = e.env_errors + 1, err
+        e.error_messages = e.error_messages or {}
+        e.error_messages[err] = (e.error_messages[err] or 0) + 1
+      elseif v ~= nil then
+        e.env_reward = (e.env_reward or 0) + v
+      end
+    end
+  end
+  M.close(s, eps)
 end
 
 -- A generated row's model tokens and its episode's observations -> row.tokens (the episode after
@@ -554,7 +604,7 @@ function M.metrics(ro, tools)
     warning = M.failure_warning(f.failed, f.total, f.top) }
   if sampled > 0 then
     out.num_turns_mean, out.num_turns_min, out.num_turns_max = turns_sum / sampled, turns_min, turns_max
-    if tools then
+    if tools or ro.has_tools then
       out["tools/call_frequency"] = calls / sampled
       out["tools/failure_frequency"] = calls > 0 and failed_calls / calls or 0
     end
@@ -562,9 +612,12 @@ function M.metrics(ro, tools)
   return out
 end
 
--- The environment's summed per-turn rewards as one more reward column ("environment"), for the
--- rows whose episode got any; rows no reward scored but the environment did become scored.
+-- The environment's summed per-turn rewards (a TRL-kind one's get_reward) as one more reward
+-- column ("environment"), for the rows whose episode got any; rows no reward scored but the
+-- environment did become scored. Called once the reward functions have run: the rollout's
+-- environments are finished here (M.finish).
 function M.add_environment_reward(ro, per, total, unscored, none)
+  M.finish(ro)
   local any = false
   for _, r in ipairs(ro.rows) do any = any or (r.episode and r.episode.env_reward ~= nil) end
   if not any then return per, total, unscored, none end

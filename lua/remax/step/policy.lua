@@ -92,9 +92,10 @@ function Policy:eos_id() return self.tok.eos_id end
 
 ---------------------------------------------------------------------------- generation
 
--- The checked tools and environment of the run's episodes (made once, remax.step.episodes).
-function Policy:episode_setup()
-  if not self.episodes_ready then self.episodes_ready = episodes.setup(self) end
+-- The checked tools and environment of the run's episodes (made once, remax.step.episodes, from
+-- the first prompt's row that asks: a Lua environment factory's product says its kind).
+function Policy:episode_setup(sample)
+  if not self.episodes_ready then self.episodes_ready = episodes.setup(self, sample) end
   return self.episodes_ready
 end
 
@@ -109,7 +110,7 @@ function Policy:rollout(prompt_rows, opts)
   local cfg = self.cfg
   local step = assert(opts.step, "rollout: opts.step (the step number) is required")
   if episodes.wanted(cfg) then   -- multi-turn: tools, environments
-    local o = { setup = self:episode_setup() }
+    local o = { setup = self:episode_setup(prompt_rows[1]) }
     for k, v in pairs(opts) do o[k] = v end
     return episodes.rollout(self, prompt_rows, o)
   end

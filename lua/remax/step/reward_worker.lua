@@ -3,8 +3,11 @@
 -- Python, or any program").
 --
 --   "py:rewards/verify.py"        the function `reward` of a Python file, called as TRL calls a
---                                 reward function: reward(completions=[...], prompts=[...],
---                                 trainer_state=..., **columns)
+--                                 reward function: reward(prompts=[...], completions=[...],
+--                                 completion_ids=[...], trainer_state=..., **columns), prompts
+--                                 and completions as messages for conversational data and
+--                                 episodes, strings otherwise (the harness shapes them), and
+--                                 environments=[...] when the run has an environment
 --   "py:rewards/verify.py:name"   another function of that file
 --   "cmd:PROGRAM ARGS..."         any program (run by /bin/sh) speaking the wire format
 --   "http://HOST:PORT/PATH"       a reward server: one POST of the same JSON per batch
@@ -18,6 +21,11 @@
 -- (reward_timeout: the worker is stopped), any fault of the channel, or an answer that is not
 -- the scores stops the run with the reward's name (after a checkpoint, as a failing Lua reward
 -- does).
+--
+-- A Python reward in the same file as a py: environment is served by the environment's worker
+-- (the batch goes over its channel), so that it can be handed the episodes' instances: the
+-- request's "environments" lists their episode ids. A reward elsewhere gets "environments_missing"
+-- (why it cannot have them), which the harness says if the reward reads them.
 local channels = require("remax.step.channels")
 local json = require("remax.formats.json")
 local wire = require("remax.step.channels.wire")
@@ -36,18 +44,20 @@ end
 local function basename(p) return (p:match("([^/]+)$") or p) end
 
 -- The request of one batch. state: the run's state under TRL's trainer_state names
--- (rewards.trainer_state), nil when there is none.
-local function request(completions, batch, opts, name)
+-- (rewards.trainer_state), nil when there is none. The batch's environments (Lua objects and
+-- remote episodes) are not columns: route says what the request gets of them.
+local function request(completions, batch, opts, name, route)
   local cols = {}
   for k, v in pairs(batch or {}) do
-    if type(k) == "string" and type(v) == "table" then cols[k] = v end
+    if type(k) == "string" and type(v) == "table" and k ~= "environments" then cols[k] = v end
   end
   local st = {}
   for k, v in pairs(opts and opts.state or {}) do st[k] = v end
   local step = opts and opts.step
   if st.global_step == nil then st.global_step = step or 0 end
   return { type = "reward", name = name, step = step or wire.null, trainer_state = st, completions = completions,
-    batch = next(cols) and cols or json.object() }
+    batch = next(cols) and cols or json.object(), probe = opts and opts.probe or nil,
+    environments = route and route.ids or nil, environments_missing = route and route.missing or nil }
 end
 
 local EXPECTED = "expected {\"id\": N, \"scores\": [number|null, ...]}"
@@ -79,17 +89,47 @@ Reward.__index = function(t, k)
   return Reward[k]
 end
 
+-- Where a py: reward's batch goes, given its environments: { registry, channel, ids } when they
+-- live in this reward's file's worker (the environment's), { missing = why } when it cannot have
+-- them, nil when the run has none.
+function Reward:route(batch, n)
+  local list = type(batch) == "table" and batch.environments
+  if not self.python or type(list) ~= "table" or next(list) == nil then return nil end
+  local ids, registry, channel, elsewhere, lua = {}, nil, nil, nil, false
+  for k = 1, n do
+    local e = list[k]
+    if type(e) == "table" and e.remote then
+      if e.remote.channel.spec == self.channel.spec then
+        ids[k], registry, channel = e.episode, e.remote.registry, e.remote.channel
+      else
+        elsewhere = e.remote.spec
+      end
+    elseif e ~= nil then
+      lua = true
+    end
+  end
+  if elsewhere then
+    return { missing = ("the environments are instances of %s, which live in that file's worker; a reward that reads " ..
+      "them must be defined in the same file (it is then run by the same worker)"):format(channels.display(elsewhere)) }
+  end
+  if lua then return { missing = "the environments are Lua objects (the recipe's environment is in Lua): a Python reward cannot read them" } end
+  for k = 1, n do if ids[k] == nil then ids[k] = wire.null end end
+  return { ids = ids, registry = registry, channel = channel }
+end
+
 -- Sends a batch without waiting for the answer (receive reads it), so the worker scores while
 -- the other rewards run, or while the next batch generates. Several batches may be on their way.
 -- Never raises: what goes wrong is raised by receive. A batch already sent (the same
 -- completions table) is not sent again.
 function Reward:send(completions, batch, opts)
   for _, q in ipairs(self.queue) do if q.key == completions then return end end
-  local p = { key = completions, n = #completions, timeout = opts and opts.timeout }
+  local p = { key = completions, n = #completions, timeout = opts and opts.timeout, registry = self.registry, channel = self.channel }
   self.queue[#self.queue + 1] = p
   local ok, err = pcall(function()
-    p.obj = request(completions, batch, opts, self.fname)
-    p.h = self.registry:request(self.channel, p.obj, p.timeout, { keep_null = true, idempotent = true })
+    local route = self:route(batch, #completions)
+    if route and route.channel then p.registry, p.channel = route.registry, route.channel end
+    p.obj = request(completions, batch, opts, self.fname, route)
+    p.h = p.registry:request(p.channel, p.obj, p.timeout, { keep_null = true, idempotent = true })
   end)
   if not ok then p.error = err end
 end
@@ -97,7 +137,7 @@ end
 -- The batches that died with the worker go to the new one, in order, under their ids.
 function Reward:resend(death)
   for _, q in ipairs(self.queue) do
-    if q.h and q.h.kind == "died" and q.h.death == death then
+    if q.h and q.channel == self.channel and q.h.kind == "died" and q.h.death == death then
       q.h = self.registry:request(self.channel, q.obj, q.timeout, { id = q.h.id, keep_null = true, idempotent = true })
     end
   end
@@ -115,8 +155,12 @@ end
 function Reward:answer(p)
   if p.error then error(p.error, 0) end
   while true do
-    local h = self.registry:wait(p.h)
+    local h = p.registry:wait(p.h)
     if h.value then return scores_of(h.value, p.n) end
+    if h.kind ~= "error" and p.channel ~= self.channel then   -- served by the environment's worker
+      error(("the environment's worker, which runs this reward beside the episodes' instances, failed: %s")
+        :format(h.kind == "timeout" and ("no answer within reward_timeout = %g s"):format(p.timeout) or tostring(h.err)), 0)
+    end
     if h.kind == "timeout" then
       if self.url then
         error(("took over reward_timeout = %g s scoring %d completions (make the server faster, or raise reward_timeout, 0: no limit)")
@@ -153,7 +197,7 @@ function Reward:receive(key)
   repeat
     p = table.remove(self.queue, 1)
     if not p then error("internal: no batch was sent to this reward", 0) end
-    if p.key ~= key and p.h then self.registry:forget(p.h) end
+    if p.key ~= key and p.h then p.registry:forget(p.h) end
   until p.key == key
   return self:answer(p)
 end
@@ -188,6 +232,7 @@ function M.reward(spec, opts)
     r.name = name or fname or basename(file):gsub("%.py$", "")
     r.path = file
     impl.fname = fname or "reward"
+    impl.python = true
   elseif s:match("^cmd:") then
     r.name = name or cmd.program_name(s:sub(5):match("^%s*(.-)%s*$"))
   else

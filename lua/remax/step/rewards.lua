@@ -419,7 +419,8 @@ function M.probe(list, rows, source, collate, timeout, opts)
   for _, r in ipairs(list) do
     local ok, err, seconds
     if r.external then
-      ok, err = pcall(r.fn, completions, batch, { timeout = timeout, step = 0, state = opts and opts.state })
+      -- probe: a Python reward that reads `environments` (none exist before the first episode) is not checked further
+      ok, err = pcall(r.fn, completions, batch, { timeout = timeout, step = 0, state = opts and opts.state, probe = true })
     else
       ok, err, seconds = M.call_with_timeout(timeout, r.fn, completions, batch)
     end

@@ -105,7 +105,9 @@ end
 
 -- The reward functions' inputs: the completions, and the batch (every dataset column of each
 -- row's prompt, plus prompt_ids, completion_ids, greedy, finish; completion_messages when the
--- prompt is a conversation), aligned with the rows. collate: remax.formats.data.collate.
+-- prompt is a conversation; an episode's prompt_messages, the first messages the model saw, and
+-- environments, its environment's instance), aligned with the rows. collate:
+-- remax.formats.data.collate.
 function Rollout:reward_inputs(collate)
   local completions, expanded = {}, {}
   for k, r in ipairs(self.rows) do
@@ -122,6 +124,12 @@ function Rollout:reward_inputs(collate)
     if r.completion_messages then   -- an episode: its turns, tool results and observations as messages
       batch.completion_messages = batch.completion_messages or {}
       batch.completion_messages[k] = r.completion_messages
+      batch.prompt_messages = batch.prompt_messages or {}
+      batch.prompt_messages[k] = self.prompt_messages and self.prompt_messages[r.prompt]
+      if r.environment ~= nil then
+        batch.environments = batch.environments or {}
+        batch.environments[k] = r.environment
+      end
     elseif type(expanded[k].prompt) == "table" then   -- conversational data: the reply as messages too
       batch.completion_messages = batch.completion_messages or {}
       batch.completion_messages[k] = { { role = "assistant", content = r.text } }
@@ -175,7 +183,7 @@ function Rollout:pack()
     groups = self.groups, none = self.none,
     tokens_generated = self.tokens_generated, time_generate = self.time_generate, time_score = self.time_score,
     unscored = self.unscored, slots = self.slots, G = self.G, greedy = self.greedy, step = self.step,
-    episodes = self.episodes }
+    episodes = self.episodes, has_tools = self.has_tools }
 end
 
 -- Packed rollouts of ranks 0, 1, ... -> one rollout over all their prompts, as one rank running
@@ -183,7 +191,7 @@ end
 function M.merge(parts)
   local first = parts[1]
   local whole = setmetatable({ slots = first.slots, G = first.G, greedy = first.greedy, step = first.step,
-    episodes = first.episodes, prompt_messages = first.prompt_messages and {} or nil,
+    episodes = first.episodes, has_tools = first.has_tools, prompt_messages = first.prompt_messages and {} or nil,
     prompts = {}, rows = {}, total = {}, adv = first.adv and {} or nil, groups = first.groups and {} or nil,
     none = first.none and {} or nil,
     tokens_generated = 0, unscored = 0, time_generate = 0, time_score = 0 }, Rollout)

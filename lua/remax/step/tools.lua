@@ -19,9 +19,15 @@
 -- "cmd:PROGRAM" or "http://HOST:PORT/PATH" (remax.step.channels). A tool given as just such a
 -- string (calculator = "py:tools.py:calculator", or a list entry "py:tools.py:calculator") is
 -- the same. Those calls are started with tools.start and collected with tools.collect, so the
--- model keeps decoding while they run.
+-- model keeps decoding while they run. A Python function's schema follows transformers'
+-- get_json_schema (which TRL uses), and a function it would refuse (no docstring, an argument
+-- without a type hint or a description, *args/**kwargs) is refused here, naming it.
+--
+-- The methods of a TRL-kind environment (remax.step.environment) are tools too: `method = true`,
+-- each call made on its episode's instance (tools.start's and tools.call's `env`).
 local json = require("remax.formats.json")
 local jinja = require("remax.text.jinja")
+local chat = require("remax.text.chat")
 local now = require("remax.bind.clock").now
 local channels = require("remax.step.channels")
 
@@ -30,7 +36,9 @@ local M = {}
 local TYPES = { string = true, number = true, integer = true, boolean = true, object = true, array = true, ["null"] = true }
 
 -- opts.registry: a remax.step.channels registry for the tools outside Lua (made here when needed,
--- and returned second); opts.base: the recipe's folder (py: files are also looked for there).
+-- and returned second); opts.base: the recipe's folder (py: files are also looked for there);
+-- opts.methods: the table of a Lua TRL-kind environment's methods (t then lists their schemas,
+-- without fn: each tool is the method of its name).
 function M.check(t, where, opts)
   where = where or "tools"
   opts = opts or {}
@@ -59,7 +67,12 @@ function M.check(t, where, opts)
     if type(spec) == "function" or channels.is_spec(spec) then spec = { fn = spec } end
     if type(spec) ~= "table" then error(("%s must be a table {description=, parameters=, fn=}, got %s"):format(w, type(spec)), 0) end
     local far
-    if type(spec.fn) == "string" then
+    if opts.methods then
+      if type(opts.methods[name]) ~= "function" then
+        error(("%s: the environment has no method %s (a function(self, args) -> result)"):format(w, name), 0)
+      end
+      if spec.fn ~= nil then error(("%s.fn: a method of the environment is its tool; give no fn"):format(w), 0) end
+    elseif type(spec.fn) == "string" then
       if not channels.is_spec(spec.fn) then
         error(("%s.fn = %s: expected a function(args) -> result, py:FILE.py:FUNCTION, cmd:PROGRAM or http://HOST:PORT/PATH")
           :format(w, spec.fn), 0)
@@ -95,7 +108,7 @@ function M.check(t, where, opts)
       end
     end
     out[name] = { name = name, description = spec.description or "", parameters = params, returns = spec["return"], fn = spec.fn,
-      remote = far }
+      remote = far, method = opts.methods and true or nil }
   end
   -- the schemas of Python tools the recipe gives none for: from their signatures and docstrings
   for ch, list in pairs(describe) do
@@ -105,19 +118,50 @@ function M.check(t, where, opts)
     if h.err then error(("%s: %s"):format(list[1].w .. ".fn", h.err), 0) end
     for _, d in ipairs(list) do
       local got = type(h.value.tools) == "table" and h.value.tools[d.fn]
-      if type(got) ~= "table" then error(("%s.fn: the worker gave no schema for '%s'"):format(d.w, d.fn), 0) end
-      local tool = out[d.tool]
-      if d.spec.description == nil and type(got.description) == "string" then tool.description = got.description end
-      local params = type(got.parameters) == "table" and got.parameters or { type = "object", properties = {} }
-      if type(params.properties) ~= "table" then params.properties = {} end
-      params.type = "object"
-      tool.parameters = params
-      if type(got.schema) == "string" then   -- the same, keys in the worker's order (the function's)
-        tool.worker_schema = jinja.from_json(got.schema, d.w .. ".fn: the worker's schema")
-      end
+      M.take_schema(out[d.tool], got, d.w .. ".fn", d.fn, d.spec.description == nil)
     end
   end
   return out, opts.registry
+end
+
+-- The worker's schema of a Python function (a describe answer's entry: description, parameters,
+-- schema; or error, why get_json_schema's rules refuse it) into tool. w: how errors name it.
+function M.take_schema(tool, got, w, fname, take_description)
+  if type(got) ~= "table" then error(("%s: the worker gave no schema for '%s'"):format(w, fname), 0) end
+  if got.error ~= nil then error(("%s: %s"):format(w, tostring(got.error)), 0) end
+  if take_description and type(got.description) == "string" then tool.description = got.description end
+  local params = type(got.parameters) == "table" and got.parameters or { type = "object", properties = {} }
+  if type(params.properties) ~= "table" then params.properties = {} end
+  params.type = "object"
+  tool.parameters = params
+  if type(got.schema) == "string" then   -- the same, keys in the worker's order (the function's)
+    tool.worker_schema = jinja.from_json(got.schema, w .. ": the worker's schema")
+  end
+end
+
+-- The tools of a Python TRL-kind environment: its methods, as the worker described them
+-- (name -> describe entry), each called on its episode's instance over channel.
+function M.from_worker(described, channel, where)
+  local out = {}
+  for name, got in pairs(described or {}) do
+    local tool = { name = name, description = "", remote = { channel = channel, name = name }, method = true }
+    M.take_schema(tool, got, ("%s: its method %s"):format(where, name), name, true)
+    out[name] = tool
+  end
+  return out
+end
+
+-- Recipe tools and an environment's method tools as one table (a name in both: refused).
+function M.merge(a, b, where)
+  if not a then return b end
+  if not b then return a end
+  local out = {}
+  for k, v in pairs(a) do out[k] = v end
+  for k, v in pairs(b) do
+    if out[k] then error(("%s: its method %s and the recipe's tools.%s have the same name; rename one"):format(where, k, k), 0) end
+    out[k] = v
+  end
+  return out
 end
 
 function M.names(t)
@@ -180,6 +224,37 @@ function M.schemas(t)
   return list
 end
 
+-- A tool's name no template would write by chance: the template is asked to show it.
+local PROBE_TOOL = "remax_tool_name_probe_a8f3e2"
+
+-- Refuses a chat template that cannot show the model its tools, naming it (as TRL refuses one
+-- that cannot render a tool-calling conversation): the built-in chatml, llama3, plain and qa,
+-- and a tokenizer's template without a tools section. A recipe's own template function is the
+-- recipe's to write: it gets the tools in opts.template_args.tools. template: the render options
+-- (remax.text.chat's), name: how the run names it, tok: the tokenizer.
+function M.check_template(template, name, tok)
+  template = template or {}
+  if type(template.template) == "function" then return end
+  local o = {}
+  for k, v in pairs(template) do o[k] = v end
+  o.tokenizer = o.tokenizer or tok
+  o.template_args = {}
+  for k, v in pairs(template.template_args or {}) do o.template_args[k] = v end
+  o.template_args.tools = M.schemas(M.check({ [PROBE_TOOL] = { description = "probe", fn = function() end } }))
+  local problem = chat.tools_problem(o, PROBE_TOOL)
+  if not problem then return end
+  name = name or tostring(template.template)
+  if name == "tokenizer" or name == "auto" then
+    name = ("tokenizer (%s)"):format(tok and (tok.chat_template_path or tok.path) or "the tokenizer's chat_template")
+  elseif chat.templates[name] then
+    name = name .. " (built in)"
+  end
+  error(("chat_template = %s cannot show the model its tools: %s. The model would never see the tools it is trained to " ..
+    "call; TRL refuses such a template too (\"The provided chat template does not support tool calling\"). Use a template " ..
+    "with a tools section (chat_template = \"tokenizer\" with a model whose template has one, such as Qwen2.5's, " ..
+    "Qwen3's or Llama 3.1's), or a recipe function(messages, opts) that writes opts.template_args.tools"):format(name, problem), 0)
+end
+
 local function type_ok(v, ty)
   if ty == nil then return true end
   if ty == "string" then return type(v) == "string" end
@@ -232,7 +307,12 @@ end
 
 -- fn(args) with a wall-clock limit: a count hook (the function runs uncompiled, so the hook
 -- fires) raises once the deadline has passed. A function blocked in C (a socket) is not cut.
-local function call_limited(fn, args, timeout)
+local function call_limited(fn, args, timeout, self_)
+  if self_ ~= nil then   -- a method of an environment: fn(self_, args)
+    local method = fn
+    fn = function(a) return method(self_, a) end
+    pcall(function() jit.off(method, true) end)
+  end
   if not timeout or timeout <= 0 then return pcall(fn, args) end
   local deadline = now() + timeout
   local jit_ok = pcall(function() jit.off(fn, true) end)
@@ -278,17 +358,23 @@ local function remote_result(name, h, timeout)
   return as_text(r), true, h.seconds or 0, "ok"
 end
 
+-- The request of a call to a tool outside Lua (a method's goes to its episode's instance).
+local function tool_request(tool, call, env)
+  return { type = "tool", name = tool.remote.name, episode = tool.method and env and env.episode or nil,
+    arguments = next(call.arguments or {}) and call.arguments or json.object() }
+end
+
 -- Starts one call: { done = true, result, ok, seconds, kind } for a Lua tool (it runs now) or a
 -- call that fails its checks, or { done = false, handle } for a tool outside Lua, whose answer
--- tools.collect gives once the handle is done (registry:poll).
-function M.start(t, call, timeout, registry)
+-- tools.collect gives once the handle is done (registry:poll). env: the episode's environment
+-- instance, for the methods of a TRL-kind environment.
+function M.start(t, call, timeout, registry, env)
   local tool = not call.error and type(call.name) == "string" and t[call.name]
   if tool and tool.remote and not precheck(t, call) then
-    local h = registry:request(tool.remote.channel, { type = "tool", name = tool.remote.name,
-      arguments = next(call.arguments or {}) and call.arguments or json.object() }, timeout)
+    local h = registry:request(tool.remote.channel, tool_request(tool, call, env), timeout)
     return { done = false, handle = h, name = call.name, timeout = timeout }
   end
-  local result, ok, seconds, kind = M.call(t, call, timeout)
+  local result, ok, seconds, kind = M.call(t, call, timeout, registry, env)
   return { done = true, result = result, ok = ok, seconds = seconds, kind = kind }
 end
 
@@ -302,19 +388,26 @@ function M.collect(p)
 end
 
 -- One call ({name=, arguments=} or {error=}) -> result text, ok, seconds, kind. A tool outside
--- Lua is waited for (registry: the one tools.check made).
-function M.call(t, call, timeout, registry)
+-- Lua is waited for (registry: the one tools.check made). env: as tools.start's.
+function M.call(t, call, timeout, registry, env)
   local r, ok0, s0, k0 = precheck(t, call)
   if r then return r, ok0, s0, k0 end
   local tool = t[call.name]
   if tool.remote then
     if not registry then error("tools.call: the tool '" .. call.name .. "' runs outside Lua and needs its registry", 0) end
-    local h = registry:wait(registry:request(tool.remote.channel, { type = "tool", name = tool.remote.name,
-      arguments = next(call.arguments or {}) and call.arguments or json.object() }, timeout))
+    local h = registry:wait(registry:request(tool.remote.channel, tool_request(tool, call, env), timeout))
     return remote_result(call.name, h, timeout)
   end
+  if tool.method and type(env) ~= "table" then
+    error("tools.call: the tool '" .. call.name .. "' is a method of the environment and needs its episode's instance", 0)
+  end
   local t0 = now()
-  local ok, result = call_limited(tool.fn, call.arguments or {}, timeout)
+  local ok, result
+  if tool.method then
+    ok, result = call_limited(env[call.name], call.arguments or {}, timeout, env)
+  else
+    ok, result = call_limited(tool.fn, call.arguments or {}, timeout)
+  end
   local seconds = now() - t0
   if not ok then
     if tostring(result):find("__remax_tool_timeout__", 1, true) then

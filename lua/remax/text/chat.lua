@@ -258,6 +258,20 @@ function M.render(prompt, opts)
   return text
 end
 
+-- Why a template cannot show a model its tools, or nil when it can: opts (render's) with
+-- template_args.tools listing a tool named probe_name. Rendered is a conversation with a tool
+-- result (user, assistant, tool), as TRL's supports_tool_calling renders one; the tool's name
+-- (the tools section) and the result must both be in the text.
+function M.tools_problem(opts, probe_name)
+  local result = "remax_tool_result_probe_c4f9a8"
+  local ok, text = pcall(M.render, { { role = "user", content = "hi" }, { role = "assistant", content = "" },
+    { role = "tool", content = result } }, opts)
+  if not ok then return "it fails on a conversation with a tool result: " .. tostring(text) end
+  if not text:find(probe_name, 1, true) then return "it has no tools section (the tools it is given are not in its text)" end
+  if not text:find(result, 1, true) then return "it drops tool results" end
+  return nil
+end
+
 -- Token ids of a rendered prompt. The tokenizer's template writes its own special tokens, so
 -- (as transformers does for chat prompts) none are added; other text gets the tokenizer's
 -- special tokens (a BOS, say) unless it already starts with the BOS text: BOS exactly once.
