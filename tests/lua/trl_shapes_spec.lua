@@ -44,7 +44,7 @@ local function make_step(settings, pieces)
   return step_mod.new(p, cfg)
 end
 
-local function close(step) if step.episode_setup and step.episode_setup.registry then step.episode_setup.registry:close() end end
+local function close(step) local s = step.policy.episodes_ready if s and s.registry then s.registry:close() end end
 
 -- A parser that makes every turn call `name` with args (the tiny model writes no call of its own).
 local function calls(name, args) return function() return { { name = name, arguments = args or {} } } end end
@@ -134,8 +134,8 @@ class Neither:
     assert.matches("<|im_start|>system\nTools: add<|im_end|>", tok:decode(ro.prompt_ids[1], { skip_special_tokens = false }), 1, true)
     assert.are.same({ type = "function", ["function"] = { name = "add", description = "Add to the count.",
       parameters = { type = "object", properties = { n = { type = "integer", description = "How much to add" } }, required = { "n" } },
-      ["return"] = { type = "integer" } } }, jinja.to_lua(tools.schemas(step.episode_setup.tools)[1]))
-    assert.are.equal(1, #tools.names(step.episode_setup.tools))   -- not reset, get_reward or _private
+      ["return"] = { type = "integer" } } }, jinja.to_lua(tools.schemas(step.policy:episode_setup().tools)[1]))
+    assert.are.equal(1, #tools.names(step.policy:episode_setup().tools))   -- not reset, get_reward or _private
     -- rewards in the environment's file get the episodes' instances, and what TRL gives them
     local completions, batch = step:reward_inputs(ro)
     local counts = rewards.run_one(rewards.normalize("py:" .. d .. "/counter.py:count_reward", 1, {}), completions, batch, { timeout = 30 })
@@ -199,7 +199,7 @@ class Neither:
     assert.are.equal(env, cfg.environment)
     assert.is_nil(cfg.environment_factory)
     local err = support.error_of(config.resolve, { environment_factory = env, environment = "py:other.py:G" }, {}, { where = "r.lua" })
-    assert.matches("environment_factory = ", err, 1, true)
+    assert.matches("r.lua: environment and environment_factory are the same setting", err, 1, true)
   end)
 end)
 
@@ -467,8 +467,8 @@ print(json.dumps([json.dumps(get_json_schema(f)) for f in [m.order, m.nothing, m
     write(d .. "/env.py", SCHEMA_PY .. "\n")
     local step = make_step({ environment = "py:" .. d .. "/env.py:Env" })
     finally(function() close(step) end)
-    episodes.setup(step, { prompt = "x" })
-    assert.are.equal(want[3], jinja.render("{{ t | tojson }}", { t = tools.schemas(step.episode_setup.tools)[1] }))
+    step.policy:episode_setup({ prompt = "x" })
+    assert.are.equal(want[3], jinja.render("{{ t | tojson }}", { t = tools.schemas(step.policy:episode_setup().tools)[1] }))
   end)
 end)
 
@@ -503,7 +503,7 @@ describe("tools with a chat template", function()
       local tk = tokenizer_with(name)
       local step = make_step({ tools = t, max_prompt_length = 2048 }, { tok = tk, template = { template = "tokenizer", tokenizer = tk },
         template_name = "tokenizer" })
-      local _, ids = episodes.first_prompt(step, ROWS[1], { step = 1 })
+      local _, ids = episodes.first_prompt(step.policy, ROWS[1], { step = 1 })
       assert.matches('"name": "calc"', tk:decode(ids, { skip_special_tokens = false }), 1, true)
     end
     local step = make_step({ tools = t })   -- support.chatml_tools
@@ -530,7 +530,7 @@ describe("recipes/trl_agent.lua", function()
     local two = { rows[1], rows[2] }
     assert.are.same({ 50, 98 }, { rows[1].secret, rows[2].secret })
     local ro = step:rollout(two, { step = 1 })
-    assert.are.same({ "calculator", "guess" }, tools.names(step.episode_setup.tools))
+    assert.are.same({ "calculator", "guess" }, tools.names(step.policy:episode_setup().tools))
     assert.are.equal(rows[1].prompt[1].content .. " You have 6 guesses.", ro.prompt_messages[1][1].content)
     local completions, batch = step:reward_inputs(ro)
     local solved = rewards.run_one(rewards.normalize(py .. "solved_reward", 1, {}), completions, batch, { timeout = 30 })

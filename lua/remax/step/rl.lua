@@ -38,6 +38,7 @@ end
 -- The Policy's generation and scoring (remax.step.policy), for recipe loops and tasks.
 function Step:rollout(prompt_rows, opts) return self.policy:rollout(prompt_rows, opts) end
 function Step:score(ro, opts) return self.policy:score(ro, opts) end
+function Step:reward_inputs(ro) return self.policy:reward_inputs(ro) end   -- the completions and batch rewards get
 function Step:encode_prompt(prompt) return self.policy:encode_prompt(prompt) end
 
 -- Rewards -> advantages (and the k1 KL folded into rewards when kl_estimator = "k1"). Rows that
