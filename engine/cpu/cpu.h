@@ -104,6 +104,15 @@ int rx_cpu_bf16_gemm_forward(float *out, const float *inp, const uint16_t *weigh
 int rx_cpu_bf16_gemm_dinp(float *dinp, const float *dout, const uint16_t *weight, int64_t N, int64_t C, int64_t OC);
 int rx_cpu_bf16_gemm_dweight(float *dweight, const float *dout, const float *inp, int64_t N, int64_t C, int64_t OC);
 
+/* C[M,N] = op(A) op(B) + beta C, row-major (op: transposed when trans_*), on OpenBLAS with K fed in
+ * slices of a fixed size, so that every output sums the same slices in the same order whatever
+ * the thread count (blas.c says why). Every GEMM of the engine outside an OpenMP region goes
+ * through these. */
+void rx_cpu_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+void rx_cpu_dgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const double *A, int64_t lda,
+                  const double *B, int64_t ldb, double beta, double *C, int64_t ldc);
+
 /* matmul: out[N,OC] = inp[N,C] W[OC,C]^T (+ bias[OC]); OpenBLAS GEMM, or for a few rows a
  * kernel that reads W in place (matmul_rows.c: out = inp W^T + bias; returns 0, writing nothing,
  * where it does not apply: no AVX-512, more than 48 rows, C = 0). */

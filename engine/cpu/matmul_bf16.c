@@ -22,7 +22,6 @@
  * The buffers are the calling thread's, grown to the largest shape seen and kept (allocated once
  * per shape, not per call). */
 #include "cpu.h"
-#include <cblas.h>
 #include <omp.h>
 #include <stdlib.h>
 
@@ -221,8 +220,7 @@ int rx_cpu_matmul_forward_f32_bf16(float *out, const float *inp, const uint16_t 
   for (int64_t o0 = 0; o0 < OC; o0 += OB) {
     const int64_t ob = OC - o0 < OB ? OC - o0 : OB;
     widen_rows(buf, weight + o0 * C, ob, C);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)ob, (int)C, 1.0f, inp, (int)C, buf, (int)C, 1.0f,
-                out + o0, (int)OC);
+    rx_cpu_sgemm(0, 1, N, ob, C, inp, C, buf, C, 1.0f, out + o0, OC);
   }
   return 1;
 }
@@ -237,8 +235,7 @@ int rx_cpu_matmul_dinp_f32_bf16(float *dinp, const float *dout, const uint16_t *
   for (int64_t o0 = 0; o0 < OC; o0 += OB) {
     const int64_t ob = OC - o0 < OB ? OC - o0 : OB;
     widen_rows(buf, weight + o0 * C, ob, C);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)C, (int)ob, 1.0f, dout + o0, (int)OC, buf,
-                (int)C, o0 == 0 ? 0.0f : 1.0f, dinp, (int)C);
+    rx_cpu_sgemm(0, 0, N, C, ob, dout + o0, OC, buf, C, o0 == 0 ? 0.0f : 1.0f, dinp, C);
   }
   return 1;
 }
