@@ -187,6 +187,21 @@ int rx_cpu_matmul_rows_any_f32(float *out, const float *inp, const float *weight
   return 1;
 }
 
+int rx_cpu_matmul_rows_forward_f32_bf16(float *out, const float *inp, const uint16_t *weight, const float *bias,
+                                        int64_t N, int64_t C, int64_t OC) {
+  if (N == 0 || OC == 0) return 1;
+  if (C == 0) return rx_cpu_matmul_forward_f32_bf16(out, inp, weight, bias, N, C, OC);   /* the bias alone */
+  const int dot = rx_cpu_matmul_rows_bf16dot(out, inp, weight, bias, N, C, OC);   /* any N, blocks of 48 */
+  if (dot) return dot > 0;
+  for (int64_t n0 = 0; n0 < N; n0 += RX_BF16_FEW_ROWS) {
+    const int64_t n = N - n0 < RX_BF16_FEW_ROWS ? N - n0 : RX_BF16_FEW_ROWS;
+    const float *x = round_inputs(inp + n0 * C, n, C);
+    if (!x) return 0;
+    matmul_rows(out + n0 * OC, x, weight, 1, bias, n, C, OC);
+  }
+  return 1;
+}
+
 /* ------------------------------------------------------------------ many rows */
 
 /* Weight rows per widened block: about 4 MB of f32, at least 16 rows. */
