@@ -176,6 +176,10 @@ static void check_training_same_bits(int32_t dtype) {
 }
 
 static void training_same_bits_any_thread_count(void) {
+  if (!rx_blas_same_bits()) {   /* the AVX2 kernel sets: measured to differ, and said so (docs/reliability.md) */
+    printf("  (OpenBLAS's %s kernels: f32 GEMMs follow the thread count there; not checked)\n", rx_blas_core());
+    return;
+  }
   check_training_same_bits(RX_F32);
   check_training_same_bits(RX_BF16);
 }
