@@ -764,7 +764,7 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
   g->prefill_prompt = -1;
   if (!rc && !on_device) {
     const layer_kv kv = {copy_prompt_kv, g, NULL};
-    if (!rc) rc = rx_model_plan(m, 1, Pmax, &fo);   /* the largest first: the arena is carved once */
+    rc = rx_model_plan(m, 1, Pmax, &fo);   /* the largest first: the arena is allocated once */
     for (int64_t p = 0; p < P && !rc; p++) {
       int64_t rows = 0;
       for (int64_t r = 0; r < R; r++) rows += req->row_prompt[r] == p;
@@ -775,8 +775,9 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
       if (!rc) rc = rx_model_set_inputs(m, req->prompt_tokens + a, NULL);
       if (!rc) rc = rx_model_forward_hidden(m, &kv);
       /* the logits after the prompt: its last hidden state into the rows that continue it */
+      const char *last = (const char *)m->plan.xf.data + (n - 1) * C * es;
       for (int64_t r = 0; r < R && !rc; r++)
-        if (req->row_prompt[r] == p) memcpy((char *)g->xn.data + r * C * es, (char *)m->plan.xf.data + (n - 1) * C * es, (size_t)(C * es));
+        if (req->row_prompt[r] == p) memcpy((char *)g->xn.data + r * C * es, last, (size_t)(C * es));
     }
     g->prefill_prompt = -1;
   } else if (!rc) {
