@@ -620,7 +620,7 @@ static void test_finished_rows_leave_the_batch(void) {
  * sampled ones) get the same first logits, tokens and log-probabilities, bit for bit, in a
  * request of their own and beside other prompts, shorter and longer (so it is left-padded in
  * the cache), with enough rows that a decode step computes more than 48 at once; at 2 threads
- * and at 1. dtype: the model's compute dtype; bf16_weights: its matrices stored in bf16 (the
+ * and at 1, and alone at 1 against beside at 2 where the GEMMs allow (rx_blas_same_bits). dtype: the model's compute dtype; bf16_weights: its matrices stored in bf16 (the
  * bf16 matmul kernels). */
 enum { INV_NEW = 16, INV_ROWS = 63 };
 static void invariance_run(rx_model *m, int beside, float *first, int32_t *tokens, float *logprobs) {
@@ -688,21 +688,23 @@ static void check_batch_invariance(int32_t dtype, int bf16_weights) {
   int32_t tok[2][3 * INV_NEW];
   float lp[2][3 * INV_NEW];
   const char *what = bf16_weights ? "bf16 weights" : rx_dtype_name(dtype);
-  for (int threads = 2; threads >= 1; threads--) {
-    omp_set_num_threads(threads);
+  /* alone at 1 thread, beside others at 2 first, where the GEMMs give the same bits for any
+   * thread count (rx_blas_same_bits); then both at 2 threads, and both at 1 */
+  for (int threads = rx_blas_same_bits() ? 3 : 2; threads >= 1; threads--) {
+    omp_set_num_threads(threads == 3 ? 1 : threads);
     invariance_run(m, 0, first[0], tok[0], lp[0]);
+    if (threads == 3) omp_set_num_threads(2);
     invariance_run(m, 1, first[1], tok[1], lp[1]);
     int64_t nf = 0, nl = 0;
     for (int64_t i = 0; i < 3 * VOCAB; i++) nf += memcmp(&first[0][i], &first[1][i], sizeof(float)) != 0;
     for (int64_t i = 0; i < 3 * INV_NEW; i++) nl += memcmp(&lp[0][i], &lp[1][i], sizeof(float)) != 0;
-    CHECK(nf == 0, "%s, %d threads: %lld of the prompt's first logits differ beside other prompts", what, threads,
-          (long long)nf);
+    const char *how = threads == 3 ? "alone at 1 thread, beside at 2" : threads == 2 ? "2 threads" : "1 thread";
+    CHECK(nf == 0, "%s, %s: %lld of the prompt's first logits differ beside other prompts", what, how, (long long)nf);
     for (int k = 0; k < 3; k++)
       CHECK(memcmp(tok[0] + k * INV_NEW, tok[1] + k * INV_NEW, sizeof(int32_t) * INV_NEW) == 0,
-            "%s, %d threads: the prompt's %s row draws other tokens beside other prompts", what, threads,
+            "%s, %s: the prompt's %s row draws other tokens beside other prompts", what, how,
             k == 0 ? "greedy" : "sampled");
-    CHECK(nl == 0, "%s, %d threads: %lld of the rows' log-probabilities differ beside other prompts", what, threads,
-          (long long)nl);
+    CHECK(nl == 0, "%s, %s: %lld of the rows' log-probabilities differ beside other prompts", what, how, (long long)nl);
   }
   omp_set_num_threads(max_threads);
   rx_model_free(m);
