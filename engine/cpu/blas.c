@@ -50,9 +50,11 @@ const char *rx_blas_better_core(void) {
  * (Haswell, Zen) are not made so: their threaded sgemm computes the rows and columns at the edges
  * of each thread's share with other kernels, so about 4% of a GEMM's outputs differ between 1 and
  * 2 threads even when K is fed in slices of 64 (docs/reliability.md, "The same bits").
- * Two calls instead of one cost nothing measurable on the 2-core VM here, beside other processes
- * (the Qwen2.5-0.5B MLP's forward, dinp and dweight with 2048 tokens); slices of 256 cost 1% at 1
- * thread but up to 1.5x at 2 threads there, each call a round of OpenBLAS's thread handshakes.
+ * Two calls instead of one measured the same within the noise of the 2-core VM here, shared with
+ * other processes (the Qwen2.5-0.5B MLP's forward, dinp and dweight with 2048 tokens: from 6%
+ * faster to 7% slower over 5 runs at 1 and 2 threads, one outlier 21% slower); slices of 256
+ * cost 1% at 1 thread but 1.2-1.5x at 2 threads there, each call a round of OpenBLAS's thread
+ * handshakes.
  * A zero beta becomes a zeroed C and beta = 1: with beta = 0 a NoTrans x NoTrans sgemm may take
  * OpenBLAS's "direct" kernel, whose use depends on the thread count too (sgemm_direct_performant). */
 enum { RX_GEMM_KC = 256, RX_GEMM_KC_F64 = 128 };
