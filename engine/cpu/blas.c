@@ -51,8 +51,8 @@ const char *rx_blas_better_core(void) {
  * of each thread's share with other kernels, so about 4% of a GEMM's outputs differ between 1 and
  * 2 threads even when K is fed in slices of 64 (docs/reliability.md, "The same bits").
  * Two calls instead of one measured the same within the noise of the 2-core VM here, shared with
- * other processes (the Qwen2.5-0.5B MLP's forward, dinp and dweight with 2048 tokens: from 6%
- * faster to 7% slower over 5 runs at 1 and 2 threads, one outlier 21% slower); slices of 256
+ * other processes (the Qwen2.5-0.5B MLP's forward, dinp and dweight with 2048 tokens: -6%, -3%,
+ * +1%, +7% and +21% against one call over 5 runs at 1 and 2 threads); slices of 256
  * cost 1% at 1 thread but 1.2-1.5x at 2 threads there, each call a round of OpenBLAS's thread
  * handshakes.
  * A zero beta becomes a zeroed C and beta = 1: with beta = 0 a NoTrans x NoTrans sgemm may take
