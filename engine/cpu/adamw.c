@@ -38,19 +38,31 @@ void rx_cpu_adamw_f64_m32(double *P, const double *G, float *M, float *V, int64_
   ADAMW_LOOP(P, G, M, V, (void)0)
 }
 
-double rx_cpu_sum_squares_f32(const float *x, int64_t n) {
-  double s = 0;
-  #pragma omp parallel for reduction(+ : s) schedule(static) if (n > 32768)
-  for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i];
-  return s;
-}
+/* Sums of squares in double, the same bits for any thread count: fixed chunks of 65536 elements,
+ * each summed by one thread, the chunks' sums added in order afterwards (an OpenMP reduction would
+ * add one partial sum per thread, so the order would follow the thread count). Up to
+ * SUMSQ_PARTS chunks at once (16 M elements); longer vectors in rounds of those. */
+enum { SUMSQ_CHUNK = 1 << 16, SUMSQ_PARTS = 256 };
+#define SUM_SQUARES(x, n)                                                                  \
+  double total = 0, part[SUMSQ_PARTS];                                                     \
+  for (int64_t r0 = 0; r0 < n; r0 += (int64_t)SUMSQ_CHUNK * SUMSQ_PARTS) {                 \
+    const int64_t left = n - r0, chunks = (left + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;          \
+    const int64_t k = chunks < SUMSQ_PARTS ? chunks : SUMSQ_PARTS;                         \
+    _Pragma("omp parallel for schedule(static) if (left > 32768)")                        \
+    for (int64_t c = 0; c < k; c++) {                                                      \
+      const int64_t a = r0 + c * SUMSQ_CHUNK, b = a + SUMSQ_CHUNK < n ? a + SUMSQ_CHUNK : n; \
+      double s = 0;                                                                        \
+      _Pragma("omp simd reduction(+ : s)")                                                \
+      for (int64_t i = a; i < b; i++) s += (double)x[i] * x[i];                            \
+      part[c] = s;                                                                         \
+    }                                                                                      \
+    for (int64_t c = 0; c < k; c++) total += part[c];                                      \
+  }                                                                                        \
+  return total;
 
-double rx_cpu_sum_squares_f64(const double *x, int64_t n) {
-  double s = 0;
-  #pragma omp parallel for reduction(+ : s) schedule(static) if (n > 32768)
-  for (int64_t i = 0; i < n; i++) s += x[i] * x[i];
-  return s;
-}
+double rx_cpu_sum_squares_f32(const float *x, int64_t n) { SUM_SQUARES(x, n) }
+
+double rx_cpu_sum_squares_f64(const double *x, int64_t n) { SUM_SQUARES(x, n) }
 
 void rx_cpu_scale_f32(float *x, int64_t n, float s) {
   #pragma omp parallel for schedule(static) if (n > 32768)

@@ -24,7 +24,6 @@
  * sgemm elsewhere. REMAX_BF16_GEMM=onednn|sgemm overrides the choice (tests run both). */
 #include "core/options.h"
 #include "cpu.h"
-#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,8 +164,7 @@ int rx_cpu_bf16_gemm_dinp(float *dinp, const float *dout, const uint16_t *weight
 int rx_cpu_bf16_gemm_dweight(float *dweight, const float *dout, const float *inp, int64_t N, int64_t C, int64_t OC) {
   if (N == 0 || C == 0 || OC == 0) return 1;
   if (!onednn(N)) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)OC, (int)C, (int)N, 1.0f, dout, (int)OC, inp, (int)C,
-                1.0f, dweight, (int)C);
+    rx_cpu_sgemm(1, 0, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
     return 1;
   }
   const uint16_t *dy = rounded(&round_a, dout, N, OC), *x = rounded(&round_b, inp, N, C);

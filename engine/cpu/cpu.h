@@ -59,6 +59,11 @@ static inline uint16_t rx_cpu_f32_to_bf16(float f) {
 enum { RX_BF16_FEW_ROWS = 48, RX_BF16_DOT_ROWS = 64 };
 int rx_cpu_matmul_forward_f32_bf16(float *out, const float *inp, const uint16_t *weight, const float *bias, int64_t N,
                                    int64_t C, int64_t OC);
+/* The bf16 matmul with every row computed as it would be alone, for any number of rows (a decode
+ * step): the dot-product kernel where the CPU has it, else the widening register tiles, in blocks
+ * of 48 rows, never sgemm. Returns 0 when out of memory. */
+int rx_cpu_matmul_rows_forward_f32_bf16(float *out, const float *inp, const uint16_t *weight, const float *bias,
+                                        int64_t N, int64_t C, int64_t OC);
 int rx_cpu_matmul_dinp_f32_bf16(float *dinp, const float *dout, const uint16_t *weight, int64_t N, int64_t C,
                                 int64_t OC);
 /* The same few-rows kernel on f32 weights (the decode path of builds without AVX-512): returns 0,
@@ -104,6 +109,15 @@ int rx_cpu_bf16_gemm_forward(float *out, const float *inp, const uint16_t *weigh
 int rx_cpu_bf16_gemm_dinp(float *dinp, const float *dout, const uint16_t *weight, int64_t N, int64_t C, int64_t OC);
 int rx_cpu_bf16_gemm_dweight(float *dweight, const float *dout, const float *inp, int64_t N, int64_t C, int64_t OC);
 
+/* C[M,N] = op(A) op(B) + beta C, row-major (op: transposed when trans_*), on OpenBLAS with K fed in
+ * slices of a fixed size, so that every output sums the same slices in the same order whatever
+ * the thread count (blas.c says why). Every GEMM of the engine outside an OpenMP region goes
+ * through these. */
+void rx_cpu_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+void rx_cpu_dgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const double *A, int64_t lda,
+                  const double *B, int64_t ldb, double beta, double *C, int64_t ldc);
+
 /* matmul: out[N,OC] = inp[N,C] W[OC,C]^T (+ bias[OC]); OpenBLAS GEMM, or for a few rows a
  * kernel that reads W in place (matmul_rows.c: out = inp W^T + bias; returns 0, writing nothing,
  * where it does not apply: no AVX-512, more than 48 rows, C = 0). */
@@ -113,6 +127,14 @@ void rx_cpu_matmul_forward_f32(float *out, const float *inp, const float *weight
                                int64_t N, int64_t C, int64_t OC);
 void rx_cpu_matmul_forward_f64(double *out, const double *inp, const double *weight, const double *bias,
                                int64_t N, int64_t C, int64_t OC);
+/* The same with every row computed as it would be alone, for any number of rows (a decode step: a
+ * row's bits must not depend on the rows decoding beside it, nor on how many): the decode kernels
+ * in blocks of up to 48 rows for f32 (matmul_rows.c, or the register tiles of matmul_bf16.c
+ * without AVX-512), a dot product per output for f64. */
+void rx_cpu_matmul_rows_forward_f32(float *out, const float *inp, const float *weight, const float *bias, int64_t N,
+                                    int64_t C, int64_t OC);
+void rx_cpu_matmul_rows_forward_f64(double *out, const double *inp, const double *weight, const double *bias,
+                                    int64_t N, int64_t C, int64_t OC);
 void rx_cpu_matmul_backward_f32(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                 const float *weight, int64_t N, int64_t C, int64_t OC);
 void rx_cpu_matmul_backward_f64(double *dinp, double *dweight, double *dbias, const double *dout,

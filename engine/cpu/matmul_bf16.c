@@ -22,7 +22,6 @@
  * The buffers are the calling thread's, grown to the largest shape seen and kept (allocated once
  * per shape, not per call). */
 #include "cpu.h"
-#include <cblas.h>
 #include <omp.h>
 #include <stdlib.h>
 
@@ -188,6 +187,21 @@ int rx_cpu_matmul_rows_any_f32(float *out, const float *inp, const float *weight
   return 1;
 }
 
+int rx_cpu_matmul_rows_forward_f32_bf16(float *out, const float *inp, const uint16_t *weight, const float *bias,
+                                        int64_t N, int64_t C, int64_t OC) {
+  if (N == 0 || OC == 0) return 1;
+  if (C == 0) return rx_cpu_matmul_forward_f32_bf16(out, inp, weight, bias, N, C, OC);   /* the bias alone */
+  const int dot = rx_cpu_matmul_rows_bf16dot(out, inp, weight, bias, N, C, OC);   /* any N, blocks of 48 */
+  if (dot) return dot > 0;
+  for (int64_t n0 = 0; n0 < N; n0 += RX_BF16_FEW_ROWS) {
+    const int64_t n = N - n0 < RX_BF16_FEW_ROWS ? N - n0 : RX_BF16_FEW_ROWS;
+    const float *x = round_inputs(inp + n0 * C, n, C);
+    if (!x) return 0;
+    matmul_rows(out + n0 * OC, x, weight, 1, bias, n, C, OC);
+  }
+  return 1;
+}
+
 /* ------------------------------------------------------------------ many rows */
 
 /* Weight rows per widened block: about 4 MB of f32, at least 16 rows. */
@@ -221,8 +235,7 @@ int rx_cpu_matmul_forward_f32_bf16(float *out, const float *inp, const uint16_t 
   for (int64_t o0 = 0; o0 < OC; o0 += OB) {
     const int64_t ob = OC - o0 < OB ? OC - o0 : OB;
     widen_rows(buf, weight + o0 * C, ob, C);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)ob, (int)C, 1.0f, inp, (int)C, buf, (int)C, 1.0f,
-                out + o0, (int)OC);
+    rx_cpu_sgemm(0, 1, N, ob, C, inp, C, buf, C, 1.0f, out + o0, OC);
   }
   return 1;
 }
@@ -237,8 +250,7 @@ int rx_cpu_matmul_dinp_f32_bf16(float *dinp, const float *dout, const uint16_t *
   for (int64_t o0 = 0; o0 < OC; o0 += OB) {
     const int64_t ob = OC - o0 < OB ? OC - o0 : OB;
     widen_rows(buf, weight + o0 * C, ob, C);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)C, (int)ob, 1.0f, dout + o0, (int)OC, buf,
-                (int)C, o0 == 0 ? 0.0f : 1.0f, dinp, (int)C);
+    rx_cpu_sgemm(0, 0, N, C, ob, dout + o0, OC, buf, C, o0 == 0 ? 0.0f : 1.0f, dinp, C);
   }
   return 1;
 }

@@ -1,10 +1,12 @@
 /* generate.c: batched KV-cache decoding with per-row sampling.
  *
- * Prompts are prefilled once each (left-padded to the longest, so every prompt's last token
- * sits at the same cache index), their keys and values are copied to every row that continues
- * them, and then all rows decode in lockstep: one token per row per step, attention of one
- * query against the row's cache. Randomness comes from Philox keyed by (seed, row key,
- * position), so a row's tokens do not depend on which other rows share its batch.
+ * Prompts are prefilled once each (on the CPU each alone; their caches left-padded to the
+ * longest, so every prompt's last token sits at the same cache index), their keys and values are
+ * copied to every row that continues them, and then all rows decode in lockstep: one token per
+ * row per step, attention of one query against the row's cache from its first real slot, every
+ * matmul computing each row as alone (rx_matmul_forward_rows). Randomness comes from Philox keyed
+ * by (seed, row key, position). So on the CPU a row's tokens and log-probabilities, bit for bit,
+ * do not depend on which other rows share its batch (docs/generation.md).
  *
  * On a device (model on "cuda") the KV cache, the decode activations and the step's ids
  * (tokens, positions, mask) live in device memory; the host keeps the rows' bookkeeping and
@@ -18,6 +20,7 @@
 #include "philox.h"
 #include "ops/sample.h"
 #include "ops/decode.h"
+#include "ops/engine_ops.h"
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -75,6 +78,7 @@ struct rx_generator {
   float *d_pen;
   void *d_seen_handle, *d_pen_handle;
   int nthreads;
+  int64_t prefill_prompt;                /* the prompt a CPU prefill is computing alone, or -1: all, batched */
   /* continuing rows (request append_capacity > 0): slot is the next cache slot a step writes (the
    * cache grows in lockstep); npos[place] counts the row's tokens in the cache (the RoPE position
    * of its next one); a row that stops stays paused (finish RX_FINISH_STOP, cache kept) until
@@ -325,7 +329,9 @@ static int stage_ids(const rx_generator *g, int32_t *dst, const int32_t *src, in
 /* ------------------------------------------------------------------ prefill */
 
 /* The prefill's KV-cache hook: each prompt's (roped) keys and values of layer l go to the cache
- * rows of the rows that continue it; the prompts attend to their own keys and values. */
+ * rows of the rows that continue it, its last token at slot Pmax - 1; the prompts attend to their
+ * own keys and values. A prefill of one prompt alone (g->prefill_prompt) holds its n tokens
+ * unpadded; a batched one holds every prompt left-padded to Pmax. */
 static int copy_prompt_kv(void *ctx, int64_t l, const layer_acts *a, rx_tensor *keys, rx_tensor *values,
                           const rx_tensor **mask) {
   rx_generator *g = ctx;
@@ -333,8 +339,16 @@ static int copy_prompt_kv(void *ctx, int64_t l, const layer_acts *a, rx_tensor *
   const int64_t KD = c->num_key_value_heads * c->head_dim, es = rx_dtype_size(c->dtype);
   const int64_t row_bytes = g->S * KD * es, block = g->Pmax * KD * es;
   char *K = (char *)g->kcache + l * g->R * row_bytes, *Vc = (char *)g->vcache + l * g->R * row_bytes;
+  const int64_t alone = g->prefill_prompt;
   for (int64_t r = 0; r < g->R; r++) {
     int64_t p = g->req.row_prompt[r];
+    if (alone >= 0 && p != alone) continue;
+    if (alone >= 0) {
+      const int64_t n = g->req.prompt_offsets[p + 1] - g->req.prompt_offsets[p], at = (g->Pmax - n) * KD * es;
+      TRY(dev_copy(g, K + r * row_bytes + at, a->k.data, n * KD));
+      TRY(dev_copy(g, Vc + r * row_bytes + at, a->v.data, n * KD));
+      continue;
+    }
     TRY(dev_copy(g, K + r * row_bytes, (char *)a->k.data + p * block, g->Pmax * KD));
     TRY(dev_copy(g, Vc + r * row_bytes, (char *)a->v.data + p * block, g->Pmax * KD));
   }
@@ -740,34 +754,58 @@ int rx_generate_begin(rx_generator **out, rx_model *m, const rx_generate_request
     for (int64_t t = Pmax - n; t < Pmax; t++) g->cache_mask[r * S + t] = 1;
   }
 
-  /* prefill: each prompt once, left-padded to Pmax */
+  /* prefill: each prompt once. On the CPU each prompt alone, so that its keys, values and first
+   * logits are computed exactly as in a request of its own (the same GEMM shapes, no padding in
+   * its attention): the prompts beside it change none of its bits (docs/generation.md). On a
+   * device all prompts in one forward, left-padded to Pmax (its kernels depend on the batch's
+   * shape anyway, and one forward launches fewer kernels). */
   rx_forward_opts fo = {0, 0, 0, 0};
   int rc = rx_model_refresh_work(m);   /* a bf16 model's working weights from its master */
-  if (!rc) rc = rx_model_plan(m, P, Pmax, &fo);
-  int32_t *ptok = calloc((size_t)(P * Pmax), sizeof(int32_t)), *pmask = calloc((size_t)(P * Pmax), sizeof(int32_t));
-  if (!rc && (!ptok || !pmask)) rc = rx_fail(RX_ENOMEM, "generate: out of memory for prompts");
-  if (!rc) {
-    for (int64_t p = 0; p < P; p++) {
-      int64_t a = req->prompt_offsets[p], n = req->prompt_offsets[p + 1] - a;
-      for (int64_t t = 0; t < n; t++) {
-        ptok[p * Pmax + Pmax - n + t] = req->prompt_tokens[a + t];
-        pmask[p * Pmax + Pmax - n + t] = 1;
-      }
-    }
+  g->prefill_prompt = -1;
+  if (!rc && !on_device) {
     const layer_kv kv = {copy_prompt_kv, g, NULL};
-    rc = rx_model_set_inputs(m, ptok, pmask);
-    if (!rc) rc = rx_model_forward_hidden(m, &kv);
-  }
-  free(ptok);
-  free(pmask);
-  if (!rc) {
-    /* logits after each row's prompt: gather its prompt's last hidden state, one GEMM over
-     * the rows (so every row's logits sit in its own row, as after a decode step) */
+    rc = rx_model_plan(m, 1, Pmax, &fo);   /* the largest first: the arena is allocated once */
+    for (int64_t p = 0; p < P && !rc; p++) {
+      int64_t rows = 0;
+      for (int64_t r = 0; r < R; r++) rows += req->row_prompt[r] == p;
+      if (!rows) continue;   /* a prompt no row continues */
+      const int64_t a = req->prompt_offsets[p], n = req->prompt_offsets[p + 1] - a;
+      g->prefill_prompt = p;
+      rc = rx_model_plan(m, 1, n, &fo);
+      if (!rc) rc = rx_model_set_inputs(m, req->prompt_tokens + a, NULL);
+      if (!rc) rc = rx_model_forward_hidden(m, &kv);
+      /* the logits after the prompt: its last hidden state into the rows that continue it */
+      const char *last = (const char *)m->plan.xf.data + (n - 1) * C * es;
+      for (int64_t r = 0; r < R && !rc; r++)
+        if (req->row_prompt[r] == p) memcpy((char *)g->xn.data + r * C * es, last, (size_t)(C * es));
+    }
+    g->prefill_prompt = -1;
+  } else if (!rc) {
+    rc = rx_model_plan(m, P, Pmax, &fo);
+    int32_t *ptok = calloc((size_t)(P * Pmax), sizeof(int32_t)), *pmask = calloc((size_t)(P * Pmax), sizeof(int32_t));
+    if (!rc && (!ptok || !pmask)) rc = rx_fail(RX_ENOMEM, "generate: out of memory for prompts");
+    if (!rc) {
+      for (int64_t p = 0; p < P; p++) {
+        int64_t a = req->prompt_offsets[p], n = req->prompt_offsets[p + 1] - a;
+        for (int64_t t = 0; t < n; t++) {
+          ptok[p * Pmax + Pmax - n + t] = req->prompt_tokens[a + t];
+          pmask[p * Pmax + Pmax - n + t] = 1;
+        }
+      }
+      const layer_kv kv = {copy_prompt_kv, g, NULL};
+      rc = rx_model_set_inputs(m, ptok, pmask);
+      if (!rc) rc = rx_model_forward_hidden(m, &kv);
+    }
+    free(ptok);
+    free(pmask);
+    /* logits after each row's prompt: gather its prompt's last hidden state (so every row's
+     * logits sit in its own row, as after a decode step) */
     for (int64_t r = 0; r < R && !rc; r++)
       rc = dev_copy(g, (char *)g->xn.data + r * C * es,
                     (char *)m->plan.xf.data + (req->row_prompt[r] * Pmax + Pmax - 1) * C * es, C);
-    if (!rc) rc = rx_matmul_forward(&g->logits, &g->xn, rx_model_w(m, m->lm_head), NULL);
   }
+  /* one matmul over the rows, each row computed as alone (the rows beside it change no bits) */
+  if (!rc) rc = rx_matmul_forward_rows(&g->logits, &g->xn, rx_model_w(m, m->lm_head), NULL);
   if (!rc) rc = pick_tokens(g);
   if (rc) { rx_generate_end(g); return rc; }
   g->generated = 1;
@@ -861,8 +899,8 @@ static int repack(rx_generator *g) {
 
 /* Places of rows that finished go past the active ones: the last active place moves into each
  * (its cache rows [0, filled), mask and state), so a step computes only the rows still decoding.
- * A row's numbers do not depend on its place, or on the rows beside it (up to 48 rows, see
- * engine/cpu/matmul_rows.c), so moving it changes none of its tokens. */
+ * A row's numbers do not depend on its place, or on the rows beside it (rx_matmul_forward_rows),
+ * so moving it changes none of its tokens. */
 static int compact(rx_generator *g) {
   const rx_model_config *c = &g->m->cfg;
   const int64_t L = c->num_hidden_layers, KD = c->num_key_value_heads * c->head_dim, es = rx_dtype_size(c->dtype);
@@ -990,7 +1028,7 @@ static int decode_body(rx_generator *g, layer_acts *acts, const layer_io *io) {
   rx_model *m = g->m;
   for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++) TRY(rx_model_layer(m, l, acts, io));
   TRY(rx_rmsnorm_forward(&g->xn, &g->rstd, &g->x, rx_model_w(m, m->final_norm), m->cfg.rms_norm_eps));
-  return rx_matmul_forward(&g->logits, &g->xn, rx_model_w(m, m->lm_head), NULL);
+  return rx_model_matmul(m, &g->logits, &g->xn, rx_model_w(m, m->lm_head), NULL);
 }
 
 /* The step as a CUDA graph: the ids staged, the embedding launched as usual (its token check
@@ -1065,7 +1103,10 @@ int rx_generate_step(rx_generator *g, int32_t *done) {
     const layer_kv kv = {append_kv, g, NULL};
     const layer_io io = {&g->x, &g->x, &pos, &mask, &kv, NULL};
     TRY(rx_embedding_forward(&g->x, &g->tok, rx_model_w(m, m->embed)));
-    TRY(decode_body(g, &acts, &io));
+    m->rows_alone = 1;   /* every row's matmuls as alone: the rows beside it change no bits */
+    const int rc = decode_body(g, &acts, &io);
+    m->rows_alone = 0;
+    TRY(rc);
   }
   for (int64_t r = 0; r < R; r++) g->npos[r]++;
   g->slot++;

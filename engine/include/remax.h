@@ -33,6 +33,11 @@ int rx_cuda_synchronize(void);
  * (NULL when the choice is already right, or when OPENBLAS_CORETYPE is set). */
 const char *rx_blas_core(void);
 const char *rx_blas_better_core(void);
+/* 1 when the f32 and f64 GEMMs give the same bits for any thread count with this kernel set:
+ * OpenBLAS's AVX-512 sets (SkylakeX, Cooperlake, SapphireRapids), fed K in parts that its
+ * threaded and single-threaded drivers block alike; 0 elsewhere (its AVX2 sets Haswell and Zen
+ * compute the edges of each thread's share with other kernels: measured, docs/generation.md). */
+int32_t rx_blas_same_bits(void);
 /* The bf16 kernels this CPU runs, or why none (for `remax version`): e.g. "vdpbf16ps (AVX-512
  * BF16) for bf16 weights' matmuls". */
 const char *rx_bf16_kernels(void);

@@ -22,11 +22,16 @@ void rx_model_proj_param(const rx_model *m, int64_t l, int32_t proj, int64_t *w,
   }
 }
 
+int rx_model_matmul(const rx_model *m, rx_tensor *out, const rx_tensor *inp, const rx_tensor *weight,
+                    const rx_tensor *bias) {
+  return m->rows_alone ? rx_matmul_forward_rows(out, inp, weight, bias) : rx_matmul_forward(out, inp, weight, bias);
+}
+
 static int linear_forward(rx_model *m, int64_t l, int32_t proj, rx_tensor *out, const rx_tensor *inp) {
   int64_t w, b;
   rx_model_proj_param(m, l, proj, &w, &b);
   const rx_tensor *W = rx_model_w(m, w);
-  TRY(rx_matmul_forward(out, inp, W, rx_model_w(m, b)));
+  TRY(rx_model_matmul(m, out, inp, W, rx_model_w(m, b)));
   return m->lora ? rx_lora_linear_forward(m, l, proj, out, inp, W) : RX_OK;
 }
 

@@ -293,7 +293,7 @@ static int adapter_input(rx_model *m, int64_t l, int32_t proj, int64_t a, chunk 
   const rx_lora *lo = m->lora;
   if (train && lo->cfg.dropout > 0) TRY(dropout_rows(m, l, proj, ch, dy));
   else ch->xd = ch->x;
-  TRY(rx_matmul_forward(&ch->xa, &ch->xd, lora_w(lo, a), NULL));
+  TRY(rx_model_matmul(m, &ch->xa, &ch->xd, lora_w(lo, a), NULL));
   return rx_scale(&ch->xa, lo->scale);
 }
 
@@ -314,7 +314,7 @@ int rx_lora_linear_forward(rx_model *m, int64_t l, int32_t proj, rx_tensor *out,
     const int64_t n = N - r0 < LORA_CHUNK_ROWS ? N - r0 : LORA_CHUNK_ROWS;
     chunk_views(m->lora, &ch, inp, r0, n, in, o, 1);
     TRY(adapter_input(m, l, proj, a, &ch, train, NULL));
-    TRY(rx_matmul_forward(&ch.wide, &ch.xa, lora_w(m->lora, a + 1), NULL));
+    TRY(rx_model_matmul(m, &ch.wide, &ch.xa, lora_w(m->lora, a + 1), NULL));
     rx_tensor y;
     int64_t sy[2] = {n, o};
     rx_view_init(&y, (char *)out->data + r0 * o * es, out->dtype, out->device, 2, sy);

@@ -66,9 +66,16 @@ struct rx_model {
   double *inv_freq;          /* RoPE frequencies [head_dim/2], rope_scaling applied */
   plan plan;
   struct rx_lora *lora;      /* adapters (engine/model/lora.c); NULL: full fine-tuning */
+  int32_t rows_alone;        /* set by generation around a decode step: every matmul computes each row as
+                              * it would alone (rx_model_matmul), so the rows beside it change no bits */
 };
 
 int rx_model_plan(rx_model *m, int64_t B, int64_t T, const rx_forward_opts *opts);
+
+/* out = inp W^T (+ bias) for the model's layers: rx_matmul_forward, or while m->rows_alone (a
+ * decode step) rx_matmul_forward_rows, whose rows do not depend on each other. */
+int rx_model_matmul(const rx_model *m, rx_tensor *out, const rx_tensor *inp, const rx_tensor *weight,
+                    const rx_tensor *bias);
 
 /* Parameter i as the forward and backward compute with it: a bf16 model's working copy (on the
  * CPU, of the weight matrices only: norms and biases act on f32 activations), else the parameter

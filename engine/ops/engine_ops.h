@@ -39,6 +39,12 @@ int rx_adamw_update(rx_tensor *param, const rx_tensor *grad, rx_tensor *m, rx_te
  * summed there in a fixed order and read back once). */
 int rx_sum_squares(const rx_tensor *const *xs, int64_t n, double *total);
 
+/* ---- decoding's matmul (engine/model/linear.c, generate/generate.c): rx_matmul_forward with every
+ * row computed as it would be alone, whatever the number of rows (cpu.h: the decode kernels in
+ * blocks of 48 rows, never a GEMM whose kernel depends on the row count), so that a row's tokens
+ * do not depend on the rows decoding beside it. On cuda it is rx_matmul_forward. */
+int rx_matmul_forward_rows(rx_tensor *out, const rx_tensor *inp, const rx_tensor *weight, const rx_tensor *bias);
+
 /* ---- LoRA's dropout (engine/model/lora.c; cpu/dropout.c, cuda/dropout.cu). u holds uniform
  * draws in [0, 1), one per element of x: f32 (on the CPU also x's dtype; u may be xd, the draws
  * made in place). f = u >= p ? 1 / (1 - p) : 0; xd = x * f, and dy *= f when dy is given. */

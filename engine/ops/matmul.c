@@ -1,6 +1,7 @@
 /* matmul.c: linear layer y = x W^T (+ b) over the last dim; argument checks, then one switch on
  * the device. */
 #include "ops.h"
+#include "ops/engine_ops.h"
 #include "cpu/cpu.h"
 #include <limits.h>
 #include <stdio.h>
@@ -36,16 +37,23 @@ static int check_inputs(const char *op, const rx_tensor *inp, const rx_tensor *w
   return RX_OK;
 }
 
-int rx_matmul_forward(rx_tensor *out, const rx_tensor *inp, const rx_tensor *weight, const rx_tensor *bias) {
-  const char *op = "matmul";
+/* The checks of a forward: inp, weight, out and bias agree; sets N, C and OC. */
+static int check_forward(const char *op, const rx_tensor *out, const rx_tensor *inp, const rx_tensor *weight,
+                         const rx_tensor *bias, int64_t *N, int64_t *C, int64_t *OC) {
   char why[160], a[96], b[96];
-  int64_t N, C, OC;
-  if (check_inputs(op, inp, weight, &N, &C, &OC)) return RX_EINVAL;
+  if (check_inputs(op, inp, weight, N, C, OC)) return RX_EINVAL;
   snprintf(why, sizeof why, "rows of inp %s, out features of weight %s", rx_shape_str(inp, a, sizeof a),
            rx_shape_str(weight, b, sizeof b));
-  if (rx_op_like(out, inp, op, "out", "inp") || rx_op_rows_cols(out, N, OC, op, "out", why)) return RX_EINVAL;
+  if (rx_op_like(out, inp, op, "out", "inp") || rx_op_rows_cols(out, *N, *OC, op, "out", why)) return RX_EINVAL;
   snprintf(why, sizeof why, "out features of weight %s", b);
-  if (bias && (rx_op_like(bias, inp, op, "bias", "inp") || rx_op_vector(bias, OC, op, "bias", why))) return RX_EINVAL;
+  if (bias && (rx_op_like(bias, inp, op, "bias", "inp") || rx_op_vector(bias, *OC, op, "bias", why))) return RX_EINVAL;
+  return RX_OK;
+}
+
+int rx_matmul_forward(rx_tensor *out, const rx_tensor *inp, const rx_tensor *weight, const rx_tensor *bias) {
+  const char *op = "matmul";
+  int64_t N, C, OC;
+  if (check_forward(op, out, inp, weight, bias, &N, &C, &OC)) return RX_EINVAL;
   rx_note_write(out);
   switch (inp->device) {
     case RX_CPU:
@@ -57,6 +65,31 @@ int rx_matmul_forward(rx_tensor *out, const rx_tensor *inp, const rx_tensor *wei
       else return rx_op_no_dtype(op, inp);
       return RX_OK;
     case RX_CUDA:
+      return rx_cuda_matmul_forward(out->data, inp->data, weight->data, rx_data(bias), N, C, OC, inp->dtype);
+    default:
+      return rx_op_no_kernel(op, inp);
+  }
+}
+
+int rx_matmul_forward_rows(rx_tensor *out, const rx_tensor *inp, const rx_tensor *weight, const rx_tensor *bias) {
+  const char *op = "matmul";
+  int64_t N, C, OC;
+  if (check_forward(op, out, inp, weight, bias, &N, &C, &OC)) return RX_EINVAL;
+  rx_note_write(out);
+  switch (inp->device) {
+    case RX_CPU:
+      if (weight->dtype == RX_BF16) {
+        if (!rx_cpu_matmul_rows_forward_f32_bf16(out->data, inp->data, weight->data, rx_data(bias), N, C, OC))
+          return no_buffer(op, C, OC);
+      } else if (inp->dtype == RX_F32) {
+        rx_cpu_matmul_rows_forward_f32(out->data, inp->data, weight->data, rx_data(bias), N, C, OC);
+      } else if (inp->dtype == RX_F64) {
+        rx_cpu_matmul_rows_forward_f64(out->data, inp->data, weight->data, rx_data(bias), N, C, OC);
+      } else {
+        return rx_op_no_dtype(op, inp);
+      }
+      return RX_OK;
+    case RX_CUDA:   /* cuBLAS: its algorithm follows the row count (no promise of row independence there) */
       return rx_cuda_matmul_forward(out->data, inp->data, weight->data, rx_data(bias), N, C, OC, inp->dtype);
     default:
       return rx_op_no_kernel(op, inp);

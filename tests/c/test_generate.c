@@ -616,6 +616,105 @@ static void test_finished_rows_leave_the_batch(void) {
   rx_model_free(m);
 }
 
+/* Batch invariance (docs/generation.md, "Randomness"): a prompt's rows (a greedy one and two
+ * sampled ones) get the same first logits, tokens and log-probabilities, bit for bit, in a
+ * request of their own and beside other prompts, shorter and longer (so it is left-padded in
+ * the cache), with enough rows that a decode step computes more than 48 at once; at 2 threads
+ * and at 1, and alone at 1 against beside at 2 where the GEMMs allow (rx_blas_same_bits). dtype: the model's compute dtype; bf16_weights: its matrices stored in bf16 (the
+ * bf16 matmul kernels). */
+enum { INV_NEW = 16, INV_ROWS = 63 };
+static void invariance_run(rx_model *m, int beside, float *first, int32_t *tokens, float *logprobs) {
+  static const int32_t x[9] = {3, 17, 42, 8, 1, 29, 4, 11, 0};
+  int32_t ptok[9 + 3 + 30 + 17];
+  int64_t off[5] = {0}, P = 0, R = 0, row_prompt[INV_ROWS];
+  rx_sampling rows[INV_ROWS];
+  const int64_t len[4] = {3, 9, 30, 17};   /* beside: the prompt is the second of four */
+  for (int64_t p = 0; p < (beside ? 4 : 1); p++) {
+    const int64_t n = beside ? len[p] : 9;
+    for (int64_t t = 0; t < n; t++)
+      ptok[off[P] + t] = (beside && p != 1) ? (int32_t)((t * 13 + p * 7 + 5) % VOCAB) : x[t];
+    off[P + 1] = off[P] + n;
+    P++;
+  }
+  const int64_t mine = beside ? 1 : 0;
+  for (int k = 0; k < 3; k++) {   /* the prompt's rows: greedy, then two sampled (keys 1, 2) */
+    row_prompt[R] = mine;
+    rows[R++] = (rx_sampling){k == 0 ? 0.0 : 1.0, 1.0, 0, INV_NEW, (uint64_t)k, 0, 0};
+  }
+  for (int64_t r = 0; beside && r < INV_ROWS - 3; r++) {
+    row_prompt[R] = r % 4 == 1 ? 0 : r % 4;
+    rows[R++] = (rx_sampling){r % 3 == 0 ? 0.0 : 0.8, 0.95, 0, (int32_t)(4 + r % (INV_NEW - 3)), 100 + (uint64_t)r, 0, 0};
+  }
+  rx_generate_request req = {P, ptok, off, R, row_prompt, rows, NULL, 0, 5, INV_NEW, 0};
+  int32_t toks[INV_ROWS * INV_NEW] = {0}, lens[INV_ROWS], fin[INV_ROWS];
+  float lps[INV_ROWS * INV_NEW] = {0};
+  rx_generate_result res = {toks, lps, lens, fin, 0, 0};
+  rx_generator *g = NULL;
+  CHECK_OK(rx_generate_begin(&g, m, &req, &res));
+  if (!g) return;
+  const rx_tensor *lg = rx_generate_logits(g);
+  for (int k = 0; k < 3; k++)
+    for (int64_t v = 0; v < VOCAB; v++) {
+      double d = 0;
+      rx_tensor_get(lg, rx_generate_batch_index(g, k) * VOCAB + v, &d);
+      first[k * VOCAB + v] = (float)d;
+    }
+  for (int32_t done = 0; !done;) {
+    const int rc = rx_generate_step(g, &done);
+    CHECK_OK(rc);
+    if (rc) break;
+  }
+  rx_generate_end(g);
+  memcpy(tokens, toks, sizeof(int32_t) * 3 * INV_NEW);
+  memcpy(logprobs, lps, sizeof(float) * 3 * INV_NEW);
+}
+
+static void check_batch_invariance(int32_t dtype, int bf16_weights) {
+  rx_model_config c = tiny_config(dtype);
+  c.hidden_size = 96;          /* wide enough for the GEMMs' kernels to depend on the batch's shape */
+  c.intermediate_size = 160;
+  c.head_dim = 24;
+  if (bf16_weights) c.weight_dtype = RX_BF16;
+  rx_model *m = NULL;
+  CHECK_OK(rx_model_new(&m, &c));
+  if (!m) return;
+  for (int64_t i = 0; i < rx_model_param_count(m); i++) {
+    rx_tensor *p = rx_model_param(m, i);
+    if (strstr(rx_model_param_name(m, i), "norm.weight")) rx_tensor_uniform(p, 9, (uint64_t)i << 32, 0.5, 1.5);
+    else rx_tensor_normal(p, 9, (uint64_t)i << 32, 0.0, 0.2);
+  }
+  const int max_threads = omp_get_max_threads();
+  float first[2][3 * VOCAB];
+  int32_t tok[2][3 * INV_NEW];
+  float lp[2][3 * INV_NEW];
+  const char *what = bf16_weights ? "bf16 weights" : rx_dtype_name(dtype);
+  /* alone at 1 thread, beside others at 2 first, where the GEMMs give the same bits for any
+   * thread count (rx_blas_same_bits); then both at 2 threads, and both at 1 */
+  for (int threads = rx_blas_same_bits() ? 3 : 2; threads >= 1; threads--) {
+    omp_set_num_threads(threads == 3 ? 1 : threads);
+    invariance_run(m, 0, first[0], tok[0], lp[0]);
+    if (threads == 3) omp_set_num_threads(2);
+    invariance_run(m, 1, first[1], tok[1], lp[1]);
+    int64_t nf = 0, nl = 0;
+    for (int64_t i = 0; i < 3 * VOCAB; i++) nf += memcmp(&first[0][i], &first[1][i], sizeof(float)) != 0;
+    for (int64_t i = 0; i < 3 * INV_NEW; i++) nl += memcmp(&lp[0][i], &lp[1][i], sizeof(float)) != 0;
+    const char *how = threads == 3 ? "alone at 1 thread, beside at 2" : threads == 2 ? "2 threads" : "1 thread";
+    CHECK(nf == 0, "%s, %s: %lld of the prompt's first logits differ beside other prompts", what, how, (long long)nf);
+    for (int k = 0; k < 3; k++)
+      CHECK(memcmp(tok[0] + k * INV_NEW, tok[1] + k * INV_NEW, sizeof(int32_t) * INV_NEW) == 0,
+            "%s, %s: the prompt's %s row draws other tokens beside other prompts", what, how,
+            k == 0 ? "greedy" : "sampled");
+    CHECK(nl == 0, "%s, %s: %lld of the rows' log-probabilities differ beside other prompts", what, how, (long long)nl);
+  }
+  omp_set_num_threads(max_threads);
+  rx_model_free(m);
+}
+
+static void test_batch_invariance_f32(void) { check_batch_invariance(RX_F32, 0); }
+static void test_batch_invariance_f64(void) { check_batch_invariance(RX_F64, 0); }
+static void test_batch_invariance_bf16_weights(void) { check_batch_invariance(RX_F32, 1); }
+static void test_batch_invariance_bf16(void) { check_batch_invariance(RX_BF16, 0); }
+
 /* Fewer rows than prompts (a prompt with no row is prefilled for nothing, but must not upset
  * the others): the rows equal those of a request holding only their prompt. */
 static void test_prompts_without_rows(void) {
@@ -956,6 +1055,10 @@ int main(void) {
   RUN(test_sampler_min_p_and_penalty);
   RUN(test_generate_min_p_and_penalty);
   RUN(test_same_seed_same_tokens);
+  RUN(test_batch_invariance_f32);
+  RUN(test_batch_invariance_f64);
+  RUN(test_batch_invariance_bf16_weights);
+  RUN(test_batch_invariance_bf16);
   RUN(test_prompts_without_rows);
   RUN(test_finished_rows_leave_the_batch);
   RUN(test_stop_tokens);

@@ -73,6 +73,37 @@ describe("model:generate", function()
     assert.are_not.same(a.rows[1].tokens, c.rows[1].tokens)    -- and so is the seed
   end)
 
+  -- docs/generation.md: the same bits, not only the same tokens, whatever the batch: the
+  -- log-probabilities of a prompt's greedy and sampled rows alone, beside shorter and longer
+  -- prompts (it is left-padded in the cache), and with more than 48 rows decoding at once, at
+  -- widths where the GEMMs' kernels depend on the batch's shape; f32, and the matrices in bf16
+  -- (the bf16 matmul kernels)
+  for _, dtype in ipairs({ "f32", "bf16 weights" }) do
+    it("gives a prompt's rows the same log-probabilities, bit for bit, in any batch (" .. dtype .. ")", function()
+      local cfg = support.tiny_model({ vocab_size = 300, hidden_size = 96, intermediate_size = 160, num_attention_heads = 4,
+        num_key_value_heads = 2, max_position_embeddings = 128 })
+      local m = remax.model.new(cfg, { seed = 4, init_std = 0.2, weight_dtype = dtype == "f32" and "f32" or "bf16" })
+      local mine = { 11, 250, 37, 4, 190, 23, 8, 77, 143 }
+      local others = { { 5, 6, 7 }, {}, {} }
+      for t = 1, 30 do others[2][t] = (t * 13 + 5) % 300 end
+      for t = 1, 17 do others[3][t] = (t * 29 + 1) % 300 end
+      local temps = { 0 }   -- slot 1 greedy, then sampled slots: 13 rows per prompt, 52 in the batch
+      for k = 2, 13 do temps[k] = 1.0 end
+      local opts = { temperature = temps, max_new_tokens = 12, seed = 21 }
+      local alone = m:generate({ mine }, opts)
+      local beside = m:generate({ others[1], mine, others[2], others[3] }, opts)
+      for slot = 1, 13 do
+        local a, b = alone.rows[slot], beside.rows[13 + slot]
+        assert.are.equal(2, b.prompt)
+        assert.are.same(a.tokens, b.tokens, "slot " .. slot .. ": the tokens changed beside other prompts")
+        for t = 1, #a.logprobs do
+          assert.are.equal(a.logprobs[t], b.logprobs[t],
+            ("slot %d, token %d: log-probability %.9g alone, %.9g beside other prompts"):format(slot, t, a.logprobs[t], b.logprobs[t]))
+        end
+      end
+    end)
+  end
+
   it("ends a row at a stop id, others at their budget", function()
     local m = model(3)
     local free = m:generate(prompts, { temperature = 0, max_new_tokens = 10 })

@@ -138,35 +138,46 @@ describe("padding-free training", function()
     print(("packed = padded: worst relative gradient difference %.3g"):format(worst))
   end)
 
-  it("ends 3 steps of the default recipe's settings with the same weights packed and padded", function()
-    -- recipes/gsm8k.lua's algorithm settings on the tiny model (ReMax, 4 samples + greedy, lr 1e-4,
-    -- clipping at 1, no KL), 3 steps; docs/trainer.md states the bound measured here
-    local function run(free)
-      local t = new_trainer(dir, { run_name = "recipe-" .. tostring(free), padding_free = free, algo = "remax",
-        num_generations = 4, temperature = 1.0, learning_rate = 1e-4, max_grad_norm = 1.0, beta = 0, max_steps = 3,
-        per_device_train_batch_size = 4, gradient_accumulation_steps = 1 })
-      local init = {}
-      for name, p in pairs(t.model:params()) do init[name] = p:totable() end
-      t:train()
-      return t, init
-    end
-    local a, init = run(false)
-    local b = run(true)
-    local num, den, moved = 0, 0, 0
-    local pa, pb = a.model:params(), b.model:params()
-    for name, p in pairs(pa) do
-      local x, y, w0 = p:totable(), pb[name]:totable(), init[name]
-      local function walk(u, v, z)
-        if type(u) == "table" then for i = 1, #u do walk(u[i], v[i], z[i]) end return end
-        num, den, moved = num + (u - v) ^ 2, den + u ^ 2, moved + (u - z) ^ 2
+  -- docs/trainer.md (Padding-free training): packed and padded runs agree to rounding, not bit for
+  -- bit. The weight gradients sum over the forward's tokens (dW += dout^T x, K = tokens) in slices
+  -- of 256 that start at other tokens when padding lies between the rows, and the attention's
+  -- GEMMs run on tiles of 64 queries whose shape follows the layout. On the 16-wide model the
+  -- weights come out bit for bit; 256 wide (models/tiny-gsm8k's width), as measured there.
+  for _, width in ipairs({ 16, 256 }) do
+    it(("ends 3 steps of the default recipe's settings with the same weights packed and padded to rounding (hidden %d)"):format(width), function()
+      -- recipes/gsm8k.lua's algorithm settings (ReMax, 4 samples + greedy, lr 1e-4, clipping at 1,
+      -- no KL), 3 steps; docs/trainer.md states the bound measured here
+      local cfg = width == 16 and TINY or support.tiny_model({ hidden_size = 256, intermediate_size = 688, num_hidden_layers = 2,
+        num_attention_heads = 8, num_key_value_heads = 2, max_position_embeddings = 64 })
+      local function run(free)
+        local t = new_trainer(dir, { run_name = ("recipe-%d-%s"):format(width, tostring(free)), padding_free = free, algo = "remax",
+          num_generations = 4, temperature = 1.0, learning_rate = 1e-4, max_grad_norm = 1.0, beta = 0, max_steps = 3,
+          per_device_train_batch_size = 4, gradient_accumulation_steps = 1, model_config = cfg })
+        local init = {}
+        for name, p in pairs(t.model:params()) do init[name] = p:totable() end
+        t:train()
+        return t, init
       end
-      walk(x, y, w0)
-    end
-    local rel_w, rel_move = math.sqrt(num / den), math.sqrt(num / moved)
-    print(("3 steps packed vs padded: weights differ by %.3g of their norm, %.3g of how far they moved"):format(rel_w, rel_move))
-    assert.is_true(moved > 0, "the weights moved")
-    assert.is_true(rel_w < 1e-8 and rel_move < 1e-5, ("weights differ by %.3g (%.3g of the move)"):format(rel_w, rel_move))
-  end)
+      local a, init = run(false)
+      local b = run(true)
+      local num, den, moved, differ = 0, 0, 0, 0
+      local pa, pb = a.model:params(), b.model:params()
+      for name, p in pairs(pa) do
+        local x, y, w0 = p:totable(), pb[name]:totable(), init[name]
+        local function walk(u, v, z)
+          if type(u) == "table" then for i = 1, #u do walk(u[i], v[i], z[i]) end return end
+          num, den, moved = num + (u - v) ^ 2, den + u ^ 2, moved + (u - z) ^ 2
+          if u ~= v then differ = differ + 1 end
+        end
+        walk(x, y, w0)
+      end
+      local rel_w, rel_move = math.sqrt(num / den), math.sqrt(num / moved)
+      print(("3 steps packed vs padded, hidden %d: weights differ by %.3g of their norm, %.3g of how far they moved (%d values)")
+        :format(width, rel_w, rel_move, differ))
+      assert.is_true(moved > 0, "the weights moved")
+      assert.is_true(rel_w < 1e-7 and rel_move < 1e-4, ("weights differ by %.3g (%.3g of the move)"):format(rel_w, rel_move))
+    end)
+  end
 
   it("balances the step's rows over every rank's micro-batches by tokens, each keeping its normalisers", function()
     local micro = require("remax.step.micro")

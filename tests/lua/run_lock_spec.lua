@@ -1,6 +1,9 @@
 -- A run folder has one owner (issue 35): runs/<name>/run.lock, flock'd by the process that trains
 -- in it, fresh or resumed. A second remax on the folder is refused at once, naming the owner's
 -- pid, host and start; a lock left by a process that has ended (kill -9) is taken over, saying so.
+-- The lock cannot be turned against a file (issue 45): a run.lock that is a symbolic link, a
+-- folder, a fifo or a file with other hard links is refused, naming it, with nothing written
+-- through it; save_final_model inside the run's own checkpoints is refused at the start.
 local cli = require("remax.cli.main")
 local support = require("support")
 local tmpdir, write, read = support.tmpdir, support.write, support.try_read
@@ -46,6 +49,13 @@ local function wait_for_step(run, n, log)
   local t0 = os.time()
   while #steps(run) < n and os.time() - t0 < 120 do os.execute("sleep 0.2") end
   assert(#steps(run) >= n, "the run did not reach step " .. n .. ": " .. (read(log) or ""))
+end
+
+local function sha(path)
+  local p = assert(io.popen("sha256sum " .. path .. " 2>/dev/null"))
+  local out = p:read("*a")
+  p:close()
+  return out:match("^(%x+)")
 end
 
 local function alive(pid)
@@ -118,5 +128,69 @@ describe("a run folder's lock", function()
     assert.is_true((lock.take(dir .. "/./stale.lock")))
     lock.release(path)
     assert.are.equal("", read(path))
+  end)
+  it("refuses a run.lock that is a symbolic link, leaving the file it points to as it was", function()
+    local run = dir .. "/runs/linked"
+    local out, rc = sh(("%s/remax run %s --run_name linked --max_steps 1"):format(b, rfile))
+    assert.are.equal(0, rc, out)
+    local victim = dir .. "/victim.txt"
+    write(victim, "not remax's file\n")
+    os.remove(run .. "/run.lock")
+    assert(os.execute(("ln -s %s %s/run.lock"):format(victim, run)) == 0)
+    out, rc = sh(("%s/remax run %s --resume %s --max_steps 2"):format(b, rfile, run))
+    assert.are_not.equal(0, rc, out)
+    assert.is_truthy(out:find(run .. "/run.lock is a symbolic link (to " .. victim .. ")", 1, true), out)
+    assert.is_truthy(out:find("remove " .. run .. "/run.lock", 1, true), out)
+    assert.are.equal("not remax's file\n", read(victim))
+    assert.are.same({ 1 }, steps(run))   -- nothing trained
+    -- a link to a file that does not exist: refused too, and the file is not made
+    os.remove(run .. "/run.lock")
+    assert(os.execute(("ln -s %s/made-by-the-lock %s/run.lock"):format(dir, run)) == 0)
+    out, rc = sh(("%s/remax run %s --resume %s --max_steps 2"):format(b, rfile, run))
+    assert.are_not.equal(0, rc, out)
+    assert.is_truthy(out:find("is a symbolic link", 1, true), out)
+    assert.is_nil(read(dir .. "/made-by-the-lock"))
+  end)
+
+  it("refuses a lock path that is a folder, a fifo or a file with another name, writing nothing", function()
+    local victim = dir .. "/other.txt"
+    write(victim, "keep me\n")
+    assert(os.execute(("mkdir %s/dir.lock && mkfifo %s/fifo.lock && ln %s %s/hard.lock"):format(dir, dir, victim, dir)) == 0)
+    for _, case in ipairs({ { "dir.lock", "is a folder" }, { "fifo.lock", "is a fifo, not a regular file" },
+      { "hard.lock", "has 2 names (hard links)" } }) do
+      local ok, err = pcall(lock.take, dir .. "/" .. case[1])
+      assert.is_false(ok, case[1])
+      assert.is_truthy(tostring(err):find(dir .. "/" .. case[1] .. " " .. case[2], 1, true), tostring(err))
+      assert.is_false(lock.holds(dir .. "/" .. case[1]))
+    end
+    assert.are.equal("keep me\n", read(victim))
+  end)
+
+  it("refuses save_final_model in the run's own folder or checkpoints at the start, whatever the spelling", function()
+    local run = dir .. "/runs/final"
+    local out, rc = sh(("%s/remax run %s --run_name final --max_steps 2"):format(b, rfile))
+    assert.are.equal(0, rc, out)
+    local weights = run .. "/checkpoints/step-1/model.safetensors"
+    local before = sha(weights)
+    assert.is_truthy(before, "checkpoint step-1 has weights")
+    os.execute(("ln -s %s %s/alias"):format(run, dir))
+    for _, target in ipairs({ run .. "/checkpoints/step-1", run .. "/./checkpoints/../checkpoints/step-2",
+      dir .. "/alias/checkpoints/step-9", run .. "/checkpoints", run }) do
+      out, rc = sh(("%s/remax run %s --resume %s --max_steps 3 --save_final_model %s"):format(b, rfile, run, target))
+      assert.are_not.equal(0, rc, out)
+      assert.is_truthy(out:find("save_final_model = " .. target .. " is ", 1, true), out)
+      assert.is_truthy(out:find("give a folder outside", 1, true), out)
+    end
+    assert.are.same({ 1, 2 }, steps(run))   -- refused before any step
+    assert.are.equal(before, sha(weights))
+    -- a new run naming its own future folder is refused as well
+    out, rc = sh(("%s/remax run %s --run_name fresh --max_steps 1 --save_final_model %s/runs/fresh/checkpoints/step-1")
+      :format(b, rfile, dir))
+    assert.are_not.equal(0, rc, out)
+    assert.is_truthy(out:find("in this run's checkpoints folder", 1, true), out)
+    -- a folder beside the checkpoints is fine
+    out, rc = sh(("%s/remax run %s --resume %s --max_steps 3 --save_final_model %s/final-model"):format(b, rfile, run, run))
+    assert.are.equal(0, rc, out)
+    assert.is_truthy(read(run .. "/final-model/model.safetensors"), out)
   end)
 end)

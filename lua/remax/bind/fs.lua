@@ -26,6 +26,7 @@ for _, decl in ipairs({
   "int64_t write(int fd, const void *buf, size_t n);",
   "int getpid(void);",
   "int64_t readlink(const char *path, char *buf, size_t size);",
+  "char *realpath(const char *path, char *resolved);",
 }) do pcall(ffi.cdef, decl) end
 local C = ffi.C
 
@@ -312,6 +313,24 @@ function M.absolute(path, base)
     end
   end
   return "/" .. table.concat(parts, "/")
+end
+
+-- path with its symbolic links, "." and ".." resolved as far as it exists (realpath(3) of its
+-- deepest existing part, the rest appended): two spellings of one place give one string.
+function M.real_path(path)
+  local head, tail = M.absolute(path), nil
+  local buf = ffi.new("char[4096]")
+  while true do
+    if C.realpath(head, buf) ~= nil then
+      local r = ffi.string(buf)
+      if not tail then return r end
+      return (r == "/" and "" or r) .. "/" .. tail
+    end
+    local parent, name = head:match("^(.*)/([^/]+)$")
+    if not parent then return M.absolute(path) end
+    tail = tail and name .. "/" .. tail or name
+    head = parent == "" and "/" or parent
+  end
 end
 
 -- Whether fd is a terminal (TERM=dumb counts as none), and its width in columns ( first;

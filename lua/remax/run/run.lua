@@ -183,6 +183,16 @@ function methods.open_run(self)
   end
   self.run_dir = dir
   self.run_name = dir:match("([^/]+)$")
+  -- issue 45: the final model must not land on the run's own folder or checkpoints (it would
+  -- replace a checkpoint's weights under its trainer state, or the run's config.json)
+  if cfg.save_final_model then
+    local target, run, ckpts = fs.real_path(cfg.save_final_model), fs.real_path(dir), fs.real_path(dir) .. "/checkpoints"
+    if target == run or target == ckpts or target:sub(1, #ckpts + 1) == ckpts .. "/" then
+      error(("save_final_model = %s is %s, where the final model would overwrite what the run keeps there; "
+        .. "give a folder outside %s (%s/final, say)"):format(cfg.save_final_model,
+        target == run and "this run's own folder" or "in this run's checkpoints folder " .. ckpts, ckpts, run), 0)
+    end
+  end
   if not cfg.resume and not fs.is_dir(dir) then self.fresh_run_dir = dir end   -- removed again if the start fails
   local ok, run = pcall(runs.open, dir, { config = config.serializable(cfg), resume = cfg.resume ~= nil,
     overwrite = cfg.overwrite_output_dir and not cfg.resume, report_to = cfg.report_to })
