@@ -110,6 +110,7 @@ end
 -- This rank's share (whole prompts) of the step's global batch; batch_first is the place of its
 -- first prompt in the global batch (the Step keys sampling by place).
 function methods.next_batch(self)
+  self.sampler_before = self.sampler_before or self.sampler:state()   -- the unfinished step's start (state())
   local rows, first = self.dist:share(self.sampler:next_batch())
   self.batch_first = first
   return rows
@@ -208,7 +209,9 @@ end
 function methods.state(self, without_moments)
   local st = self.stepper:state(without_moments)
   return {
-    step = self.step, sampler = self.sampler:state(), optimizer_step = st.optimizer_step,
+    -- mid-step (a failure's or an interruption's checkpoint): the data position of the step's start,
+    -- so that a resume draws the unfinished step's prompts again
+    step = self.step, sampler = self.sampler_before or self.sampler:state(), optimizer_step = st.optimizer_step,
     bad_steps = self.bad_steps, reloads = self.reloads, baseline = st.baseline,
     eval_history = self.eval_history, train_seconds = self.train_seconds, tensors = st.tensors,
     world_size = self.dist.size, global_prompts_per_step = self.global_prompts_per_step,
@@ -267,6 +270,7 @@ end
 function methods.finish_step(self, m, ro)
   local cfg = self.cfg
   self.step = self.step + 1
+  self.sampler_before = nil
   -- an update the Step skipped (a non-finite loss or gradient norm): counted against max_bad_steps
   local bad = m.skipped and m or self.skipped_update
   self.skipped_update = nil
@@ -360,19 +364,31 @@ function methods.train(self, loop)
   end
   -- user code that calls os.exit (a recipe's loop or advantage function) stops the run as a
   -- failing reward does: with the checkpoint of the last finished step (remax.step.guard)
+  -- Ctrl-C or SIGTERM while recipe code ran past remax.step.guard's grace: the unfinished step
+  -- is dropped and the last finished one saved (with one rank; several stop, naming the step)
   local function guarded(f, ...)
     local ok, err = guard.pcall(f, ...)
-    if ok then return end
+    if ok then return false end
+    if guard.is_interrupt(err) then
+      if self.dist.size == 1 then return true end
+      error(("%s at step %d; resume from the last checkpoint"):format(tostring(err), self.step + 1), 0)
+    end
     if guard.is_exit(err) and self.dist.size == 1 then self:save_on_failure("user code called os.exit") end
     error(err, 0)
   end
   if loop then
-    guarded(loop, self)
-    interrupted = self.dist:any(signal_pending())
+    interrupted = guarded(loop, self) or self.dist:any(signal_pending())
   else
     while self.step < cfg.max_steps and not self:out_of_time() do
-      guarded(one)
-      if self.dist:any(signal_pending()) then interrupted = true break end
+      if guarded(one) or self.dist:any(signal_pending()) then interrupted = true break end
+    end
+  end
+  local after = self.last_eval
+  if not interrupted and self.eval_ds and (not after or after.step ~= self.step) then
+    interrupted = guarded(function() after = self:evaluate() end)
+    if not interrupted then
+      self.run:log_metrics(self.step, { eval_accuracy = after.accuracy, eval_reward = after.reward,
+        time_elapsed_train = self.train_seconds })
     end
   end
   if interrupted then
@@ -383,12 +399,6 @@ function methods.train(self, loop)
       self.recipe_path or "RECIPE.lua", self.run_dir))
     signals.clear()
     return { interrupted = true, step = self.step, run_dir = self.run_dir, plot_error = self.plot_error }
-  end
-  local after = self.last_eval
-  if self.eval_ds and (not after or after.step ~= self.step) then
-    after = self:evaluate()
-    self.run:log_metrics(self.step, { eval_accuracy = after.accuracy, eval_reward = after.reward,
-      time_elapsed_train = self.train_seconds })
   end
   if self.last_saved ~= self.step then self:save_checkpoint() end
   if cfg.save_final_model and self.dist.is_root then

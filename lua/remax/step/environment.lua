@@ -16,6 +16,7 @@
 -- step_finish), so other rows keep decoding meanwhile.
 local chat = require("remax.text.chat")
 local remote = require("remax.step.channels")
+local guard = require("remax.step.guard")
 
 local M = {}
 
@@ -39,14 +40,23 @@ function M.check(env, where, opts)
   return env
 end
 
--- The environment of one episode (a factory's product is checked here).
-function M.instance(env, sample)
+-- A Lua environment's function under remax.step.guard: tool_timeout (timeout) bounds it, Ctrl-C
+-- and SIGTERM stop it, os.exit is refused. Returns true and its results, or false and why.
+local function call(what, fn, timeout, ...)
+  local ok, a, b, c = guard.call(fn, { limit = timeout, what = "the environment's " .. what }, ...)
+  if ok then return true, a, b, c end
+  if a == guard.TIMEOUT then return false, ("took over tool_timeout = %g s"):format(timeout) end
+  return false, tostring(a)
+end
+
+-- The environment of one episode (a factory's product is checked here). timeout: tool_timeout.
+function M.instance(env, sample, timeout)
   if env.remote then   -- one episode of a remote environment: its id names its state on the other side
     env.episodes = env.episodes + 1
     return { remote = env.remote, episode = ("e%d"):format(env.episodes) }
   end
   if env.factory then
-    local ok, inst = pcall(env.factory, sample)
+    local ok, inst = call("factory", env.factory, timeout, sample)
     if not ok then return nil, "the environment factory failed: " .. tostring(inst) end
     local ok2, err = pcall(M.check, inst, "the environment factory's result")
     if not ok2 then return nil, tostring(err) end
@@ -65,10 +75,10 @@ function M.messages(v, role)
   return v
 end
 
--- env.reset -> (messages or nil, error).
-function M.reset(env, sample, state)
+-- env.reset -> (messages or nil, error). timeout: tool_timeout.
+function M.reset(env, sample, state, timeout)
   if not env.reset then return M.messages(sample.prompt) end
-  local ok, msgs = pcall(env.reset, sample, state)
+  local ok, msgs = call("reset", env.reset, timeout, sample, state)
   if not ok then return nil, "environment reset failed: " .. tostring(msgs) end
   local m, err = M.messages(msgs)
   if not m or #m == 0 then return nil, "environment reset returned no messages" .. (err and (": " .. err) or "") end
@@ -125,7 +135,7 @@ end
 -- env.step -> observation messages, done, reward, error (an error ends the episode).
 function M.step(env, state, text, registry, timeout)
   if env.remote then return M.step_finish(registry:wait(M.step_start(env, text, registry, timeout)), timeout) end
-  local ok, obs, done, reward = pcall(env.step, state, text)
+  local ok, obs, done, reward = call("step", env.step, timeout, state, text)
   if not ok then return nil, true, nil, "environment step failed: " .. tostring(obs) end
   local m, err = M.messages(obs)
   if not m then return nil, true, nil, "environment step returned bad messages: " .. err end
