@@ -101,6 +101,7 @@ local function due(a)
     c = c.outer
   end
   if signal_due() then
+    signal_seen = nil   -- acted on: a signal still pending later gets its own grace
     a.stop = setmetatable({ what = a.what }, Interrupt)
     return a.stop
   end
@@ -152,7 +153,10 @@ function M.call(fn, opts, ...)
   local t0 = M.clock()
   local outer = active
   local a = { deadline = (limit and limit > 0) and (t0 + limit) or nil, what = opts.what, outer = outer }
-  if signal_due() then error(setmetatable({ what = opts.what }, Interrupt), 0) end
+  if signal_due() then
+    signal_seen = nil
+    error(setmetatable({ what = opts.what }, Interrupt), 0)
+  end
   local saved
   if not outer then   -- the outermost call installs the hook and the stand-ins; nested ones share them
     local h, mask, count = debug.gethook()
