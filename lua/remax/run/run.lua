@@ -78,6 +78,7 @@ function M.new(cfg, opts)
       resume_model_dir = self.resume_model_dir, recipe_dir = self.recipe_dir,
       prompts_per_step = self.global_prompts_per_step })
     require("remax.run.agree").model(world, pieces.model)   -- issue 35: the same model on every rank
+    require("remax.run.agree").rewards(world, pieces.rewards)   -- issue 45: and the same reward code
     if pieces.max_steps_changed and self.run.write_config then self.run:write_config(config.serializable(cfg)) end
     self.train_ds, self.eval_ds = pieces.train_ds, pieces.eval_ds
     self.sampler = self.train_ds:sampler({ seed = cfg.seed, shuffle = true, batch_size = self.global_prompts_per_step })

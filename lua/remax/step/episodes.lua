@@ -31,10 +31,16 @@ local M = {}
 -- Whether the settings ask for episodes.
 function M.wanted(cfg) return cfg.tools ~= nil or cfg.environment ~= nil end
 
--- The checked tools and environment of a step (once).
+-- The checked tools and environment of a step: made once, and again when a hot reload put other
+-- ones in the settings (remax.run.reload compares them by their code).
 function M.setup(step)
-  if step.episode_setup then return step.episode_setup end
   local cfg = step.cfg
+  local made = step.episode_setup
+  if made and made.given_tools == cfg.tools and made.given_env == cfg.environment
+    and made.given_format == cfg.tool_call_format then
+    return made
+  end
+  if made and made.registry then made.registry:close() end   -- the old tools' workers and servers
   -- tools and environments outside Lua share one registry of workers and servers
   local ropts = { base = step.recipe_dir, max_line = cfg.reward_max_line_bytes }
   local s = { tools = cfg.tools and tools_mod.check(cfg.tools, "tools", ropts) or nil,
@@ -42,6 +48,7 @@ function M.setup(step)
   s.registry = ropts.registry
   s.format = cfg.tool_call_format or tool_calls.format_for(step.template_name)
   s.env_name = cfg.environment and M.environment_name(cfg.environment)
+  s.given_tools, s.given_env, s.given_format = cfg.tools, cfg.environment, cfg.tool_call_format
   step.episode_setup = s
   return s
 end
