@@ -79,6 +79,7 @@ function M.new(cfg, opts)
       prompts_per_step = self.global_prompts_per_step })
     require("remax.run.agree").model(world, pieces.model)   -- issue 35: the same model on every rank
     require("remax.run.agree").rewards(world, pieces.rewards)   -- issue 45: and the same reward code
+    for _, note in ipairs(pieces.notes or {}) do self:say(note) end   -- what setup left out of the data
     if pieces.max_steps_changed and self.run.write_config then self.run:write_config(config.serializable(cfg)) end
     self.train_ds, self.eval_ds = pieces.train_ds, pieces.eval_ds
     self.sampler = self.train_ds:sampler({ seed = cfg.seed, shuffle = true, batch_size = self.global_prompts_per_step })

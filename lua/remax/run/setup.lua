@@ -185,9 +185,12 @@ local function setup_data(p, cfg, ctx)
         ds.rows[i] = new
       end
     end
-  if type(cfg.data) == "string" then   -- a TRL dataset's plain-string prompts (remax.train.inert)
-    for _, note in ipairs(require("remax.settings.inert").data_notes(self.train_ds.rows, self.template_name, cfg.data)) do self:say(note) end
   end
+  p.notes = p.notes or {}   -- said by the Run once it starts
+  if type(cfg.data) == "string" then   -- a TRL dataset's plain-string prompts (remax.settings.inert)
+    for _, note in ipairs(require("remax.settings.inert").data_notes(p.train_ds.rows, p.template_name, cfg.data)) do
+      p.notes[#p.notes + 1] = note
+    end
   end
   if cfg.algo == "sft" then
     for _, ds in ipairs({ p.train_ds, p.eval_ds }) do
@@ -298,6 +301,12 @@ function M.reward_pieces(cfg, ctx)
   if cfg.eval_size > 0 then
     local src = cfg.eval_data or (type(cfg.data) == "function" and cfg.data or nil)
     if src then p.eval_ds = load(src, "test", cfg.eval_size) end
+  end
+  -- every pair encoded now: those too long for the model are left out and said (p.notes)
+  p.notes = {}
+  for _, ds in ipairs({ p.train_ds, p.eval_ds }) do
+    local note = rm.leave_out_long(p.rm, ds)
+    if note then p.notes[#p.notes + 1] = note end
   end
   if cfg.steps_from_epochs then
     cfg.max_steps = math.max(1, math.ceil(cfg.num_train_epochs * #p.train_ds.rows / ctx.prompts_per_step))
