@@ -130,6 +130,9 @@ end
 -- The prompt template of cfg for tokenizer tok, and its name for the start line.
 function M.template(cfg, tok)
   local t = cfg.chat_template
+  if t == "auto" and tok.chat_template_names then   -- templates, but none named default: not qa behind the user's back
+    error(("chat_template = auto: %s; or set chat_template = qa, chatml, llama3 or plain"):format(chat.no_template(tok)), 0)
+  end
   if t == "auto" then
     t = (tok.chat_template and tok.chat_template ~= "") and "tokenizer" or "qa"
   end

@@ -25,6 +25,11 @@ M.rules = {
     "padding_free = false pads each micro-batch instead of packing it" },
   { { "beta", "num_generations", "num_iterations", "loss_type", "generate_greedy" },
     rl_algo, "this algo (sft: the answers; reward: preference pairs) trains without sampled completions" },
+  -- the agent settings (issue 45): episodes exist only with tools or an environment
+  { { "max_turns", "max_tool_calling_iterations", "max_episode_length", "strict_episodes", "tool_timeout" },
+    function(c) return c.tools ~= nil or c.environment ~= nil end,
+    "there are no tools and no environment, so every completion is one turn (no episodes)" },
+  { { "tool_call_format" }, function(c) return c.tools ~= nil end, "there are no tools to call" },
 }
 
 local function same(a, b)
@@ -47,7 +52,9 @@ function M.check(cfg, given, keys, show)
     if not rule[2](cfg) then
       for _, k in ipairs(rule[1]) do
         local decl = keys[k]
-        if given[k] and decl and not same(cfg[k], decl.default) then
+        if given[k] and decl and decl.alias_of then   -- another project's name, its value moved to its target
+          out[#out + 1] = ("note: %s has no effect here: %s"):format(k, rule[3])
+        elseif given[k] and decl and not same(cfg[k], decl.default) then
           out[#out + 1] = ("note: %s = %s has no effect here: %s"):format(k,
             show(cfg[k]), rule[3])
         end

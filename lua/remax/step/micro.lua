@@ -4,7 +4,7 @@
 -- max_tokens_per_microbatch tokens; the old log-probabilities of num_iterations > 1 from the
 -- same layout; the token balance of the step's rows over every rank's micro-batches (balance);
 -- and the k1 advantage's log-probabilities (row_logprobs). Functions of the Step (self); the
--- only Step field written here is self.reserved (the token budget the activation plan was
+-- only Step field written here is self.reserved (the tokens the activation plan was
 -- sized for).
 local algos = require("remax.step.algos")
 local tensor = require("remax.bind.tensor")
@@ -194,11 +194,22 @@ function M.run(self, rows, totals, chunk, acc)
   local what = ("step %d"):format(chunk.step or 0)
   local packs = M.packs(self, rows, what)
   local budget = cfg.padding_free and cfg.max_tokens_per_microbatch
-  if budget and self.reserved ~= budget then   -- the activation plan sized for the budget once
-    local ck = cfg.gradient_checkpointing
-    fit.check_train(self.model, 1, budget, { checkpoint = ck, what = ("max_tokens_per_microbatch = %d"):format(budget) })
-    self.model:reserve(budget, { train = true, checkpoint = ck })
-    self.reserved = budget
+  if budget then
+    -- the activation plan sized for the largest pack: the budget, or the longest pack so far
+    -- when none reaches it (a budget far above every row plans no memory it will never use)
+    local longest = 0
+    for _, sub in ipairs(packs) do
+      local n = 0
+      for _, row in ipairs(sub) do n = n + #row.prompt_ids + #row.completion end
+      longest = math.max(longest, n)
+    end
+    local plan = math.min(budget, math.max(longest, self.reserved or 0))
+    if self.reserved ~= plan then
+      local ck = cfg.gradient_checkpointing
+      fit.check_train(self.model, 1, plan, { checkpoint = ck, what = what, budget = budget })
+      self.model:reserve(plan, { train = true, checkpoint = ck })
+      self.reserved = plan
+    end
   end
   local pre = {}
   if #packs > 1 and cfg.algo ~= "sft" and not rows[1].unit then   -- balanced rows carry their unit's count
