@@ -43,7 +43,7 @@ M.groups = {
     { "max_tool_calling_iterations", nil, "integer", "TRL's name for the rounds of tool calls in an episode: N sets max_turns = N + 1 (each round of tool results is followed by another assistant turn); TRL has no limit by default, remax's max_turns = 4 allows 3 rounds", alias_of = "max_turns" },
     { "max_episode_length", nil, "integer", "an episode ends when the prompt, its turns and the next observation would reach this many tokens (the observation is not appended; episodes/truncated counts it); default and upper bound: the model's max_position_embeddings. The KV cache holds this many tokens per row, so a long-context model may want less. max_completion_length bounds the model's tokens over all turns" },
     { "strict_episodes", false, "boolean", "stop the run (keeping the last finished step's checkpoint) when more than half of a step's episodes fail (a tool or the environment failed, a malformed call); false: the progress line says so and names the most frequent error" },
-    { "tool_timeout", 10, "number", "seconds one tool call may take before the episode gets a timeout error as its result (0: no limit)" },
+    { "tool_timeout", 10, "number", "seconds one tool call (or an environment's reset or step, or a recipe's tool-call parser) may take before the episode gets a timeout error as its result (0: no limit; Ctrl-C and SIGTERM still stop a Lua one)" },
     { "tool_call_format", nil, "call_format", "how tool calls are written: qwen (<tool_call>{json}</tool_call>), llama3 (JSON or <|python_tag|>), or in a recipe a function(text) -> calls; default: from the chat template" },
   } },
   { "Algorithm", {
