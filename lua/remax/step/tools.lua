@@ -43,7 +43,7 @@ local function list_length(v)
 end
 
 -- Refuses a tool's parameters schema that remax cannot check calls against, naming where (w):
--- type "object"; properties a table of name -> { type = one of TYPES (optional), enum = a list
+-- type "object"; properties a table of name -> { type = one of TYPES or a list of them (optional), enum = a list
 -- (optional), description = text (optional) }; required a list of property names.
 function M.check_schema(params, w)
   if type(params) ~= "table" or params.type ~= "object" then
@@ -57,7 +57,13 @@ function M.check_schema(params, w)
     if type(pname) ~= "string" then
       error(("%s.properties has the key %s; property names are strings"):format(w, tostring(pname)), 0)
     end
-    if type(p) ~= "table" or (p.type ~= nil and not TYPES[p.type]) then
+    local ty = type(p) == "table" and p.type
+    local known = ty == nil or ty == false or TYPES[ty]
+    if type(ty) == "table" and list_length(ty) then   -- a list of types (a Python Union, as transformers writes it)
+      known = true
+      for _, x in ipairs(ty) do known = known and TYPES[x] end
+    end
+    if type(p) ~= "table" or not known then
       error(("%s.properties.%s must have a JSON-schema type (string, number, integer, boolean, object, array)"):format(w, pname), 0)
     end
     if p.enum ~= nil and not list_length(p.enum) then
