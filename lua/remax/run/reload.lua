@@ -129,15 +129,21 @@ end
 -- Says what a reload changed (setting: old -> new); for settings, records them in the run
 -- folder: config.json again (the settings in force) and a line of settings_history.jsonl with
 -- the first step that runs with them (remax.run.history).
--- code: the recipe's functions and tools whose code changed (not in the settings' history: a
--- resume runs the recipe's code as it is then).
+-- code: the recipe's functions and tools whose code changed, {key =, was =, now =} (not in the
+-- settings' history: a resume runs the recipe's code as it is then).
 function note_reload(self, path, changes, code)
   self.reloads = self.reloads + 1
   self.pending_reloads = self.pending_reloads or {}
   table.insert(self.pending_reloads, path)
   local parts = {}
   for i, c in ipairs(changes or {}) do parts[i] = ("%s: %s -> %s"):format(c.key, config.show(c.was), config.show(c.now)) end
-  for _, k in ipairs(code or {}) do parts[#parts + 1] = ("%s: its code changed"):format(k) end
+  for _, c in ipairs(code or {}) do
+    if type(c.was) == "string" or type(c.now) == "string" or c.was == nil or c.now == nil then   -- a format's name, a py: spec
+      parts[#parts + 1] = ("%s: %s -> %s"):format(c.key, config.show(c.was), config.show(c.now))
+    else
+      parts[#parts + 1] = ("%s: its code changed"):format(c.key)
+    end
+  end
   self:say(("hot reload: %s reloaded (reload %d)%s"):format(path, self.reloads,
     #parts > 0 and ("; " .. table.concat(parts, ", ")) or (changes and "; no setting changed" or "")))
   if changes and #changes > 0 and self.run and self.run.dir and self.dist.is_root ~= false then
@@ -150,7 +156,7 @@ end
 -- environment, tool-call parser and the settings marked hot. Other changed settings need a
 -- restart (printed, ignored). Functions and tables are compared by what their code is
 -- (remax.run.agree.identity), not by where they are defined: an edited tool is picked up and said.
--- Returns the changed settings and the names of those whose code changed.
+-- Returns the changed settings and those whose code changed ({key =, was =, now =}).
 function reload_recipe(self)
   local rtab = recipe_mod.load(self.recipe_path)
   local cfg = config.resolve(rtab, self.opts.overrides, { where = self.recipe_path, running = true })
@@ -183,7 +189,7 @@ function reload_recipe(self)
     local v = self.cfg[k]
     if (is_code[k] or (config.keys[k].hot and (type(v) == "function" or type(cfg[k]) == "function")))
       and agree.show(v) ~= agree.show(cfg[k]) then
-      code[#code + 1] = k
+      code[#code + 1] = { key = k, was = v, now = cfg[k] }
       if is_code[k] then self.cfg[k] = cfg[k] end   -- the hot ones are set below
     end
   end
@@ -214,7 +220,7 @@ function reload_recipe(self)
   -- the hot settings that now differ: what the reload says and the run folder records
   local changes = {}
   local said = {}
-  for _, k in ipairs(code) do said[k] = true end
+  for _, c in ipairs(code) do said[c.key] = true end
   for _, k in ipairs(config.order) do
     if config.keys[k].hot and not said[k] and type(self.cfg[k]) ~= "function" and type(before[k]) ~= "function"
       and config.show(before[k]) ~= config.show(self.cfg[k]) then
