@@ -196,6 +196,32 @@ describe("reward model training", function()
     assert.are.equal(2, ds.rows[1].margin)
   end)
 
+  it("leaves out pairs too long for the model, said at the start, instead of stopping at the step that draws one", function()
+    local dir = causal_lm("f32")   -- max_position_embeddings = 256, one token per byte
+    local data = tmpdir() .. "/pairs.jsonl"
+    local lines = {}
+    for i, r in ipairs(pair_rows(5)) do
+      if i == 3 then r.chosen = ("long "):rep(80) end   -- 400 tokens
+      lines[i] = cjson.encode(r)
+    end
+    write(data, table.concat(lines, "\n") .. "\n")
+    local cfg = config.resolve(settings({ model = dir, data = data, max_steps = 3 }), {})
+    local p = require("remax.run.setup").pieces(cfg, { world = require("remax.bind.dist").world(), prompts_per_step = 2 })
+    assert.are.equal(4, #p.train_ds.rows)
+    assert.are.equal(1, #p.notes)
+    assert.truthy(p.notes[1]:find(("note: 1 of 5 preference pairs of %s are longer than the model's max_position_embeddings = 256 "
+      .. "tokens and are left out, as TRL's RewardTrainer leaves out pairs past max_length (the first: %s:3: column 'chosen' is ")
+      :format(data, data), 1, true), p.notes[1])
+    -- three steps of two pairs draw every row: the run goes through
+    local t = trainer.new(cfg, { quiet = true, signals = false })
+    assert.are.equal(3, t:train().step)
+    -- no pair that fits: refused at the start
+    write(data, cjson.encode({ chosen = ("x"):rep(300), rejected = "no" }) .. "\n")
+    local e = error_of(trainer.new, config.resolve(settings({ model = dir, data = data }), {}), { quiet = true, signals = false })
+    assert.truthy(e:find(("every preference pair of %s is longer than the model's max_position_embeddings = 256 tokens (the first: %s:1: column 'chosen' is ")
+      :format(data, data), 1, true), e)
+  end)
+
   local function run_learns(extra)
     local dir = causal_lm("f32")
     local data = tmpdir() .. "/pairs.jsonl"

@@ -180,20 +180,26 @@ static int enter(int64_t kind, int64_t count, int64_t root, int64_t dtype, int64
   int w = wait_until(reqs, nrecv, now_seconds() + timeout_seconds, "collective header");
   if (w == 0) w = wait_until(reqs + nrecv, n - nrecv, now_seconds() + timeout_seconds, "collective header");
   if (w == 2) {
+    /* a rank is missing when its header did not come or ours did not reach it (a stopped rank
+     * whose header came before it stopped: the sends then wait; rank 0 among them) */
     char missing[256] = "";
     size_t at_len = 0;
     int k = 0;
     for (int r = 0; r < my_size; r++) {
       if (r == my_rank) continue;
-      int done = 0;
-      if (k < nrecv) MPI_Test(&reqs[k], &done, MPI_STATUS_IGNORE);
+      int got = 0, sent = 0;
+      MPI_Test(&reqs[k], &got, MPI_STATUS_IGNORE);
+      MPI_Test(&reqs[nrecv + k], &sent, MPI_STATUS_IGNORE);
       k++;
-      if (!done && at_len + 16 < sizeof missing)
+      if ((!got || !sent) && at_len + 16 < sizeof missing)
         at_len += (size_t)snprintf(missing + at_len, sizeof missing - at_len, "%s%d", at_len ? ", " : "", r);
     }
-    fail("rank %d %s and waited %g s (dist_timeout) for rank(s) %s, which did not come: stopped, hung or gone "
-         "without the launcher noticing; stopping",
-         my_rank, mine_text, timeout_seconds, missing[0] ? missing : "?");
+    if (missing[0])
+      fail("rank %d %s and waited %g s (dist_timeout) for rank(s) %s, which did not come: stopped, hung or gone "
+           "without the launcher noticing; stopping", my_rank, mine_text, timeout_seconds, missing);
+    else
+      fail("rank %d %s and waited %g s (dist_timeout) for the other ranks' headers, which MPI did not deliver "
+           "(a rank stopped, hung or gone without the launcher noticing); stopping", my_rank, mine_text, timeout_seconds);
     free(all), free(reqs);
     return break_world();
   }

@@ -139,6 +139,16 @@ function M.check_tokenizer_config(dir, tok)
     local v = value(cfg[key])
     if v ~= nil and type(v) ~= "boolean" then error(("%s: %s = %s: expected true or false"):format(path, key, show(v)), 0) end
   end
+  -- a list of named templates without a "default" one: the tokenizer has none in force (as in
+  -- transformers, which asks for a name); the names are kept for the messages that say so
+  local ct = value(cfg.chat_template)
+  if type(ct) == "table" and not tok.chat_template then
+    local names = {}
+    for _, entry in ipairs(ct) do
+      if type(entry) == "table" and type(value(entry.name)) == "string" then names[#names + 1] = entry.name end
+    end
+    tok.chat_template_names, tok.chat_template_file = names, path
+  end
   local tokenizer_file = tok.path:match("%.json$") and tok.path or (dir .. "/tokenizer.json")
   for _, role in ipairs({ "bos", "eos", "pad", "unk" }) do
     local key = role .. "_token"

@@ -74,8 +74,10 @@ function M.message(e, raised_at)
   if text:find("^not enough memory") then
     return "out of memory (LuaJIT's heap is full: a file, a dataset or a batch is larger than this machine can hold)"
   end
-  -- "prefix: " with nothing after it: the code that raised it had an empty message to pass on
-  if text:find(":$") then return internal(("an error with nothing after '%s'"):format(text), raised_at) end
+  -- a bare "prefix:" with nothing after it: the code that raised it had an empty message to pass
+  -- on. A longer message that ends in ':' was written for the user (it names a file, a key, a
+  -- value) and only lacks its last detail: it is shown as it is, not called a bug in remax
+  if text:find("^[^%s]*:$") then return internal(("an error with nothing after '%s'"):format(text), raised_at) end
   if text == "assertion failed!" then return internal(text, raised_at) end
   return text
 end

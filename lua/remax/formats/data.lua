@@ -120,6 +120,13 @@ local function sorted_keys(t)
 end
 M.sorted_keys = sorted_keys   -- a row's column names in order, for messages (preferences.lua too)
 
+-- A row's column names for a message: "a, b", or "none (an empty object)".
+local function column_list(t)
+  local keys = sorted_keys(t)
+  return #keys > 0 and table.concat(keys, ", ") or "none (an empty object)"
+end
+M.column_list = column_list
+
 local function is_object(v)
   if type(v) ~= "table" then return false end
   return next(v) == nil or #v == 0
@@ -159,7 +166,7 @@ local function build(records, opts, source)
     elseif first.question ~= nil then prompt_col = "question"
     else
       error(("%s: no prompt column: looked for 'prompt' then 'question'; columns: %s (set prompt = <column>)")
-        :format(records[1].where, table.concat(sorted_keys(first), ", ")), 0)
+        :format(records[1].where, column_list(first)), 0)
     end
   end
   local answer_col = opts.answer
@@ -174,8 +181,7 @@ local function build(records, opts, source)
     end
     local function need(col, why)
       if raw[col] == nil then
-        error(("%s: missing %s column '%s'; columns: %s"):format(where, why, col,
-          table.concat(sorted_keys(raw), ", ")), 0)
+        error(("%s: missing %s column '%s'; columns: %s"):format(where, why, col, column_list(raw)), 0)
       end
     end
     need(prompt_col, "prompt")

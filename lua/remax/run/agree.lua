@@ -7,12 +7,56 @@
 --
 --   agree.settings(world, cfg)     -- first thing after the world is known (trainer start)
 --   agree.model(world, model)      -- after the model is loaded, before rank 0's weights go out
+--   agree.rewards(world, list)     -- the reward functions loaded, by what their code is
+--   agree.identity(fn)             -- "function (file:line, code 1a2b3c4d)": a function as what it is
+-- Functions (a reward, a data function, tools) are compared by their code, not by file:line: the
+-- ranks of a job on several machines each read their own copy of a file at the same path.
 local M = {}
 
--- A value as canonical text: tables with their keys sorted, functions by where they are defined.
-local function canonical(v, out)
+-- A 32-bit FNV-1a hash of text, as 8 hex digits.
+local function fnv1a(text)
+  local h = 2166136261
+  for i = 1, #text do
+    h = bit.bxor(h, text:byte(i))
+    h = (h * 16777619) % 4294967296   -- exact in a double: h < 2^32, the prime < 2^25
+  end
+  return ("%08x"):format(h)
+end
+
+-- What a function is, not only where: its bytecode without debug information
+-- (string.dump(fn, true): the same for the same code wherever it sits in its file, comments and
+-- blank lines apart), with that of the functions it closes over (a helper it calls), hashed.
+-- Two copies of a reward at one path that differ in their code differ here, across ranks and
+-- across a hot reload. A C function has no bytecode: its name stands in.
+local function code_hash(fn, depth, seen)
+  if seen[fn] then return "" end
+  seen[fn] = true
+  local ok, code = pcall(string.dump, fn, true)
+  local parts = { ok and code or tostring(debug.getinfo(fn, "S").what) }
+  if depth < 4 then
+    for i = 1, 255 do
+      local name, v = debug.getupvalue(fn, i)
+      if name == nil then break end
+      if type(v) == "function" then parts[#parts + 1] = code_hash(v, depth + 1, seen) end
+    end
+  end
+  return table.concat(parts, "\0")
+end
+
+-- "function (file:line, code 1a2b3c4d)": where a function is defined and what its code is.
+function M.identity(fn)
+  local info = debug.getinfo(fn, "S")
+  return ("function (%s:%d, code %s)"):format(info.short_src, info.linedefined, fnv1a(code_hash(fn, 0, {})))
+end
+
+-- A value as canonical text: tables with their keys sorted, functions by where they are defined
+-- and what their code is (M.identity).
+local function canonical(v, out, seen)
   local t = type(v)
   if t == "table" then
+    seen = seen or {}
+    if seen[v] then out[#out + 1] = "{...}"; return end   -- a table that holds itself
+    seen[v] = true
     local keys = {}
     for k in pairs(v) do keys[#keys + 1] = k end
     table.sort(keys, function(a, b)
@@ -23,18 +67,17 @@ local function canonical(v, out)
     for i, k in ipairs(keys) do
       if i > 1 then out[#out + 1] = ", " end
       if type(k) ~= "number" or k ~= i then
-        canonical(k, out)
+        canonical(k, out, seen)
         out[#out + 1] = "="
       end
-      canonical(v[k], out)
+      canonical(v[k], out, seen)
     end
+    seen[v] = nil
     out[#out + 1] = "}"
   elseif t == "string" then out[#out + 1] = ("%q"):format(v)
   elseif t == "number" then
     out[#out + 1] = (v == math.floor(v) and math.abs(v) < 2 ^ 53) and ("%d"):format(v) or ("%.17g"):format(v)
-  elseif t == "function" then
-    local info = debug.getinfo(v, "S")
-    out[#out + 1] = ("function (%s:%d)"):format(info.short_src, info.linedefined)
+  elseif t == "function" then out[#out + 1] = M.identity(v)
   else out[#out + 1] = tostring(v) end
 end
 
@@ -138,6 +181,19 @@ function M.model(world, model)
   items[#items + 1] = { "model parameters", tostring(model:num_parameters()) }
   items[#items + 1] = { "trained parameters", tostring(model:num_trainable()) }
   M.check(world, items, "their model")
+end
+
+-- The reward functions each rank loaded (a reward given by name is a file each rank reads on its
+-- own machine): by what their code is, so that two copies of a reward at one path that differ
+-- are refused instead of training each rank against its own reward.
+function M.rewards(world, list)
+  if world.size == 1 then return end
+  local items = {}
+  for i, r in ipairs(list or {}) do
+    local what = r.external and r.where or (type(r.fn) == "function" and M.identity(r.fn)) or "?"
+    items[#items + 1] = { ("reward %d '%s'"):format(i, tostring(r.name)), what }
+  end
+  M.check(world, items, "their reward functions")
 end
 
 return M

@@ -4,6 +4,7 @@
 local config = require("remax.settings.config")
 local rewards = require("remax.step.rewards")
 local recipe_mod = require("remax.settings.recipe")
+local agree = require("remax.run.agree")
 local fs = require("remax.bind.fs")
 local file_exists, read_file = fs.exists, fs.read_text
 
@@ -13,9 +14,27 @@ local M = {}
 
 local note_reload, reload_recipe   -- defined below
 
+-- The recipe's code a reload puts in force besides the hot settings: the episode's tools, its
+-- environment and its tool-call parser (the Step makes them again when they change).
+M.CODE = { "tools", "environment", "tool_call_format" }
+local is_code = {}
+for _, k in ipairs(M.CODE) do is_code[k] = true end
+
+
 local function source_of(r)
   if r.path then return r.path end
   return r.file
+end
+
+-- The files the functions in v (a function, or tables of them) are defined in.
+local function code_files(v, add, seen)
+  if type(v) == "function" then
+    local src = debug.getinfo(v, "S").source
+    if src:sub(1, 1) == "@" then add(src:sub(2)) end
+  elseif type(v) == "table" and not seen[v] then
+    seen[v] = true
+    for _, x in pairs(v) do code_files(x, add, seen) end
+  end
 end
 
 function M.snapshot(self)
@@ -25,6 +44,10 @@ function M.snapshot(self)
   end
   if self.recipe_path then add(self.recipe_path) end
   for _, r in ipairs(self.stepper:reward_functions()) do add(source_of(r)) end
+  -- a tool, environment or parser kept in a file of its own (the recipe loads it): an edit
+  -- there reloads the recipe
+  local seen = {}
+  for _, k in ipairs(M.CODE) do code_files(self.cfg[k], add, seen) end
 end
 
 -- Reload changed reward files (and the recipe), each checked on the last step's completions;
@@ -82,11 +105,11 @@ function M.check(self)
     if not by_name then recipe_changed = true end
   end
   if recipe_changed and self.recipe_path then
-    local ok, changes = pcall(reload_recipe, self)
+    local ok, changes, code = pcall(reload_recipe, self)
     if ok then
       -- the recipe loaded every reward file again too: each pending text is now in force
       for _, path in ipairs(changed) do if self.tried[path] then loaded(path) end end
-      note_reload(self, self.recipe_path, changes)
+      note_reload(self, self.recipe_path, changes, code)
       done[#done + 1] = self.recipe_path
     else
       self:say(("hot reload: %s changed but failed to load, keeping the previous version (tried again at the next change): %s")
@@ -94,22 +117,33 @@ function M.check(self)
     end
   end
   -- new reward functions may live in new files
-  for _, r in ipairs(self.stepper:reward_functions()) do
-    local p = source_of(r)
+  local function add(p)
     if p and self.watch[p] == nil and file_exists(p) then self.watch[p] = read_file(p) end
   end
+  for _, r in ipairs(self.stepper:reward_functions()) do add(source_of(r)) end
+  local seen = {}
+  for _, k in ipairs(M.CODE) do code_files(self.cfg[k], add, seen) end
   return #done
 end
 
 -- Says what a reload changed (setting: old -> new); for settings, records them in the run
 -- folder: config.json again (the settings in force) and a line of settings_history.jsonl with
 -- the first step that runs with them (remax.run.history).
-function note_reload(self, path, changes)
+-- code: the recipe's functions and tools whose code changed, {key =, was =, now =} (not in the
+-- settings' history: a resume runs the recipe's code as it is then).
+function note_reload(self, path, changes, code)
   self.reloads = self.reloads + 1
   self.pending_reloads = self.pending_reloads or {}
   table.insert(self.pending_reloads, path)
   local parts = {}
   for i, c in ipairs(changes or {}) do parts[i] = ("%s: %s -> %s"):format(c.key, config.show(c.was), config.show(c.now)) end
+  for _, c in ipairs(code or {}) do
+    if type(c.was) == "string" or type(c.now) == "string" or c.was == nil or c.now == nil then   -- a format's name, a py: spec
+      parts[#parts + 1] = ("%s: %s -> %s"):format(c.key, config.show(c.was), config.show(c.now))
+    else
+      parts[#parts + 1] = ("%s: its code changed"):format(c.key)
+    end
+  end
   self:say(("hot reload: %s reloaded (reload %d)%s"):format(path, self.reloads,
     #parts > 0 and ("; " .. table.concat(parts, ", ")) or (changes and "; no setting changed" or "")))
   if changes and #changes > 0 and self.run and self.run.dir and self.dist.is_root ~= false then
@@ -118,8 +152,11 @@ function note_reload(self, path, changes)
   end
 end
 
--- Re-run the recipe with the same command-line overrides; take its rewards, advantage and the
--- settings marked hot. Other changed settings need a restart (printed, ignored).
+-- Re-run the recipe with the same command-line overrides; take its rewards, advantage, tools,
+-- environment, tool-call parser and the settings marked hot. Other changed settings need a
+-- restart (printed, ignored). Functions and tables are compared by what their code is
+-- (remax.run.agree.identity), not by where they are defined: an edited tool is picked up and said.
+-- Returns the changed settings and those whose code changed ({key =, was =, now =}).
 function reload_recipe(self)
   local rtab = recipe_mod.load(self.recipe_path)
   local cfg = config.resolve(rtab, self.opts.overrides, { where = self.recipe_path })
@@ -132,9 +169,28 @@ function reload_recipe(self)
   local ignored = {}
   for _, k in ipairs(config.order) do
     local decl = config.keys[k]
-    if k ~= "rewards" and not decl.hot and type(cfg[k]) ~= "function" and type(cfg[k]) ~= "table" and cfg[k] ~= self.cfg[k]
-      and k ~= "resume" and k ~= "run_name" then
+    if k ~= "rewards" and not decl.hot and not is_code[k] and type(cfg[k]) ~= "function" and type(cfg[k]) ~= "table"
+      and cfg[k] ~= self.cfg[k] and k ~= "resume" and k ~= "run_name" then
       ignored[#ignored + 1] = k
+    end
+  end
+  -- new tools and a new environment are checked before they are put in force
+  if agree.show(cfg.tools) ~= agree.show(self.cfg.tools) or agree.show(cfg.environment) ~= agree.show(self.cfg.environment) then
+    local ropts = { base = self.recipe_dir, max_line = self.cfg.reward_max_line_bytes }
+    local ok, err = pcall(function()
+      if cfg.tools then require("remax.step.tools").check(cfg.tools, "tools", ropts) end
+      if cfg.environment then require("remax.step.environment").check(cfg.environment, "environment", ropts) end
+    end)
+    if ropts.registry then ropts.registry:close() end
+    if not ok then error(err, 0) end
+  end
+  local code = {}
+  for _, k in ipairs(config.order) do
+    local v = self.cfg[k]
+    if (is_code[k] or (config.keys[k].hot and (type(v) == "function" or type(cfg[k]) == "function")))
+      and agree.show(v) ~= agree.show(cfg[k]) then
+      code[#code + 1] = { key = k, was = v, now = cfg[k] }
+      if is_code[k] then self.cfg[k] = cfg[k] end   -- the hot ones are set below
     end
   end
   local old_beta = self.cfg.beta
@@ -163,12 +219,15 @@ function reload_recipe(self)
   end
   -- the hot settings that now differ: what the reload says and the run folder records
   local changes = {}
+  local said = {}
+  for _, c in ipairs(code) do said[c.key] = true end
   for _, k in ipairs(config.order) do
-    if config.keys[k].hot and type(self.cfg[k]) ~= "function" and config.show(before[k]) ~= config.show(self.cfg[k]) then
+    if config.keys[k].hot and not said[k] and type(self.cfg[k]) ~= "function" and type(before[k]) ~= "function"
+      and config.show(before[k]) ~= config.show(self.cfg[k]) then
       changes[#changes + 1] = { key = k, was = before[k], now = self.cfg[k] }
     end
   end
-  return changes
+  return changes, code
 end
 
 return M

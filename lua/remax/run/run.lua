@@ -86,9 +86,10 @@ function M.new(cfg, opts)
       resume_model_dir = self.resume_model_dir, recipe_dir = self.recipe_dir,
       prompts_per_step = self.global_prompts_per_step })
     require("remax.run.agree").model(world, pieces.model)   -- issue 35: the same model on every rank
+    require("remax.run.agree").rewards(world, pieces.rewards)   -- issue 45: and the same reward code
+    for _, note in ipairs(pieces.notes or {}) do self:say(note) end   -- what setup left out of the data
     if pieces.max_steps_changed and self.run.write_config then self.run:write_config(config.serializable(cfg)) end
     self.train_ds, self.eval_ds = pieces.train_ds, pieces.eval_ds
-    for _, note in ipairs(pieces.data_notes or {}) do self:say(note) end
     self.sampler = self.train_ds:sampler({ seed = cfg.seed, shuffle = true, batch_size = self.global_prompts_per_step })
     -- the step type of the algo (remax.step.step): RL, SFT, or a reward model's
     self.stepper = step_mod.new(pieces, cfg, {
@@ -125,6 +126,7 @@ end
 -- This rank's share (whole prompts) of the step's global batch; batch_first is the place of its
 -- first prompt in the global batch (the Step keys sampling by place).
 function methods.next_batch(self)
+  self.sampler_before = self.sampler_before or self.sampler:state()   -- the unfinished step's start (state())
   local rows, first = self.dist:share(self.sampler:next_batch())
   self.batch_first = first
   return rows
@@ -224,7 +226,9 @@ function methods.state(self, without_moments)
   -- the rows generated ahead are part of the state (a collective: rank 0 keeps every rank's)
   local async_state = self.async and self.async:state() or nil
   return { async = async_state,
-    step = self.step, sampler = self.sampler:state(), optimizer_step = st.optimizer_step,
+    -- mid-step (a failure's or an interruption's checkpoint): the data position of the step's start,
+    -- so that a resume draws the unfinished step's prompts again
+    step = self.step, sampler = self.sampler_before or self.sampler:state(), optimizer_step = st.optimizer_step,
     bad_steps = self.bad_steps, reloads = self.reloads, baseline = st.baseline,
     eval_history = self.eval_history, train_seconds = self.train_seconds, tensors = st.tensors,
     world_size = self.dist.size, global_prompts_per_step = self.global_prompts_per_step,
@@ -287,6 +291,7 @@ end
 function methods.finish_step(self, m, ro)
   local cfg = self.cfg
   self.step = self.step + 1
+  self.sampler_before = nil
   -- an update the Step skipped (a non-finite loss or gradient norm): counted against max_bad_steps
   local bad = m.skipped and m or self.skipped_update
   self.skipped_update = nil
@@ -383,19 +388,31 @@ function methods.train(self, loop)
   end
   -- user code that calls os.exit (a recipe's loop or advantage function) stops the run as a
   -- failing reward does: with the checkpoint of the last finished step (remax.step.guard)
+  -- Ctrl-C or SIGTERM while recipe code ran past remax.step.guard's grace: the unfinished step
+  -- is dropped and the last finished one saved (with one rank; several stop, naming the step)
   local function guarded(f, ...)
     local ok, err = guard.pcall(f, ...)
-    if ok then return end
+    if ok then return false end
+    if guard.is_interrupt(err) then
+      if self.dist.size == 1 then return true end
+      error(("%s at step %d; resume from the last checkpoint"):format(tostring(err), self.step + 1), 0)
+    end
     if guard.is_exit(err) and self.dist.size == 1 then self:save_on_failure("user code called os.exit") end
     error(err, 0)
   end
   if loop then
-    guarded(loop, self)
-    interrupted = self.dist:any(signal_pending())
+    interrupted = guarded(loop, self) or self.dist:any(signal_pending())
   else
     while self.step < cfg.max_steps and not self:out_of_time() do
-      guarded(one)
-      if self.dist:any(signal_pending()) then interrupted = true break end
+      if guarded(one) or self.dist:any(signal_pending()) then interrupted = true break end
+    end
+  end
+  local after = self.last_eval
+  if not interrupted and self.eval_ds and (not after or after.step ~= self.step) then
+    interrupted = guarded(function() after = self:evaluate() end)
+    if not interrupted then
+      self.run:log_metrics(self.step, { eval_accuracy = after.accuracy, eval_reward = after.reward,
+        time_elapsed_train = self.train_seconds })
     end
   end
   if interrupted then
@@ -406,12 +423,6 @@ function methods.train(self, loop)
       self.recipe_path or "RECIPE.lua", self.run_dir))
     signals.clear()
     return { interrupted = true, step = self.step, run_dir = self.run_dir, plot_error = self.plot_error }
-  end
-  local after = self.last_eval
-  if self.eval_ds and (not after or after.step ~= self.step) then
-    after = self:evaluate()
-    self.run:log_metrics(self.step, { eval_accuracy = after.accuracy, eval_reward = after.reward,
-      time_elapsed_train = self.train_seconds })
   end
   if self.last_saved ~= self.step then self:save_checkpoint() end
   if cfg.save_final_model and self.dist.is_root then

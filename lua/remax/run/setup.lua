@@ -130,6 +130,9 @@ end
 -- The prompt template of cfg for tokenizer tok, and its name for the start line.
 function M.template(cfg, tok)
   local t = cfg.chat_template
+  if t == "auto" and tok.chat_template_names then   -- templates, but none named default: not qa behind the user's back
+    error(("chat_template = auto: %s; or set chat_template = qa, chatml, llama3 or plain"):format(chat.no_template(tok)), 0)
+  end
   if t == "auto" then
     t = (tok.chat_template and tok.chat_template ~= "") and "tokenizer" or "qa"
   end
@@ -186,9 +189,12 @@ local function setup_data(p, cfg, ctx)
       end
     end
   end
-  -- a TRL dataset's plain-string prompts (remax.settings.inert); the Run says them
-  p.data_notes = type(cfg.data) == "string" and require("remax.settings.inert").data_notes(p.train_ds.rows,
-    p.template_name, cfg.data) or {}
+  p.notes = p.notes or {}   -- said by the Run once it starts
+  if type(cfg.data) == "string" then   -- a TRL dataset's plain-string prompts (remax.settings.inert)
+    for _, note in ipairs(require("remax.settings.inert").data_notes(p.train_ds.rows, p.template_name, cfg.data)) do
+      p.notes[#p.notes + 1] = note
+    end
+  end
   if cfg.algo == "sft" then
     for _, ds in ipairs({ p.train_ds, p.eval_ds }) do
       local col = cfg.answer_column or "answer"
@@ -298,6 +304,12 @@ function M.reward_pieces(cfg, ctx)
   if cfg.eval_size > 0 then
     local src = cfg.eval_data or (type(cfg.data) == "function" and cfg.data or nil)
     if src then p.eval_ds = load(src, "test", cfg.eval_size) end
+  end
+  -- every pair encoded now: those too long for the model are left out and said (p.notes)
+  p.notes = {}
+  for _, ds in ipairs({ p.train_ds, p.eval_ds }) do
+    local note = rm.leave_out_long(p.rm, ds)
+    if note then p.notes[#p.notes + 1] = note end
   end
   if cfg.steps_from_epochs then
     cfg.max_steps = math.max(1, math.ceil(cfg.num_train_epochs * #p.train_ds.rows / ctx.prompts_per_step))

@@ -65,6 +65,10 @@ local NO_SAMPLES = { when = rl, note = "this algo (sft: the answers; reward: pre
 -- setting even at ratio 1 (its on_policy list: cispo's cap)
 local RATIO = { when = function(c, name) return rl(c) and (c.num_iterations > 1 or member(loss_type(c).on_policy, name)) end,
   note = "the ratio pi/pi_old is 1 with num_iterations = 1, so nothing is clipped (TRL's mu)" }
+-- the agent settings: episodes exist only with tools or an environment (issue 45)
+local EPISODES = { when = function(c) return c.tools ~= nil or c.environment ~= nil end,
+  note = "there are no tools and no environment, so every completion is one turn (no episodes)" }
+local TOOLS = { when = function(c) return c.tools ~= nil end, note = "there are no tools to call" }
 -- the asynchronous modes' own settings, and the off-policy correction's
 local ASYNC = { when = function(c) return c.async_mode ~= "off" end, note = "async_mode = off: every row comes from the current weights" }
 local IS_CORRECTION = { when = function(c) return c.vllm_importance_sampling_correction == true end,
@@ -140,17 +144,17 @@ M.groups = {
       help = "recipe only: tools the model may call, name -> { description =, parameters = JSON schema, fn = function(args) -> result, or \"py:FILE.py:FUNCTION\" (schema from its signature and docstring), \"cmd:PROGRAM\", \"http://HOST:PORT/PATH\" (run while the other rows decode) }; listed through the chat template's tools variable; a turn with tool calls gets their results and the episode goes on" },
     { name = "environment", type = "environment", aliases = { "environment_factory" },
       help = "recipe only: { reset = function(sample, state) -> messages, step = function(state, assistant_text) -> messages, done, reward }, or a function(sample) -> one (a factory), or \"py:FILE.py:CLASS\" / \"cmd:PROGRAM\" / \"http://HOST:PORT/PATH\" (reset/step requests per episode id); per-turn rewards are summed into the reward \"environment\"; or TRL's kind, told apart by its methods: a class with reset and tool methods, whose public methods are the tools and whose instances rewards get as environments= (docs/environments.md); TRL's name environment_factory is taken for it" },
-    { name = "max_turns", type = "integer", default = 4, range = "[1, 1024]", aliases = { "max_tool_calling_iterations" },
+    { name = "max_turns", type = "integer", default = 4, range = "[1, 1024]", aliases = { "max_tool_calling_iterations" }, inert = EPISODES,
       -- TRL counts rounds of tool calls: N rounds are N + 1 assistant turns
       alias_values = { max_tool_calling_iterations = { range = "[0, 1023]", value = function(n) return n + 1 end } },
       help = "an episode ends after this many assistant turns (the tool calls of the last one are not run); TRL's max_tool_calling_iterations = N (rounds of tool calls) is max_turns = N + 1; TRL has no limit by default, remax's max_turns = 4 allows 3 rounds" },
-    { name = "max_episode_length", type = "integer", range = "[2, 2^20]",
+    { name = "max_episode_length", type = "integer", range = "[2, 2^20]", inert = EPISODES,
       help = "an episode ends when the prompt, its turns and the next observation would reach this many tokens (the observation is not appended; episodes/truncated counts it); default and upper bound: the model's max_position_embeddings. The KV cache holds this many tokens per row, so a long-context model may want less. max_completion_length bounds the model's tokens over all turns" },
-    { name = "strict_episodes", type = "boolean", default = false,
+    { name = "strict_episodes", type = "boolean", default = false, inert = EPISODES,
       help = "stop the run (keeping the last finished step's checkpoint) when more than half of a step's episodes fail (a tool or the environment failed, a malformed call); false: the progress line says so and names the most frequent error" },
-    { name = "tool_timeout", type = "number", default = 10, range = "[0, inf)",
-      help = "seconds one tool call may take before the episode gets a timeout error as its result (0: no limit)" },
-    { name = "tool_call_format", type = "call_format",
+    { name = "tool_timeout", type = "number", default = 10, range = "[0, inf)", inert = EPISODES,
+      help = "seconds one tool call (or an environment's reset or step, or a recipe's tool-call parser) may take before the episode gets a timeout error as its result (0: no limit; Ctrl-C and SIGTERM still stop a Lua one)" },
+    { name = "tool_call_format", type = "call_format", inert = TOOLS,
       help = "how tool calls are written: qwen (<tool_call>{json}</tool_call>), llama3 (JSON or <|python_tag|>), or in a recipe a function(text) -> calls; default: from the chat template" },
   } },
   { name = "Algorithm", settings = {

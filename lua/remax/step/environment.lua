@@ -31,6 +31,7 @@
 -- other rows keep decoding meanwhile.
 local chat = require("remax.text.chat")
 local remote = require("remax.step.channels")
+local guard = require("remax.step.guard")
 
 local M = {}
 
@@ -107,11 +108,20 @@ function M.check(env, where, opts)
   return { kind = "remax", shared = env, where = where }
 end
 
+-- A Lua environment's function under remax.step.guard: tool_timeout (timeout) bounds it, Ctrl-C
+-- and SIGTERM stop it, os.exit is refused. Returns true and its results, or false and why.
+local function call(what, fn, timeout, ...)
+  local ok, a, b, c = guard.call(fn, { limit = timeout, what = "the environment's " .. what }, ...)
+  if ok then return true, a, b, c end
+  if a == guard.TIMEOUT then return false, ("took over tool_timeout = %g s"):format(timeout or 0) end
+  return false, tostring(a)
+end
+
 -- A Lua factory's kind, from its first product (made from sample, the first prompt's row, and
 -- dropped: TRL also makes one instance at the start to read its tools). Nothing for others.
-function M.resolve(d, sample)
+function M.resolve(d, sample, timeout)
   if not d.factory or d.kind then return d end
-  local ok, inst = pcall(d.factory, sample)
+  local ok, inst = call("factory", d.factory, timeout, sample)
   if not ok then error(("%s: the environment factory failed on the first row: %s"):format(d.where, tostring(inst)), 0) end
   if type(inst) ~= "table" then error(("%s: the environment factory returned a %s, expected an environment (a table)")
     :format(d.where, type(inst)), 0) end
@@ -121,15 +131,15 @@ function M.resolve(d, sample)
 end
 
 -- The environment of one episode: a remote episode ({ remote, episode = id }), a Lua object, or
--- nil and why (a factory's product is checked here).
-function M.instance(d, sample)
+-- nil and why (a factory's product is checked here). timeout: tool_timeout.
+function M.instance(d, sample, timeout)
   if d.remote then   -- one episode of a remote environment: its id names its state on the other side
     d.episodes = d.episodes + 1
     return { remote = d.remote, episode = ("e%d"):format(d.episodes) }
   end
   if d.class then return setmetatable({}, { __index = d.class }) end
   if d.shared then return d.shared end
-  local ok, inst = pcall(d.factory, sample)
+  local ok, inst = call("factory", d.factory, timeout, sample)
   if not ok then return nil, "the environment factory failed: " .. tostring(inst) end
   if type(inst) ~= "table" then return nil, "the environment factory returned a " .. type(inst) end
   local ok2, kind = pcall(kind_of, inst, "the environment factory's result")
@@ -172,14 +182,15 @@ function M.appended(sample, v)
 end
 
 -- The first messages of an episode of d in Lua (inst: M.instance's) -> messages or nil, error.
-function M.reset(d, inst, sample, state)
+-- timeout: tool_timeout.
+function M.reset(d, inst, sample, state, timeout)
   if d.kind == "trl" then
-    local ok, v = pcall(inst.reset, inst, sample, state)
+    local ok, v = call("reset", inst.reset, timeout, inst, sample, state)
     if not ok then return nil, "environment reset failed: " .. tostring(v) end
     return M.appended(sample, v)
   end
   if not inst.reset then return M.messages(sample.prompt) end
-  local ok, msgs = pcall(inst.reset, sample, state)
+  local ok, msgs = call("reset", inst.reset, timeout, sample, state)
   if not ok then return nil, "environment reset failed: " .. tostring(msgs) end
   local m, err = M.messages(msgs)
   if not m or #m == 0 then return nil, "environment reset returned no messages" .. (err and (": " .. err) or "") end
@@ -242,7 +253,7 @@ function M.reward_finish(inst, h, timeout)
     if h.err then return nil, remote_why(h, "get_reward", timeout) end
     v = h.value.reward
   else
-    local ok, r = pcall(inst.get_reward, inst)
+    local ok, r = call("get_reward", inst.get_reward, timeout, inst)
     if not ok then return nil, "environment get_reward failed: " .. tostring(r) end
     v = r
   end
@@ -262,7 +273,7 @@ end
 -- env.step -> observation messages, done, reward, error (an error ends the episode).
 function M.step(env, state, text, registry, timeout)
   if env.remote then return M.step_finish(registry:wait(M.step_start(env, text, registry, timeout)), timeout) end
-  local ok, obs, done, reward = pcall(env.step, state, text)
+  local ok, obs, done, reward = call("step", env.step, timeout, state, text)
   if not ok then return nil, true, nil, "environment step failed: " .. tostring(obs) end
   local m, err = M.messages(obs)
   if not m then return nil, true, nil, "environment step returned bad messages: " .. err end

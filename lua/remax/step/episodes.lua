@@ -43,7 +43,7 @@ function M.setup(step, sample)
   local ropts = { base = step.recipe_dir, max_line = cfg.reward_max_line_bytes }
   local s = { tools = cfg.tools and tools_mod.check(cfg.tools, "tools", ropts) or nil }
   if cfg.environment then
-    s.env = environment.resolve(environment.check(cfg.environment, "environment", ropts), sample or {})
+    s.env = environment.resolve(environment.check(cfg.environment, "environment", ropts), sample or {}, cfg.tool_timeout)
     if s.env.kind == "trl" then
       local methods = s.env.remote and tools_mod.from_worker(s.env.tools, s.env.remote.channel, s.env.where)
         or tools_mod.check(s.env.tools, s.env.where .. ".tools", { methods = s.env.class or s.env.methods })
@@ -53,6 +53,8 @@ function M.setup(step, sample)
   s.registry = ropts.registry
   s.format = cfg.tool_call_format or tool_calls.format_for(step.template_name)
   if s.tools and next(s.tools) then tools_mod.check_template(step.template, step.template_name, step.tok) end
+  s.env_name = cfg.environment and M.environment_name(cfg.environment)
+  s.given_tools, s.given_env, s.given_format = cfg.tools, cfg.environment, cfg.tool_call_format
   return s
 end
 
@@ -110,7 +112,22 @@ local function count_error(ep, message)
   ep.error_messages[message] = (ep.error_messages[message] or 0) + 1
 end
 
--- An environment's answer to a turn -> its observation, done (an error ends the episode).
+-- How messages name the environment a recipe gave: its spec ("py:env.py:Game"), or where its
+-- step function (or its factory) is defined.
+function M.environment_name(env)
+  if type(env) == "string" then return "environment " .. env end
+  local fn, what = env, "environment factory"
+  if type(env) == "table" then fn, what = env.step, "environment" end
+  if type(fn) ~= "function" then return "environment" end
+  local info = debug.getinfo(fn, "S")
+  return ("%s (%s:%d)"):format(what, info.short_src, info.linedefined)
+end
+
+local function finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
+
+-- An environment's answer to a turn -> its observation, done (an error ends the episode). A
+-- reward that is not finite, or that makes the episode's sum infinite, ends the episode too and
+-- is kept in ep.bad_reward: the rollout then stops the run, naming it (M.check_rewards).
 local function env_answer(ep, obs, done, reward, err)
   if err then
     ep.env_errors = ep.env_errors + 1
@@ -119,10 +136,39 @@ local function env_answer(ep, obs, done, reward, err)
     return nil, true
   end
   if reward then
-    ep.reward = (ep.reward or 0) + reward
+    local sum = (ep.reward or 0) + reward
+    if not finite(reward) or not finite(sum) then
+      ep.bad_reward = ep.bad_reward or { turn = ep.turns, value = reward, before = ep.reward }
+      return nil, true
+    end
+    ep.reward = sum
     ep.turn_rewards[#ep.turn_rewards + 1] = reward
   end
   return obs, done
+end
+
+-- Stops (after the step's on_failure, a checkpoint of the last finished step) when an episode's
+-- environment gave a reward that is not finite, or rewards whose sum is not: a NaN would leave
+-- every advantage 0 and an infinity would make them NaN, without a word about the environment.
+function M.check_rewards(step, s, eps, opts)
+  for k, ep in ipairs(eps) do
+    local b = ep.bad_reward
+    if b then
+      local which = ("episode %d (prompt %d, %s)"):format(k, ep.prompt or 0,
+        ep.greedy and "its greedy episode" or ("sample " .. tostring(ep.slot or 0)))
+      local at = opts and opts.step and (" at step " .. opts.step) or ""
+      local msg
+      if not finite(b.value) then
+        msg = ("%s returned the reward %s at turn %d of %s%s; an environment's reward must be a finite number (or nil: none)")
+          :format(s.env_name or "the environment", tostring(b.value), b.turn, which, at)
+      else
+        msg = ("%s: the rewards of %s sum to %s at turn %d (%.17g so far + %.17g)%s; an episode's rewards must sum to a finite number")
+          :format(s.env_name or "the environment", which, tostring(b.before + b.value), b.turn, b.before, b.value, at)
+      end
+      if step.failed then step:failed(msg) end
+      error(msg, 0)
+    end
+  end
 end
 
 -- Starts the observation of one turn: the tool calls when the turn calls tools, else the
@@ -132,7 +178,7 @@ end
 -- observation could follow them.
 local function observe_start(s, ep, text, timeout, last)
   if s.tools then
-    local calls = tool_calls.parse(text, s.format)
+    local calls = tool_calls.parse(text, s.format, timeout)
     if #calls > 0 and last then return { obs = { nil, true } } end
     if #calls > 0 then
       local started = {}
@@ -144,7 +190,7 @@ local function observe_start(s, ep, text, timeout, last)
   end
   if ep.env and s.env.kind == "remax" then   -- a TRL-kind environment answers through its tools only
     if ep.env.remote then return { env = environment.step_start(ep.env, text, s.registry, timeout) } end
-    return { obs = { env_answer(ep, environment.step(ep.env, ep.state, text)) } }
+    return { obs = { env_answer(ep, environment.step(ep.env, ep.state, text, s.registry, timeout)) } }
   end
   return { obs = { nil, true } }   -- tools only, and no call: the answer
 end
@@ -223,10 +269,13 @@ function M.start(step, s, prompt_rows, slots, opts)
       local k = (i - 1) * slots + sl
       local env, err = nil, nil
       if s.env then
-        env, err = environment.instance(s.env, row)
+        env, err = environment.instance(s.env, row, timeout)
         if not env then stop(("episode of prompt %d: %s"):format(i, err)) end
       end
       eps[k] = new_episode(nil, { seed = seed }, env)
+      eps[k].prompt, eps[k].slot = i, sl
+      local plan = opts.plan or step.cfg.sampling
+      eps[k].greedy = plan and plan.greedy and sl == slots or nil
       if env and env.remote then resets[k] = environment.reset_start(env, row, s.registry, timeout, seed) end
     end
   end
@@ -238,7 +287,7 @@ function M.start(step, s, prompt_rows, slots, opts)
       if resets[k] then
         m, err = environment.reset_finish(s.registry:wait(resets[k]), row, timeout, s.env.kind)
       elseif ep.env then
-        m, err = environment.reset(s.env, ep.env, row, ep.state)
+        m, err = environment.reset(s.env, ep.env, row, ep.state, timeout)
       else
         m = chat.messages(row.prompt)
       end
@@ -405,7 +454,7 @@ function M.rollout(step, prompt_rows, opts)
         if ep.env.remote then
           last_steps[k] = environment.step_start(ep.env, text, s.registry, timeout)
         else
-          env_answer(ep, environment.step(ep.env, ep.state, text))
+          env_answer(ep, environment.step(ep.env, ep.state, text, s.registry, timeout))
         end
       end
     end
@@ -413,6 +462,7 @@ function M.rollout(step, prompt_rows, opts)
   for k, h in pairs(last_steps) do env_answer(eps[k], environment.step_finish(s.registry:wait(h), timeout)) end
   -- the environments stay open until the rewards have read them (M.add_environment_reward
   -- asks a TRL-kind one for get_reward, then closes them)
+  M.check_rewards(step, s, eps, opts)
   for k, r in ipairs(out.rows) do
     local ep = eps[k]
     local last = ep.messages[#ep.messages]

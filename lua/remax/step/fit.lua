@@ -4,7 +4,8 @@
 -- rx_generate_begin: the KV cache and activations against MemAvailable.)
 --
 --   fit.activation_bytes(model:cfg(), B, T, {train = true, checkpoint = false}) -> bytes
---   fit.check_train(model, B, T, {checkpoint =, what =})   -- error naming the sizes, or nothing
+--   fit.check_train(model, B, T, {checkpoint =, what =, budget =})   -- error naming the sizes, or nothing
+--   (budget: T is a pack of max_tokens_per_microbatch tokens; the refusal says which budget fits)
 local model = require("remax.bind.model")
 
 local M = {}
@@ -46,6 +47,22 @@ function M.check_train(model, B, T, opts)
     local a, h = M.activation_bytes(c, rows + 1, T, { train = true, checkpoint = opts.checkpoint })
     if a + h > usable then break end
     rows = rows + 1
+  end
+  if opts.budget then   -- a pack of max_tokens_per_microbatch: what would fit is a smaller budget
+    local lo, hi = 0, T   -- the most tokens of one pack that fit
+    while lo < hi do
+      local mid = math.floor((lo + hi + 1) / 2)
+      local a, h = M.activation_bytes(c, 1, mid, { train = true, checkpoint = opts.checkpoint })
+      if a + h <= usable then lo = mid else hi = mid - 1 end
+    end
+    local ck = ""
+    if not opts.checkpoint then
+      local a, h = M.activation_bytes(c, 1, T, { train = true, checkpoint = true })
+      if a + h <= usable then ck = ", or gradient_checkpointing = true (activations recomputed in the backward)" end
+    end
+    error(("%s: a pack of %d tokens (max_tokens_per_microbatch = %d) needs %s of activations, but %s of memory is "
+      .. "available; max_tokens_per_microbatch = %d would fit%s"):format(opts.what or "out of memory", T, opts.budget,
+      size(acts + head), size(avail), lo, ck), 0)
   end
   local hint = ""
   if not opts.checkpoint then

@@ -194,15 +194,24 @@ end
 -- The activation plan sized once for max_tokens_per_microbatch (padding_free), before the
 -- first training forward: reserved is the budget it was sized for so far (nil: none). Returns
 -- the budget it is sized for now.
-function M.reserve(model, cfg, reserved)
+function M.reserve(model, cfg, reserved, packs, what)
   local budget = cfg.padding_free and cfg.max_tokens_per_microbatch
-  if budget and reserved ~= budget then
-    local ck = cfg.gradient_checkpointing
-    fit.check_train(model, 1, budget, { checkpoint = ck, what = ("max_tokens_per_microbatch = %d"):format(budget) })
-    model:reserve(budget, { train = true, checkpoint = ck })
-    return budget
+  if not budget then return reserved end
+  -- the activation plan sized for the largest pack: the budget, or the longest pack so far when
+  -- none reaches it (a budget far above every row plans no memory it will never use)
+  local longest = 0
+  for _, sub in ipairs(packs or {}) do
+    local n = 0
+    for _, row in ipairs(sub) do n = n + #row.prompt_ids + #row.completion end
+    longest = math.max(longest, n)
   end
-  return reserved
+  local plan = math.min(budget, math.max(longest, reserved or 0))
+  if reserved ~= plan then
+    local ck = cfg.gradient_checkpointing
+    fit.check_train(model, 1, plan, { checkpoint = ck, what = what, budget = budget })
+    model:reserve(plan, { train = true, checkpoint = ck })
+  end
+  return plan
 end
 
 -- One micro-batch (a normalisation unit: its loss tokens are chunk.tokens) as one or more packs,
@@ -210,11 +219,11 @@ end
 -- a gradient is already held). What the loss needs from the whole micro-batch (top-entropy
 -- masks, the entropy bonus's token count) is computed over all its rows first, so packing
 -- changes nothing but the summation order. Returns the summed stats.
-function M.run(tr, rows, totals, chunk, acc)
+function M.run(tr, rows, totals, chunk, acc, given_packs)
   local cfg = tr.cfg
   chunk, acc = chunk or {}, acc or {}
   local what = ("step %d"):format(chunk.step or 0)
-  local packs = M.packs(cfg, rows, what)
+  local packs = given_packs or M.packs(cfg, rows, what)
   local pre = {}
   local entropy_terms = tr.top_entropy_quantile < 1 or tr.entropy_coef ~= 0
   if #packs > 1 and entropy_terms and not rows[1].unit then   -- balanced rows carry their unit's count

@@ -94,8 +94,16 @@ function Policy:eos_id() return self.tok.eos_id end
 
 -- The checked tools and environment of the run's episodes (made once, remax.step.episodes, from
 -- the first prompt's row that asks: a Lua environment factory's product says its kind).
+-- Made again when a hot reload put other tools, environment or parser in the settings
+-- (remax.run.reload compares them by their code): the old ones' workers and servers are closed.
 function Policy:episode_setup(sample)
-  if not self.episodes_ready then self.episodes_ready = episodes.setup(self, sample) end
+  local cfg, made = self.cfg, self.episodes_ready
+  if made and made.given_tools == cfg.tools and made.given_env == cfg.environment
+    and made.given_format == cfg.tool_call_format then
+    return made
+  end
+  if made and made.registry then made.registry:close() end
+  self.episodes_ready = episodes.setup(self, sample)
   return self.episodes_ready
 end
 
@@ -267,11 +275,14 @@ end
 
 -- One micro-batch's forward(s) and backward(s), padded or packed (padding-free training), and the
 -- old log-probabilities of num_iterations > 1 from the same layout: remax.step.micro. tr: the
--- update's Policy:trainer. The activation plan is sized for max_tokens_per_microbatch once.
+-- update's Policy:trainer. The activation plan is sized for the largest pack (at most
+-- max_tokens_per_microbatch), growing when a longer one comes.
 function Policy:set_old_logprobs(tr, rows, what) return micro.old_logprobs(tr, rows, what) end
 function Policy:micro_step(tr, rows, totals, chunk, acc)
-  self.reserved = micro.reserve(self.model, self.cfg, self.reserved)
-  return micro.run(tr, rows, totals, chunk, acc)
+  local what = ("step %d"):format(chunk and chunk.step or 0)
+  local packs = micro.packs(self.cfg, rows, what)
+  self.reserved = micro.reserve(self.model, self.cfg, self.reserved, packs, what)
+  return micro.run(tr, rows, totals, chunk, acc, packs)
 end
 
 -- Micro-batches of whole prompts, per_device_train_batch_size of them each: a prompt's rows

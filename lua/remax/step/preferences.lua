@@ -18,7 +18,6 @@ local data = require("remax.formats.data")
 
 local M = {}
 
-local sorted_keys = data.sorted_keys
 
 -- A canonical text of a side (string or messages), to tell identical sides apart.
 local function canonical(v)
@@ -62,7 +61,7 @@ function M.build(records, map, source)
     for _, col in ipairs({ cc, rc }) do
       if raw[col] == nil then
         error(("%s: missing column '%s' (every pair needs '%s' and '%s'); columns: %s"):format(where, col, cc, rc,
-          table.concat(sorted_keys(raw), ", ")), 0)
+          data.column_list(raw)), 0)
       end
     end
     local err = check_side(raw[cc], where, ("column '%s'"):format(cc)) or check_side(raw[rc], where, ("column '%s'"):format(rc))

@@ -243,9 +243,10 @@ end
 ---------------------------------------------------------------------------- encoding
 
 -- The token ids of one side of a pair (a row of remax.step.preferences: prompt (nil, a string
--- or messages), chosen and rejected (strings or messages)).
-function Step:encode_side(row, side)
-  local rm, value = self.rm, row[side]
+-- or messages), chosen and rejected (strings or messages)) for the reward model rm, and whether
+-- they are longer than its positions.
+local function encode_side(rm, row, side)
+  local value = row[side]
   local text
   if type(value) == "string" then
     if row.prompt == nil then text = value                        -- the whole text, as written
@@ -260,10 +261,17 @@ function Step:encode_side(row, side)
   end
   local ids = rm:encode(text)
   if #ids == 0 then error(("%s: column '%s' renders to no tokens"):format(row.where or "pair", side), 0) end
-  if rm.max_length and #ids > rm.max_length then
-    error(("%s: column '%s' is %d tokens, more than the model's max_position_embeddings = %d"):format(
-      row.where or "pair", side, #ids, rm.max_length), 0)
-  end
+  return ids, rm.max_length ~= nil and #ids > rm.max_length
+end
+
+local function too_long(row, side, n, max)
+  return ("%s: column '%s' is %d tokens, more than the model's max_position_embeddings = %d"):format(
+    row.where or "pair", side, n, max)
+end
+
+function Step:encode_side(row, side)
+  local ids, long = encode_side(self.rm, row, side)
+  if long then error(too_long(row, side, #ids, self.rm.max_length), 0) end
   return ids
 end
 
@@ -271,6 +279,35 @@ end
 function Step:pair_ids(row)
   if not row.ids then row.ids = { chosen = self:encode_side(row, "chosen"), rejected = self:encode_side(row, "rejected") } end
   return row.ids.chosen, row.ids.rejected
+end
+
+-- Every pair of a dataset of remax.step.preferences, encoded once before the first step (their
+-- ids kept on the rows): a pair with a side longer than the reward model's positions is left out
+-- of ds and counted, as TRL's RewardTrainer leaves out pairs past max_length, instead of stopping
+-- the run at the step that draws it (and at that step again on every resume). Returns a note to
+-- say, or nil; a dataset left with no pair is refused.
+function M.leave_out_long(rm, ds)
+  local kept, dropped, first = {}, 0, nil
+  for _, row in ipairs(ds.rows) do
+    local c, long_c = encode_side(rm, row, "chosen")
+    local r, long_r = encode_side(rm, row, "rejected")
+    if long_c or long_r then
+      dropped = dropped + 1
+      first = first or (long_c and too_long(row, "chosen", #c, rm.max_length) or too_long(row, "rejected", #r, rm.max_length))
+    else
+      row.ids = { chosen = c, rejected = r }
+      kept[#kept + 1] = row
+    end
+  end
+  if dropped == 0 then return nil end
+  if #kept == 0 then
+    error(("every preference pair of %s is longer than the model's max_position_embeddings = %d tokens (the first: %s)")
+      :format(ds.source, rm.max_length, first), 0)
+  end
+  ds.rows = kept
+  return ("note: %d of %d preference pairs of %s are longer than the model's max_position_embeddings = %d tokens and are "
+    .. "left out, as TRL's RewardTrainer leaves out pairs past max_length (the first: %s)"):format(dropped, dropped + #kept,
+    ds.source, rm.max_length, first)
 end
 
 -- Scores of token rows. train: a train forward whose backward (Step:backward) follows.

@@ -179,58 +179,28 @@ end
 
 ---------------------------------------------------------------------------- reward_timeout
 
--- Monotonic seconds (a field, so a test can stand in a clock of its own).
+-- Monotonic seconds.
 M.clock = require("remax.bind.clock").now
 
-local TIMEOUT = setmetatable({}, { __tostring = function() return "reward_timeout" end })
+local guard = require("remax.step.guard")
+local TIMEOUT = guard.TIMEOUT
 M.TIMEOUT = TIMEOUT
-M.HOOK_COUNT = 10000   -- VM instructions between two looks at the clock
 
--- pcall(fn, ...) stopped after `limit` seconds of wall time (nil or 0: no limit). Returns what
--- pcall returns, or false, M.TIMEOUT, seconds. A Lua function past the limit is interrupted by
--- a count hook that looks at the clock every HOOK_COUNT VM instructions; LuaJIT's compiled code
--- does not call hooks, so the JIT is flushed and off while fn runs (on again after, when it was
--- on). Limits: a C function that blocks or loops (a socket read, os.execute, a reward model's
--- forward pass, a long string.rep) cannot be interrupted -- the overrun is reported when it
--- returns; a coroutine fn starts has no hook; a pcall fn kept from before the call (a local
--- pcall = pcall in its file) can swallow the timeout (the global pcall and xpcall pass it on).
+-- pcall(fn, ...) stopped after `limit` seconds of wall time (nil or 0: no limit): remax.step.guard's
+-- call, the one limit on every Lua callback of a recipe (a hook on a clock, the JIT off, pcall
+-- that passes the stop on, os.exit trapped, Ctrl-C and SIGTERM honoured). Returns what pcall
+-- returns (the first result), or false, M.TIMEOUT, seconds.
 function M.call_with_timeout(limit, fn, ...)
-  -- a reward that calls os.exit raises instead (remax.cli.errors.Exit), so the run fails through
-  -- the reward's failure path: a checkpoint, and a message naming the reward
-  local ok, a, b, c = require("remax.step.guard").pcall(M.call_with_timeout_untrapped, limit, fn, ...)
-  if not ok then return false, a end
-  return a, b, c
+  local ok, a, b = guard.call(fn, { limit = limit }, ...)
+  if ok then return true, a end
+  return false, a, b
 end
 
-function M.call_with_timeout_untrapped(limit, fn, ...)
-  local traceback = require("remax.step.guard").traceback   -- REMAX_DEBUG=1: where the reward raised it
-  if not limit or limit <= 0 then return xpcall(fn, traceback, ...) end
-  local clock = M.clock
-  local t0 = clock()
-  local jit_was_on = jit.status()
-  jit.flush()
-  jit.off()
-  local old_hook, old_mask, old_count = debug.gethook()
-  local expired = false
-  debug.sethook(function()
-    if expired or clock() - t0 > limit then expired = true; error(TIMEOUT, 0) end
-  end, "", M.HOOK_COUNT)
-  -- a reward that wraps its work in pcall would swallow the timeout and go on: while fn runs,
-  -- the global pcall and xpcall hand it on once the time is up
-  local g_pcall, g_xpcall = _G.pcall, _G.xpcall
-  local function pass(ok_, ...)
-    if expired then error(TIMEOUT, 0) end
-    return ok_, ...
-  end
-  _G.pcall = function(f, ...) return pass(g_pcall(f, ...)) end
-  _G.xpcall = function(f, h, ...) return pass(g_xpcall(f, h, ...)) end
-  local ok, value = g_xpcall(fn, traceback, ...)
-  _G.pcall, _G.xpcall = g_pcall, g_xpcall
-  if old_hook then debug.sethook(old_hook, old_mask, old_count) else debug.sethook() end
-  if jit_was_on then jit.on() end
-  local seconds = clock() - t0
-  if (not ok and value == TIMEOUT) or seconds > limit then return false, TIMEOUT, seconds end
-  return ok, value
+-- A reward's call: the same, naming the reward (os.exit's and an interruption's messages).
+local function call_reward(r, limit, ...)
+  local ok, a, b = guard.call(r.fn, { limit = limit, what = ("the reward '%s'"):format(r.name) }, ...)
+  if ok then return true, a end
+  return false, a, b
 end
 
 -- The limit of one reward call on one batch: reward_timeout when it is set (0: none), else
@@ -272,7 +242,7 @@ function M.run_one(r, completions, batch, opts)
       state = opts and opts.state })
     if not ok then fail(r, ("reward '%s' (%s)%s: %s"):format(r.name, r.where, step_text(opts), tostring(scores)), opts) end
   else
-    ok, scores, seconds = M.call_with_timeout(limit, r.fn, completions, batch)
+    ok, scores, seconds = call_reward(r, limit, completions, batch)
   end
   if not ok and scores == TIMEOUT then
     fail(r, ("reward '%s' (%s) took over reward_timeout = %g s%s (stopped at %.1f s, scoring %d completions); " ..
@@ -282,7 +252,7 @@ function M.run_one(r, completions, batch, opts)
     -- find the first completion that makes it throw, to show it
     local bad_i, bad_err
     for i = 1, n do
-      local ok1, e = M.call_with_timeout(limit, r.fn, { completions[i] }, slice(batch, i))
+      local ok1, e = call_reward(r, limit, { completions[i] }, slice(batch, i))
       if not ok1 then
         if e ~= TIMEOUT then bad_i, bad_err = i, e end
         break
@@ -422,7 +392,7 @@ function M.probe(list, rows, source, collate, timeout, opts)
       -- probe: a Python reward that reads `environments` (none exist before the first episode) is not checked further
       ok, err = pcall(r.fn, completions, batch, { timeout = timeout, step = 0, state = opts and opts.state, probe = true })
     else
-      ok, err, seconds = M.call_with_timeout(timeout, r.fn, completions, batch)
+      ok, err, seconds = call_reward(r, timeout, completions, batch)
     end
     if not ok and err == TIMEOUT then
       error(("reward '%s' (%s) took over reward_timeout = %g s on the first %d rows of %s (stopped at %.1f s)")

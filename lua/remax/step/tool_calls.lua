@@ -8,10 +8,12 @@
 --   "llama3"  Llama 3.1: the whole message one JSON object {"name": ..., "parameters": {...}}
 --             (or "arguments"), or <|python_tag|> then name.call(key="value", ...) (a built-in
 --             tool) or code (the code_interpreter tool, arguments {code = ...})
---   function  the recipe's parser: function(text) -> list of {name=, arguments=} (or {error=})
+--   function  the recipe's parser: function(text) -> list of {name=, arguments=} (or {error=});
+--             arguments may be JSON text; what it returns is checked (M.check_call)
 -- A call that cannot be read is {error = "why", raw = the text} (the episode then gets that
 -- error as the tool's result); no call at all is an empty list (the episode's answer).
 local json = require("remax.formats.json")
+local guard = require("remax.step.guard")
 
 local M = {}
 
@@ -103,18 +105,77 @@ end
 
 M.formats = { qwen = M.qwen, llama3 = M.llama3 }
 
--- The calls in text under format (a name in M.formats or a function).
-function M.parse(text, format)
+-- One call as a recipe's parser gave it -> a call remax can use: {name = a non-empty string,
+-- arguments = a table JSON can write} (arguments written as a JSON string are decoded, as the
+-- built-in formats decode them; none is {}), or {error = text, raw =}. Anything else becomes
+-- that call's error, which the episode gets as the tool's result.
+function M.check_call(c, i, text)
+  local function bad(why) return { error = ("the tool call parser's call %d %s"):format(i, why), raw = text } end
+  if type(c) ~= "table" then
+    return bad(("is a %s (%s); expected {name =, arguments =} or {error =}"):format(type(c), tostring(c)))
+  end
+  if c.error ~= nil then
+    if type(c.error) ~= "string" then return bad(("has error = a %s; expected the error's text"):format(type(c.error))) end
+    return { error = c.error, raw = type(c.raw) == "string" and c.raw or text }
+  end
+  if type(c.name) ~= "string" or c.name == "" then
+    return bad(("has %s as its name; expected the tool's name (a non-empty string)"):format(
+      c.name == nil and "nothing" or ("a " .. type(c.name))))
+  end
+  local args = c.arguments
+  if type(args) == "string" then   -- written as JSON text, as the built-in formats read it
+    local ok, v = pcall(json.decode, args, "tool call arguments")
+    if not ok or type(v) ~= "table" then
+      return { error = ("malformed tool call to '%s': its arguments are not a JSON object"):format(c.name), raw = text }
+    end
+    args = v
+  end
+  if args == nil then args = {} end
+  if type(args) ~= "table" then
+    return { error = ("malformed tool call to '%s': arguments must be a JSON object, got a %s"):format(c.name, type(args)),
+      raw = text }
+  end
+  local ok, why = pcall(json.encode, args, { where = "arguments" })
+  if not ok then
+    return { error = ("malformed tool call to '%s': its arguments cannot be written as JSON: %s"):format(c.name,
+      tostring(why)), raw = text }
+  end
+  return { name = c.name, arguments = args }
+end
+
+-- The calls in text under format (a name in M.formats or a function). A recipe's parser runs
+-- under remax.step.guard (timeout: tool_timeout; Ctrl-C and SIGTERM stop it) and what it gives
+-- back is checked (M.check_call): a parser that fails, loops or gives odd calls fails that turn's
+-- call, never the run.
+function M.parse(text, format, timeout)
   local fn = type(format) == "function" and format or M.formats[format or "qwen"]
   if not fn then
     error(("tool_call_format = '%s' is not one of qwen, llama3 (or give a function(text) -> calls)"):format(tostring(format)), 2)
   end
-  local ok, calls = pcall(fn, text)
-  if not ok then return { { error = "the tool call parser failed: " .. tostring(calls), raw = text } } end
+  if fn ~= format then return fn(text) end   -- remax's own formats
+  local ok, calls = guard.call(fn, { limit = timeout, what = "the tool call parser" }, text)
+  if not ok then
+    if calls == guard.TIMEOUT then
+      return { { error = ("the tool call parser took over tool_timeout = %g s"):format(timeout), raw = text } }
+    end
+    return { { error = "the tool call parser failed: " .. tostring(calls), raw = text } }
+  end
+  if calls == nil then return {} end
   if type(calls) ~= "table" then
     return { { error = "the tool call parser returned a " .. type(calls) .. ", expected a list of calls", raw = text } }
   end
-  return calls
+  if calls.name ~= nil or calls.error ~= nil then calls = { calls } end   -- one call, not in a list
+  local n = 0
+  for k in pairs(calls) do
+    if type(k) ~= "number" or k < 1 or k ~= math.floor(k) then
+      return { { error = ("the tool call parser returned a table with the key %s; expected a list of calls"):format(
+        tostring(k)), raw = text } }
+    end
+    n = math.max(n, k)
+  end
+  local out = {}
+  for i = 1, n do out[i] = M.check_call(calls[i], i, text) end
+  return out
 end
 
 -- The template's name -> the call format of its models.

@@ -30,10 +30,69 @@ local jinja = require("remax.text.jinja")
 local chat = require("remax.text.chat")
 local now = require("remax.bind.clock").now
 local channels = require("remax.step.channels")
+local guard = require("remax.step.guard")
 
 local M = {}
 
 local TYPES = { string = true, number = true, integer = true, boolean = true, object = true, array = true, ["null"] = true }
+
+-- A list (1..n, no holes) or nil.
+local function list_length(v)
+  if type(v) ~= "table" then return nil end
+  local n = 0
+  for k in pairs(v) do
+    if type(k) ~= "number" or k < 1 or k ~= math.floor(k) then return nil end
+    n = math.max(n, k)
+  end
+  for i = 1, n do if v[i] == nil then return nil end end
+  return n
+end
+
+-- Refuses a tool's parameters schema that remax cannot check calls against, naming where (w):
+-- type "object"; properties a table of name -> { type = one of TYPES or a list of them (optional), enum = a list
+-- (optional), description = text (optional) }; required a list of property names.
+function M.check_schema(params, w)
+  if type(params) ~= "table" or params.type ~= "object" then
+    error(("%s must be a JSON schema with type = \"object\""):format(w), 0)
+  end
+  local props = params.properties
+  if props ~= nil and type(props) ~= "table" then
+    error(("%s.properties must be a table of name -> schema, got a %s"):format(w, type(props)), 0)
+  end
+  for pname, p in pairs(props or {}) do
+    if type(pname) ~= "string" then
+      error(("%s.properties has the key %s; property names are strings"):format(w, tostring(pname)), 0)
+    end
+    local ty = type(p) == "table" and p.type
+    local known = ty == nil or ty == false or TYPES[ty]
+    if type(ty) == "table" and list_length(ty) then   -- a list of types (a Python Union, as transformers writes it)
+      known = true
+      for _, x in ipairs(ty) do known = known and TYPES[x] end
+    end
+    if type(p) ~= "table" or not known then
+      error(("%s.properties.%s must have a JSON-schema type (string, number, integer, boolean, object, array)"):format(w, pname), 0)
+    end
+    if p.enum ~= nil and not list_length(p.enum) then
+      error(("%s.properties.%s.enum must be a list of the allowed values, got a %s"):format(w, pname, type(p.enum)), 0)
+    end
+    if p.description ~= nil and type(p.description) ~= "string" then
+      error(("%s.properties.%s.description must be a string"):format(w, pname), 0)
+    end
+  end
+  local req = params.required
+  if req ~= nil then
+    if not list_length(req) then
+      error(("%s.required must be a list of property names, such as { \"%s\" }, got %s"):format(w,
+        type(req) == "string" and req or "expression", type(req) == "string" and ("the string '" .. req .. "'") or ("a " .. type(req))), 0)
+    end
+    for i, name in ipairs(req) do
+      if type(name) ~= "string" or not (props or {})[name] then
+        error(("%s.required[%d] = %s is not one of its properties"):format(w, i,
+          type(name) == "string" and ("'" .. name .. "'") or tostring(name)), 0)
+      end
+    end
+  end
+end
 
 -- opts.registry: a remax.step.channels registry for the tools outside Lua (made here when needed,
 -- and returned second); opts.base: the recipe's folder (py: files are also looked for there);
@@ -94,19 +153,7 @@ function M.check(t, where, opts)
       error(("%s.return must be a JSON schema (a table such as { type = \"string\" })"):format(w), 0)
     end
     local params = spec.parameters or { type = "object", properties = {} }
-    if type(params) ~= "table" or params.type ~= "object" then
-      error(("%s.parameters must be a JSON schema with type = \"object\""):format(w), 0)
-    end
-    for pname, p in pairs(params.properties or {}) do
-      if type(p) ~= "table" or (p.type ~= nil and not TYPES[p.type]) then
-        error(("%s.parameters.properties.%s must have a JSON-schema type (string, number, integer, boolean, object, array)"):format(w, tostring(pname)), 0)
-      end
-    end
-    for i, req in ipairs(params.required or {}) do
-      if not (params.properties or {})[req] then
-        error(("%s.parameters.required[%d] = '%s' is not one of its properties"):format(w, i, tostring(req)), 0)
-      end
-    end
+    M.check_schema(params, w .. ".parameters")
     out[name] = { name = name, description = spec.description or "", parameters = params, returns = spec["return"], fn = spec.fn,
       remote = far, method = opts.methods and true or nil }
   end
@@ -133,6 +180,7 @@ function M.take_schema(tool, got, w, fname, take_description)
   local params = type(got.parameters) == "table" and got.parameters or { type = "object", properties = {} }
   if type(params.properties) ~= "table" then params.properties = {} end
   params.type = "object"
+  M.check_schema(params, w .. ": the worker's schema for '" .. fname .. "', parameters")
   tool.parameters = params
   if type(got.schema) == "string" then   -- the same, keys in the worker's order (the function's)
     tool.worker_schema = jinja.from_json(got.schema, w .. ": the worker's schema")
@@ -305,32 +353,6 @@ local function as_text(v)
   return tostring(v)
 end
 
--- fn(args) with a wall-clock limit: a count hook (the function runs uncompiled, so the hook
--- fires) raises once the deadline has passed. A function blocked in C (a socket) is not cut.
-local function call_limited(fn, args, timeout, self_)
-  if self_ ~= nil then   -- a method of an environment: fn(self_, args)
-    local method = fn
-    fn = function(a) return method(self_, a) end
-    pcall(function() jit.off(method, true) end)
-  end
-  if not timeout or timeout <= 0 then return pcall(fn, args) end
-  local deadline = now() + timeout
-  local jit_ok = pcall(function() jit.off(fn, true) end)
-  local timed_out = false
-  local co = coroutine.create(function() return fn(args) end)
-  -- LuaJIT's hooks are global (not per coroutine): set for the call, then the earlier one back
-  local old_hook, old_mask, old_count = debug.gethook()
-  debug.sethook(function()
-    if coroutine.running() == co and now() > deadline then timed_out = true; error("__remax_tool_timeout__", 2) end
-  end, "", 1000)
-  local res = { coroutine.resume(co) }
-  if old_hook then debug.sethook(old_hook, old_mask, old_count) else debug.sethook() end
-  if jit_ok then pcall(function() jit.on(fn, true) end) end
-  if timed_out then return false, "__remax_tool_timeout__" end
-  if coroutine.status(co) ~= "dead" then return false, "the tool yielded (tools must return their result)" end
-  return unpack(res)
-end
-
 -- The checks before a call: nil, or result text, ok, seconds, kind of a call that fails them.
 local function precheck(t, call)
   if call.error then return "Error: " .. call.error, false, 0, "malformed" end
@@ -401,16 +423,19 @@ function M.call(t, call, timeout, registry, env)
   if tool.method and type(env) ~= "table" then
     error("tools.call: the tool '" .. call.name .. "' is a method of the environment and needs its episode's instance", 0)
   end
+  -- remax.step.guard: tool_timeout holds even for a tool that catches every error, Ctrl-C and
+  -- SIGTERM stop it, os.exit is refused
   local t0 = now()
+  local limit = { limit = timeout, what = ("the tool '%s'"):format(call.name) }
   local ok, result
   if tool.method then
-    ok, result = call_limited(env[call.name], call.arguments or {}, timeout, env)
+    ok, result = guard.call(env[call.name], limit, env, call.arguments or {})
   else
-    ok, result = call_limited(tool.fn, call.arguments or {}, timeout)
+    ok, result = guard.call(tool.fn, limit, call.arguments or {})
   end
   local seconds = now() - t0
   if not ok then
-    if tostring(result):find("__remax_tool_timeout__", 1, true) then
+    if result == guard.TIMEOUT then
       return ("Error: tool '%s' timed out after %g s"):format(call.name, timeout), false, seconds, "timeout"
     end
     return ("Error: tool '%s' failed: %s"):format(call.name, tostring(result)), false, seconds, "error"

@@ -92,6 +92,19 @@ end
 M.templates = { chatml = chatml, llama3 = llama3, plain = plain, qa = qa }
 local TEMPLATE_LIST = "'chatml', 'llama3', 'plain', 'qa' or a function(messages, opts) -> string"
 
+-- Why tok has no chat template: none at all, or (tok.chat_template_names) a list of named
+-- templates in tokenizer_config.json without a "default" one, naming what the list has.
+function M.no_template(tok)
+  local names = tok and tok.chat_template_names
+  if names then
+    return ("the tokenizer's chat_template in %s is a list of named templates without a 'default' entry (it has: %s); "
+      .. "remax, as transformers, uses none of them unless told which: put the one to use in chat_template.jinja beside "
+      .. "tokenizer.json (then chat_template = tokenizer)"):format(tok.chat_template_file or "tokenizer_config.json",
+      #names > 0 and table.concat(names, ", ") or "no named entry")
+  end
+  return "the tokenizer has no chat_template (in tokenizer_config.json or chat_template.jinja)"
+end
+
 -- The built-in template of the same kind as a tokenizer_config.json chat_template (a Jinja
 -- string), for template = 'chatml' / 'llama3' to take the tokenizer's defaults (Qwen2.5's
 -- system message). Returns name, options; or nil, reason.
@@ -206,8 +219,7 @@ local function resolve(opts)
       return render_tokenizer_template, merged, true
     end
     if template == "tokenizer" then
-      error("remax.chat: template = 'tokenizer', but the tokenizer has no chat_template (in tokenizer_config.json or " ..
-        "chat_template.jinja); pass template = " .. TEMPLATE_LIST, 3)
+      error("remax.chat: template = 'tokenizer', but " .. M.no_template(tok) .. "; or pass template = " .. TEMPLATE_LIST, 3)
     end
   end
 
@@ -219,8 +231,7 @@ local function resolve(opts)
     if opts.tokenizer == nil then
       error("remax.chat: no template given (valid: " .. TEMPLATE_LIST .. ", or tokenizer = tok for its chat_template)", 3)
     end
-    error("remax.chat: the tokenizer has no chat_template (in tokenizer_config.json or chat_template.jinja); " ..
-      "pass template = " .. TEMPLATE_LIST, 3)
+    error("remax.chat: " .. M.no_template(opts.tokenizer) .. "; or pass template = " .. TEMPLATE_LIST, 3)
   end
   local fn = M.templates[template]
   if not fn then
