@@ -120,7 +120,13 @@ describe("hot reload of a recipe's tool", function()
 return {
   model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 16, intermediate_size = 24, num_hidden_layers = 1,
     num_attention_heads = 2, num_key_value_heads = 1, max_position_embeddings = 256, tie_word_embeddings = true },
-  chat_template = "chatml", data = %q, eval_size = 0, output_dir = %q, run_name = "hot",
+  -- a template of the recipe's own (one with no tools section is refused beside tools)
+  chat_template = function(messages)
+    local t = {}
+    for _, m in ipairs(messages) do t[#t + 1] = m.role .. ": " .. tostring(m.content or "") .. "\n" end
+    return table.concat(t) .. "assistant: "
+  end,
+  data = %q, eval_size = 0, output_dir = %q, run_name = "hot",
   rewards = { function(c) local s = {} for i = 1, #c do s[i] = 0 end return s end },
   tools = { answer = { description = "the answer", fn = function(args)
 %s
@@ -140,7 +146,7 @@ return {
     t.said = {}
     t.say = function(self, text) self.said[#self.said + 1] = text end
     t:train_step()
-    local function tool_says() return episodes.setup(t.stepper).tools.answer.fn({}) end
+    local function tool_says() return t.stepper.policy:episode_setup().tools.answer.fn({}) end
     assert.are.equal("one", tool_says())
 
     -- the same code, another comment and a blank line: the recipe reloads, nothing changed

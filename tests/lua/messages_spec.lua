@@ -99,7 +99,7 @@ describe("the agent settings without tools or an environment", function()
     end
     assert.matches("note: tool_call_format = llama3 has no effect here: there are no tools to call", notes, 1, true)
     notes = table.concat(config.resolve({ max_tool_calling_iterations = 2, rewards = { "length" } }).inert_notes, "\n")
-    assert.matches("note: max_tool_calling_iterations has no effect here", notes, 1, true)
+    assert.matches("note: max_tool_calling_iterations (max_turns) = 3 has no effect here", notes, 1, true)
     assert.are.same({}, config.resolve({ max_turns = 3, tool_timeout = 5, environment = { step = print },
       rewards = { "length" } }).inert_notes)
   end)

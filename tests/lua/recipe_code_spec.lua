@@ -87,10 +87,11 @@ describe("a Lua tool", function()
 end)
 
 describe("a Lua environment", function()
-  local env = environment.check({
+  local desc = environment.check({
     reset = function() retry_forever() end,
     step = function() while true do end end,
   })
+  local env = environment.instance(desc, { prompt = "x" })   -- the episode's (here: the one table)
 
   it("whose step loops ends its episode at tool_timeout, with the reason", function()
     local msgs, done, reward, err = environment.step(env, {}, "hi", nil, 0.2)
@@ -99,7 +100,7 @@ describe("a Lua environment", function()
   end)
 
   it("whose reset loops inside pcall fails at tool_timeout", function()
-    local msgs, err = environment.reset(env, { prompt = "x" }, {}, 0.2)
+    local msgs, err = environment.reset(desc, env, { prompt = "x" }, {}, 0.2)
     assert.is_nil(msgs)
     assert.are.equal("environment reset failed: took over tool_timeout = 0.2 s", err)
   end)
@@ -114,7 +115,7 @@ describe("a Lua environment", function()
     local ok, err = with_signal(function() environment.step(env, {}, "hi", nil, 0) end)
     assert.is_false(ok)
     assert.matches("while the environment's step ran", tostring(err), 1, true)
-    ok, err = with_signal(function() environment.reset(env, { prompt = "x" }, {}, 0) end)
+    ok, err = with_signal(function() environment.reset(desc, env, { prompt = "x" }, {}, 0) end)
     assert.is_false(ok)
     assert.matches("while the environment's reset ran", tostring(err), 1, true)
     assert_restored()
@@ -245,7 +246,7 @@ describe("a recipe parser's odd output", function()
     local step = { cfg = { max_completion_length = 20, max_prompt_length = 64, max_turns = 3, max_episode_length = 400,
       tool_timeout = 1, sampling = rollout.plan(2, true, 1.0), tools = { calc = { fn = function() return 1 end } },
       tool_call_format = function() return { 5 } end },
-      model = m, tok = tok, stop = STOP, template = { template = "chatml" }, template_name = "chatml",
+      model = m, tok = tok, stop = STOP, template = { template = support.chatml_tools }, template_name = "recipe function",
       seed_for = function(_, n) return 1000 + n end, progress = function() end }
     local ro = episodes.rollout(step, { { prompt = "hello" } }, { step = 1 })
     local malformed = 0
@@ -284,7 +285,7 @@ describe("an environment's rewards", function()
     local failed
     local step = { cfg = { max_completion_length = 20, max_prompt_length = 64, max_turns = 3, max_episode_length = 400,
       tool_timeout = 1, sampling = rollout.plan(2, true, 1.0), environment = env },
-      model = m, tok = tok, stop = STOP, template = { template = "chatml" }, template_name = "chatml",
+      model = m, tok = tok, stop = STOP, template = { template = support.chatml_tools }, template_name = "recipe function",
       seed_for = function(_, n) return 1000 + n end, progress = function() end,
       failed = function(_, why) failed = why end }
     local ok, err = pcall(episodes.rollout, step, { { prompt = "hello" } }, { step = 4 })

@@ -255,8 +255,9 @@ function M.resolve(recipe, overrides, opts)
   M.validate(cfg)
   M.derive(cfg)
   local given = {}
-  for k in pairs(recipe) do given[M.alias_of[k] or k] = true end
-  for k in pairs(overrides or {}) do given[M.alias_of[k] or k] = true end
+  -- given[name] = true, or the other name it was given under (an alias: said in the notes)
+  for k in pairs(recipe) do given[M.alias_of[k] or k] = M.alias_of[k] and k or true end
+  for k in pairs(overrides or {}) do given[M.alias_of[k] or k] = M.alias_of[k] and k or true end
   -- num_train_epochs without max_steps: the trainer sets max_steps once it knows the data's size
   cfg.steps_from_epochs = cfg.num_train_epochs ~= nil and not given.max_steps
   -- printed once when a run starts: settings that do nothing here, TRL values that mean otherwise

@@ -76,7 +76,10 @@ function M.notes(cfg, given, cli)
       local k = decl.name
       if given[k] and not same(cfg[k], decl.default) then
         local why = M.why(cfg, decl)
-        if why then out[#out + 1] = ("note: %s = %s has no effect here: %s"):format(k, schema.text(cfg[k]), why) end
+        -- given under another project's name (TRL's): say that name, as the user wrote it
+        local as = type(given[k]) == "string" and given[k] ~= k and (" (%s)"):format(k) or ""
+        if why then out[#out + 1] = ("note: %s%s = %s has no effect here: %s"):format(type(given[k]) == "string" and given[k] or k,
+          as, schema.text(cfg[k]), why) end
       end
     end
   end
