@@ -155,7 +155,7 @@ M.groups = {
     { name = "tool_timeout", type = "number", default = 10, range = "[0, inf)", inert = EPISODES,
       help = "seconds one tool call (or an environment's reset or step, or a recipe's tool-call parser) may take before the episode gets a timeout error as its result (0: no limit; Ctrl-C and SIGTERM still stop a Lua one)" },
     { name = "tool_call_format", type = "call_format", inert = TOOLS,
-      help = "how tool calls are written: qwen (<tool_call>{json}</tool_call>), llama3 (JSON or <|python_tag|>), or in a recipe a function(text) -> calls; default: from the chat template" },
+      help = "how tool calls are written: qwen (<tool_call>{json}</tool_call>), hermes (the same), qwen3_coder (<tool_call><function=NAME><parameter=ARG>VALUE</parameter></function></tool_call>: Qwen3-Coder, Qwen3.5), mistral ([TOOL_CALLS] then a JSON list, or NAME[ARGS]{json}), llama3 (JSON or <|python_tag|>), or in a recipe a function(text) -> calls; default: from the chat template" },
   } },
   { name = "Algorithm", settings = {
     -- the choices are the algorithm files of step/algos/; the help lists what each one is

@@ -216,7 +216,9 @@ function M.check_type(decl, v, where)
       bad("a table {reset=, step=}, a function(sample) -> one, py:FILE.py:CLASS, cmd:PROGRAM or http://HOST:PORT/PATH")
     end
   elseif t == "call_format" then
-    if type(v) ~= "function" and v ~= "qwen" and v ~= "llama3" then bad("qwen, llama3 or a function(text) -> calls") end
+    if type(v) ~= "function" and not ({ qwen = 1, hermes = 1, qwen3_coder = 1, mistral = 1, llama3 = 1 })[v] then
+      bad("qwen, hermes, qwen3_coder, mistral, llama3 or a function(text) -> calls")
+    end
   elseif t == "advantage" then
     if type(v) ~= "function" then bad("a function(groups, opts, state) -> advantages (use algo for a name)") end
   elseif t == "table" then

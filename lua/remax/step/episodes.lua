@@ -65,7 +65,8 @@ function M.setup(step, sample)
     end
   end
   s.registry = ropts.registry
-  s.format = cfg.tool_call_format or tool_calls.format_for(step.template_name)
+  s.format = cfg.tool_call_format or tool_calls.format_for(step.template_name,
+    step.template_name == "tokenizer" and step.tok and step.tok.chat_template or nil)
   if s.tools and next(s.tools) then tools_mod.check_template(step.template, step.template_name, step.tok) end
   s.env_name = cfg.environment and M.environment_name(cfg.environment)
   s.given_tools, s.given_env, s.given_format = cfg.tools, cfg.environment, cfg.tool_call_format

@@ -5,6 +5,17 @@
 --
 -- Formats:
 --   "qwen"    Qwen2.5 / Qwen3: <tool_call>{"name": ..., "arguments": {...}}</tool_call>, any number
+--   "hermes"  NousResearch Hermes 2 Pro / 3: the same calls as "qwen" (an alias of it)
+--   "qwen3_coder"  Qwen3-Coder / Qwen3.5: <tool_call>\n<function=NAME>\n<parameter=ARG>\nVALUE\n
+--             </parameter>\n...</function>\n</tool_call> (or the <function=...> block alone); a
+--             value is text, or what JSON reads when it is a number, object, array, true, false
+--             or null, or True / False (the template's Python spelling); no schema here says a
+--             parameter is a string (llama.cpp's parser reads JSON where the schema allows it);
+--             text inside <think>...</think> is not read
+--   "mistral" [TOOL_CALLS] then a JSON list of {"name", "arguments"} (Mistral Nemo, v3), or
+--             [TOOL_CALLS]NAME[ARGS]{json} (Devstral, Ministral 3), or
+--             [TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{json} (Mistral Small 3.2), once per call; text
+--             inside [THINK]...[/THINK] is not read
 --   "llama3"  Llama 3.1: the whole message one JSON object {"name": ..., "parameters": {...}}
 --             (or "arguments"), or <|python_tag|> then name.call(key="value", ...) (a built-in
 --             tool) or code (the code_interpreter tool, arguments {code = ...})
@@ -17,9 +28,9 @@ local guard = require("remax.step.guard")
 
 local M = {}
 
-local function decode_call(raw, args_keys)
-  local ok, v = pcall(json.decode, raw, "tool call")
-  if not ok or type(v) ~= "table" then
+-- One decoded JSON call {name, arguments} (v) -> a call, or {error =, raw =}.
+local function call_of(v, raw, args_keys)
+  if type(v) ~= "table" or v[1] ~= nil then
     return { error = "malformed tool call: not a JSON object", raw = raw }
   end
   if type(v.name) ~= "string" or v.name == "" then
@@ -37,6 +48,14 @@ local function decode_call(raw, args_keys)
   end
   return { name = v.name, arguments = args }
 end
+
+local function decode_call(raw, args_keys)
+  local ok, v = pcall(json.decode, raw, "tool call")
+  if not ok then v = nil end
+  return call_of(v, raw, args_keys)
+end
+
+local function trim(s) return (s:gsub("^%s+", ""):gsub("%s+$", "")) end
 
 function M.qwen(text)
   local calls = {}
@@ -103,7 +122,128 @@ function M.llama3(text)
   return {}
 end
 
-M.formats = { qwen = M.qwen, llama3 = M.llama3 }
+-- A parameter's text -> its value: JSON's when it reads as a number, object, array, true, false
+-- or null; True and False (what the template's `| string` writes for a boolean) are booleans;
+-- else the text itself.
+local function xml_value(v)
+  local t = trim(v)
+  if t == "True" or t == "False" then return t == "True" end
+  local number = t:match("^-?%d") and not t:match("^-?0%d") and t:match("^-?%d+%.?%d*[eE]?[-+]?%d*$")
+  if number or t:match("^[%[{]") or t == "true" or t == "false" or t == "null" then
+    local ok, x = pcall(json.decode, t, "parameter")
+    if ok then return x end
+  end
+  return v
+end
+
+-- One <function=NAME>...</function> block at the start of s -> a call, and the rest of s.
+local function xml_function(s)
+  local name, body_at = s:match("^<function=([^>\n]*)>()")
+  if not name then
+    return { error = "malformed tool call: no <function=NAME> in <tool_call>", raw = s }
+  end
+  name = trim(name)
+  local close, close_end = s:find("</function>", body_at, true)
+  if not close then
+    return { error = ("malformed tool call to '%s': <function=%s> without </function>"):format(name, name), raw = s }
+  end
+  if name == "" then return { error = "malformed tool call: <function=> without a name", raw = s:sub(1, close_end) } end
+  local body, args, at = s:sub(body_at, close - 1), {}, 1
+  while true do
+    local ps, pe, arg = body:find("<parameter=([^>\n]*)>", at)
+    if not ps then break end
+    -- the value ends at </parameter>, or (not closed) at the next <parameter= or the end
+    local vs = body:find("</parameter>", pe + 1, true)
+    local nx = body:find("<parameter=", pe + 1, true)
+    local stop = vs and (not nx or vs < nx) and vs or nx or #body + 1
+    local v = body:sub(pe + 1, stop - 1):gsub("^\n", ""):gsub("\n$", "")
+    args[trim(arg)] = xml_value(v)
+    at = stop == vs and vs + #"</parameter>" or stop
+  end
+  return { name = name, arguments = args }, s:sub(close_end + 1)
+end
+
+function M.qwen3_coder(text)
+  local calls, rest = {}, text:gsub("<think>.-</think>", "")   -- a call in the reasoning is not one
+  while true do
+    local tc = rest:find("<tool_call>", 1, true)
+    local fn = rest:find("<function=", 1, true)
+    if not tc and not fn then break end
+    if tc and (not fn or tc < fn) then
+      local body_at = tc + #"<tool_call>"
+      local cs, ce = rest:find("</tool_call>", body_at, true)
+      if not cs then
+        calls[#calls + 1] = { error = "malformed tool call: <tool_call> without </tool_call>", raw = rest:sub(tc) }
+        break
+      end
+      local body = trim(rest:sub(body_at, cs - 1))
+      local call, after = xml_function(body)
+      if call.error == nil and trim(after) ~= "" then
+        call = { error = ("malformed tool call to '%s': text after </function>"):format(call.name), raw = body }
+      end
+      calls[#calls + 1] = call
+      rest = rest:sub(ce + 1)
+    else   -- a <function=...> block without <tool_call> around it (Qwen3-Coder sometimes leaves it out)
+      local call, after = xml_function(rest:sub(fn))
+      calls[#calls + 1] = call
+      if not after then break end
+      rest = after:gsub("^%s*</tool_call>", "")
+    end
+  end
+  return calls
+end
+
+-- One call after [TOOL_CALLS]: NAME[ARGS]{json}, NAME[CALL_ID]ID[ARGS]{json}, or JSON (a list
+-- of calls, or one).
+local function mistral_segment(seg, calls)
+  local raw = trim(seg:gsub("</s>%s*$", ""))
+  local c = raw:sub(1, 1)
+  if (c == "[" or c == "{") and not raw:find("^%[ARGS%]") and not raw:find("^%[CALL_ID%]") then
+    local ok, v = pcall(json.decode, raw, "tool calls")
+    if not ok or type(v) ~= "table" then
+      calls[#calls + 1] = { error = "malformed tool call: [TOOL_CALLS] then text that is not JSON", raw = raw }
+    elseif v[1] == nil and next(v) ~= nil then
+      calls[#calls + 1] = call_of(v, raw, { "arguments", "parameters" })
+    else
+      for _, one in ipairs(v) do calls[#calls + 1] = call_of(one, raw, { "arguments", "parameters" }) end
+    end
+    return
+  end
+  local name, args = raw:match("^(.-)%[ARGS%](.*)$")
+  if not name then
+    calls[#calls + 1] = { error = "malformed tool call: [TOOL_CALLS] without [ARGS] or a JSON list", raw = raw }
+    return
+  end
+  name = trim(name:gsub("%[CALL_ID%].*$", ""))
+  if name == "" then
+    calls[#calls + 1] = { error = "malformed tool call: no name before [ARGS]", raw = raw }
+    return
+  end
+  local ok, v = pcall(json.decode, trim(args), "tool call arguments")
+  if not ok or type(v) ~= "table" or v[1] ~= nil then
+    calls[#calls + 1] = { error = ("malformed tool call to '%s': [ARGS] is not a JSON object"):format(name), raw = raw }
+    return
+  end
+  calls[#calls + 1] = { name = name, arguments = v }
+end
+
+function M.mistral(text)
+  local calls = {}
+  text = text:gsub("%[THINK%].-%[/THINK%]", "")   -- a call in the reasoning is not one
+  local at = text:find("[TOOL_CALLS]", 1, true)
+  while at do
+    local from = at + #"[TOOL_CALLS]"
+    local nxt = text:find("[TOOL_CALLS]", from, true)
+    mistral_segment(text:sub(from, (nxt or #text + 1) - 1), calls)
+    at = nxt
+  end
+  return calls
+end
+
+M.hermes = M.qwen   -- Hermes 2 Pro / 3 write their calls as Qwen2.5 does (Qwen took Hermes' format)
+
+M.formats = { qwen = M.qwen, hermes = M.hermes, qwen3_coder = M.qwen3_coder, mistral = M.mistral, llama3 = M.llama3 }
+M.FORMAT_LIST = "qwen, hermes, qwen3_coder, mistral, llama3"
 
 -- One call as a recipe's parser gave it -> a call remax can use: {name = a non-empty string,
 -- arguments = a table JSON can write} (arguments written as a JSON string are decoded, as the
@@ -150,7 +290,8 @@ end
 function M.parse(text, format, timeout)
   local fn = type(format) == "function" and format or M.formats[format or "qwen"]
   if not fn then
-    error(("tool_call_format = '%s' is not one of qwen, llama3 (or give a function(text) -> calls)"):format(tostring(format)), 2)
+    error(("tool_call_format = '%s' is not one of %s (or give a function(text) -> calls)"):format(tostring(format),
+      M.FORMAT_LIST), 2)
   end
   if fn ~= format then return fn(text) end   -- remax's own formats
   local ok, calls = guard.call(fn, { limit = timeout, what = "the tool call parser" }, text)
@@ -178,9 +319,20 @@ function M.parse(text, format, timeout)
   return out
 end
 
--- The template's name -> the call format of its models.
-function M.format_for(template_name)
+-- The call format of a chat template's models, from its name (a file name counts:
+-- "Qwen3-Coder.jinja") or else from its Jinja source (the tokenizer's chat_template), by the
+-- markers its tool calls are rendered with; "qwen" when neither says.
+local BY_NAME = { { "qwen3%-coder", "qwen3_coder" }, { "qwen3%.5", "qwen3_coder" }, { "hermes", "hermes" },
+  { "mistral", "mistral" }, { "devstral", "mistral" }, { "ministral", "mistral" }, { "magistral", "mistral" } }
+local BY_SOURCE = { { "<function=", "qwen3_coder" }, { "[TOOL_CALLS]", "mistral" }, { "<tool_call>", "qwen" },
+  { "<|python_tag|>", "llama3" } }
+function M.format_for(template_name, source)
   if template_name == "llama3" then return "llama3" end
+  local name = type(template_name) == "string" and template_name:lower() or ""
+  for _, r in ipairs(BY_NAME) do if name:find(r[1]) then return r[2] end end
+  if type(source) == "string" then
+    for _, r in ipairs(BY_SOURCE) do if source:find(r[1], 1, true) then return r[2] end end
+  end
   return "qwen"
 end
 
