@@ -11,6 +11,10 @@
 #       trl:grpo     TRL's GRPOTrainer with remax's loss (loss_type grpo: mean over tokens, then rows)
 #       trl:dapo     TRL's GRPOTrainer with TRL's default loss_type dapo
 #       trl:remax    the seed's ReMaxTrainer on GRPOTrainer (bench/trl_peer.py)
+#     the calculator demonstration (models/tiny-gsm8k-tools, recipes/gsm8k_tools.lua's prompts and settings):
+#       remax:tools-remax  ./remax run recipes/gsm8k_tools.lua as it is (ReMax with multi-turn episodes)
+#       remax:tools-grpo   the same with --algo grpo --generate_greedy false
+#       trl:tools-grpo     TRL's GRPOTrainer with tools=[calculator] (bench/trl_tools.py)
 #   REWARDS=1        also check rewards/gsm8k.lua and its port against math-verify on GSM8K's test
 #                    set (needs openai/grade-school-math's data in GSM8K_DIR [.cache/grade-school-math]:
 #                    git clone https://github.com/openai/grade-school-math, then copy its
@@ -27,6 +31,7 @@ runs=${RUNS:-remax:remax remax:grpo trl:grpo trl:remax trl:dapo}
 py=$(bench/peers.sh)
 mkdir -p "$out"
 ./remax run bench/trl_prompts.lua --out "$out/prompts"
+case " $runs " in *tools-*) ./remax run bench/trl_prompts.lua --recipe recipes/gsm8k_tools.lua --out "$out/tools-prompts" --train 2048 ;; esac
 (while :; do echo "$(date +%s) $(cut -d' ' -f1-3 /proc/loadavg)"; sleep 10; done) >>"$out/load.log" &
 sampler=$!
 trap 'kill $sampler 2>/dev/null' EXIT INT TERM
@@ -41,11 +46,19 @@ for run in $runs; do
       extra=; [ "$algo" = grpo ] && extra="--algo grpo --generate_greedy false"
       /usr/bin/time -f %M -o "$out/remax-$algo.rss_kib" ./remax run recipes/gsm8k.lua $extra --max_time "$seconds" \
         --max_steps 100000 --save_steps 0 --log_completions 0 --output_dir "$out" --run_name "remax-$algo" ;;
+    remax:tools-remax|remax:tools-grpo)
+      rm -rf "$out/remax-$algo"
+      extra=; [ "$algo" = tools-grpo ] && extra="--algo grpo --generate_greedy false"
+      /usr/bin/time -f %M -o "$out/remax-$algo.rss_kib" ./remax run recipes/gsm8k_tools.lua $extra --max_time "$seconds" \
+        --max_steps 100000 --save_steps 0 --log_completions 0 --eval_steps 5 --output_dir "$out" --run_name "remax-$algo" ;;
+    trl:tools-grpo)
+      OMP_WAIT_POLICY=PASSIVE "$py" bench/trl_tools.py --prompts "$out/tools-prompts" --minutes "$minutes" \
+        --out "$out/trl-$algo.json" 2>"$out/trl-$algo.stderr" ;;
     trl:grpo|trl:dapo|trl:remax)
       a=$algo; loss=grpo; [ "$algo" = dapo ] && { a=grpo; loss=dapo; }
       OMP_WAIT_POLICY=PASSIVE "$py" bench/trl_peer.py train --algo "$a" --loss-type "$loss" --prompts "$out/prompts" \
         --minutes "$minutes" --out "$out/trl-$algo.json" 2>"$out/trl-$algo.stderr" ;;
-    *) echo "RUNS: $run: want one of remax:remax remax:grpo trl:grpo trl:dapo trl:remax" >&2; exit 2 ;;
+    *) echo "RUNS: $run: want one of remax:remax remax:grpo trl:grpo trl:dapo trl:remax remax:tools-remax remax:tools-grpo trl:tools-grpo" >&2; exit 2 ;;
   esac
   echo "$run $begin $(date +%s)" >>"$out/spans.txt"
 done

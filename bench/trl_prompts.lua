@@ -2,7 +2,8 @@
 -- training prompts in the order a run of the recipe draws them (its data function's train split,
 -- train_size rows, shuffled by the run's sampler with the recipe's seed), and its held-out split.
 -- Each line: {"prompt": the text the model sees (the recipe's template applied), "prompt_ids":
--- remax's token ids of it, "answer", "final_answer"}.
+-- remax's token ids of it, "answer", "final_answer", and "messages" where the prompt is a
+-- conversation (after the recipe's map_row, as a run applies it)}.
 --
 --   ./remax run bench/trl_prompts.lua [--recipe recipes/gsm8k.lua] [--out runs/trl_peer] [--train 4096]
 --
@@ -22,7 +23,9 @@ local template = setup.template(cfg, tok)
 
 local function dataset(split, n)
   local ds = cfg.data(split, n, cfg)
-  return ds.rows and ds or require("remax.step.data").from_rows(ds, { name = split })
+  ds = ds.rows and ds or require("remax.formats.data").from_rows(ds, { name = split })
+  if cfg.map_row then for i, row in ipairs(ds.rows) do ds.rows[i] = cfg.map_row(row) end end
+  return ds
 end
 
 local function write(path, rows)
@@ -30,7 +33,8 @@ local function write(path, rows)
   for _, row in ipairs(rows) do
     local ids, text = chat.encode(tok, row.prompt, template)
     if #ids > cfg.max_prompt_length then error(("a prompt of %d tokens is longer than max_prompt_length"):format(#ids), 0) end
-    f:write(cjson.encode({ prompt = text, prompt_ids = ids, answer = row.answer, final_answer = row.final_answer }), "\n")
+    f:write(cjson.encode({ prompt = text, prompt_ids = ids, answer = row.answer, final_answer = row.final_answer,
+      messages = type(row.prompt) == "table" and row.prompt or nil }), "\n")
   end
   f:close()
   print(("%s: %d prompts"):format(path, #rows))
