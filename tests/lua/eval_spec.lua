@@ -100,6 +100,16 @@ describe("evaluation", function()
     assert.matches("pass@1 ", text, 1, true)
     assert.matches("pass@6 ", text, 1, true)
     assert.matches("headroom", text, 1, true)
+    -- the old name and signature, require("remax.train.evaluate").run(run, rows, opts), give the
+    -- same evaluation; a wrong first argument is an error that names the signature
+    local old = require("remax.deprecated").moved("remax.train.evaluate", "remax.step.evaluate")
+    local again = old.run(t, t.eval_ds.rows, { samples = K })
+    assert.are.equal(e.accuracy, again.accuracy)
+    assert.are.equal(e.sampled_accuracy, again.sampled_accuracy)
+    assert.are.equal(e.n, again.n)
+    local ok, err = pcall(old.run, {}, t.eval_ds.rows)
+    assert.is_false(ok)
+    assert.matches("ctx is {policy, cfg, world, accuracy_name} or a Run", tostring(err), 1, true)
     os.execute("rm -rf " .. dir)
   end)
 

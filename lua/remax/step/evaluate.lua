@@ -23,8 +23,17 @@ end
 -- some sample is right (the headroom a reward can use). rows: the held-out rows. ctx: policy
 -- (remax.step.policy's Policy: its rollout, score_ahead, score and progress), cfg, world
 -- (remax.bind.dist), accuracy_name (the reward whose score is accuracy; nil: none). Returns the
--- evaluation; nothing of ctx is written.
+-- evaluation; nothing of ctx is written. The signature from before the Run / Step split,
+-- run(run, rows, opts) with a Run (remax.run.run) as the first argument, still works: its Step
+-- gives the context.
 function M.run(ctx, rows, opts)
+  if ctx.policy == nil and type(ctx.stepper) == "table" then
+    local s = ctx.stepper
+    ctx = { policy = s.policy, cfg = s.cfg, world = s.dist, accuracy_name = s.accuracy_name }
+  end
+  if type(ctx.policy) ~= "table" or type(rows) ~= "table" then
+    error("remax.step.evaluate.run(ctx, rows, opts): ctx is {policy, cfg, world, accuracy_name} or a Run, rows the held-out rows", 2)
+  end
   opts = opts or {}
   local cfg, policy, world, accuracy_name = ctx.cfg, ctx.policy, ctx.world, ctx.accuracy_name
   local K = opts.samples or 0
