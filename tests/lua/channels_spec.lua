@@ -706,4 +706,29 @@ for line in sys.stdin:
     assert.are.equal(100000, scores[40])
     r.close()
   end)
+  it("Ctrl-C or SIGTERM while a worker computes ends the wait after the grace, naming the worker", function()
+    local channels = require("remax.step.channels")
+    local guard = require("remax.step.guard")
+    local reg = channels.registry({})
+    local ch = reg:channel("cmd:sleep 30")
+    local h = reg:request(ch, { type = "reward" }, 60)   -- a minute's timeout: the signal must end it first
+    local saved_pending, saved_grace = guard.signal_pending, guard.SIGNAL_GRACE
+    local t0 = ipc.now()
+    guard.signal_pending = function() return ipc.now() - t0 > 0.3 end
+    guard.SIGNAL_GRACE = 0.2
+    local ok, err = pcall(reg.wait, reg, h)
+    guard.signal_pending, guard.SIGNAL_GRACE = saved_pending, saved_grace
+    local waited = ipc.now() - t0
+    reg:close()
+    assert.is_false(ok)
+    assert.is_true(guard.is_interrupt(err), tostring(err))
+    assert.matches("interrupted (Ctrl-C or SIGTERM) while the worker cmd:sleep 30 ran", tostring(err), 1, true)
+    assert.is_true(waited >= 0.5 and waited < 5, "waited " .. waited .. " s")
+    -- without a signal the same wait ends at the request's own timeout, as before
+    reg = channels.registry({})
+    h = reg:request(reg:channel("cmd:sleep 30"), { type = "reward" }, 0.5)
+    reg:wait(h)
+    reg:close()
+    assert.are.equal("timeout", h.kind)
+  end)
 end)

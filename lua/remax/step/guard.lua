@@ -107,6 +107,16 @@ local function due(a)
   end
 end
 
+-- For a wait outside guard.call (remax.step.channels waiting on a worker or a server, which
+-- no hook can see): raises a guard.Interrupt naming what is waited for ("the worker py:x.py")
+-- once Ctrl-C or SIGTERM came SIGNAL_GRACE seconds ago, as guard.call does for Lua code.
+function M.check_signal(what)
+  if signal_due() then
+    signal_seen = nil
+    error(setmetatable({ what = what }, Interrupt), 0)
+  end
+end
+
 local function hook()
   local a = active
   if not a then return end

@@ -14,6 +14,9 @@
 --   local h = reg:request(ch, { type = "tool", ... }, timeout)     -- never blocks long, never raises
 --   reg:poll(block_until)   -- reads what arrived; h.done, h.value | h.err, h.kind (channels.wire)
 --   reg:wait(h)             -- until h is done
+--   A blocking poll or wait raises a remax.step.guard Interrupt naming the worker or server
+--   once Ctrl-C or SIGTERM came guard.SIGNAL_GRACE seconds ago (the Run then saves the last
+--   finished step and stops), instead of waiting out the request's own timeout.
 --
 -- A kind of channel is one file here, named in KINDS by its prefix, with
 --   key(spec, opts) -> the key of its channel (raises a message when spec is not of its form)
@@ -22,6 +25,7 @@
 --                       those to wait on for writing), stop(why), close()
 -- and opts = { base, max_line, restarts }.
 local ipc = require("remax.bind.ipc")
+local guard = require("remax.step.guard")
 local wire = require("remax.step.channels.wire")
 local worker = require("remax.step.channels.worker")
 
@@ -164,6 +168,10 @@ function Registry:poll(block_until)
     end
     ipc.wait_ready(readers, writers, until_)
     poll_all()
+    if #resolved == 0 then   -- Ctrl-C or SIGTERM while a worker or server computes: stop after the grace
+      local _, h = next(self.handles)
+      if h then guard.check_signal(h.ch.label or "a worker") end
+    end
   end
   return resolved
 end
