@@ -6,6 +6,7 @@ local resume = require("remax.run.resume")
 local fs = require("remax.bind.fs")
 local support = require("support")
 local write, error_of = support.write, support.error_of
+local ipc = require("remax.bind.ipc")
 
 -- A folder with the LOWER reward and 16 prompts (removed when the spec file ends).
 local function setup() return support.train_dir(16) end
@@ -176,6 +177,57 @@ return {
     local rows = require("remax.run.folder").read_jsonl(d .. "/runs/c/metrics.jsonl")
     assert.are.equal(4, rows[#rows].step)
     for _, row in ipairs(rows) do assert.is_true(math.abs(row.lr - 0.002) < 1e-12) end   -- the first command line's lr
+  end)
+
+  it("SIGTERM while a py: reward worker computes stops within the grace, saves the last step, and resumes", function()
+    if not support.has_python() then return pending("python3 is not installed") end
+    local d = setup()
+    -- the worker's reward marks its second call and then takes a minute (reward_timeout is two)
+    write(d .. "/slow.py", "STALLED = " .. ("%q"):format(d .. "/stalled") .. "\n" .. [[
+import os, time
+calls = 0
+def reward(completions, **kwargs):
+    global calls
+    calls += 1
+    if calls == 2 and not os.environ.get("NO_STALL"):
+        open(STALLED, "w").close()
+        time.sleep(60)
+    return [float(len(c)) for c in completions]
+]])
+    write(d .. "/recipe.lua", [[
+return {
+  model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
+    num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
+    rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true },
+  data = "p.jsonl", chat_template = "plain", num_generations = 2, max_completion_length = 6,
+  per_device_train_batch_size = 2, max_steps = 3, eval_size = 0, output_dir = "runs", run_name = "w",
+  save_steps = 0, log_completions = 0, seed = 7, learning_rate = 1e-3, dtype = "f32",
+  rewards = { "py:slow.py:reward" }, reward_timeout = 120,
+}
+]])
+    local bin = require("remax.cli.main").build_dir() .. "/remax"
+    if bin:sub(1, 1) ~= "/" then bin = os.getenv("PWD") .. "/" .. bin end
+    local function sh(cmd)
+      local p = io.popen("cd " .. d .. " && " .. cmd .. " 2>&1; echo rc=$?")
+      local out = p:read("*a")
+      p:close()
+      return out
+    end
+    local t0 = ipc.now()
+    local out = sh(("{ %s run recipe.lua >out.txt 2>&1 & pid=$!; n=0; while [ ! -f stalled ] && [ $n -lt 600 ]; do " ..
+      "sleep 0.1; n=$((n+1)); done; kill -TERM $pid; wait $pid; echo status=$?; cat out.txt; }"):format(bin))
+    local seconds = ipc.now() - t0
+    assert.is_true(seconds < 40, ("the run took %.1f s after the signal: it waited for the worker"):format(seconds))
+    assert.matches("status=130", out, 1, true)
+    assert.matches("saved (interrupted)", out, 1, true)
+    assert.is_nil(out:match("reward 'slow"), out)   -- the stop, not a failing reward
+    local hint = out:match("resume with: (remax run [^\n]+)")
+    assert.are.equal("remax run recipe.lua --resume runs/w", hint, out)
+    out = sh("NO_STALL=1 " .. hint:gsub("^remax", bin))
+    assert.matches("rc=0", out, 1, true)
+    assert.matches("resumed runs/w from runs/w/checkpoints/step%-%d", out)
+    local rows = require("remax.run.folder").read_jsonl(d .. "/runs/w/metrics.jsonl")
+    assert.are.equal(3, rows[#rows].step)
   end)
 
   it("leaves no half-made run folder after a failed start", function()

@@ -240,6 +240,7 @@ function M.run_one(r, completions, batch, opts)
     -- (no limit given, as in a hot reload's trial: the default reward_timeout, so a hung worker cannot hang the run)
     ok, scores = pcall(r.fn, completions, batch, { timeout = limit or M.limit(nil), step = opts and opts.step,
       state = opts and opts.state })
+    if not ok and guard.is_interrupt(scores) then error(scores, 0) end   -- Ctrl-C while it computed: the Run's stop
     if not ok then fail(r, ("reward '%s' (%s)%s: %s"):format(r.name, r.where, step_text(opts), tostring(scores)), opts) end
   else
     ok, scores, seconds = call_reward(r, limit, completions, batch)
