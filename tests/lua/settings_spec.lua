@@ -92,6 +92,37 @@ describe("the settings schema", function()
     assert.is_true(more - total >= cache, "twice the rows: at least the KV cache again")
   end)
 
+  it("counts an episode row's observations in the cache, up to max_episode_length (default: the model's positions)", function()
+    local calc = { description = "add", parameters = { type = "object", properties = {} }, fn = function() return "1" end }
+    local model = { hidden_size = 64, intermediate_size = 128, num_hidden_layers = 3, num_attention_heads = 4,
+      num_key_value_heads = 2, vocab_size = 300, max_position_embeddings = 32768 }
+    local per_position = 2 * 3 * (2 * 16) * 4   -- K and V, layers, kv width, f32
+    local single = config.resolve({ model_config = model })
+    local _, cache = setup.generation_bytes(single, 10, 2)
+    assert.are.equal(10 * (512 + 256) * per_position, cache)
+    -- with tools and no max_episode_length a row keeps the model's positions
+    local open = config.resolve({ model_config = model, tools = { calc = calc } })
+    _, cache = setup.generation_bytes(open, 10, 2)
+    assert.are.equal(10 * 32768 * per_position, cache)
+    -- as the episodes ask the engine: prompt + completion + the observations' room (longest - completion)
+    local bounded = config.resolve({ model_config = model, tools = { calc = calc }, max_episode_length = 1024 })
+    _, cache = setup.generation_bytes(bounded, 10, 2)
+    assert.are.equal(10 * (512 + 256 + (1024 - 256)) * per_position, cache)
+    -- on a machine where that does not fit, the refusal says to set max_episode_length
+    local real = setup.available_bytes
+    setup.available_bytes = function() return 2 ^ 30 end
+    local ok, msg = pcall(setup.check_memory, config.resolve({ model_config = model, tools = { calc = calc },
+      per_device_train_batch_size = 32 }))
+    local ok_bounded = pcall(setup.check_memory, config.resolve({ model_config = model, tools = { calc = calc },
+      per_device_train_batch_size = 32, max_episode_length = 1024 }))
+    setup.available_bytes = real
+    assert.is_false(ok)
+    assert.matches("^max_episode_length is not set: one step's generation needs at least", msg)
+    assert.matches("observations, all within max_episode_length = 32768 (default: the model's max_position_embeddings)", msg, 1, true)
+    assert.matches("; set max_episode_length", msg, 1, true)
+    assert.is_true(ok_bounded)
+  end)
+
   it("names the source of a cross-setting refusal", function()
     assert.are.equal("command line: algo = grpo needs num_generations >= 2 (a group of one has no spread)",
       err_of(resolve_args, { algo = "grpo" }, { "--num_generations", "1" }))

@@ -371,6 +371,18 @@ local function model_config(cfg)
   return ok and rc or nil
 end
 
+-- The tokens a row's generation holds in the cache after its prompt: max_completion_length,
+-- and for episodes (tools, environments) the observations' room too, up to max_episode_length
+-- (default: the model's positions), as remax.step.episodes asks the engine for it.
+local function new_tokens(cfg, c)
+  local episodes = require("remax.step.episodes")
+  if not episodes.wanted(cfg) then return cfg.max_completion_length end
+  local positions = tonumber(c.max_position_embeddings)
+  local _, room = episodes.episode_room(cfg, positions)
+  local total = math.min(cfg.max_prompt_length + cfg.max_completion_length + room, positions)
+  return math.max(cfg.max_completion_length, total - cfg.max_prompt_length)
+end
+
 -- The memory the generation of one micro-batch needs (rows rows of prompts prompts): the
 -- engine's own count (rx_generate_memory_bytes, what rx_generate_begin checks), and the KV
 -- cache's share; 0, 0 when the model's config cannot be read.
@@ -378,7 +390,7 @@ function M.generation_bytes(cfg, rows, prompts)
   local c = model_config(cfg)
   if not c then return 0, 0 end
   return require("remax.bind.generate").memory_bytes(c, rows, prompts or rows, cfg.max_prompt_length,
-    cfg.max_completion_length, cfg.repetition_penalty ~= 1)
+    new_tokens(cfg, c), cfg.repetition_penalty ~= 1)
 end
 
 -- Bytes of memory available now (MemAvailable), or nil (a field, so that a test can stand in for it).
@@ -404,20 +416,37 @@ function M.check_memory(cfg)
   local rl = algorithm and algorithm.samples
   local greedy = (rl and cfg.generate_greedy) and 1 or 0
   local per_prompt = (rl and cfg.num_generations or 0) + greedy
+  -- episodes: every row's cache also holds its observations, up to max_episode_length
+  local episodic = require("remax.step.episodes").wanted(cfg)
+  local function tokens()
+    local t = ("%s + %s"):format(setting("max_prompt_length"), setting("max_completion_length"))
+    if not episodic then return t end
+    local c = model_config(cfg)
+    local shown = cfg.max_episode_length and setting("max_episode_length")
+      or ("max_episode_length = %d (default: the model's max_position_embeddings)"):format(tonumber(c.max_position_embeddings))
+    return t .. " + observations, all within " .. shown
+  end
+  local function refuse(keys, msg)
+    if episodic and cfg.max_episode_length == nil then   -- the cache of a row then holds the model's full positions
+      error(("max_episode_length is not set: %s; set max_episode_length (a multi-turn episode's longest, prompt " ..
+        "and observations included)"):format(msg), 0)
+    end
+    if episodic then table.insert(keys, 1, "max_episode_length") end
+    bad(first_set(keys), msg)
+  end
   local need = M.generation_bytes(cfg, cfg.per_device_train_batch_size * per_prompt, cfg.per_device_train_batch_size)
   if need > available then
-    local keys = { "num_generations", "per_device_train_batch_size", "max_completion_length", "max_prompt_length" }
-    bad(first_set(keys), ("one step's generation needs at least %s (the KV cache of every row and the activations), but %s of memory is " ..
-      "available: %s prompts x (%s%s) rows x (%s + %s) tokens; lower one of them"):format(gib(need), gib(available),
-      setting("per_device_train_batch_size"), setting("num_generations"), greedy == 1 and " + 1 greedy" or "",
-      setting("max_prompt_length"), setting("max_completion_length")))
+    refuse({ "num_generations", "per_device_train_batch_size", "max_completion_length", "max_prompt_length" },
+      ("one step's generation needs at least %s (the KV cache of every row and the activations), but %s of memory is " ..
+      "available: %s prompts x (%s%s) rows x (%s) tokens; lower one of them"):format(gib(need), gib(available),
+      setting("per_device_train_batch_size"), setting("num_generations"), greedy == 1 and " + 1 greedy" or "", tokens()))
   end
   need = M.generation_bytes(cfg, cfg.per_device_eval_batch_size)
   if cfg.eval_size > 0 and need > available then
-    local keys = { "per_device_eval_batch_size", "max_completion_length", "max_prompt_length" }
-    bad(first_set(keys), ("one evaluation batch's generation needs at least %s, but %s of memory is available: " ..
-      "%s rows x (%s + %s) tokens; lower one of them"):format(gib(need), gib(available),
-      setting("per_device_eval_batch_size"), setting("max_prompt_length"), setting("max_completion_length")))
+    refuse({ "per_device_eval_batch_size", "max_completion_length", "max_prompt_length" },
+      ("one evaluation batch's generation needs at least %s, but %s of memory is available: " ..
+      "%s rows x (%s) tokens; lower one of them"):format(gib(need), gib(available),
+      setting("per_device_eval_batch_size"), tokens()))
   end
 end
 

@@ -45,6 +45,13 @@ M.metrics = episode_rows.metrics
 -- Whether the settings ask for episodes.
 function M.wanted(cfg) return cfg.tools ~= nil or cfg.environment ~= nil end
 
+-- The longest episode (max_episode_length, within the model's positions: its default), and the
+-- cache room a row gets for its observations beyond max_completion_length.
+function M.episode_room(cfg, positions)
+  local longest = math.min(cfg.max_episode_length or positions, positions)
+  return longest, math.max(64, longest - cfg.max_completion_length)
+end
+
 -- The checked tools and environment of step's settings (step: what generates, remax.step.policy's
 -- Policy or a table with its cfg, recipe_dir, template, template_name and tok): {tools, env,
 -- registry (the workers and servers outside Lua), format}. sample: the first prompt's row (a Lua
@@ -354,8 +361,7 @@ function M.rollout(step, prompt_rows, opts)
   local tok = step.tok
   local max_turns = cfg.max_turns or 4
   -- the longest episode: max_episode_length, within the model's positions (its default)
-  local positions = tonumber(step.model:cfg().max_position_embeddings)
-  local max_episode = math.min(cfg.max_episode_length or positions, positions)
+  local max_episode, room = M.episode_room(cfg, tonumber(step.model:cfg().max_position_embeddings))
   local timeout = cfg.tool_timeout or 10
   local render = function(msgs, gen) return chat.render(msgs, template_opts(step, s.tools, gen)) end
   local eps, first = M.start(step, s, prompt_rows, slots, opts)
@@ -438,7 +444,7 @@ function M.rollout(step, prompt_rows, opts)
     detokenize = cfg.stop_strings and function(ids) return tok:decode(ids, { skip_special_tokens = true }) end,
     stop = step.stop, seed = step:seed_for(opts.step), on_turn_end = on_turn_end, on_wait = s.registry and on_wait,
     row_keys = rollout.row_keys(slots, #prompt_ids, opts.first),
-    append_capacity = math.max(64, max_episode - cfg.max_completion_length),
+    append_capacity = room,
     on_token = step:progress() and step:progress():ticker("episodes: token %d/%d"),
   })
   local seconds = now() - t0
