@@ -155,6 +155,40 @@ describe("async rollouts", function()
     end)
   end
 
+  it("an interrupt while rows are generated ahead saves the last finished step; --resume gives the uninterrupted bits", function()
+    local guard = require("remax.step.guard")
+    -- the lower-case share of each completion (as the default reward), or, armed, a reward that
+    -- never returns: only Ctrl-C (guard's hook) stops it
+    local armed = false
+    local reward = { name = "lower", fn = function(c)
+      if armed then while true do end end
+      local s = {}
+      for i = 1, #c do s[i] = select(2, c[i]:gsub("%l", "")) / math.max(1, #c[i]) end
+      return s
+    end }
+    local e = { async_mode = "one_step_off", rewards = { reward }, max_steps = 5 }
+    e.run_name = "whole"
+    local _, mf, wf = train(d, e)
+    -- steps 1 and 2, then step 3 generates step 4's rows ahead and its reward is interrupted
+    e.run_name = "cut"
+    local t = train(d, e, 2)
+    local saved_pending, saved_grace = guard.signal_pending, guard.SIGNAL_GRACE
+    armed, guard.signal_pending, guard.SIGNAL_GRACE = true, function() return true end, 0
+    local ok, err = pcall(t.train, t)
+    armed, guard.signal_pending, guard.SIGNAL_GRACE = false, saved_pending, saved_grace
+    assert.is_true(ok, tostring(err))
+    assert.are.equal(2, t.step)
+    local cfg = resume.resolve(recipe(d, e), { resume = d .. "/runs/cut" })
+    local r = trainer.new(cfg, { quiet = true, signals = false })
+    assert.are.equal(2, r.step)
+    local m3, m4, m5 = r:train_step(), r:train_step(), r:train_step()
+    assert.are.equal(mf[3].loss, m3.loss)
+    assert.are.equal(mf[4].loss, m4.loss)
+    assert.are.equal(mf[5].loss, m5.loss)
+    assert.are.equal(mf[5]["async/policy_version"], m5["async/policy_version"])
+    assert.is_true(same_weights(wf, weights(r)))
+  end)
+
   -- a guessing game (multi-turn episodes: the greedy episode plays the same game with the same weights)
   local game = {
     reset = function(sample, state) state.turn = 0 return { { role = "user", content = sample.prompt } } end,
