@@ -220,6 +220,7 @@ return {
     assert.is_true(seconds < 40, ("the run took %.1f s after the signal: it waited for the worker"):format(seconds))
     assert.matches("status=130", out, 1, true)
     assert.matches("saved (interrupted)", out, 1, true)
+    assert.matches("interrupted at step 0 (stopped while the worker py:", out, 1, true)
     assert.is_nil(out:match("reward 'slow"), out)   -- the stop, not a failing reward
     local hint = out:match("resume with: (remax run [^\n]+)")
     assert.are.equal("remax run recipe.lua --resume runs/w", hint, out)

@@ -390,11 +390,12 @@ function methods.train(self, loop)
   -- failing reward does: with the checkpoint of the last finished step (remax.step.guard)
   -- Ctrl-C or SIGTERM while recipe code ran past remax.step.guard's grace: the unfinished step
   -- is dropped and the last finished one saved (with one rank; several stop, naming the step)
+  local interrupt_what   -- what ran when Ctrl-C or SIGTERM stopped it (guard's Interrupt), said below
   local function guarded(f, ...)
     local ok, err = guard.pcall(f, ...)
     if ok then return false end
     if guard.is_interrupt(err) then
-      if self.dist.size == 1 then return true end
+      if self.dist.size == 1 then interrupt_what = err.what; return true end
       error(("%s at step %d; resume from the last checkpoint"):format(tostring(err), self.step + 1), 0)
     end
     if guard.is_exit(err) and self.dist.size == 1 then self:save_on_failure("user code called os.exit") end
@@ -419,7 +420,8 @@ function methods.train(self, loop)
     self:save_checkpoint("interrupted")
     self:draw_plots()
     if self.progress then self.progress:finish() end
-    self:say(("interrupted at step %d; resume with: remax run %s --resume %s"):format(self.step,
+    self:say(("interrupted at step %d%s; resume with: remax run %s --resume %s"):format(self.step,
+      interrupt_what and (" (stopped while " .. interrupt_what .. " ran; the unfinished step is dropped)") or "",
       self.recipe_path or "RECIPE.lua", self.run_dir))
     signals.clear()
     return { interrupted = true, step = self.step, run_dir = self.run_dir, plot_error = self.plot_error }
