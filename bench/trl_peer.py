@@ -46,6 +46,62 @@ def peak_rss_mib():
 
 # ----------------------------------------------------------------------------------------- training
 
+def budget_callback(TrainerCallback, get_trainer, state, record, args, run_eval, step_extra=None, log_keys=()):
+    """The training-time budget a TRL run trains under (bench/trl_peer.py, bench/trl_tools.py): each step timed
+    (its generation and scoring as trainer.step_times has them) into record["steps"], an evaluation at the start,
+    every args.eval_steps steps and at the end (outside the budget: run_eval keeps its own time), and the stop once
+    args.minutes of training have passed. step_extra(times, m) adds a run's own fields to the step's record m and
+    returns what its progress line adds; log_keys: (field, TRL log key) pairs kept from TRL's logs."""
+
+    class Budget(TrainerCallback):
+        def on_train_begin(self, a, s, control, **kw):
+            run_eval(0)
+
+        def on_step_begin(self, a, s, control, **kw):
+            get_trainer().step_times = dict(generate=0.0, score=0.0, tokens=0)
+            state["t0"] = time.perf_counter()
+
+        def on_step_end(self, a, s, control, **kw):
+            step_s = time.perf_counter() - state["t0"]
+            state["train_seconds"] += step_s
+            t = get_trainer().step_times
+            m = dict(step=s.global_step, time_step=step_s, time_generate=t["generate"], time_score=t["score"],
+                     time_train=step_s - t["generate"] - t["score"], tokens_generated=t["tokens"],
+                     time_elapsed_train=state["train_seconds"], peak_rss_mib=peak_rss_mib())
+            note = step_extra(t, m) if step_extra else ""
+            record["steps"].append(m)
+            print("step %d: %.1f s (generate %.1f, score %.2f, train %.1f), %d tokens generated%s"
+                  % (s.global_step, step_s, t["generate"], t["score"], m["time_train"], t["tokens"], note), flush=True)
+            over = state["train_seconds"] >= args.minutes * 60
+            if s.global_step % args.eval_steps == 0 or over:
+                run_eval(s.global_step)
+            if over:
+                control.should_training_stop = True
+
+        def on_log(self, a, s, control, logs=None, **kw):
+            if logs and record["steps"] and "reward" in logs:
+                kept = {"reward": logs["reward"], "loss": logs.get("loss"),
+                        "completion_length_mean": logs.get("completions/mean_length")}
+                for field, key in log_keys:
+                    kept[field] = logs.get(key)
+                record["steps"][-1].update(kept)
+
+    return Budget()
+
+
+def train_and_write(trainer, record, state, out):
+    """trainer.train(), then the record with its wall, training and evaluation seconds and peak RSS, to out."""
+    trainer.step_times = dict(generate=0.0, score=0.0, tokens=0)
+    t0 = time.perf_counter()
+    trainer.train()
+    record.update(wall_seconds=time.perf_counter() - t0, train_seconds=state["train_seconds"],
+                  eval_seconds=state["eval_seconds"], peak_rss_mib=peak_rss_mib())
+    with open(out, "w") as f:
+        json.dump(record, f, indent=1)
+    print("wrote %s: %d steps in %.1f training minutes, peak RSS %.0f MiB"
+          % (out, len(record["steps"]), state["train_seconds"] / 60, peak_rss_mib()))
+
+
 def build(args):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList, TrainerCallback
@@ -204,49 +260,16 @@ def train(args):
         print("eval at step %d (%.2f training minutes): greedy accuracy %.1f%% (%d prompts, %.0f s)"
               % (step, state["train_seconds"] / 60, 100 * acc, len(test_rows), seconds), flush=True)
 
-    class Budget(TrainerCallback):
-        def on_train_begin(self, a, s, control, **kw):
-            run_eval(0)
+    def greedy_rewards(t, m):   # ReMax: the greedy and sampled rows' mean rewards
+        for k in ("reward_greedy", "reward_sampled"):
+            if k in t:
+                m[k] = t[k]
+        return ""
 
-        def on_step_begin(self, a, s, control, **kw):
-            trainer.step_times = dict(generate=0.0, score=0.0, tokens=0)
-            state["t0"] = time.perf_counter()
-
-        def on_step_end(self, a, s, control, **kw):
-            step_s = time.perf_counter() - state["t0"]
-            state["train_seconds"] += step_s
-            t = trainer.step_times
-            m = dict(step=s.global_step, time_step=step_s, time_generate=t["generate"], time_score=t["score"],
-                     time_train=step_s - t["generate"] - t["score"], tokens_generated=t["tokens"],
-                     time_elapsed_train=state["train_seconds"], peak_rss_mib=peak_rss_mib())
-            for k in ("reward_greedy", "reward_sampled"):
-                if k in t:
-                    m[k] = t[k]
-            record["steps"].append(m)
-            print("step %d: %.1f s (generate %.1f, score %.2f, train %.1f), %d tokens generated"
-                  % (s.global_step, step_s, t["generate"], t["score"], m["time_train"], t["tokens"]), flush=True)
-            over = state["train_seconds"] >= args.minutes * 60
-            if s.global_step % args.eval_steps == 0 or over:
-                run_eval(s.global_step)
-            if over:
-                control.should_training_stop = True
-
-        def on_log(self, a, s, control, logs=None, **kw):
-            if logs and record["steps"] and "reward" in logs:
-                record["steps"][-1].update({"reward": logs["reward"], "loss": logs.get("loss"),
-                                            "completion_length_mean": logs.get("completions/mean_length")})
-
+    budget = budget_callback(TrainerCallback, lambda: trainer, state, record, args, run_eval, greedy_rewards)
     trainer = cls(model=model, reward_funcs=gsm8k_accuracy_reward, args=cfg, train_dataset=dataset,
-                  processing_class=tok, callbacks=[Budget()])
-    trainer.step_times = dict(generate=0.0, score=0.0, tokens=0)
-    t0 = time.perf_counter()
-    trainer.train()
-    record.update(wall_seconds=time.perf_counter() - t0, train_seconds=state["train_seconds"],
-                  eval_seconds=state["eval_seconds"], peak_rss_mib=peak_rss_mib())
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=1)
-    print("wrote %s: %d steps in %.1f training minutes, peak RSS %.0f MiB"
-          % (args.out, len(record["steps"]), state["train_seconds"] / 60, peak_rss_mib()))
+                  processing_class=tok, callbacks=[budget])
+    train_and_write(trainer, record, state, args.out)
 
 
 # ------------------------------------------------------------------------------------------ rewards

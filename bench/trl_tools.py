@@ -39,7 +39,7 @@ import argparse, json, os, re, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gsm8k_reward import gsm8k_accuracy  # noqa: E402
-from trl_peer import ROOT, build, load_jsonl, peak_rss_mib  # noqa: E402
+from trl_peer import ROOT, budget_callback, build, load_jsonl, train_and_write  # noqa: E402
 
 STOP = "</tool_call>"
 MAX_TURNS = 4
@@ -298,53 +298,18 @@ def train(args):
                                                                 100 * e["tool_calls"], 100 * e["tool_correct"], n,
                                                                 e["seconds"]), flush=True)
 
-    class Budget(TrainerCallback):
-        def on_train_begin(self, a, s, control, **kw):
-            run_eval(0)
+    def tool_use_share(t, m):   # the share of the step's episodes that call the calculator, and use it right
+        uses = t.get("tool_use") or []
+        m["tool_calls"] = sum(u[0] > 0 for u in uses) / max(1, len(uses))
+        m["tool_correct"] = sum(u[2] for u in uses) / max(1, len(uses))
+        return ", %.0f%% call the calculator" % (100 * m["tool_calls"])
 
-        def on_step_begin(self, a, s, control, **kw):
-            trainer.step_times = dict(generate=0.0, score=0.0, tokens=0)
-            state["t0"] = time.perf_counter()
-
-        def on_step_end(self, a, s, control, **kw):
-            step_s = time.perf_counter() - state["t0"]
-            state["train_seconds"] += step_s
-            t = trainer.step_times
-            uses = t.get("tool_use") or []
-            m = dict(step=s.global_step, time_step=step_s, time_generate=t["generate"], time_score=t["score"],
-                     time_train=step_s - t["generate"] - t["score"], tokens_generated=t["tokens"],
-                     time_elapsed_train=state["train_seconds"], peak_rss_mib=peak_rss_mib(),
-                     tool_calls=sum(u[0] > 0 for u in uses) / max(1, len(uses)),
-                     tool_correct=sum(u[2] for u in uses) / max(1, len(uses)))
-            record["steps"].append(m)
-            print("step %d: %.1f s (generate %.1f, score %.2f, train %.1f), %d tokens generated, %.0f%% call the "
-                  "calculator" % (s.global_step, step_s, t["generate"], t["score"], m["time_train"], t["tokens"],
-                                  100 * m["tool_calls"]), flush=True)
-            over = state["train_seconds"] >= args.minutes * 60
-            if s.global_step % args.eval_steps == 0 or over:
-                run_eval(s.global_step)
-            if over:
-                control.should_training_stop = True
-
-        def on_log(self, a, s, control, logs=None, **kw):
-            if logs and record["steps"] and "reward" in logs:
-                record["steps"][-1].update({"reward": logs["reward"], "loss": logs.get("loss"),
-                                            "completion_length_mean": logs.get("completions/mean_length"),
-                                            "tools_call_frequency": logs.get("tools/call_frequency"),
-                                            "tools_failure_frequency": logs.get("tools/failure_frequency")})
-
+    budget = budget_callback(TrainerCallback, lambda: trainer, state, record, args, run_eval, tool_use_share,
+                             (("tools_call_frequency", "tools/call_frequency"),
+                              ("tools_failure_frequency", "tools/failure_frequency")))
     trainer = ToolsTrainer(model=model, reward_funcs=gsm8k_accuracy_reward, args=cfg, train_dataset=dataset,
-                           processing_class=tok, tools=[calculator], callbacks=[Budget()])
-    trainer.step_times = dict(generate=0.0, score=0.0, tokens=0)
-    t0 = time.perf_counter()
-    trainer.train()
-    record.update(wall_seconds=time.perf_counter() - t0, train_seconds=state["train_seconds"],
-                  eval_seconds=state["eval_seconds"], peak_rss_mib=peak_rss_mib())
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=1)
-    print("wrote %s: %d steps in %.1f training minutes, peak RSS %.0f MiB"
-          % (args.out, len(record["steps"]), state["train_seconds"] / 60, peak_rss_mib()))
-
+                           processing_class=tok, tools=[calculator], callbacks=[budget])
+    train_and_write(trainer, record, state, args.out)
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
