@@ -26,7 +26,7 @@ shapes=${*:-small qwen0.5b}
 rows_list=${ROWS:-1 8 32}; prompt=${PROMPT:-64}; new=${NEW:-128}; threads=${THREADS:-$(nproc)}
 dtype=${DTYPE:-f32}
 . bench/blas_core.sh   # builds first, outside the timing
-torch2=$(bench/peers.sh)
+bench/peers.sh >/dev/null   # the torch 2 environment, made outside the timing
 line=$(mktemp); err=$(mktemp)
 trap 'rm -f "$line" "$err"' EXIT
 for shape in $shapes; do
@@ -37,15 +37,8 @@ for shape in $shapes; do
     for peer in ${PEERS:-2:hand 2:hf 1.13:hand}; do
       version=${peer%%:*}; impl=${peer#*:}; cache=
       case $impl in *:*) cache="--cache ${impl#*:}"; impl=${impl%%:*} ;; esac
-      case $version in
-        2) py=$torch2 ;;
-        1.13) py=/usr/bin/python3
-          if ! "$py" -c "import torch" 2>/dev/null; then
-            echo "skipped: torch $peer: Debian's python3-torch is not installed (apt-get install python3-torch)" >&2
-            continue
-          fi ;;
-        *) echo "PEERS: $peer: want VERSION:IMPL[:CACHE], VERSION 2 or 1.13" >&2; exit 2 ;;
-      esac
+      py=$(bench/peers.sh torch "$version") || { [ $? = 3 ] && continue
+        echo "PEERS: $peer: want VERSION:IMPL[:CACHE], VERSION 2 or 1.13" >&2; exit 2; }
       if ! env -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE "$py" bench/torch_peer.py generate --impl "$impl" $cache \
         --shape "$shape" --rows "$rows" --prompt "$prompt" --new "$new" --threads "$threads" --dtype "$dtype" \
         >"$line" 2>"$err"; then

@@ -3,6 +3,9 @@
 # kept between runs; never the tests' .cache/venv). Not needed by `./remax run` or `./remax test`.
 #
 #   bench/peers.sh            make or update it; prints the python to use
+#   bench/peers.sh torch V    the python of the torch peer V: 2 (this environment, made or updated
+#                             first) or 1.13 (Debian's python3-torch, /usr/bin/python3); exit 3 with
+#                             a "skipped" note when 1.13 is not installed, 2 for another V
 #
 # It holds torch 2.15.0 for the CPU (tests/torch_install.sh: the wheel without its ~3 GB of CUDA
 # packages), then bench/requirements.txt: transformers, datasets, math-verify, and accelerate and
@@ -13,6 +16,16 @@
 # /usr/bin/python3, where that is installed: apt-get install python3-torch), bench/trl_peer.sh.
 set -eu
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = torch ]; then
+  case ${2:-} in
+    2) ;;   # this environment, below
+    1.13)
+      if /usr/bin/python3 -c "import torch" 2>/dev/null; then echo /usr/bin/python3; exit 0; fi
+      echo "skipped: torch 1.13: Debian's python3-torch is not installed (apt-get install python3-torch)" >&2
+      exit 3 ;;
+    *) echo "bench/peers.sh torch ${2:-}: want 2 or 1.13" >&2; exit 2 ;;
+  esac
+fi
 venv=.cache/bench-venv
 py=$venv/bin/python
 say() { echo "peers: $*" >&2; }

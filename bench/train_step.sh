@@ -45,20 +45,13 @@ done
 if [ "${CHECKPOINT:-1}" != 0 ]; then
   run_remax ./remax run bench/train_step.lua $args --checkpoint | sed 's/^{/{"label":"remax, checkpointing","prec":"f32",/' >> "$out"
 fi
-torch2=$(bench/peers.sh)   # outside the timing too
+bench/peers.sh >/dev/null   # the torch 2 environment, made outside the timing too
 for run in ${TORCH_RUNS:-2:fp32 2:bf16 2:fp32+compile 2:bf16+compile 1.13:fp32 1.13:bf16}; do
   version=${run%%:*}; prec=${run#*:}; compile=
   case $prec in *+compile) prec=${prec%+compile}; compile=--compile ;; esac
   ac=none; [ "$prec" = bf16 ] && ac=bf16
-  case $version in
-    2) py=$torch2 ;;
-    1.13) py=/usr/bin/python3
-      if ! "$py" -c "import torch" 2>/dev/null; then
-        echo "skipped: torch $run: Debian's python3-torch is not installed (apt-get install python3-torch)" >&2
-        continue
-      fi ;;
-    *) echo "TORCH_RUNS: $run: want VERSION:PRECISION[+compile], VERSION 2 or 1.13" >&2; exit 2 ;;
-  esac
+  py=$(bench/peers.sh torch "$version") || { [ $? = 3 ] && continue
+    echo "TORCH_RUNS: $run: want VERSION:PRECISION[+compile], VERSION 2 or 1.13" >&2; exit 2; }
   if env -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE "$py" bench/torch_peer.py train $args --threads "$threads" \
     --autocast "$ac" $compile >"$line" 2>"$err"; then
     sed "s/^{/{\"label\":\"torch $version $prec${compile:+, compiled}\",\"prec\":\"$prec\",\"version\":\"$version\",/" "$line" >> "$out"
