@@ -19,6 +19,30 @@ local function recipe(d, extra)
   }, extra)
 end
 
+-- A recipe file's settings for runs of the remax program: a tiny model, 2 prompts of 2 samples,
+-- f32, no evaluation or checkpoints but the ones a stop makes (a recipe adds its own lines).
+local PROGRAM_SETTINGS = [[
+  model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
+    num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
+    rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true },
+  data = "p.jsonl", chat_template = "plain", num_generations = 2, max_completion_length = 6,
+  per_device_train_batch_size = 2, eval_size = 0, output_dir = "runs",
+  save_steps = 0, log_completions = 0, seed = 7, learning_rate = 1e-3, dtype = "f32",
+]]
+
+-- The remax program (its path), and sh(cmd): cmd run by the shell in folder d, its output with
+-- stderr and a last line rc=STATUS.
+local function program(d)
+  local bin = require("remax.cli.main").build_dir() .. "/remax"
+  if bin:sub(1, 1) ~= "/" then bin = os.getenv("PWD") .. "/" .. bin end
+  return bin, function(cmd)
+    local p = io.popen("cd " .. d .. " && " .. cmd .. " 2>&1; echo rc=$?")
+    local out = p:read("*a")
+    p:close()
+    return out
+  end
+end
+
 describe("resume", function()
   it("continues with the run's own settings; only the command line changes them, and says so", function()
     local d = setup()
@@ -138,16 +162,12 @@ describe("resume", function()
   it("prints a Ctrl-C hint that resumes the run when typed as printed", function()
     local d = setup()
     -- a recipe whose reward sends the process SIGINT during step 2 (as Ctrl-C at the terminal)
-    write(d .. "/recipe.lua", ([[
+    write(d .. "/recipe.lua", [[
 local ipc = require("remax.bind.ipc")
 local calls = 0
 return {
-  model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
-    num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
-    rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true },
-  data = "p.jsonl", chat_template = "plain", num_generations = 2, max_completion_length = 6,
-  per_device_train_batch_size = 2, max_steps = 4, eval_size = 0, output_dir = "runs", run_name = "c",
-  save_steps = 0, log_completions = 0, seed = 7, learning_rate = 1e-3, dtype = "f32",
+]] .. PROGRAM_SETTINGS .. [[
+  max_steps = 4, run_name = "c",
   rewards = { { name = "interrupt", fn = function(c)
     calls = calls + 1
     -- (from a background shell: system() ignores SIGINT in its caller while it waits)
@@ -157,15 +177,8 @@ return {
     return s
   end } },
 }
-]]))
-    local bin = require("remax.cli.main").build_dir() .. "/remax"
-    if bin:sub(1, 1) ~= "/" then bin = os.getenv("PWD") .. "/" .. bin end
-    local function sh(cmd)
-      local p = io.popen("cd " .. d .. " && " .. cmd .. " 2>&1; echo rc=$?")
-      local out = p:read("*a")
-      p:close()
-      return out
-    end
+]])
+    local bin, sh = program(d)
     local out = sh(("%s run recipe.lua --learning_rate 0.002"):format(bin))
     assert.matches("rc=130", out, 1, true)
     local hint = out:match("resume with: (remax run [^\n]+)")
@@ -194,25 +207,12 @@ def reward(completions, **kwargs):
         time.sleep(60)
     return [float(len(c)) for c in completions]
 ]])
-    write(d .. "/recipe.lua", [[
-return {
-  model_config = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 32, intermediate_size = 64,
-    num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 256,
-    rope_theta = 10000, rms_norm_eps = 1e-6, tie_word_embeddings = true },
-  data = "p.jsonl", chat_template = "plain", num_generations = 2, max_completion_length = 6,
-  per_device_train_batch_size = 2, max_steps = 3, eval_size = 0, output_dir = "runs", run_name = "w",
-  save_steps = 0, log_completions = 0, seed = 7, learning_rate = 1e-3, dtype = "f32",
+    write(d .. "/recipe.lua", "return {\n" .. PROGRAM_SETTINGS .. [[
+  max_steps = 3, run_name = "w",
   rewards = { "py:slow.py:reward" }, reward_timeout = 120,
 }
 ]])
-    local bin = require("remax.cli.main").build_dir() .. "/remax"
-    if bin:sub(1, 1) ~= "/" then bin = os.getenv("PWD") .. "/" .. bin end
-    local function sh(cmd)
-      local p = io.popen("cd " .. d .. " && " .. cmd .. " 2>&1; echo rc=$?")
-      local out = p:read("*a")
-      p:close()
-      return out
-    end
+    local bin, sh = program(d)
     local t0 = ipc.now()
     local out = sh(("{ %s run recipe.lua >out.txt 2>&1 & pid=$!; n=0; while [ ! -f stalled ] && [ $n -lt 600 ]; do " ..
       "sleep 0.1; n=$((n+1)); done; kill -TERM $pid; wait $pid; echo status=$?; cat out.txt; }"):format(bin))
