@@ -165,7 +165,7 @@ local function report(title, runs, pairs_, svg)
       print(("  %s, last evaluation: %.1f%% of greedy episodes call the calculator, %.1f%% use it correctly"):format(r.label,
         100 * last.tool_calls, 100 * last.tool_correct))
     end
-    local tu = io.open(("%s/%s/tool_use.json"):format(dir, r.name:gsub(":", "-")))
+    local tu = io.open(("%s/%s/tool_use.json"):format(dir, (r.name:gsub(":", "-"))))
     if tu then
       local t = cjson.decode(tu:read("*a"))
       tu:close()
